@@ -1,0 +1,200 @@
+"""The public Python API: `load()`, `LoadSpec`, `LoadReport`; `files()`, `sql()`.
+
+    report = chload.load(["data/*.csv.gz"], table="trips")
+    print(report.rows_loaded, report.files_failed)
+
+The CLI is a thin skin over these functions; nothing here prints. Progress goes to an
+optional listener as `Event`s.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from chload import planner, runner
+from chload.errors import UsageError
+from chload.ledger import FileEvent, RunRecord
+from chload.planner import TableName
+from chload.runner import Event, FileResult, Listener
+from chload.sources import SourceFile
+from chload.targets import LoadJob, Target, open_target
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """Everything a load needs, validated once; flags, env and code all end here."""
+
+    sources: tuple[str, ...]
+    table: str
+    target: str | None = None  # directory (embedded) or http(s)://... ; None: CHLOAD_TARGET or ./chload-data
+    format: str | None = None  # any ClickHouse input format name; default: from the file name
+    compression: str | None = None  # gzip, zstd, ...; default: from the file name
+    schema: str | None = None  # 'a UInt32, b String': how to read the data / create the table
+    order_by: str | None = None
+    partition_by: str | None = None
+    audit: bool = False  # add _source_file and _loaded_at, computed by the engine
+    settings: tuple[tuple[str, str], ...] = ()  # ClickHouse settings for every INSERT
+    workers: int | None = None  # parallel files; None: sized by the target
+    force: bool = False  # load files the ledger says are loaded already
+    on_error: str = "continue"  # continue | abort
+
+    def __post_init__(self) -> None:
+        if not self.sources:
+            raise UsageError("nothing to load: name at least one file, directory, glob or -")
+        if self.on_error not in ("continue", "abort"):
+            raise UsageError(f"--on-error {self.on_error}: use continue or abort")
+        planner.validate_options(self.compression, self.workers)
+        planner.parse_table(self.table)
+
+
+@dataclass
+class LoadReport:
+    """What a load did. `ok` is False when any file failed."""
+
+    table: str
+    target: str
+    run_id: str
+    files_total: int = 0
+    files_loaded: int = 0
+    files_skipped: int = 0
+    files_failed: int = 0
+    files_changed: int = 0
+    rows_loaded: int = 0
+    rows_rejected: int = 0
+    bytes_read: int = 0
+    seconds: float = 0.0
+    created_table: bool = False
+    recovered: int = 0
+    files: list[FileResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.files_failed == 0
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows_loaded / self.seconds if self.seconds else 0.0
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["rows_per_second"] = round(self.rows_per_second, 1)
+        data["seconds"] = round(self.seconds, 3)
+        return data
+
+
+def load(sources: str | Iterable[str] | LoadSpec, table: str | None = None, *,
+         listener: Listener | None = None, **options: object) -> LoadReport:
+    """Load files into a table, exactly once per file. See LoadSpec for the options."""
+    if isinstance(sources, LoadSpec):
+        spec = sources
+    else:
+        if table is None:
+            raise UsageError("load() needs table=")
+        names = (sources,) if isinstance(sources, str) else tuple(sources)
+        spec = LoadSpec(sources=names, table=table, **options)  # type: ignore[arg-type]
+    target = open_target(spec.target)
+    try:
+        return _load(spec, target, listener or (lambda event: None))
+    finally:
+        target.close()
+
+
+def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
+    started_ns, clock = time.time_ns(), time.monotonic()
+    table = planner.parse_table(spec.table)
+    report = LoadReport(table.display, target.display, uuid.uuid4().hex[:12])
+    files = planner.resolve_format(target, _list_sources(spec, target))
+    report.recovered = target.recover(table.sql)
+    plan = planner.decide(files, target.ledger.loaded_identities(table.display), spec.force)
+    if plan.to_load:
+        plan.columns, plan.read_columns, plan.created_table = planner.prepare_table(
+            target, table, plan.to_load[0], schema=spec.schema, order_by=spec.order_by,
+            partition_by=spec.partition_by, audit=spec.audit,
+        )
+    listener(Event("plan", files_total=len(plan.to_load),
+                   bytes_total=sum(f.size for f in plan.to_load)))
+    jobs = [LoadJob(f, table.sql, table.display, plan.columns, plan.read_columns, spec.audit,
+                    spec.settings, report.run_id) for f in plan.to_load]
+    workers = spec.workers or target.default_workers(plan.to_load)
+    results = runner.run(target, jobs, workers, listener,
+                         abort_on_error=spec.on_error == "abort", changed=plan.changed)
+    results += [FileResult(f.uri, "skipped", bytes=0) for f in plan.skipped]
+    _summarize(report, results, plan, time.monotonic() - clock)
+    target.ledger.record_run(_run_record(spec, report, started_ns))
+    return report
+
+
+def _list_sources(spec: LoadSpec, target: Target) -> list[SourceFile]:
+    from chload.sources.local import list_local, spool_stdin
+
+    files: list[SourceFile] = []
+    for source in spec.sources:
+        if source == "-":
+            workdir = os.path.join(getattr(target, "path", "."), "tmp")
+            files.append(spool_stdin(spec.format, spec.compression, workdir))
+        elif "://" in source and not source.startswith("file://"):
+            scheme = source.split("://")[0]
+            raise UsageError(f"{source}: {scheme}:// sources are not supported yet")
+        else:
+            files.extend(list_local(source.removeprefix("file://"), spec.format,
+                                    spec.compression))
+    return files
+
+
+def _summarize(report: LoadReport, results: list[FileResult], plan: planner.Plan,
+               seconds: float) -> None:
+    report.files = results
+    report.files_total = len(results)
+    report.files_loaded = sum(r.status == "loaded" for r in results)
+    report.files_skipped = sum(r.status == "skipped" for r in results)
+    report.files_failed = sum(r.status == "failed" for r in results)
+    report.files_changed = sum(r.changed for r in results)
+    report.rows_loaded = sum(r.rows for r in results if r.status == "loaded")
+    report.bytes_read = sum(r.bytes for r in results)
+    report.seconds = seconds
+    report.created_table = plan.created_table
+
+
+def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int) -> RunRecord:
+    status = "ok" if report.ok else "failed" if not report.files_loaded else "partial"
+    return RunRecord(
+        report.run_id, report.table, " ".join(spec.sources), started_ns, time.time_ns(),
+        report.files_total, report.files_loaded, report.files_skipped, report.files_failed,
+        report.rows_loaded, report.rows_rejected, report.bytes_read, report.seconds, status,
+        socket.gethostname(),
+    )
+
+
+def files(table: str, target: str | None = None) -> list[FileEvent]:
+    """The ledger: each file's latest state for a table."""
+    name = planner.parse_table(table)
+    t = open_target(target)
+    try:
+        return t.ledger.latest(name.display)
+    finally:
+        t.close()
+
+
+def sql(query: str, target: str | None = None, fmt: str = "TSV") -> str:
+    """Run SQL against the target and return the engine's formatted answer."""
+    t = open_target(target)
+    try:
+        return t.text(query, fmt)
+    finally:
+        t.close()
+
+
+def history(table: str | None = None, target: str | None = None,
+            limit: int = 50) -> Sequence[dict]:
+    """One entry per run of `load` (newest first)."""
+    name = planner.parse_table(table).display if table else None
+    t = open_target(target)
+    try:
+        return t.ledger.runs(name, limit)
+    finally:
+        t.close()

@@ -1,0 +1,180 @@
+"""The `chload` command: flags -> LoadSpec -> chload.api -> rendering.
+
+A thin skin: it parses, calls one library function and draws what comes back. rich is
+imported only when a terminal will see it, and the engine only when a command needs
+it, so `chload --help` is instant and pipelines pay nothing for the progress bar.
+
+Exit codes: 0 all good; 1 some file failed; 2 bad usage or a terminal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from chload.errors import ChloadError, UsageError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ChloadError as exc:
+        if getattr(args, "debug", False):
+            raise
+        print(f"chload: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("chload: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chload", description="Get data into ClickHouse fast and exactly once.")
+    parser.add_argument("--version", action="version", version=_version())
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    _load_parser(commands)
+    files = commands.add_parser("files", help="the ledger: each file's state for a table")
+    _common(files)
+    files.add_argument("--table", required=True)
+    files.add_argument("--json", action="store_true", help="print JSON (a list of objects)")
+    files.set_defaults(func=_files)
+    sql = commands.add_parser("sql", help="run SQL against the target")
+    _common(sql)
+    sql.add_argument("query")
+    sql.add_argument("--format", default="PrettyCompact",
+                     help="any ClickHouse output format: TSV, JSON, Pretty, CSV ...")
+    sql.set_defaults(func=_sql)
+    hist = commands.add_parser("history", help="one line per load run")
+    _common(hist)
+    hist.add_argument("--table")
+    hist.add_argument("--limit", type=int, default=50)
+    hist.add_argument("--json", action="store_true")
+    hist.set_defaults(func=_history)
+    return parser
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="directory of the embedded ClickHouse (default "
+                   "./chload-data, or $CHLOAD_TARGET) or http(s)://[user@]host:port[/db]")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+
+
+def _load_parser(commands: Any) -> None:
+    p = commands.add_parser("load", help="load files into a table, exactly once per file",
+                            description="Load files, directories, globs or - (stdin) into "
+                            "a table. Files already loaded are skipped.")
+    _common(p)
+    p.add_argument("sources", nargs="+", metavar="SOURCE")
+    p.add_argument("--table", "-t", required=True, help="table name, or db.table")
+    p.add_argument("--format", "-f", help="ClickHouse input format (default: from the name)")
+    p.add_argument("--compression", help="gzip, zstd, bz2, xz, lz4, none (default: from name)")
+    p.add_argument("--schema", help="'a UInt32, b String': how to read the data")
+    p.add_argument("--order-by", help="ORDER BY of a table chload creates")
+    p.add_argument("--partition-by", help="PARTITION BY of a table chload creates")
+    p.add_argument("--audit", action="store_true", help="add _source_file and _loaded_at")
+    p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                   help="a ClickHouse setting for the inserts (repeatable)")
+    p.add_argument("--workers", type=int, help="files loaded in parallel (default: automatic)")
+    p.add_argument("--force", action="store_true", help="load files already loaded")
+    p.add_argument("--on-error", default="continue", choices=["continue", "abort"],
+                   help="after a failed file: go on with the others (default) or stop")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
+    p.set_defaults(func=_load)
+
+
+def _settings(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"--setting {item}: write it as name=value, e.g. max_threads=4")
+        out.append((name.strip(), value.strip()))
+    return tuple(out)
+
+
+def _load(args: argparse.Namespace) -> int:
+    from chload.api import LoadSpec, load
+
+    spec = LoadSpec(
+        sources=tuple(args.sources), table=args.table, target=args.target, format=args.format,
+        compression=args.compression, schema=args.schema, order_by=args.order_by,
+        partition_by=args.partition_by, audit=args.audit, settings=_settings(args.setting),
+        workers=args.workers, force=args.force, on_error=args.on_error,
+    )
+    show = not args.quiet and not args.json and sys.stdout.isatty()
+    if show:
+        from chload.render import ProgressView
+
+        with ProgressView() as view:
+            report = load(spec, listener=view.on_event)
+    else:
+        report = load(spec)
+    if args.json:
+        data = report.to_dict()
+        if len(data["files"]) > 1000:
+            data["files"] = data["files"][:1000]
+        print(json.dumps(data))
+    elif not args.quiet:
+        from chload.render import print_summary
+
+        print_summary(report)
+    return 0 if report.ok else 1
+
+
+def _files(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from chload.api import files
+
+    events = files(args.table, args.target)
+    if args.json:
+        print(json.dumps([_file_row(asdict(e)) for e in events]))
+    else:
+        from chload.render import print_files
+
+        print_files(args.table, events)
+    return 0
+
+
+def _file_row(row: dict) -> dict:
+    row["table"] = row.pop("target_table")
+    row.pop("stage", None)
+    row.pop("mark", None)
+    return row
+
+
+def _sql(args: argparse.Namespace) -> int:
+    from chload.api import sql
+
+    sys.stdout.write(sql(args.query, args.target, args.format))
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    from chload.api import history
+
+    runs = history(args.table, args.target, args.limit)
+    if args.json:
+        print(json.dumps(list(runs)))
+    else:
+        from chload.render import print_history
+
+        print_history(runs)
+    return 0
+
+
+def _version() -> str:
+    from chload import __version__
+
+    return f"chload {__version__}"
+
+
+if __name__ == "__main__":
+    sys.exit(main(os.sys.argv[1:]))

@@ -1,0 +1,76 @@
+"""The in-process ClickHouse engine (chDB), persistent in one directory.
+
+chDB allows one database path per process, and a second process cannot open a path
+another holds; its own message for that is cryptic. We take an exclusive `flock` on
+`<dir>/.chload.lock` first, so a second chload gets one clear line instead.
+Sessions are thread-safe: loader workers share one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from typing import Any
+
+from chload.errors import TargetInUse, UsageError, from_engine_message
+
+LOCK_NAME = ".chload.lock"
+
+
+class Engine:
+    """One chDB session on a directory, held exclusively by this process."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        self._lock = _acquire(self.path)
+        import chdb.session  # lazy: the engine is ~0.4 s to import
+
+        self._session = chdb.session.Session(self.path)
+
+    def query(self, sql: str, fmt: str = "TSV", context: str = "query") -> str:
+        """Run a statement; engine errors become chload errors naming `context`."""
+        try:
+            result = self._session.query(sql, fmt)
+        except Exception as exc:  # chdb raises ChdbError / RuntimeError with the engine text
+            raise from_engine_message(str(exc), context) from exc
+        return result.bytes().decode() if result is not None else ""
+
+    def execute(self, sql: str, context: str = "query") -> tuple[int, int]:
+        """Run a write; return (rows written, bytes read from storage) from the engine."""
+        try:
+            result = self._session.query(sql, "TSV")
+        except Exception as exc:
+            raise from_engine_message(str(exc), context) from exc
+        return int(result.rows_written()), int(result.storage_bytes_read())
+
+    def rows(self, sql: str, context: str = "query") -> list[dict[str, Any]]:
+        """Run a query and return its (small) result as dicts: metadata, never data rows."""
+        text = self.query(sql, "JSONEachRow", context)
+        return [json.loads(line) for line in text.splitlines() if line]
+
+    def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
+        os.close(self._lock)
+
+
+def _acquire(path: str) -> int:
+    try:
+        os.makedirs(path, exist_ok=True)
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise UsageError(f"target {path}: cannot use this directory ({exc.strerror})") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise TargetInUse(
+            f"target {path} is in use by another chload process (pid {holder}); "
+            "wait for it to finish or use another --target directory"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd

@@ -1,0 +1,153 @@
+"""The file ledger and the run history: tables in the target, next to the data.
+
+State lives with the data (DESIGN principle 3): any host can resume a load and anyone
+can inspect it with SQL. The ledger is an append-only event log; a file's current state
+is its latest event (`argMax(..., seq)`), so recording a transition is one small INSERT
+and no UPDATE is ever needed. The SQL here runs unchanged on chDB 26 and on a
+ClickHouse 18.16 server (no DateTime64, no lightweight DELETE, no Nullable keys).
+
+File states:
+
+    loading  -> committing -> loaded
+        \\            \\
+         `-> failed    `-> (crash) recovery decides: loaded, or loading again
+
+`committing` carries the stage table and a `mark` the target needs to tell, after a
+crash, whether the stage was already attached (see targets/embedded.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from chload.schema import quote_str
+
+DATABASE = "chload"
+FILES = f"{DATABASE}.files"
+RUNS = f"{DATABASE}.runs"
+
+LOADING, COMMITTING, LOADED, FAILED = "loading", "committing", "loaded", "failed"
+
+
+class Sql(Protocol):
+    """The two things the ledger needs from a target: run a statement, read rows."""
+
+    def command(self, sql: str) -> None: ...
+
+    def rows(self, sql: str) -> list[dict]: ...
+
+
+@dataclass
+class FileEvent:
+    """One transition of one file, as stored in `chload.files`."""
+
+    target_table: str
+    uri: str
+    identity: str
+    size: int
+    mtime_ns: int
+    state: str
+    rows: int = 0
+    bytes: int = 0
+    error: str = ""
+    run_id: str = ""
+    stage: str = ""
+    mark: int = 0
+    seq: int = field(default_factory=time.time_ns)
+
+
+@dataclass
+class RunRecord:
+    """One run of `chload load`, as stored in `chload.runs` (the load history)."""
+
+    run_id: str
+    target_table: str
+    sources: str
+    started_ns: int
+    finished_ns: int
+    files_total: int
+    files_loaded: int
+    files_skipped: int
+    files_failed: int
+    rows_loaded: int
+    rows_rejected: int
+    bytes_read: int
+    seconds: float
+    status: str
+    host: str
+
+
+_FILES_DDL = f"""CREATE TABLE IF NOT EXISTS {FILES} (
+    target_table String, uri String, identity String, size UInt64, mtime_ns UInt64,
+    state String, rows UInt64, bytes UInt64, error String, run_id String,
+    stage String, mark UInt64, seq UInt64,
+    at DateTime MATERIALIZED toDateTime(intDiv(seq, 1000000000))
+) ENGINE = MergeTree ORDER BY (target_table, uri, seq)"""
+
+_RUNS_DDL = f"""CREATE TABLE IF NOT EXISTS {RUNS} (
+    run_id String, target_table String, sources String, started_ns UInt64,
+    finished_ns UInt64, files_total UInt64, files_loaded UInt64, files_skipped UInt64,
+    files_failed UInt64, rows_loaded UInt64, rows_rejected UInt64, bytes_read UInt64,
+    seconds Float64, status String, host String,
+    started DateTime MATERIALIZED toDateTime(intDiv(started_ns, 1000000000))
+) ENGINE = MergeTree ORDER BY (target_table, started_ns, run_id)"""
+
+
+class Ledger:
+    """Reads and appends file events and run records in the target."""
+
+    def __init__(self, sql: Sql) -> None:
+        self._sql = sql
+
+    def ensure(self) -> None:
+        self._sql.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
+        self._sql.command(_FILES_DDL)
+        self._sql.command(_RUNS_DDL)
+
+    def record(self, events: Sequence[FileEvent]) -> None:
+        if events:
+            self._insert(FILES, (asdict(e) for e in events))
+
+    def record_run(self, run: RunRecord) -> None:
+        self._insert(RUNS, [asdict(run)])
+
+    def _insert(self, table: str, rows: Iterable[dict]) -> None:
+        body = "\n".join(json.dumps(r, ensure_ascii=False) for r in rows)
+        self._sql.command(f"INSERT INTO {table} FORMAT JSONEachRow\n{body}\n")
+
+    def latest(self, target_table: str, states: Sequence[str] | None = None) -> list[FileEvent]:
+        """Each file's latest event for a table (optionally only those in `states`)."""
+        having = ""
+        if states:
+            having = f"HAVING last_state IN ({', '.join(quote_str(s) for s in states)})"
+        fields = ", ".join(f"argMax({f}, seq) AS last_{f}" for f in _LATEST_FIELDS)
+        rows = self._sql.rows(
+            f"SELECT target_table, uri, {fields}, max(seq) AS last_seq FROM {FILES} "
+            f"WHERE target_table = {quote_str(target_table)} "
+            f"GROUP BY target_table, uri {having} ORDER BY uri"
+        )
+        return [_event(r) for r in rows]
+
+    def loaded_identities(self, target_table: str) -> dict[str, str]:
+        """uri -> identity of every file whose latest state is `loaded`."""
+        return {e.uri: e.identity for e in self.latest(target_table, [LOADED])}
+
+    def runs(self, target_table: str | None, limit: int = 50) -> list[dict]:
+        where = f"WHERE target_table = {quote_str(target_table)}" if target_table else ""
+        return self._sql.rows(
+            f"SELECT * FROM {RUNS} {where} ORDER BY started_ns DESC LIMIT {int(limit)}"
+        )
+
+
+_LATEST_FIELDS = ("identity", "size", "mtime_ns", "state", "rows", "bytes", "error", "run_id",
+                  "stage", "mark")
+_INTS = {"size", "mtime_ns", "rows", "bytes", "mark", "seq"}
+
+
+def _event(row: dict) -> FileEvent:
+    values = {k.removeprefix("last_"): v for k, v in row.items()}
+    return FileEvent(**{k: int(v) if k in _INTS else v for k, v in values.items()})

@@ -1,0 +1,125 @@
+"""Planning: sources x ledger x table -> the files to load and how to read them.
+
+Nothing here reads a row. Listing gives identities; the ledger says what is already
+loaded; the engine infers a schema from one file; the table decides column types.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from chload.errors import UsageError
+from chload.formats import FileFormat, check_compression
+from chload.schema import (
+    AUDIT_COLUMNS, Column, create_table_sql, decide_header, infer, match_columns,
+    parse_structure, quote_ident,
+)
+from chload.sources import SourceFile
+from chload.targets import Target
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class TableName:
+    database: str
+    name: str
+
+    @property
+    def sql(self) -> str:
+        return f"{quote_ident(self.database)}.{quote_ident(self.name)}"
+
+    @property
+    def display(self) -> str:
+        return f"{self.database}.{self.name}"
+
+
+def parse_table(value: str, default_database: str = "default") -> TableName:
+    """`trips` or `db.trips`; plain identifiers only, so messages and SQL stay simple."""
+    parts = value.split(".")
+    if len(parts) > 2 or not all(_NAME.match(p) for p in parts):
+        raise UsageError(
+            f"--table {value}: use a plain name like trips or db.trips "
+            "(letters, digits and _; not starting with a digit)"
+        )
+    if len(parts) == 1:
+        return TableName(default_database, parts[0])
+    return TableName(parts[0], parts[1])
+
+
+@dataclass
+class Plan:
+    """What a run will do: which files to load, which to skip, how to read them."""
+
+    to_load: list[SourceFile]
+    skipped: list[SourceFile]
+    changed: set[str] = field(default_factory=set)  # uris loaded before with another identity
+    columns: list[Column] = field(default_factory=list)  # table columns, in data order
+    read_columns: list[Column] = field(default_factory=list)  # how the engine reads the data
+    created_table: bool = False
+
+
+def decide(files: Sequence[SourceFile], loaded: dict[str, str], force: bool) -> Plan:
+    """Split files into load and skip by the ledger: exactly once per identity."""
+    to_load, skipped, changed = [], [], set()
+    for f in files:
+        before = loaded.get(f.uri)
+        if f.is_stream or force or before is None:
+            to_load.append(f)
+        elif before != f.identity:
+            to_load.append(f)
+            changed.add(f.uri)
+        else:
+            skipped.append(f)
+    return Plan(to_load, skipped, changed)
+
+
+def resolve_format(target: Target, files: Sequence[SourceFile]) -> list[SourceFile]:
+    """Decide CSV/TSV headers once, from the first file of each format, for all files."""
+    decided: dict[FileFormat, FileFormat] = {}
+    out = []
+    for f in files:
+        if f.format not in decided:
+            def reader(fmt: FileFormat, f: SourceFile = f) -> str:
+                return target.reader(f, fmt.name, None)
+            decided[f.format] = decide_header(target.infer_rows, reader, f.format)
+        fmt = decided[f.format]
+        out.append(f if fmt == f.format else _with_format(f, fmt))
+    return out
+
+
+def _with_format(f: SourceFile, fmt: FileFormat) -> SourceFile:
+    return SourceFile(f.uri, f.size, f.mtime_ns, fmt, f.etag, f.local_path, f.is_stream)
+
+
+def prepare_table(
+    target: Target, table: TableName, sample: SourceFile, *, schema: str | None,
+    order_by: str | None, partition_by: str | None, audit: bool,
+) -> tuple[list[Column], list[Column], bool]:
+    """Create the table if needed; return (table columns, read columns, created)."""
+    if schema:
+        data = parse_structure(schema)
+    else:
+        def reader(structure: str | None) -> str:
+            cols = parse_structure(structure) if structure else None
+            return target.reader(sample, sample.format.name, cols)
+        data = infer(target.infer_rows, reader)
+    existing = target.table_columns(table.sql)
+    created = False
+    if existing is None:
+        columns = data + ([Column(n, t) for n, t in AUDIT_COLUMNS.items()] if audit else [])
+        target.command(f"CREATE DATABASE IF NOT EXISTS {quote_ident(table.database)}")
+        target.command(create_table_sql(table.sql, columns, order_by, partition_by))
+        existing = target.table_columns(table.sql) or columns
+        created = True
+    matched = match_columns(table.display, existing, data, audit)
+    return matched, (data if schema else matched), created
+
+
+def validate_options(compression: str | None, workers: int | None) -> None:
+    if compression:
+        check_compression(compression)
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers {workers}: must be 1 or more")

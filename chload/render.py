@@ -1,0 +1,124 @@
+"""Drawing for the CLI: the progress bar, the summary, the ledger and history tables.
+
+Only the CLI imports this module. rich is imported only for a terminal; piped output
+is plain tab-separated text that scripts can read.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from chload.api import LoadReport
+from chload.ledger import FileEvent
+from chload.runner import Event
+
+
+class ProgressView:
+    """A rich progress bar: files done/total, rows, bytes, rows/s, ETA (on stderr)."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+            TimeElapsedColumn, TimeRemainingColumn,
+        )
+
+        self._console = Console(stderr=True)
+        self._progress = Progress(
+            TextColumn("[bold]loading"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("files"), DownloadColumn(), TextColumn("{task.fields[rows]} rows"),
+            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
+            TimeRemainingColumn(), console=self._console, transient=True,
+        )
+        self._files = self._progress.add_task("files", total=None, rows="0", rate="")
+        self._bytes_done = 0
+        self._bytes_total = 0
+        self._rows = 0
+        self._started = time.monotonic()
+
+    def __enter__(self) -> ProgressView:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def on_event(self, event: Event) -> None:
+        if event.kind == "plan":
+            self._progress.update(self._files, total=event.files_total)
+            self._bytes_total = event.bytes_total
+        elif event.kind == "done":
+            self._rows += event.rows
+            self._progress.advance(self._files)
+        elif event.kind == "fail":
+            self._progress.advance(self._files)
+            self._console.print(f"[red]failed[/red] {event.error}", highlight=False)
+        else:
+            return
+        rate = self._rows / max(time.monotonic() - self._started, 1e-6)
+        self._progress.update(self._files, rows=f"{self._rows:,}", rate=f"{rate:,.0f} rows/s")
+
+
+def print_summary(report: LoadReport) -> None:
+    parts = [f"{report.files_loaded} loaded", f"{report.files_skipped} skipped"]
+    if report.files_failed:
+        parts.append(f"{report.files_failed} failed")
+    if report.files_changed:
+        parts.append(f"{report.files_changed} changed since last load")
+    print(f"{report.table}: {report.files_total} files: {', '.join(parts)}; "
+          f"{report.rows_loaded:,} rows, {_size(report.bytes_read)} in {report.seconds:.2f} s"
+          f" ({report.rows_per_second:,.0f} rows/s)")
+    for result in report.files:
+        if result.status == "failed":
+            print(f"  failed: {result.error}", file=sys.stderr)
+
+
+def print_files(table: str, events: Sequence[FileEvent]) -> None:
+    header = ["file", "state", "rows", "bytes", "loaded_at", "error"]
+    rows = [[e.uri, e.state, str(e.rows), str(e.size), _when(e.seq), e.error] for e in events]
+    _table(f"files of {table}", header, rows)
+
+
+def print_history(runs: Sequence[dict[str, Any]]) -> None:
+    header = ["started", "table", "loaded", "skipped", "failed", "rows", "seconds", "rows/s",
+              "sources"]
+    rows = [[_when(int(r["started_ns"])), r["target_table"], str(r["files_loaded"]),
+             str(r["files_skipped"]), str(r["files_failed"]), str(r["rows_loaded"]),
+             f"{float(r['seconds']):.2f}",
+             f"{int(r['rows_loaded']) / max(float(r['seconds']), 1e-9):,.0f}", r["sources"]]
+            for r in runs]
+    _table("load history", header, rows)
+
+
+def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    if not sys.stdout.isatty():
+        print("\t".join(header))
+        for row in rows:
+            print("\t".join(cell.replace("\t", " ").replace("\n", " ") for cell in row))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name in header:
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
+def _when(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TB"

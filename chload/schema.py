@@ -1,0 +1,159 @@
+"""Table schemas: inference from files, CREATE TABLE, and matching data to a table.
+
+Inference is the engine's (`DESCRIBE file(...)`); we only refine it:
+- CSV/TSV header: the engine's detection decides between `CSV` and `CSVWithNames`.
+- Nullability: the engine infers every text column `Nullable` (setting
+  `schema_inference_make_columns_nullable`), which makes sorting keys impossible and
+  storage larger. We count NULLs over a sample (empty CSV fields are NULL in a Nullable
+  column, via `input_format_csv_empty_as_default`) and keep `Nullable` only where the
+  sample has one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from chload.errors import SchemaError, UsageError
+from chload.formats import HEADER_FORMATS, FileFormat
+
+AUDIT_COLUMNS = {"_source_file": "LowCardinality(String)", "_loaded_at": "DateTime"}
+NULL_SAMPLE_ROWS = 200_000
+_UNSORTABLE = re.compile(r"^(Nullable|Array|Map|Tuple|JSON|Object|Dynamic|Variant|AggregateFunction)")
+_POSITIONAL = re.compile(r"^c\d+$")
+
+Query = Callable[[str], list[dict]]  # runs SQL, returns small result rows as dicts
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    default_kind: str = ""  # DEFAULT / MATERIALIZED / ALIAS / EPHEMERAL, from system.columns
+
+    @property
+    def sql(self) -> str:
+        return f"{quote_ident(self.name)} {self.type}"
+
+
+def quote_ident(name: str) -> str:
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def quote_str(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def structure(columns: Sequence[Column]) -> str:
+    """The `structure` argument of a table function: 'a UInt32, b String'."""
+    return ", ".join(c.sql for c in columns)
+
+
+def parse_structure(text: str) -> list[Column]:
+    """Parse a --schema value ('a UInt32, b Nullable(String)'), respecting parentheses."""
+    columns, depth, start = [], 0, 0
+    for i, ch in enumerate(text + ","):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            part = text[start:i].strip()
+            start = i + 1
+            if not part:
+                continue
+            name, _, typ = part.partition(" ")
+            if not typ.strip():
+                raise UsageError(f"--schema: column '{name}' has no type (write 'name Type')")
+            columns.append(Column(name.strip("`\""), typ.strip()))
+    if not columns:
+        raise UsageError("--schema is empty; write e.g. --schema 'id UInt64, name String'")
+    return columns
+
+
+def decide_header(query: Query, reader: Callable[[FileFormat], str], fmt: FileFormat) -> FileFormat:
+    """CSV/TSV: `CSVWithNames` when the engine detects a header line, else `CSV`."""
+    named = HEADER_FORMATS.get(fmt.name)
+    if named is None:
+        return fmt
+    names = [row["name"] for row in query(f"DESCRIBE {reader(fmt)}")]
+    if all(_POSITIONAL.match(n) for n in names):
+        return fmt
+    return FileFormat(named, fmt.compression)
+
+
+def infer(query: Query, reader: Callable[[str | None], str]) -> list[Column]:
+    """Columns of a source: the engine's inference, Nullable only where NULLs appear.
+
+    `reader(structure)` returns the table-function SQL reading the sample file.
+    """
+    described = query(
+        f"DESCRIBE {reader(None)} SETTINGS schema_inference_make_columns_nullable = 1"
+    )
+    columns = [Column(row["name"], row["type"]) for row in described]
+    nullable = [c for c in columns if c.type.startswith("Nullable(")]
+    if not nullable:
+        return columns
+    counts = _null_counts(query, reader(structure(columns)), nullable)
+    return [
+        Column(c.name, c.type[len("Nullable("):-1]) if counts.get(c.name, 1) == 0 else c
+        for c in columns
+    ]
+
+
+def _null_counts(query: Query, source_sql: str, nullable: Sequence[Column]) -> dict[str, int]:
+    exprs = ", ".join(
+        f"countIf(isNull({quote_ident(c.name)})) AS {quote_ident(c.name)}" for c in nullable
+    )
+    rows = query(f"SELECT {exprs} FROM (SELECT * FROM {source_sql} LIMIT {NULL_SAMPLE_ROWS})")
+    return {k: int(v) for k, v in rows[0].items()} if rows else {}
+
+
+def default_order_by(columns: Sequence[Column]) -> str:
+    """A sorting key: the first column that can be one (not Nullable, not composite)."""
+    for column in columns:
+        if not column.name.startswith("_") and not _UNSORTABLE.match(column.type):
+            if not column.type.startswith(("Float", "Bool", "LowCardinality(Nullable")):
+                return quote_ident(column.name)
+    return "tuple()"
+
+
+def create_table_sql(
+    table: str, columns: Sequence[Column], order_by: str | None, partition_by: str | None,
+    engine: str = "MergeTree",
+) -> str:
+    body = ",\n    ".join(c.sql for c in columns)
+    sql = f"CREATE TABLE IF NOT EXISTS {table} (\n    {body}\n) ENGINE = {engine}"
+    if partition_by:
+        sql += f"\nPARTITION BY {partition_by}"
+    return sql + f"\nORDER BY {order_by or default_order_by(columns)}"
+
+
+def match_columns(
+    table: str, table_columns: Sequence[Column], data_columns: Sequence[Column], audit: bool,
+) -> list[Column]:
+    """The table's columns that the data fills, in the data's order, with the table's types.
+
+    A file column the table lacks, or a table column (without a DEFAULT) the file
+    lacks, is a SchemaError listing all of them in one line.
+    """
+    by_name = {c.name: c for c in table_columns}
+    unknown = [c.name for c in data_columns if c.name not in by_name]
+    data_names = {c.name for c in data_columns}
+    optional = set(AUDIT_COLUMNS) if audit else set()
+    missing = [
+        c.name for c in table_columns
+        if c.name not in data_names and not c.default_kind and c.name not in optional
+    ]
+    if audit:
+        missing += [name for name in AUDIT_COLUMNS if name not in by_name]
+    if unknown or missing:
+        parts = []
+        if unknown:
+            parts.append(f"columns in the data but not in the table: {', '.join(unknown)}")
+        if missing:
+            parts.append(f"columns in the table but not in the data: {', '.join(missing)}")
+        raise SchemaError(
+            f"table {table}: {'; '.join(parts)}. Fix the table (ALTER TABLE ... ADD COLUMN), "
+            "or pass --schema to say how to read the data"
+        )
+    return [by_name[c.name] for c in data_columns]

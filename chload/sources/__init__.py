@@ -1,0 +1,74 @@
+"""Sources: turn what the user typed into a list of `SourceFile`s with identities.
+
+One module per kind of source. Each lists its objects (never reads their rows) and
+describes how the engine can reach them; the engine does all the reading.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Protocol
+
+from chload.errors import UsageError
+from chload.formats import FileFormat
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One file or object to load, known by its identity.
+
+    `uri` is what the ledger records and the user sees (never a secret);
+    `size` and `mtime_ns` (or `etag`) make the identity: a file is loaded again when
+    they change.
+    """
+
+    uri: str
+    size: int
+    mtime_ns: int
+    format: FileFormat
+    etag: str = ""
+    local_path: str | None = None  # set for files on this machine (and spooled stdin)
+    is_stream: bool = False  # stdin: no identity, never skipped
+
+    @property
+    def name(self) -> str:
+        return self.uri.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def identity(self) -> str:
+        return self.etag or f"{self.size}:{self.mtime_ns}"
+
+
+class Source(Protocol):
+    """What every kind of source provides: listing, with identities."""
+
+    def list_files(self) -> list[SourceFile]: ...
+
+
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Shell-style brace expansion: `a{1..3}` -> a1 a2 a3; `{x,y}` -> x y.
+
+    Zero-padded ranges keep their width (`{000..099}`), as ClickHouse and bash do.
+    """
+    match = _BRACE.search(pattern)
+    if not match:
+        return [pattern]
+    head, body, tail = pattern[: match.start()], match.group(1), pattern[match.end():]
+    rng = _RANGE.match(body)
+    if rng:
+        lo, hi = int(rng.group(1)), int(rng.group(2))
+        width = len(rng.group(1)) if rng.group(1).startswith("0") else 0
+        step = 1 if hi >= lo else -1
+        if abs(hi - lo) > 100_000:
+            raise UsageError(f"{pattern}: range {{{body}}} expands to more than 100,000 names")
+        options = [str(i).zfill(width) for i in range(lo, hi + step, step)]
+    elif "," in body:
+        options = body.split(",")
+    else:
+        return [head + "{" + body + "}" + name for name in expand_braces(tail)]
+    return [name for option in options for name in expand_braces(head + option + tail)]

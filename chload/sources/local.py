@@ -1,0 +1,75 @@
+"""Local files: paths, directories and globs (`*`, `?`, `**`, `{a,b}`, `{1..10}`), and stdin."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import sys
+import tempfile
+
+from chload.errors import SourceError, UsageError
+from chload.formats import detect
+from chload.sources import SourceFile, expand_braces
+
+_GLOB_CHARS = set("*?[")
+
+
+def list_local(pattern: str, fmt: str | None, compression: str | None) -> list[SourceFile]:
+    """Every regular file the pattern names, sorted, each with its identity."""
+    paths: list[str] = []
+    for expanded in expand_braces(os.path.expanduser(pattern)):
+        paths.extend(_resolve(expanded))
+    if not paths:
+        raise SourceError(f"{pattern}: no such file, or the pattern matches nothing")
+    unique = sorted(set(os.path.abspath(p) for p in paths))
+    return [_describe(p, fmt, compression) for p in unique]
+
+
+def _resolve(path: str) -> list[str]:
+    if _GLOB_CHARS & set(path):
+        return [p for p in glob.glob(path, recursive=True) if os.path.isfile(p)]
+    if os.path.isdir(path):
+        return _walk(path)
+    if os.path.exists(path):
+        return [path]
+    raise SourceError(f"{path}: no such file or directory")
+
+
+def _walk(directory: str) -> list[str]:
+    """Every non-hidden file under a directory, recursively."""
+    found = []
+    for root, dirs, names in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found.extend(os.path.join(root, n) for n in names if not n.startswith("."))
+    return found
+
+
+def _describe(path: str, fmt: str | None, compression: str | None) -> SourceFile:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot read it ({exc.strerror})") from exc
+    return SourceFile(
+        uri=path, size=st.st_size, mtime_ns=st.st_mtime_ns,
+        format=detect(path, fmt, compression), local_path=path,
+    )
+
+
+def spool_stdin(fmt: str | None, compression: str | None, workdir: str) -> SourceFile:
+    """Standard input, copied in chunks to a file the engine can read more than once.
+
+    Schema inference reads the start of the data and the load reads all of it, so a
+    pipe is spooled (bytes only, bounded memory; no row is parsed in Python).
+    """
+    if not fmt:
+        raise UsageError("-: reading standard input needs --format (e.g. --format CSVWithNames)")
+    os.makedirs(workdir, exist_ok=True)
+    handle, path = tempfile.mkstemp(prefix="stdin-", dir=workdir)
+    with os.fdopen(handle, "wb") as out:
+        shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
+    st = os.stat(path)
+    return SourceFile(
+        uri="stdin", size=st.st_size, mtime_ns=st.st_mtime_ns,
+        format=detect("stdin", fmt, compression or "none"), local_path=path, is_stream=True,
+    )

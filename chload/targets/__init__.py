@@ -1,0 +1,85 @@
+"""Targets: where rows go. One small protocol, one module per kind.
+
+A target is a list of shards (one, for a single server or the embedded engine), so a
+cluster is a planning decision, not a rewrite (DESIGN principle 6). Each target loads
+one file atomically (`load_file`): its rows are all there, recorded `loaded` in the
+ledger, or none are.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from chload.errors import UsageError
+from chload.ledger import Ledger
+from chload.schema import Column
+from chload.sources import SourceFile
+
+DEFAULT_TARGET = "./chload-data"
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    """Everything a target needs to load one file into one table."""
+
+    file: SourceFile
+    table: str  # qualified and quoted: `db`.`t`
+    table_display: str  # db.t as the user wrote it
+    columns: Sequence[Column]  # the table's columns the data fills, in the data's order
+    read_columns: Sequence[Column]  # how to read the data (names and types)
+    audit: bool
+    settings: Sequence[tuple[str, str]]
+    run_id: str
+
+
+class Target(Protocol):
+    """What the planner and runner need from any target."""
+
+    display: str  # where the data goes, for messages and reports (never a secret)
+    ledger: Ledger
+
+    def command(self, sql: str) -> None: ...
+
+    def rows(self, sql: str) -> list[dict]: ...
+
+    def text(self, sql: str, fmt: str) -> str: ...
+
+    def infer_rows(self, sql: str) -> list[dict]:
+        """Run a schema-inference query in the engine that can read the sources."""
+        ...
+
+    def reader(self, file: SourceFile, fmt: str, columns: Sequence[Column] | None) -> str:
+        """The table-function SQL with which the inferring engine reads `file`."""
+        ...
+
+    def table_columns(self, table: str) -> list[Column] | None: ...
+
+    def recover(self, table: str) -> int:
+        """Finish or undo what an interrupted earlier run left; return files settled."""
+        ...
+
+    def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> tuple[int, int]:
+        """Load one file atomically; return (rows, bytes read)."""
+        ...
+
+    def default_workers(self, files: Sequence[SourceFile]) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def open_target(target: str | None) -> Target:
+    """The target a --target value (or CHLOAD_TARGET, or the default) names."""
+    value = target or os.environ.get("CHLOAD_TARGET") or DEFAULT_TARGET
+    if value.startswith(("http://", "https://")):
+        raise UsageError(f"--target {value.split('@')[-1]}: server targets are not built yet")
+    if "://" in value:
+        raise UsageError(
+            f"--target: '{value.split('://')[0]}://' is not a target; use a directory "
+            "(embedded ClickHouse) or http(s)://host:port/db (a ClickHouse server)"
+        )
+    from chload.targets.embedded import EmbeddedTarget
+
+    return EmbeddedTarget(value)

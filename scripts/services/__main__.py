@@ -1,0 +1,10 @@
+"""``python3 scripts/services install|smoke ...``: the same CLI as services.py."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from services import main  # noqa: E402
+
+sys.exit(main())
