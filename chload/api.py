@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass, field
 from chload import planner, runner
 from chload.errors import UsageError
 from chload.ledger import FileEvent, RunRecord
-from chload.planner import TableName
 from chload.runner import Event, FileResult, Listener
 from chload.sources import SourceFile
 from chload.targets import LoadJob, Target, open_target
@@ -31,7 +30,7 @@ class LoadSpec:
 
     sources: tuple[str, ...]
     table: str
-    target: str | None = None  # directory (embedded) or http(s)://... ; None: CHLOAD_TARGET or ./chload-data
+    target: str | None = None  # a directory or http(s)://...; None: $CHLOAD_TARGET, ./chload-data
     format: str | None = None  # any ClickHouse input format name; default: from the file name
     compression: str | None = None  # gzip, zstd, ...; default: from the file name
     schema: str | None = None  # 'a UInt32, b String': how to read the data / create the table
@@ -123,7 +122,8 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     workers = spec.workers or target.default_workers(plan.to_load)
     results = runner.run(target, jobs, workers, listener,
                          abort_on_error=spec.on_error == "abort", changed=plan.changed)
-    results += [FileResult(f.uri, "skipped", bytes=0) for f in plan.skipped]
+    target.flush()
+    results += [FileResult(f.uri, "skipped") for f in plan.skipped]
     _summarize(report, results, plan, time.monotonic() - clock)
     target.ledger.record_run(_run_record(spec, report, started_ns))
     return report

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -175,6 +174,3 @@ def _version() -> str:
 
     return f"chload {__version__}"
 
-
-if __name__ == "__main__":
-    sys.exit(main(os.sys.argv[1:]))

@@ -3,7 +3,10 @@
 chDB allows one database path per process, and a second process cannot open a path
 another holds; its own message for that is cryptic. We take an exclusive `flock` on
 `<dir>/.chload.lock` first, so a second chload gets one clear line instead.
-Sessions are thread-safe: loader workers share one.
+A chDB session runs one query at a time (a second thread's `SELECT 1` waits for the
+first thread's INSERT to finish), but several sessions on one path run in parallel:
+measured on 2 cores, two 5-file inserts took 1.79 s on two sessions, 3.24 s on one.
+So each thread gets its own session.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
 from typing import Any
 
 from chload.errors import TargetInUse, UsageError, from_engine_message
@@ -26,12 +30,24 @@ class Engine:
         self._lock = _acquire(self.path)
         import chdb.session  # lazy: the engine is ~0.4 s to import
 
-        self._session = chdb.session.Session(self.path)
+        self._new_session = lambda: chdb.session.Session(self.path)
+        self._local = threading.local()
+        self._sessions: list[Any] = []
+        self._guard = threading.Lock()
+
+    def _session(self) -> Any:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            with self._guard:
+                session = self._new_session()
+                self._sessions.append(session)
+            self._local.session = session
+        return session
 
     def query(self, sql: str, fmt: str = "TSV", context: str = "query") -> str:
         """Run a statement; engine errors become chload errors naming `context`."""
         try:
-            result = self._session.query(sql, fmt)
+            result = self._session().query(sql, fmt)
         except Exception as exc:  # chdb raises ChdbError / RuntimeError with the engine text
             raise from_engine_message(str(exc), context) from exc
         return result.bytes().decode() if result is not None else ""
@@ -39,7 +55,7 @@ class Engine:
     def execute(self, sql: str, context: str = "query") -> tuple[int, int]:
         """Run a write; return (rows written, bytes read from storage) from the engine."""
         try:
-            result = self._session.query(sql, "TSV")
+            result = self._session().query(sql, "TSV")
         except Exception as exc:
             raise from_engine_message(str(exc), context) from exc
         return int(result.rows_written()), int(result.storage_bytes_read())
@@ -50,8 +66,9 @@ class Engine:
         return [json.loads(line) for line in text.splitlines() if line]
 
     def close(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
+        with self._guard:
+            sessions, self._sessions = self._sessions, []
+        for session in sessions:
             session.close()
         os.close(self._lock)
 

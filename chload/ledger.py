@@ -150,4 +150,4 @@ _INTS = {"size", "mtime_ns", "rows", "bytes", "mark", "seq"}
 
 def _event(row: dict) -> FileEvent:
     values = {k.removeprefix("last_"): v for k, v in row.items()}
-    return FileEvent(**{k: int(v) if k in _INTS else v for k, v in values.items()})
+    return FileEvent(**{k: int(v) if k in _INTS else v for k, v in values.items()})  # type: ignore[arg-type]

@@ -13,8 +13,14 @@ from dataclasses import dataclass, field
 from chload.errors import UsageError
 from chload.formats import FileFormat, check_compression
 from chload.schema import (
-    AUDIT_COLUMNS, Column, create_table_sql, decide_header, infer, match_columns,
-    parse_structure, quote_ident,
+    AUDIT_COLUMNS,
+    Column,
+    create_table_sql,
+    decide_header,
+    infer,
+    match_columns,
+    parse_structure,
+    quote_ident,
 )
 from chload.sources import SourceFile
 from chload.targets import Target

@@ -23,8 +23,13 @@ class ProgressView:
     def __init__(self) -> None:
         from rich.console import Console
         from rich.progress import (
-            BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-            TimeElapsedColumn, TimeRemainingColumn,
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
         )
 
         self._console = Console(stderr=True)

@@ -20,7 +20,9 @@ from chload.formats import HEADER_FORMATS, FileFormat
 
 AUDIT_COLUMNS = {"_source_file": "LowCardinality(String)", "_loaded_at": "DateTime"}
 NULL_SAMPLE_ROWS = 200_000
-_UNSORTABLE = re.compile(r"^(Nullable|Array|Map|Tuple|JSON|Object|Dynamic|Variant|AggregateFunction)")
+_UNSORTABLE = re.compile(
+    r"^(Nullable|Array|Map|Tuple|JSON|Object|Dynamic|Variant|AggregateFunction)"
+)
 _POSITIONAL = re.compile(r"^c\d+$")
 
 Query = Callable[[str], list[dict]]  # runs SQL, returns small result rows as dicts

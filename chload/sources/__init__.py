@@ -30,6 +30,7 @@ class SourceFile:
     etag: str = ""
     local_path: str | None = None  # set for files on this machine (and spooled stdin)
     is_stream: bool = False  # stdin: no identity, never skipped
+    kind: str = "local"  # which module of chload.sources reads it: local, s3, hdfs, http
 
     @property
     def name(self) -> str:
@@ -44,6 +45,19 @@ class Source(Protocol):
     """What every kind of source provides: listing, with identities."""
 
     def list_files(self) -> list[SourceFile]: ...
+
+
+def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
+    """The SQL table function with which the engine reads `file` itself (pull).
+
+    `structure` None means: let the engine infer it. One place per kind of source, so
+    targets never build source SQL (and secrets stay out of SQL text where possible).
+    """
+    if file.kind == "local":
+        from chload.sources.local import table_function as local
+
+        return local(file, fmt, structure)
+    raise NotImplementedError(f"{file.kind}: no reader for this kind of source")
 
 
 _BRACE = re.compile(r"\{([^{}]*)\}")

@@ -10,6 +10,7 @@ import tempfile
 
 from chload.errors import SourceError, UsageError
 from chload.formats import detect
+from chload.schema import quote_str
 from chload.sources import SourceFile, expand_braces
 
 _GLOB_CHARS = set("*?[")
@@ -38,7 +39,7 @@ def _resolve(path: str) -> list[str]:
 
 def _walk(directory: str) -> list[str]:
     """Every non-hidden file under a directory, recursively."""
-    found = []
+    found: list[str] = []
     for root, dirs, names in os.walk(directory):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         found.extend(os.path.join(root, n) for n in names if not n.startswith("."))
@@ -73,3 +74,9 @@ def spool_stdin(fmt: str | None, compression: str | None, workdir: str) -> Sourc
         uri="stdin", size=st.st_size, mtime_ns=st.st_mtime_ns,
         format=detect("stdin", fmt, compression or "none"), local_path=path, is_stream=True,
     )
+
+
+def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
+    """`file('path', 'Format', 'structure', 'compression')`."""
+    args = [file.local_path or file.uri, fmt, structure or "auto", file.format.compression]
+    return f"file({', '.join(quote_str(a) for a in args)})"

@@ -67,6 +67,10 @@ class Target(Protocol):
 
     def default_workers(self, files: Sequence[SourceFile]) -> int: ...
 
+    def flush(self) -> None:
+        """Write any ledger events still buffered."""
+        ...
+
     def close(self) -> None: ...
 
 

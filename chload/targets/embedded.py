@@ -2,33 +2,35 @@
 
 Exactly once per file, without a column of ours in the user's table:
 
-1. ledger `loading` (with the name of a fresh stage table);
-2. `INSERT INTO chload.stage_X SELECT ... FROM file(...)`: the engine parses and writes
-   into a table shaped like the target (`CREATE TABLE ... AS`);
-3. under one lock: note the target's highest block number (`mark`), ledger
-   `committing`, `ALTER TABLE t ATTACH PARTITION ... FROM chload.stage_X` (hard links,
-   milliseconds), ledger `loaded`;
-4. drop the stage.
+1. `INSERT INTO chload.stage_X SELECT ... FROM file(...)`: the engine parses and writes
+   into a fresh table shaped like the target (`CREATE TABLE ... AS`);
+2. under one lock: note the target's highest block number (`mark`), ledger
+   `committing` (with the mark and the stage's name), then `ALTER TABLE t ATTACH
+   PARTITION ... FROM chload.stage_X` (hard links, milliseconds);
+3. ledger `loaded` (written in batches: the `committing` event already settles a crash)
+   and drop the stage.
 
-A crash before 3 leaves only a stage, which recovery drops. A crash inside 3 is
-settled by the block numbers: MergeTree numbers every attached part above every
-existing one and merges keep the range, so a part whose `max_block_number` exceeds the
-mark can only come from this attach (this process is the directory's only writer:
-engine.py holds a lock). Recovery attaches whatever partition is not yet there.
+A crash before 2 leaves only a stage, which recovery drops by its name. A crash after
+the `committing` event is settled by the block numbers: MergeTree numbers every
+attached part above every existing one and merges keep the range, so a part whose
+`max_block_number` exceeds the mark can only come from this attach (this process is
+the directory's only writer: engine.py holds a lock). Recovery attaches whatever
+partition is not yet there.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 
 from chload.engine import Engine
 from chload.errors import ChloadError
-from chload.ledger import COMMITTING, DATABASE, FAILED, LOADED, LOADING, FileEvent, Ledger
+from chload.ledger import COMMITTING, DATABASE, FAILED, LOADED, FileEvent, Ledger
 from chload.schema import AUDIT_COLUMNS, Column, quote_ident, quote_str, structure
-from chload.sources import SourceFile
+from chload.sources import SourceFile, table_function
 from chload.targets import LoadJob
 
 # Settings every load runs with; user --setting values come after and win.
@@ -48,6 +50,9 @@ class EmbeddedTarget:
         self.ledger = Ledger(self)
         self.ledger.ensure()
         self._commit = threading.Lock()
+        self._pending: list[FileEvent] = []
+        self._pending_lock = threading.Lock()
+        self._flushed = time.monotonic()
 
     # -- SQL ---------------------------------------------------------------------------
     def command(self, sql: str) -> None:
@@ -62,11 +67,7 @@ class EmbeddedTarget:
     infer_rows = rows
 
     def reader(self, file: SourceFile, fmt: str, columns: Sequence[Column] | None) -> str:
-        args = [quote_str(file.local_path or file.uri), quote_str(fmt)]
-        args.append(quote_str(structure(columns)) if columns else "'auto'")
-        args.append(quote_str(file.format.compression if file.format.compression != "none"
-                              else "none"))
-        return f"file({', '.join(args)})"
+        return table_function(file, fmt, structure(columns) if columns else None)
 
     def table_columns(self, table: str) -> list[Column] | None:
         database, name = _split(table)
@@ -84,79 +85,82 @@ class EmbeddedTarget:
     # -- loading -----------------------------------------------------------------------
     def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> tuple[int, int]:
         stage = f"{DATABASE}.stage_{uuid.uuid4().hex[:16]}"
-        event = _event(job, LOADING, stage=stage)
-        self.ledger.record([event])
         try:
             self.command(f"CREATE TABLE {stage} AS {job.table}")
             rows, read = self.engine.execute(_insert_sql(stage, job, self.reader), job.file.uri)
-            progress(rows, read)
-            with self._commit:
-                self._attach(job.table, stage, _event(job, COMMITTING, stage, rows, read))
-                self.ledger.record([_event(job, LOADED, stage, rows, read)])
         except ChloadError as exc:
             self.ledger.record([_event(job, FAILED, stage, error=str(exc))])
+            self.command(f"DROP TABLE IF EXISTS {stage}")
             raise
-        finally:
-            self.command(f"DROP TABLE IF EXISTS {stage} SYNC")
+        progress(rows, read)
+        with self._commit:
+            # An error from here on leaves the `committing` event and the stage for the
+            # next run's recovery to finish: some partitions may be attached already.
+            self._attach(job.table, stage, _event(job, COMMITTING, stage, rows, read))
+        self._loaded([_event(job, LOADED, stage, rows, read)])
+        self.command(f"DROP TABLE IF EXISTS {stage}")
         return rows, read
 
     def _attach(self, table: str, stage: str, committing: FileEvent) -> None:
-        committing.mark = self._max_block(table)
+        blocks = self._blocks([table, stage])
+        committing.mark = max(blocks.get(table, {0: 0}).values(), default=0)
         self.ledger.record([committing])
-        for partition in self._partitions(stage):
+        for partition in sorted(blocks.get(stage, {})):
             self.command(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
                          f"FROM {stage}")
 
-    def _max_block(self, table: str) -> int:
-        database, name = _split(table)
-        rows = self.rows(
-            f"SELECT max(max_block_number) AS m FROM system.parts WHERE database = "
-            f"{quote_str(database)} AND table = {quote_str(name)} AND active"
-        )
-        return int(rows[0]["m"] or 0) if rows else 0
+    def _loaded(self, events: list[FileEvent]) -> None:
+        """Queue `loaded` events; write them every second or so, and at flush()."""
+        with self._pending_lock:
+            self._pending.extend(events)
+            due = time.monotonic() - self._flushed > 1.0
+        if due:
+            self.flush()
 
-    def _partitions(self, stage: str, above: int = -1) -> list[str]:
-        database, name = _split(stage)
-        rows = self.rows(
-            f"SELECT DISTINCT partition_id FROM system.parts WHERE database = "
-            f"{quote_str(database)} AND table = {quote_str(name)} AND active "
-            f"AND max_block_number > {above} ORDER BY partition_id"
-        )
-        return [r["partition_id"] for r in rows]
+    def flush(self) -> None:
+        with self._pending_lock:
+            events, self._pending = self._pending, []
+            self._flushed = time.monotonic()
+        self.ledger.record(events)
+
+    def _blocks(self, tables: list[str]) -> dict[str, dict[str, int]]:
+        """table -> partition id -> highest block number, over active parts."""
+        pairs = [_split(t) for t in tables]
+        where = " OR ".join(f"(database = {quote_str(d)} AND table = {quote_str(n)})"
+                            for d, n in pairs)
+        found: dict[str, dict[str, int]] = {}
+        for row in self.rows(f"SELECT database, table, partition_id, max(max_block_number) "
+                             f"AS m FROM system.parts WHERE active AND ({where}) "
+                             f"GROUP BY database, table, partition_id"):
+            name = tables[pairs.index((row["database"], row["table"]))]
+            found.setdefault(name, {})[row["partition_id"]] = int(row["m"])
+        return found
 
     # -- recovery ----------------------------------------------------------------------
     def recover(self, table: str) -> int:
         """Settle files an interrupted run left `loading` or `committing`."""
-        pending = self.ledger.latest(_display(table), [LOADING, COMMITTING])
+        pending = self.ledger.latest(_display(table), [COMMITTING])
         for event in pending:
-            if event.state == COMMITTING and self._exists(event.stage):
-                self._finish_attach(table, event)
-                self.ledger.record([_copy(event, LOADED)])
-            else:
-                self.ledger.record([_copy(event, FAILED, "interrupted before commit; "
-                                                         "will load again")])
-            self.command(f"DROP TABLE IF EXISTS {event.stage} SYNC")
+            self._finish_attach(table, event)
+            self.ledger.record([_copy(event, LOADED)])
         self._drop_orphan_stages()
         return len(pending)
 
     def _finish_attach(self, table: str, event: FileEvent) -> None:
-        done = set(self._partitions(table, above=event.mark))
-        for partition in self._partitions(event.stage):
-            if partition not in done:
-                self.command(f"ALTER TABLE {table} ATTACH PARTITION ID "
-                             f"{quote_str(partition)} FROM {event.stage}")
-
-    def _exists(self, stage: str) -> bool:
-        database, name = _split(stage)
-        return bool(self.rows(f"SELECT 1 AS x FROM system.tables WHERE database = "
-                              f"{quote_str(database)} AND name = {quote_str(name)}"))
+        """Attach the stage's partitions that have no part above the mark yet."""
+        blocks = self._blocks([table, event.stage])
+        done = {p for p, top in blocks.get(table, {}).items() if top > event.mark}
+        for partition in sorted(set(blocks.get(event.stage, {})) - done):
+            self.command(f"ALTER TABLE {table} ATTACH PARTITION ID "
+                         f"{quote_str(partition)} FROM {event.stage}")
 
     def _drop_orphan_stages(self) -> None:
         for row in self.rows(f"SELECT name FROM system.tables WHERE database = "
                              f"'{DATABASE}' AND startsWith(name, 'stage_')"):
-            self.command(f"DROP TABLE IF EXISTS {DATABASE}.{quote_ident(row['name'])} SYNC")
+            self.command(f"DROP TABLE IF EXISTS {DATABASE}.{quote_ident(row['name'])}")
 
     def close(self) -> None:
+        self.flush()
         self.engine.close()
 
 

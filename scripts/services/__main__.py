@@ -5,6 +5,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from services import main  # noqa: E402
+from services import main
 
 sys.exit(main())

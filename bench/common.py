@@ -1,0 +1,109 @@
+"""Shared pieces of the benchmarks: deterministic datasets made by the engine, timing
+of whole processes, interleaved repeats, and ratios against a baseline of the same run.
+
+These machines are noisy (2 shared cores), so every figure is a ratio against a
+baseline measured in the same run, alternating methods so that noise hits both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+TRIPS_SCHEMA = "id UInt64, miles UInt32, duration UInt32, vehicle_id UInt8"
+CACHE = os.environ.get("CHLOAD_BENCH_CACHE", os.path.expanduser("~/.cache/chload/bench"))
+
+
+def trips_select(first_id: int, rows: int) -> str:
+    """The trips rows [first_id, first_id + rows): miles from a fixed list, duration 6x."""
+    return (
+        f"SELECT {first_id} + number AS id, "
+        "[1, 5, 10, 25, 50, 75, 100, 125, 150, 175][(cityHash64(id) % 10) + 1] AS miles, "
+        "miles * 6 AS duration, toUInt8(cityHash64(id, 1) % 256) AS vehicle_id "
+        f"FROM numbers({rows})"
+    )
+
+
+def make_trips(directory: str, files: int, rows_per_file: int, fmt: str = "CSVWithNames",
+               ext: str = "csv.gz") -> list[str]:
+    """Write the trips dataset (cached: skipped when the files exist) with chDB."""
+    os.makedirs(directory, exist_ok=True)
+    paths = [os.path.join(directory, f"trips_{i:03d}.{ext}") for i in range(files)]
+    missing = [(i, p) for i, p in enumerate(paths) if not os.path.exists(p)]
+    if missing:
+        import chdb
+
+        for i, path in missing:
+            tmp = path + ".tmp"
+            chdb.query(f"INSERT INTO FUNCTION file('{tmp}', '{fmt}', '{TRIPS_SCHEMA}', "
+                       f"'{_compression(ext)}') {trips_select(i * rows_per_file, rows_per_file)}")
+            os.replace(tmp, path)
+    return paths
+
+
+def _compression(ext: str) -> str:
+    return {"gz": "gzip", "zst": "zstd"}.get(ext.rsplit(".", 1)[-1], "none")
+
+
+@dataclass
+class Timing:
+    method: str
+    seconds: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def time_process(argv: Sequence[str], env: dict[str, str] | None = None,
+                 before: Callable[[], None] | None = None) -> float:
+    """Wall time of one whole process (start-up included), which must succeed."""
+    if before:
+        before()
+    started = time.perf_counter()
+    done = subprocess.run(argv, env={**os.environ, **(env or {})}, capture_output=True,
+                          text=True, timeout=900)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.exit(f"benchmark step failed: {' '.join(argv)}\n{done.stderr[-2000:]}")
+    return seconds
+
+
+def interleave(methods: dict[str, Callable[[], float]], repeats: int,
+               warmup: int = 1) -> dict[str, Timing]:
+    """Run each method `repeats` times, alternating, after `warmup` unmeasured rounds."""
+    timings = {name: Timing(name) for name in methods}
+    for round_ in range(warmup + repeats):
+        order = list(methods.items())
+        if round_ % 2:
+            order.reverse()  # alternate who goes first
+        for name, fn in order:
+            seconds = fn()
+            if round_ >= warmup:
+                timings[name].seconds.append(seconds)
+    return timings
+
+
+def print_ratios(title: str, timings: dict[str, Timing], baseline: str,
+                 out: str | None = None) -> dict:
+    """Print median seconds and ratio (method / baseline) per method; return as dict."""
+    base = timings[baseline].median
+    result = {"benchmark": title, "baseline": baseline, "methods": {}}
+    print(f"# {title}")
+    print(f"{'method':<40} {'median s':>9} {'ratio':>7}  runs")
+    for name, t in timings.items():
+        ratio = t.median / base
+        runs = " ".join(f"{s:.2f}" for s in t.seconds)
+        print(f"{name:<40} {t.median:>9.3f} {ratio:>7.3f}  {runs}")
+        result["methods"][name] = {"median_seconds": t.median, "ratio_vs_baseline": ratio,
+                                   "runs": t.seconds}
+    if out:
+        with open(out, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return result

@@ -1,0 +1,5 @@
+import sys
+
+from chload.cli import main
+
+sys.exit(main())
