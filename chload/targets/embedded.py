@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 
 from chload.engine import Engine
 from chload.errors import ChloadError
+from chload.faults import crash_point
 from chload.ledger import COMMITTING, DATABASE, FAILED, LOADED, FileEvent, Ledger
 from chload.schema import AUDIT_COLUMNS, Column, quote_ident, quote_str, structure
 from chload.sources import SourceFile, table_function
@@ -105,9 +106,11 @@ class EmbeddedTarget:
         blocks = self._blocks([table, stage])
         committing.mark = max(blocks.get(table, {0: 0}).values(), default=0)
         self.ledger.record([committing])
+        crash_point("before-attach")
         for partition in sorted(blocks.get(stage, {})):
             self.command(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
                          f"FROM {stage}")
+        crash_point("after-attach")
 
     def _loaded(self, events: list[FileEvent]) -> None:
         """Queue `loaded` events; write them every second or so, and at flush()."""

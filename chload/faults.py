@@ -1,0 +1,29 @@
+"""Crash points for the exactly-once tests: `CHLOAD_CRASH_AT=name[:n]` makes the process
+SIGKILL itself the n-th time (default 1st) it passes the named point.
+
+Random-delay kills rarely land in the millisecond windows that matter most (between
+the ledger's `committing` event and the attach, and between the attach and `loaded`),
+so the tests also aim at them exactly. Unset, this costs one dict lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+_counts: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def crash_point(name: str) -> None:
+    spec = os.environ.get("CHLOAD_CRASH_AT")
+    if not spec:
+        return
+    point, _, nth = spec.partition(":")
+    if point != name:
+        return
+    with _lock:
+        _counts[name] = _counts.get(name, 0) + 1
+        if _counts[name] >= int(nth or 1):
+            os.kill(os.getpid(), signal.SIGKILL)

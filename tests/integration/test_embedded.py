@@ -1,0 +1,257 @@
+"""The embedded target end to end: the real `chload` command into a real chDB directory,
+results checked through SQL."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from common import make_trips
+from conftest import run_chload
+
+pytestmark = pytest.mark.integration
+
+
+def count(target: str, table: str) -> tuple[int, int]:
+    out = run_chload("sql", f"SELECT count(), uniqExact(id) FROM {table}", "--target", target,
+                     "--format", "TSV")
+    assert out.returncode == 0, out.stderr
+    a, b = out.stdout.split()
+    return int(a), int(b)
+
+
+def load_json(*args: str) -> tuple[int, dict]:
+    out = run_chload("load", *args, "--json")
+    assert not out.stderr.strip().startswith("Traceback"), out.stderr
+    return out.returncode, json.loads(out.stdout) if out.stdout.strip() else {}
+
+
+@pytest.fixture(scope="module")
+def trips(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """20 gzip CSV files with a header, 50,000 rows each (1,000,000 rows)."""
+    directory = tmp_path_factory.mktemp("trips")
+    make_trips(str(directory), 20, 50_000)
+    return directory
+
+
+def test_load_rerun_force(trips: Path, target_dir: str) -> None:
+    code, report = load_json(str(trips / "*.csv.gz"), "--table", "trips", "--target", target_dir)
+    assert code == 0
+    assert (report["files_loaded"], report["rows_loaded"]) == (20, 1_000_000)
+    assert report["files_failed"] == 0 and report["bytes_read"] > 0
+    assert count(target_dir, "trips") == (1_000_000, 1_000_000)
+
+    code, report = load_json(str(trips), "--table", "trips", "--target", target_dir)
+    assert (code, report["files_loaded"], report["files_skipped"]) == (0, 0, 20)
+    assert count(target_dir, "trips") == (1_000_000, 1_000_000)
+
+    code, report = load_json(str(trips / "trips_00{0..1}.csv.gz"), "--table", "trips",
+                             "--target", target_dir, "--force")
+    assert (code, report["files_loaded"], report["rows_loaded"]) == (0, 2, 100_000)
+    assert count(target_dir, "trips") == (1_100_000, 1_000_000)
+
+    ledger = run_chload("files", "--table", "trips", "--target", target_dir, "--json")
+    rows = json.loads(ledger.stdout)
+    assert len(rows) == 20 and {r["state"] for r in rows} == {"loaded"}
+    assert all(r["rows"] == 50_000 for r in rows)
+
+
+def test_inferred_schema_is_sensible(trips: Path, target_dir: str) -> None:
+    load_json(str(trips / "trips_000.csv.gz"), "--table", "t", "--target", target_dir)
+    ddl = run_chload("sql", "SHOW CREATE TABLE t", "--target", target_dir, "--format", "TSVRaw")
+    assert "Nullable" not in ddl.stdout  # no column of the data holds a NULL
+    assert "ORDER BY id" in ddl.stdout and "MergeTree" in ddl.stdout
+
+
+def test_changed_file_is_loaded_again_and_reported(tmp_path: Path, target_dir: str) -> None:
+    data = tmp_path / "a.csv"
+    data.write_text("id,v\n1,x\n2,y\n")
+    load_json(str(data), "--table", "t", "--target", target_dir)
+    data.write_text("id,v\n3,z\n")
+    os.utime(data, ns=(time.time_ns(), time.time_ns() + 10**9))
+    code, report = load_json(str(data), "--table", "t", "--target", target_dir)
+    assert (code, report["files_loaded"], report["files_changed"]) == (0, 1, 1)
+    assert count(target_dir, "t") == (3, 3)
+
+
+def test_real_data_round_trips_exactly(tmp_path: Path, target_dir: str) -> None:
+    """NULLs, timestamps and unicode arrive as the files hold them."""
+    (tmp_path / "people.csv").write_text(
+        "id,name,born,score,note\n"
+        "1,Zoë,2026-01-02 03:04:05,1.5,\n"
+        '2,日本語,2026-01-03 00:00:00,,"quoted, with comma"\n'
+        '3,"",2026-01-04 10:00:00,2.25,x\n'
+    )
+    (tmp_path / "events.jsonl").write_text(
+        '{"id": 1, "tag": null, "at": "2026-05-01 12:00:00", "emoji": "🦆"}\n'
+        '{"id": 2, "tag": "b", "at": "2026-05-02 13:30:00", "emoji": "ß"}\n'
+    )
+    assert load_json(str(tmp_path / "people.csv"), "--table", "people",
+                     "--target", target_dir)[0] == 0
+    assert load_json(str(tmp_path / "events.jsonl"), "--table", "events",
+                     "--target", target_dir)[0] == 0
+    out = run_chload("sql", "SELECT id, name, toString(born), score, note FROM people ORDER BY id",
+                     "--target", target_dir, "--format", "TSV").stdout
+    assert out.splitlines() == [
+        "1\tZoë\t2026-01-02 03:04:05\t1.5\t\\N",
+        "2\t日本語\t2026-01-03 00:00:00\t\\N\tquoted, with comma",
+        "3\t\t2026-01-04 10:00:00\t2.25\tx",
+    ]
+    out = run_chload("sql", "SELECT id, tag, toString(at), emoji FROM events ORDER BY id",
+                     "--target", target_dir, "--format", "TSV").stdout
+    assert out.splitlines() == ["1\t\\N\t2026-05-01 12:00:00\t🦆", "2\tb\t2026-05-02 13:30:00\tß"]
+    ddl = run_chload("sql", "SHOW CREATE TABLE people", "--target", target_dir,
+                     "--format", "TSVRaw").stdout
+    assert "`id` Int64" in ddl and "`score` Nullable(Float64)" in ddl
+
+
+def test_bad_file_fails_alone(trips: Path, tmp_path: Path, target_dir: str) -> None:
+    bad = tmp_path / "broken.csv.gz"
+    good = gzip.compress((trips / "trips_000.csv.gz").read_bytes())  # noqa: F841
+    bad.write_bytes(gzip.compress(b"id,miles,duration,vehicle_id\n1,2,3,4\n")[:-12])
+    out = run_chload("load", str(trips / "trips_00{0..2}.csv.gz"), str(bad), "--table", "trips",
+                     "--target", target_dir, "--json")
+    report = json.loads(out.stdout)
+    assert out.returncode == 1
+    assert (report["files_loaded"], report["files_failed"]) == (3, 1)
+    failed = [f for f in report["files"] if f["status"] == "failed"]
+    assert "broken.csv.gz" in failed[0]["error"] and "\n" not in failed[0]["error"]
+    assert "Traceback" not in out.stderr
+    assert count(target_dir, "trips") == (150_000, 150_000)  # nothing from the bad file
+    ledger = json.loads(run_chload("files", "--table", "trips", "--target", target_dir,
+                                   "--json").stdout)
+    assert [r["state"] for r in ledger if r["uri"].endswith("broken.csv.gz")] == ["failed"]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["nope/*.csv", "--table", "t"], "nope/*.csv: no such file"),
+    (["{data}", "--table", "1bad"], "--table 1bad"),
+    (["{data}", "--table", "t", "--compression", "rar"], "--compression rar: unknown"),
+    (["{data}", "--table", "t", "--setting", "oops"], "--setting oops: write it as name=value"),
+])
+def test_usage_errors_are_one_line(tmp_path: Path, target_dir: str, argv: list[str],
+                                   expected: str) -> None:
+    data = tmp_path / "x.csv"
+    data.write_text("a\n1\n")
+    args = [a.replace("{data}", str(data)) for a in argv]
+    out = run_chload("load", *args, "--target", target_dir)
+    assert out.returncode == 2
+    assert expected in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_schema_mismatch_is_one_line(tmp_path: Path, target_dir: str) -> None:
+    (tmp_path / "a.csv").write_text("id,v\n1,x\n")
+    (tmp_path / "b.csv").write_text("id,w,z\n1,x,y\n")
+    assert load_json(str(tmp_path / "a.csv"), "--table", "t", "--target", target_dir)[0] == 0
+    out = run_chload("load", str(tmp_path / "b.csv"), "--table", "t", "--target", target_dir)
+    assert out.returncode == 2
+    assert "not in the table: w, z" in out.stderr and "not in the data: v" in out.stderr
+
+
+def test_second_process_gets_in_use(trips: Path, target_dir: str) -> None:
+    first = subprocess.Popen([sys.executable, "-m", "chload", "load", str(trips), "--table",
+                              "trips", "--target", target_dir, "--quiet"])
+    try:
+        time.sleep(0.3)
+        deadline = time.monotonic() + 20
+        while not os.path.exists(os.path.join(target_dir, ".chload.lock")):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        out = run_chload("sql", "SELECT 1", "--target", target_dir)
+        if first.poll() is None:
+            assert out.returncode == 2 and "is in use by another chload process" in out.stderr
+    finally:
+        first.wait(timeout=120)
+
+
+def test_audit_columns_come_from_the_engine(trips: Path, target_dir: str) -> None:
+    code, _ = load_json(str(trips / "trips_00{0..1}.csv.gz"), "--table", "a", "--audit",
+                        "--target", target_dir)
+    assert code == 0
+    out = run_chload("sql", "SELECT _source_file, count(), min(_loaded_at) > now() - 600 "
+                     "FROM a GROUP BY _source_file ORDER BY 1", "--target", target_dir,
+                     "--format", "TSV").stdout.splitlines()
+    assert [line.split("\t") for line in out] == [
+        [str(trips / "trips_000.csv.gz"), "50000", "1"],
+        [str(trips / "trips_001.csv.gz"), "50000", "1"],
+    ]
+
+
+def test_stdin(target_dir: str) -> None:
+    out = run_chload("load", "-", "--table", "s", "--format", "CSVWithNames", "--target",
+                     target_dir, "--json", stdin=b"a,b\n1,x\n2,y\n")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["rows_loaded"] == 2
+    again = run_chload("load", "-", "--table", "s", "--format", "CSVWithNames", "--target",
+                       target_dir, "--json", stdin=b"a,b\n3,z\n")
+    assert json.loads(again.stdout)["rows_loaded"] == 1  # a stream is never skipped
+
+
+def test_python_api(trips: Path, target_dir: str) -> None:
+    import chload
+
+    report = chload.load([str(trips / "trips_00{0..3}.csv.gz")], table="trips",
+                         target=target_dir)
+    assert (report.files_loaded, report.rows_loaded, report.ok) == (4, 200_000, True)
+    again = chload.load(str(trips / "trips_00{0..3}.csv.gz"), table="trips", target=target_dir)
+    assert (again.files_loaded, again.files_skipped) == (0, 4)
+    assert [e.state for e in chload.files("trips", target=target_dir)] == ["loaded"] * 4
+    assert chload.sql("SELECT count() FROM trips", target=target_dir).strip() == "200000"
+    runs = chload.history("trips", target=target_dir)
+    assert [r["files_loaded"] for r in runs] == [0, 4]
+
+
+# -- exactly once under SIGKILL ----------------------------------------------------------
+
+def _start(trips: Path, target: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "chload", "load", str(trips), "--table", "trips", "--target",
+         target, "--quiet"], env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("point", ["before-attach:3", "after-attach:5"])
+def test_crash_inside_the_commit_window(trips: Path, target_dir: str, point: str) -> None:
+    proc = _start(trips, target_dir, {"CHLOAD_CRASH_AT": point})
+    assert proc.wait(timeout=120) == -signal.SIGKILL
+    partial = count(target_dir, "trips")[0]
+    assert 0 < partial < 1_000_000 or point.startswith("before")
+    final = _start(trips, target_dir)
+    assert final.wait(timeout=120) == 0, final.stderr.read() if final.stderr else ""
+    assert count(target_dir, "trips") == (1_000_000, 1_000_000)
+
+
+@pytest.fixture(scope="module")
+def big_trips(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The issue's dataset: 20 gzip CSV files of 1,000,000 rows, several seconds to load."""
+    directory = tmp_path_factory.mktemp("big_trips")
+    make_trips(str(directory), 20, 1_000_000)
+    return directory
+
+
+def test_sigkill_at_three_moments_then_resume(big_trips: Path, target_dir: str) -> None:
+    """Kill a loading process three times at different moments; the final run completes
+    the load with every row exactly once."""
+    killed, seen = 0, []
+    for delay in (1.0, 1.8, 1.4):
+        proc = _start(big_trips, target_dir)
+        time.sleep(delay)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            killed += 1
+        proc.wait(timeout=120)
+        seen.append(count(target_dir, "trips")[0] if os.path.exists(target_dir) else 0)
+    assert killed >= 2, seen  # the kills really interrupted loads
+    final = _start(big_trips, target_dir)
+    assert final.wait(timeout=120) == 0
+    assert count(target_dir, "trips") == (20_000_000, 20_000_000)
+    states = {r["state"] for r in json.loads(run_chload(
+        "files", "--table", "trips", "--target", target_dir, "--json").stdout)}
+    assert states == {"loaded"}

@@ -1,0 +1,144 @@
+"""Unit tests of the pure pieces: names, formats, braces, errors, schema, planning, retries."""
+
+from __future__ import annotations
+
+import pytest
+
+from chload.errors import (
+    DataError,
+    SchemaError,
+    SourceError,
+    TransientError,
+    UsageError,
+    from_engine_message,
+    one_line,
+)
+from chload.formats import FileFormat, detect, split_compression
+from chload.planner import decide, parse_table
+from chload.runner import RetryPolicy, call_with_retries
+from chload.schema import Column, default_order_by, match_columns, parse_structure
+from chload.sources import SourceFile, expand_braces
+
+
+@pytest.mark.parametrize("name, fmt, method", [
+    ("a/trips.csv.gz", "CSV", "gzip"), ("x.TSV", "TSV", "none"),
+    ("e.jsonl.zst", "JSONEachRow", "zstd"), ("e.ndjson.xz", "JSONEachRow", "xz"),
+    ("p.parquet", "Parquet", "none"), ("o.orc", "ORC", "none"), ("a.avro", "Avro", "none"),
+    ("n.native.lz4", "Native", "lz4"), ("b.json.bz2", "JSONEachRow", "bz2"),
+])
+def test_detect(name: str, fmt: str, method: str) -> None:
+    assert detect(name) == FileFormat(fmt, method)
+
+
+def test_detect_overrides_and_unknown() -> None:
+    assert detect("x.dat", "CSVWithNames", "gzip") == FileFormat("CSVWithNames", "gzip")
+    assert detect("x.csv.gz", compression="none") == FileFormat("CSV", "none")
+    with pytest.raises(UsageError, match="pass --format"):
+        detect("x.dat")
+    assert split_compression("a.csv") == ("a.csv", "none")
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    ("a{1..3}", ["a1", "a2", "a3"]),
+    ("p-{000..002}.pq", ["p-000.pq", "p-001.pq", "p-002.pq"]),
+    ("{x,y}/{1..2}", ["x/1", "x/2", "y/1", "y/2"]),
+    ("plain", ["plain"]),
+    ("{solo}", ["{solo}"]),
+    ("r{3..1}", ["r3", "r2", "r1"]),
+])
+def test_expand_braces(pattern: str, expected: list[str]) -> None:
+    assert expand_braces(pattern) == expected
+
+
+def test_brace_range_is_bounded() -> None:
+    with pytest.raises(UsageError, match="more than 100,000"):
+        expand_braces("{1..1000000}")
+
+
+def test_engine_errors_become_one_typed_line() -> None:
+    msg = ("Code: 27. DB::Exception: Cannot parse input: expected ',' before: 'abc': (at row 7)\n"
+           ": \nRow 6:\nColumn 0, name: id ...\n: (in file/uri /d/x.csv): While executing File. "
+           "(CANNOT_PARSE_INPUT_ASSERTION_FAILED)")
+    err = from_engine_message(msg, "x.csv")
+    assert isinstance(err, DataError)
+    assert str(err) == "x.csv: Cannot parse input: expected ',' before: 'abc' (at row 7)"
+    assert isinstance(from_engine_message("Code: 107. DB::Exception: File /x doesn't exist",
+                                          "x"), SourceError)
+    assert isinstance(from_engine_message("Code: 60. DB::Exception: Unknown table", "t"),
+                      SchemaError)
+    assert isinstance(from_engine_message("Code: 252. DB::Exception: Too many parts", "t"),
+                      TransientError)
+    assert "\n" not in one_line("a\nb\nc")
+
+
+def test_parse_structure_respects_parentheses() -> None:
+    cols = parse_structure("a UInt32, b Nullable(Decimal(10, 2)), `c` Map(String, UInt8)")
+    assert [(c.name, c.type) for c in cols] == [
+        ("a", "UInt32"), ("b", "Nullable(Decimal(10, 2))"), ("c", "Map(String, UInt8)")]
+    with pytest.raises(UsageError, match="has no type"):
+        parse_structure("a, b String")
+
+
+def test_default_order_by_skips_nullable_and_float() -> None:
+    cols = [Column("x", "Nullable(Int64)"), Column("f", "Float64"), Column("when", "DateTime")]
+    assert default_order_by(cols) == "`when`"
+    assert default_order_by([Column("n", "Nullable(String)")]) == "tuple()"
+
+
+def test_match_columns_lists_every_mismatch() -> None:
+    table = [Column("id", "UInt64"), Column("v", "String"), Column("d", "UInt8", "DEFAULT")]
+    data = [Column("v", "Int64"), Column("id", "Int64")]
+    assert match_columns("db.t", table, data, audit=False) == [table[1], table[0]]
+    with pytest.raises(SchemaError) as err:
+        match_columns("db.t", table, [Column("id", "Int64"), Column("w", "String")], False)
+    assert "not in the table: w" in str(err.value) and "not in the data: v" in str(err.value)
+
+
+def test_parse_table() -> None:
+    assert parse_table("trips").display == "default.trips"
+    assert parse_table("db.trips").sql == "`db`.`trips`"
+    for bad in ["a.b.c", "1x", "x-y", ""]:
+        with pytest.raises(UsageError):
+            parse_table(bad)
+
+
+def _file(uri: str, size: int = 10, mtime: int = 1, stream: bool = False) -> SourceFile:
+    return SourceFile(uri, size, mtime, FileFormat("CSV", "none"), is_stream=stream)
+
+
+def test_decide_skips_loaded_and_reloads_changed() -> None:
+    files = [_file("a"), _file("b", size=11), _file("c"), _file("-", stream=True)]
+    loaded = {"a": "10:1", "b": "10:1", "-": "3:3"}
+    plan = decide(files, loaded, force=False)
+    assert [f.uri for f in plan.to_load] == ["b", "c", "-"]
+    assert [f.uri for f in plan.skipped] == ["a"] and plan.changed == {"b"}
+    assert len(decide(files, loaded, force=True).to_load) == 4
+
+
+def test_retries_transient_then_succeeds_and_terminal_fails_fast() -> None:
+    calls, slept = [], []
+
+    def flaky() -> tuple[int, int]:
+        calls.append(1)
+        if len(calls) < 3:
+            raise TransientError("server: connection reset")
+        return 5, 50
+
+    policy = RetryPolicy(attempts=4, base_seconds=0.1)
+    assert call_with_retries(flaky, policy, slept.append) == (5, 50)
+    assert len(calls) == 3 and len(slept) == 2 and all(0 <= s <= 0.2 for s in slept)
+
+    def bad() -> tuple[int, int]:
+        calls.append(1)
+        raise DataError("x.csv: cannot parse")
+
+    calls.clear()
+    with pytest.raises(DataError):
+        call_with_retries(bad, policy, slept.append)
+    assert len(calls) == 1
+
+    def down() -> tuple[int, int]:
+        raise TransientError("server down")
+
+    with pytest.raises(TransientError):
+        call_with_retries(down, RetryPolicy(attempts=3, base_seconds=0), lambda s: None)
