@@ -88,7 +88,8 @@ class EmbeddedTarget:
         stage = f"{DATABASE}.stage_{uuid.uuid4().hex[:16]}"
         try:
             self.command(f"CREATE TABLE {stage} AS {job.table}")
-            rows, read = self.engine.execute(_insert_sql(stage, job, self.reader), job.file.uri)
+            rows, _ = self.engine.execute(_insert_sql(stage, job, self.reader), job.file.uri)
+            read = job.file.size  # source bytes, as stored (compressed); the ledger agrees
         except ChloadError as exc:
             self.ledger.record([_event(job, FAILED, stage, error=str(exc))])
             self.command(f"DROP TABLE IF EXISTS {stage}")
