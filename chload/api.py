@@ -17,9 +17,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from chload import planner, runner
-from chload.errors import UsageError
+from chload.errors import ChloadError, UsageError
 from chload.ledger import FileEvent, RunRecord
+from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
+from chload.schema import Column, quote_str
 from chload.sources import SourceFile
 from chload.targets import LoadJob, Target, open_target
 
@@ -41,6 +43,8 @@ class LoadSpec:
     workers: int | None = None  # parallel files; None: sized by the target
     force: bool = False  # load files the ledger says are loaded already
     on_error: str = "continue"  # continue | abort
+    max_errors: int | None = None  # bad rows a file may have; they go to chload.rejects
+    max_error_ratio: float | None = None  # bad rows / all rows a file may have
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -49,6 +53,14 @@ class LoadSpec:
             raise UsageError(f"--on-error {self.on_error}: use continue or abort")
         planner.validate_options(self.compression, self.workers)
         planner.parse_table(self.table)
+        if self.max_errors is not None and self.max_errors < 0:
+            raise UsageError(f"--max-errors {self.max_errors}: must be 0 or more")
+        if self.max_error_ratio is not None and not 0 <= self.max_error_ratio <= 1:
+            raise UsageError(f"--max-error-ratio {self.max_error_ratio}: must be in [0, 1]")
+
+    @property
+    def budget(self) -> ErrorBudget:
+        return ErrorBudget(self.max_errors, self.max_error_ratio)
 
 
 @dataclass
@@ -118,7 +130,7 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load)))
     jobs = [LoadJob(f, table.sql, table.display, plan.columns, plan.read_columns, spec.audit,
-                    spec.settings, report.run_id) for f in plan.to_load]
+                    spec.settings, report.run_id, spec.budget) for f in plan.to_load]
     workers = spec.workers or target.default_workers(plan.to_load)
     results = runner.run(target, jobs, workers, listener,
                          abort_on_error=spec.on_error == "abort", changed=plan.changed)
@@ -155,6 +167,7 @@ def _summarize(report: LoadReport, results: list[FileResult], plan: planner.Plan
     report.files_failed = sum(r.status == "failed" for r in results)
     report.files_changed = sum(r.changed for r in results)
     report.rows_loaded = sum(r.rows for r in results if r.status == "loaded")
+    report.rows_rejected = sum(r.rejected for r in results if r.status == "loaded")
     report.bytes_read = sum(r.bytes for r in results)
     report.seconds = seconds
     report.created_table = plan.created_table
@@ -198,3 +211,79 @@ def history(table: str | None = None, target: str | None = None,
         return t.ledger.runs(name, limit)
     finally:
         t.close()
+
+
+def errors(table: str, target: str | None = None, limit: int = 10_000) -> list[dict]:
+    """Rejected rows of a table's current loads: file, line, error, raw."""
+    from chload import rejects
+
+    name = planner.parse_table(table)
+    t = open_target(target)
+    try:
+        return rejects.listing(t, name.display, limit)
+    finally:
+        t.close()
+
+
+def run_files(run_id: str, target: str | None = None) -> list[FileEvent]:
+    """Per-file detail of one run: the final event of each file it touched."""
+    t = open_target(target)
+    try:
+        return t.ledger.of_run(run_id)
+    finally:
+        t.close()
+
+
+@dataclass
+class FileCheck:
+    """What validation found in one file."""
+
+    uri: str
+    rows: int = 0  # rows that parse
+    errors: int = 0  # rows that do not
+    first_errors: list[dict] = field(default_factory=list)  # line, error, raw
+    failure: str = ""  # the file could not be read at all
+
+
+def validate(sources: str | Iterable[str], table: str, *, target: str | None = None,
+             format: str | None = None, compression: str | None = None,
+             schema: str | None = None) -> list[FileCheck]:
+    """Parse every row of every source against the table's (or the inferred) schema.
+
+    Writes nothing to the table or the ledger: bad rows are counted by the engine into
+    a temporary errors file, outside the target.
+    """
+    names = (sources,) if isinstance(sources, str) else tuple(sources)
+    spec = LoadSpec(sources=names, table=table, target=target, format=format,
+                    compression=compression, schema=schema)
+    t = open_target(spec.target)
+    try:
+        files = planner.resolve_format(t, _list_sources(spec, t))
+        _, read_columns, _ = planner.prepare_table(
+            t, planner.parse_table(table), files[0], schema=schema, order_by=None,
+            partition_by=None, audit=False, create=False)
+        return [_check(t, f, read_columns) for f in files]
+    finally:
+        t.close()
+
+
+def _check(t: Target, f: SourceFile, columns: Sequence[Column]) -> FileCheck:
+    import tempfile
+
+    from chload import rejects
+
+    check = FileCheck(f.uri)
+    with tempfile.TemporaryDirectory(prefix="chload-validate-") as tmp:
+        errors_file = os.path.join(tmp, "errors.csv")
+        budget = ErrorBudget(None, 1.0).engine_settings(errors_file)
+        settings = ", ".join(f"{k} = {v if v.isdigit() else quote_str(v)}" for k, v in budget)
+        try:
+            rows = t.infer_rows(f"SELECT count() AS n FROM {t.reader(f, f.format.name, columns)}"
+                                f" WHERE NOT ignore(*) SETTINGS {settings}")
+        except ChloadError as exc:
+            check.failure = str(exc)
+            return check
+        check.rows = int(rows[0]["n"])
+        check.errors = rejects.count_errors(t, errors_file)
+        check.first_errors = rejects.first(t, errors_file, rejects.header_lines(f.format))
+    return check

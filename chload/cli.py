@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"chload: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `chload files | head`: the reader has gone; so do we
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("chload: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
@@ -53,8 +57,25 @@ def _parser() -> argparse.ArgumentParser:
     _common(hist)
     hist.add_argument("--table")
     hist.add_argument("--limit", type=int, default=50)
+    hist.add_argument("--run", metavar="RUN_ID", help="per-file detail of one run")
     hist.add_argument("--json", action="store_true")
     hist.set_defaults(func=_history)
+    errs = commands.add_parser("errors", help="rejected rows of a table: file, line, error, raw")
+    _common(errs)
+    errs.add_argument("--table", required=True)
+    errs.add_argument("--limit", type=int, default=10_000)
+    errs.add_argument("--json", action="store_true", help="print JSON (a list of objects)")
+    errs.set_defaults(func=_errors)
+    check = commands.add_parser("validate", help="parse sources against a table's schema; "
+                                "writes nothing")
+    _common(check)
+    check.add_argument("sources", nargs="+", metavar="SOURCE")
+    check.add_argument("--table", "-t", required=True)
+    check.add_argument("--format", "-f")
+    check.add_argument("--compression")
+    check.add_argument("--schema")
+    check.add_argument("--json", action="store_true")
+    check.set_defaults(func=_validate)
     return parser
 
 
@@ -83,6 +104,10 @@ def _load_parser(commands: Any) -> None:
     p.add_argument("--force", action="store_true", help="load files already loaded")
     p.add_argument("--on-error", default="continue", choices=["continue", "abort"],
                    help="after a failed file: go on with the others (default) or stop")
+    p.add_argument("--max-errors", type=int, metavar="N",
+                   help="bad rows a file may have (default 0); kept in chload.rejects")
+    p.add_argument("--max-error-ratio", type=float, metavar="R",
+                   help="bad rows / all rows a file may have, e.g. 0.01")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
     p.set_defaults(func=_load)
@@ -106,6 +131,7 @@ def _load(args: argparse.Namespace) -> int:
         compression=args.compression, schema=args.schema, order_by=args.order_by,
         partition_by=args.partition_by, audit=args.audit, settings=_settings(args.setting),
         workers=args.workers, force=args.force, on_error=args.on_error,
+        max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
     )
     show = not args.quiet and not args.json and sys.stdout.isatty()
     if show:
@@ -157,8 +183,19 @@ def _sql(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
-    from chload.api import history
+    from dataclasses import asdict
 
+    from chload.api import history, run_files
+
+    if args.run:
+        events = run_files(args.run, args.target)
+        if args.json:
+            print(json.dumps([_file_row(asdict(e)) for e in events]))
+        else:
+            from chload.render import print_files
+
+            print_files(f"run {args.run}", events)
+        return 0
     runs = history(args.table, args.target, args.limit)
     if args.json:
         print(json.dumps(list(runs)))
@@ -167,6 +204,35 @@ def _history(args: argparse.Namespace) -> int:
 
         print_history(runs)
     return 0
+
+
+def _errors(args: argparse.Namespace) -> int:
+    from chload.api import errors
+
+    rows = errors(args.table, args.target, args.limit)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        from chload.render import print_rejects
+
+        print_rejects(args.table, rows)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from chload.api import validate
+
+    checks = validate(args.sources, args.table, target=args.target, format=args.format,
+                      compression=args.compression, schema=args.schema)
+    if args.json:
+        print(json.dumps([asdict(c) for c in checks]))
+    else:
+        from chload.render import print_checks
+
+        print_checks(checks)
+    return 0 if all(not c.errors and not c.failure for c in checks) else 1
 
 
 def _version() -> str:

@@ -73,6 +73,7 @@ _TRANSIENT_CODES = {3, 159, 164, 202, 203, 209, 210, 236, 241, 242, 252, 285, 31
 # 159 TIMEOUT_EXCEEDED, 209 SOCKET_TIMEOUT, 210 NETWORK_ERROR, 252 TOO_MANY_PARTS ...
 _ERRNO_SOURCE = re.compile(r"Cannot (stat|open) file|No such file|Permission denied")
 
+_BEFORE = re.compile(r"before: '((?:[^'\\]|\\.)*)'")
 _CODE = re.compile(r"Code:\s*(\d+)")
 _EXCEPTION_PREFIX = re.compile(r"^(Code:\s*\d+\.\s*)?(e\.displayText\(\) = )?DB::\w*Exception:\s*")
 
@@ -97,8 +98,25 @@ def one_line(message: str, limit: int = 400) -> str:
     line = re.sub(r"\s*\([A-Z_]+\)$", "", line)  # the (ERROR_NAME) suffix
     if row and "row" not in line:
         line += f" (at row {row.group(1)})"
+    line = _BEFORE.sub(_shorten, line)  # the engine quotes what follows in the data, at length
     line = line.replace("\t", " ")
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+_COLUMN = re.compile(r"name:\s*([^,]+),[^\n]*?ERROR")
+
+
+def locate(message: str) -> tuple[int | None, str | None]:
+    """(row, column) an engine parse error points at, where it says so."""
+    row = re.search(r"\(at row (\d+)\)", message)
+    column = _COLUMN.search(message)
+    return (int(row.group(1)) if row else None,
+            column.group(1).strip() if column else None)
+
+
+def _shorten(match: re.Match[str]) -> str:
+    text = match.group(1)
+    return f"before: '{text[:24]}{'...' if len(text) > 24 else ''}'"
 
 
 def from_engine_message(message: str, context: str) -> ChloadError:

@@ -124,11 +124,17 @@ class Ledger:
         having = ""
         if states:
             having = f"HAVING last_state IN ({', '.join(quote_str(s) for s in states)})"
+        return self._latest(f"target_table = {quote_str(target_table)}", having)
+
+    def of_run(self, run_id: str) -> list[FileEvent]:
+        """The last event of each file that one run touched."""
+        return self._latest(f"run_id = {quote_str(run_id)}")
+
+    def _latest(self, where: str, having: str = "") -> list[FileEvent]:
         fields = ", ".join(f"argMax({f}, seq) AS last_{f}" for f in _LATEST_FIELDS)
         rows = self._sql.rows(
             f"SELECT target_table, uri, {fields}, max(seq) AS last_seq FROM {FILES} "
-            f"WHERE target_table = {quote_str(target_table)} "
-            f"GROUP BY target_table, uri {having} ORDER BY uri"
+            f"WHERE {where} GROUP BY target_table, uri {having} ORDER BY uri"
         )
         return [_event(r) for r in rows]
 

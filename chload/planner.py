@@ -10,7 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from chload.errors import UsageError
+from chload.errors import ChloadError, SourceError, UsageError
 from chload.formats import FileFormat, check_compression
 from chload.schema import (
     AUDIT_COLUMNS,
@@ -25,6 +25,9 @@ from chload.schema import (
 from chload.sources import SourceFile
 from chload.targets import Target
 
+# Formats whose rows carry no column names, so a table's columns cannot stand in.
+POSITIONAL_FORMATS = {"CSV", "TSV", "TabSeparated", "CSVWithNames", "TSVWithNames",
+                      "TabSeparatedWithNames", "Values", "RowBinary"}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -102,18 +105,18 @@ def _with_format(f: SourceFile, fmt: FileFormat) -> SourceFile:
 
 def prepare_table(
     target: Target, table: TableName, sample: SourceFile, *, schema: str | None,
-    order_by: str | None, partition_by: str | None, audit: bool,
+    order_by: str | None, partition_by: str | None, audit: bool, create: bool = True,
 ) -> tuple[list[Column], list[Column], bool]:
-    """Create the table if needed; return (table columns, read columns, created)."""
-    if schema:
-        data = parse_structure(schema)
-    else:
-        def reader(structure: str | None) -> str:
-            cols = parse_structure(structure) if structure else None
-            return target.reader(sample, sample.format.name, cols)
-        data = infer(target.infer_rows, reader)
+    """Create the table if needed; return (table columns, read columns, created).
+
+    With `create=False` (validation) a missing table is not created: the data's own
+    columns are used.
+    """
     existing = target.table_columns(table.sql)
+    data = parse_structure(schema) if schema else _data_columns(target, sample, existing)
     created = False
+    if existing is None and not create:
+        return data, data, False
     if existing is None:
         columns = data + ([Column(n, t) for n, t in AUDIT_COLUMNS.items()] if audit else [])
         target.command(f"CREATE DATABASE IF NOT EXISTS {quote_ident(table.database)}")
@@ -122,6 +125,29 @@ def prepare_table(
         created = True
     matched = match_columns(table.display, existing, data, audit)
     return matched, (data if schema else matched), created
+
+
+def _data_columns(target: Target, sample: SourceFile,
+                  existing: list[Column] | None) -> list[Column]:
+    """The columns of the data: inferred by the engine, or for an existing table, what
+    the rows are read as.
+
+    For an existing table the table's types decide; the data only has to name its
+    columns. Self-describing formats (JSON, Parquet, ...) fall back to the table's own
+    columns when a sample cannot be inferred (a broken line must not block a load with
+    an error budget).
+    """
+    def reader(structure: str | None) -> str:
+        cols = parse_structure(structure) if structure else None
+        return target.reader(sample, sample.format.name, cols)
+    try:
+        return infer(target.infer_rows, reader)
+    except ChloadError as exc:
+        if existing is not None and sample.format.name not in POSITIONAL_FORMATS:
+            return [c for c in existing if not c.default_kind and c.name not in AUDIT_COLUMNS]
+        reason = str(exc).split(": ", 1)[-1]
+        raise SourceError(f"{sample.uri}: cannot infer its columns ({reason}); check "
+                          "--format, or pass --schema 'name Type, ...'") from exc
 
 
 def validate_options(compression: str | None, workers: int | None) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from chload.api import LoadReport
+from chload.api import FileCheck, LoadReport
 from chload.ledger import FileEvent
 from chload.runner import Event
 
@@ -72,6 +72,9 @@ def print_summary(report: LoadReport) -> None:
     parts = [f"{report.files_loaded} loaded", f"{report.files_skipped} skipped"]
     if report.files_failed:
         parts.append(f"{report.files_failed} failed")
+    if report.rows_rejected:
+        parts.append(f"{report.rows_rejected:,} rows rejected (chload errors --table "
+                     f"{report.table})")
     if report.files_changed:
         parts.append(f"{report.files_changed} changed since last load")
     print(f"{report.table}: {report.files_total} files: {', '.join(parts)}; "
@@ -97,6 +100,21 @@ def print_history(runs: Sequence[dict[str, Any]]) -> None:
              f"{int(r['rows_loaded']) / max(float(r['seconds']), 1e-9):,.0f}", r["sources"]]
             for r in runs]
     _table("load history", header, rows)
+
+
+def print_rejects(table: str, rows: Sequence[dict[str, Any]]) -> None:
+    _table(f"rejected rows of {table}", ["file", "line", "error", "raw"],
+           [[r["file"], str(r["line"]), r["error"], r["raw"][:200]] for r in rows])
+
+
+def print_checks(checks: Sequence[FileCheck]) -> None:
+    rows = []
+    for c in checks:
+        first = c.first_errors[0] if c.first_errors else None
+        detail = c.failure or (f"line {first['line']}: {first['error']}" if first else "")
+        rows.append([c.uri, str(c.rows), str(c.errors), detail.replace("\n", " ")[:300]])
+    _table("validation (nothing was written)", ["file", "rows ok", "rows bad", "first error"],
+           rows)
 
 
 def _table(title: str, header: list[str], rows: list[list[str]]) -> None:

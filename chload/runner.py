@@ -16,7 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from chload.errors import ChloadError, TransientError
-from chload.targets import LoadJob, Target
+from chload.targets import Loaded, LoadJob, Target
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class FileResult:
     seconds: float = 0.0
     error: str = ""
     changed: bool = False
+    rejected: int = 0
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,8 @@ class RetryPolicy:
         return random.uniform(0, min(self.max_seconds, self.base_seconds * 2 ** attempt))
 
 
-def call_with_retries(fn: Callable[[], tuple[int, int]], policy: RetryPolicy,
-                      sleep: Callable[[float], None] = time.sleep) -> tuple[int, int]:
+def call_with_retries(fn: Callable[[], tuple[int, ...]], policy: RetryPolicy,
+                      sleep: Callable[[float], None] = time.sleep) -> tuple[int, ...]:
     for attempt in range(policy.attempts):
         try:
             return fn()
@@ -85,16 +86,17 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         def progress(rows: int, read: int) -> None:
             listener(Event("progress", job.file.uri, rows, read))
         try:
-            rows, read = call_with_retries(lambda: target.load_file(job, progress), policy)
+            done = Loaded(*call_with_retries(lambda: target.load_file(job, progress), policy))
         except ChloadError as exc:
             if abort_on_error:
                 stop.set()
             listener(Event("fail", job.file.uri, error=str(exc)))
             return FileResult(job.file.uri, "failed", seconds=time.monotonic() - started,
                               error=str(exc))
-        listener(Event("done", job.file.uri, rows, read))
-        return FileResult(job.file.uri, "loaded", rows, read, time.monotonic() - started,
-                          changed=job.file.uri in (changed or set()))
+        listener(Event("done", job.file.uri, done.rows, done.bytes))
+        return FileResult(job.file.uri, "loaded", done.rows, done.bytes,
+                          time.monotonic() - started, changed=job.file.uri in (changed or set()),
+                          rejected=done.rejected)
 
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="chload") as pool:
         pending: set[Future[FileResult]] = {pool.submit(one, j) for j in jobs}

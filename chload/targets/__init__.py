@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from chload.errors import UsageError
 from chload.ledger import Ledger
+from chload.rejects import ErrorBudget
 from chload.schema import Column
 from chload.sources import SourceFile
 
@@ -33,6 +34,15 @@ class LoadJob:
     audit: bool
     settings: Sequence[tuple[str, str]]
     run_id: str
+    budget: ErrorBudget = ErrorBudget()
+
+
+class Loaded(NamedTuple):
+    """What loading one file did. A target may also return a plain (rows, bytes)."""
+
+    rows: int
+    bytes: int
+    rejected: int = 0
 
 
 class Target(Protocol):
@@ -61,8 +71,8 @@ class Target(Protocol):
         """Finish or undo what an interrupted earlier run left; return files settled."""
         ...
 
-    def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> tuple[int, int]:
-        """Load one file atomically; return (rows, bytes read)."""
+    def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> tuple[int, ...]:
+        """Load one file atomically; return Loaded(rows, bytes read, rows rejected)."""
         ...
 
     def default_workers(self, files: Sequence[SourceFile]) -> int: ...

@@ -21,18 +21,20 @@ partition is not yet there.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 
+from chload import rejects
 from chload.engine import Engine
-from chload.errors import ChloadError
+from chload.errors import ChloadError, DataError, locate
 from chload.faults import crash_point
 from chload.ledger import COMMITTING, DATABASE, FAILED, LOADED, FileEvent, Ledger
 from chload.schema import AUDIT_COLUMNS, Column, quote_ident, quote_str, structure
 from chload.sources import SourceFile, table_function
-from chload.targets import LoadJob
+from chload.targets import Loaded, LoadJob
 
 # Settings every load runs with; user --setting values come after and win.
 LOAD_SETTINGS: tuple[tuple[str, str], ...] = (
@@ -50,6 +52,7 @@ class EmbeddedTarget:
         self.engine = Engine(self.path)
         self.ledger = Ledger(self)
         self.ledger.ensure()
+        rejects.ensure(self)
         self._commit = threading.Lock()
         self._pending: list[FileEvent] = []
         self._pending_lock = threading.Lock()
@@ -84,24 +87,72 @@ class EmbeddedTarget:
         return max(1, min(len(files), max(2, os.cpu_count() or 2)))
 
     # -- loading -----------------------------------------------------------------------
-    def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> tuple[int, int]:
+    def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
         stage = f"{DATABASE}.stage_{uuid.uuid4().hex[:16]}"
+        errors_file = self._errors_file(stage) if job.budget.allows_errors else ""
         try:
             self.command(f"CREATE TABLE {stage} AS {job.table}")
-            rows, _ = self.engine.execute(_insert_sql(stage, job, self.reader), job.file.uri)
-            read = job.file.size  # source bytes, as stored (compressed); the ledger agrees
+            rows, rejected = self._insert(stage, job, errors_file)
         except ChloadError as exc:
             self.ledger.record([_event(job, FAILED, stage, error=str(exc))])
             self.command(f"DROP TABLE IF EXISTS {stage}")
             raise
-        progress(rows, read)
+        finally:
+            if errors_file and os.path.exists(errors_file):
+                os.remove(errors_file)
+        progress(rows, job.file.size)
         with self._commit:
             # An error from here on leaves the `committing` event and the stage for the
             # next run's recovery to finish: some partitions may be attached already.
-            self._attach(job.table, stage, _event(job, COMMITTING, stage, rows, read))
-        self._loaded([_event(job, LOADED, stage, rows, read)])
+            self._attach(job.table, stage, _event(job, COMMITTING, stage, rows, job.file.size))
+        self._loaded([_event(job, LOADED, stage, rows, job.file.size)])
         self.command(f"DROP TABLE IF EXISTS {stage}")
-        return rows, read
+        return Loaded(rows, job.file.size, rejected)  # bytes: as stored (compressed)
+
+    def _insert(self, stage: str, job: LoadJob, errors_file: str) -> tuple[int, int]:
+        """Parse the file into the stage; keep rejected rows within the budget."""
+        extra = job.budget.engine_settings(errors_file) if errors_file else []
+        try:
+            rows, _ = self.engine.execute(_insert_sql(stage, job, self.reader, extra),
+                                          job.file.uri)
+        except DataError as exc:
+            raise self._diagnose(job, exc) from exc
+        if not errors_file:
+            return rows, 0
+        rejected = rejects.count_errors(self, errors_file)
+        job.budget.check(job.file.uri, rejected, rows)
+        if rejected:
+            rejects.record(self, errors_file, table=job.table_display, uri=job.file.uri,
+                           stage=stage, run_id=job.run_id, fmt=job.file.format,
+                           lines_sql=self.reader(job.file, "LineAsString", None),
+                           parse_sql=lambda text: _parse_one(job, text), seq=time.time_ns())
+        return rows, rejected
+
+    def _diagnose(self, job: LoadJob, exc: DataError) -> DataError:
+        """Name the exact line and column of a parse error.
+
+        Parallel parsing numbers rows per segment, so the failed file is read once more
+        on one thread (only files that failed pay for this).
+        """
+        source = self.reader(job.file, job.file.format.name, job.read_columns)
+        try:
+            self.engine.query(f"SELECT * FROM {source} SETTINGS input_format_parallel_parsing"
+                              f" = 0 FORMAT Null", "TSV", job.file.uri)
+        except DataError as again:
+            message = getattr(again.__cause__, "args", [""])[0] or str(again)
+            row, column = locate(str(message))
+            reason = str(again).split(": ", 1)[-1]
+            reason = re.sub(r"\s*\(at row \d+\)", "", reason)
+            where = f"line {row + rejects.header_lines(job.file.format)}" if row else ""
+            where += f", column {column}" if column else ""
+            return DataError(f"{job.file.uri}: {where + ': ' if where else ''}{reason}")
+        except ChloadError:
+            return exc
+        return exc
+
+    def _errors_file(self, stage: str) -> str:
+        os.makedirs(os.path.join(self.path, "tmp"), exist_ok=True)
+        return os.path.join(self.path, "tmp", f"rejects-{stage.rsplit('_', 1)[-1]}.csv")
 
     def _attach(self, table: str, stage: str, committing: FileEvent) -> None:
         blocks = self._blocks([table, stage])
@@ -168,14 +219,21 @@ class EmbeddedTarget:
         self.engine.close()
 
 
-def _insert_sql(stage: str, job: LoadJob, reader: Callable[..., str]) -> str:
+def _parse_one(job: LoadJob, text: str) -> str:
+    return (f"format({job.file.format.name}, {quote_str(structure(job.read_columns))}, "
+            f"{quote_str(text)})")
+
+
+def _insert_sql(stage: str, job: LoadJob, reader: Callable[..., str],
+                extra: Sequence[tuple[str, str]] = ()) -> str:
     names = [quote_ident(c.name) for c in job.columns]
     exprs = list(names)
     if job.audit:
         names += [quote_ident(n) for n in AUDIT_COLUMNS]
         source = "_path" if not job.file.is_stream else quote_str(job.file.uri)
         exprs += [source, "now()"]
-    settings = ", ".join(f"{k} = {_setting_value(v)}" for k, v in (*LOAD_SETTINGS, *job.settings))
+    pairs = dict((*LOAD_SETTINGS, *extra, *job.settings))
+    settings = ", ".join(f"{k} = {_setting_value(v)}" for k, v in pairs.items())
     source_sql = reader(job.file, job.file.format.name, job.read_columns)
     return (f"INSERT INTO {stage} ({', '.join(names)}) SELECT {', '.join(exprs)} "
             f"FROM {source_sql} SETTINGS {settings}")
