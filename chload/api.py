@@ -43,6 +43,7 @@ class LoadSpec:
     workers: int | None = None  # parallel files; None: sized by the target
     force: bool = False  # load files the ledger says are loaded already
     on_error: str = "continue"  # continue | abort
+    s3_endpoint: str | None = None  # S3-compatible endpoint; None: AWS_ENDPOINT_URL(_S3), AWS
     max_errors: int | None = None  # bad rows a file may have; they go to chload.rejects
     max_error_ratio: float | None = None  # bad rows / all rows a file may have
 
@@ -150,12 +151,29 @@ def _list_sources(spec: LoadSpec, target: Target) -> list[SourceFile]:
             workdir = os.path.join(getattr(target, "path", "."), "tmp")
             files.append(spool_stdin(spec.format, spec.compression, workdir))
         elif "://" in source and not source.startswith("file://"):
-            scheme = source.split("://")[0]
-            raise UsageError(f"{source}: {scheme}:// sources are not supported yet")
+            files.extend(_list_remote(source, spec, target))
         else:
             files.extend(list_local(source.removeprefix("file://"), spec.format,
                                     spec.compression))
     return files
+
+
+def _list_remote(source: str, spec: LoadSpec, target: Target) -> list[SourceFile]:
+    scheme = source.split("://")[0].lower()
+    if scheme == "s3":
+        from chload.sources.s3 import list_s3
+
+        return list_s3(source, spec.format, spec.compression, spec.s3_endpoint)
+    if scheme == "hdfs":
+        from chload.sources.hdfs import list_hdfs
+
+        return list_hdfs(source, spec.format, spec.compression, target.infer_rows)
+    if scheme in ("http", "https"):
+        from chload.sources.http import list_http
+
+        return list_http(source, spec.format, spec.compression)
+    raise UsageError(f"{source.split('@')[-1]}: {scheme}:// is not a source chload reads; "
+                     "use a path, s3://, hdfs://, http:// or https://")
 
 
 def _summarize(report: LoadReport, results: list[FileResult], plan: planner.Plan,

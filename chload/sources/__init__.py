@@ -31,6 +31,8 @@ class SourceFile:
     local_path: str | None = None  # set for files on this machine (and spooled stdin)
     is_stream: bool = False  # stdin: no identity, never skipped
     kind: str = "local"  # which module of chload.sources reads it: local, s3, hdfs, http
+    location: str = ""  # remote kinds: the URL the engine reads, if not `uri` (never a secret)
+    anonymous: bool = False  # s3: no credentials, read unsigned (public buckets)
 
     @property
     def name(self) -> str:
@@ -57,6 +59,18 @@ def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
         from chload.sources.local import table_function as local
 
         return local(file, fmt, structure)
+    if file.kind == "s3":
+        from chload.sources.s3 import table_function as s3
+
+        return s3(file, fmt, structure)
+    if file.kind == "hdfs":
+        from chload.sources.hdfs import table_function as hdfs
+
+        return hdfs(file, fmt, structure)
+    if file.kind == "http":
+        from chload.sources.http import table_function as http
+
+        return http(file, fmt, structure)
     raise NotImplementedError(f"{file.kind}: no reader for this kind of source")
 
 

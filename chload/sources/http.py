@@ -1,0 +1,131 @@
+"""HTTP(S) URLs: `https://host/data/part-{000..099}.parquet`, read by the engine's url().
+
+HTTP has no listing, so a source names its URLs: `{a,b}` and `{000..099}` are
+expanded here, and each URL gets one HEAD (16 at a time) for its identity: the
+ETag with the length when the server sends one, else Content-Length and
+Last-Modified. A server that refuses HEAD gets a GET whose body is not read.
+A URL that answers 404 is a one-line error naming it, before anything loads.
+
+`user:password@` in a URL is kept out of the `uri` (ledger, messages); the engine
+gets the URL as written, in `location`.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit, urlunsplit
+
+from chload.errors import SourceError, TransientError, UsageError
+from chload.formats import detect
+from chload.schema import quote_str
+from chload.sources import SourceFile, expand_braces
+
+Head = Callable[[str], tuple[int, Mapping[str, str]]]  # url -> (status, headers)
+PARALLEL = 16
+ATTEMPTS = 3
+TIMEOUT = 30.0
+_NOT_FOUND = {404, 410}
+
+
+def list_http(pattern: str, fmt: str | None, compression: str | None,
+              head: Head | None = None) -> list[SourceFile]:
+    """Every URL the pattern expands to, in order, each with its identity."""
+    if "*" in urlsplit(pattern).path:
+        raise UsageError(f"{redact(pattern)}: HTTP cannot list a directory, so '*' cannot "
+                         "match; name the URLs, e.g. part-{000..099}.csv.gz")
+    urls = list(dict.fromkeys(expand_braces(pattern)))
+    fetch = head or head_request
+    with ThreadPoolExecutor(min(PARALLEL, len(urls)), thread_name_prefix="chload-head") as pool:
+        answers = list(pool.map(lambda u: _identify(u, fetch), urls))
+    return [describe(url, headers, fmt, compression) for url, headers in zip(urls, answers,
+                                                                              strict=True)]
+
+
+def _identify(url: str, head: Head) -> Mapping[str, str]:
+    for attempt in range(ATTEMPTS):
+        try:
+            status, headers = head(url)
+        except TransientError:
+            if attempt == ATTEMPTS - 1:
+                raise
+            time.sleep(0.5 * 2 ** attempt)
+            continue
+        if status < 300:
+            return headers
+        if status in _NOT_FOUND:
+            raise SourceError(f"{redact(url)}: not found (HTTP {status}); check the URL")
+        if status in (401, 403):
+            raise SourceError(f"{redact(url)}: access denied (HTTP {status})")
+        if status < 500 or attempt == ATTEMPTS - 1:
+            raise SourceError(f"{redact(url)}: the server answered HTTP {status}")
+        time.sleep(0.5 * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
+def head_request(url: str) -> tuple[int, Mapping[str, str]]:
+    """HEAD (or, if refused, a GET left unread): status and lower-cased headers."""
+    status, headers = _open(url, "HEAD")
+    if status in (405, 501):
+        status, headers = _open(url, "GET")
+    return status, headers
+
+
+def _open(url: str, method: str) -> tuple[int, Mapping[str, str]]:
+    request = urllib.request.Request(url, method=method, headers={"User-Agent": "chload"})
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return exc.code, {}
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        text = getattr(reason, "strerror", None) or type(reason).__name__
+        raise TransientError(f"{redact(url)}: cannot reach the server ({text})") from None
+    except ValueError as exc:  # urllib: unknown url type, bad port
+        raise UsageError(f"{redact(url)}: not a valid URL") from exc
+
+
+def describe(url: str, headers: Mapping[str, str], fmt: str | None,
+             compression: str | None) -> SourceFile:
+    size = _int(headers.get("content-length"))
+    etag = headers.get("etag", "")
+    name = urlsplit(url).path
+    return SourceFile(
+        uri=redact(url), size=size, mtime_ns=_mtime_ns(headers.get("last-modified")),
+        format=detect(name, fmt, compression), etag=f"{etag}:{size}" if etag else "",
+        kind="http", location=url,
+    )
+
+
+def redact(url: str) -> str:
+    """The URL without `user:password@`."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def _int(value: str | None) -> int:
+    return int(value) if value and value.strip().isdigit() else 0
+
+
+def _mtime_ns(value: str | None) -> int:
+    if not value:
+        return 0
+    try:
+        return int(email.utils.parsedate_to_datetime(value).timestamp()) * 10**9
+    except (TypeError, ValueError):
+        return 0
+
+
+def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
+    """`url('https://...', 'Format', 'structure', 'compression')`."""
+    args = [file.location or file.uri, fmt, structure or "auto", file.format.compression]
+    return f"url({', '.join(quote_str(a) for a in args)})"
+

@@ -1,0 +1,287 @@
+"""S3-compatible object storage: `s3://bucket/prefix/glob`, listed by prefix, read by s3().
+
+Listing is one paginated ListObjectsV2 per distinct literal prefix (1,000 keys a
+page), never a request per object; the glob is matched here, on the keys. Glob
+dialect as the engine's and local files': `*` and `?` within one path segment, `**`
+across segments, `[abc]`, and `{a,b}` / `{000..099}` (expanded first). A pattern
+without glob characters names one object or, failing that, a "directory": every
+object under `key/`, except hidden names (`.x`, `_SUCCESS`) and folder markers.
+
+Each object's identity is its ETag with its size; its `uri` (ledger, messages) is
+`s3://bucket/key`, its `location` the HTTP URL the engine reads. Credentials: see
+aws.py; they appear in no SQL text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.client
+import os
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+from xml.etree import ElementTree
+
+from chload.errors import SourceError, TransientError, UsageError
+from chload.formats import detect
+from chload.schema import quote_str
+from chload.sources import SourceFile, aws, expand_braces
+
+_GLOB = re.compile(r"[*?\[]")
+_HIDDEN = (".", "_")
+PAGE_SIZE = 1000
+ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class S3Object:
+    key: str
+    size: int
+    etag: str
+    modified_ns: int
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    """`s3://bucket/key/pattern` -> (bucket, key pattern)."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.\-_]{1,254}", bucket):
+        raise UsageError(f"{uri}: write S3 sources as s3://bucket/prefix/pattern "
+                         "(bucket names are 3+ lowercase letters, digits, '.', '-')")
+    return bucket, key
+
+
+def list_s3(pattern: str, fmt: str | None, compression: str | None,
+            endpoint: str | None = None) -> list[SourceFile]:
+    """Every object the pattern names, sorted by key, each with its identity."""
+    bucket, key_pattern = parse_uri(pattern)
+    config = aws.resolve(os.environ, endpoint)
+    objects = find_objects(Lister(config), bucket, key_pattern)
+    if not objects:
+        raise SourceError(f"{pattern}: no object matches at {config.endpoint}; check the "
+                          "bucket, prefix and pattern (or --s3-endpoint)")
+    aws.hand_to_engine(config.credentials)
+    return [describe(config, bucket, o, fmt, compression) for o in objects]
+
+
+def find_objects(lister: Lister, bucket: str, key_pattern: str) -> list[S3Object]:
+    """List the pattern's prefixes once each; keep the keys that match it."""
+    patterns = sorted(set(expand_braces(key_pattern)))
+    matchers = [KeyMatcher(p) for p in patterns]
+    found: dict[str, S3Object] = {}
+    for prefix in listing_prefixes(patterns):
+        for obj in lister.list(bucket, prefix):
+            if obj.key not in found and any(m.matches(obj.key) for m in matchers):
+                found[obj.key] = obj
+    return [found[k] for k in sorted(found)]
+
+
+def literal_prefix(pattern: str) -> str:
+    match = _GLOB.search(pattern)
+    return pattern[: match.start()] if match else pattern
+
+
+def listing_prefixes(patterns: Sequence[str]) -> list[str]:
+    """The fewest prefixes to list: one per directory for patterns sharing it.
+
+    `part-{000..099}.csv` (100 exact keys in one directory) is one listing of
+    `dir/part-`, not 100 requests; `{a,b}/x.csv` is two listings, not the whole bucket.
+    """
+    by_dir: dict[str, list[str]] = {}
+    for p in patterns:
+        prefix = literal_prefix(p)
+        by_dir.setdefault(prefix.rsplit("/", 1)[0] if "/" in prefix else "", []).append(prefix)
+    chosen = sorted(_common_prefix(group) for group in by_dir.values())
+    return [p for i, p in enumerate(chosen) if not any(p.startswith(q) for q in chosen[:i])]
+
+
+def _common_prefix(items: Sequence[str]) -> str:
+    first, last = min(items), max(items)
+    n = 0
+    while n < min(len(first), len(last)) and first[n] == last[n]:
+        n += 1
+    return first[:n]
+
+
+class KeyMatcher:
+    """Does a key match one (brace-free) pattern? Exact key, directory, or glob."""
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self.regex = re.compile(glob_regex(pattern)) if _GLOB.search(pattern) else None
+
+    def matches(self, key: str) -> bool:
+        if key.endswith("/"):  # a folder marker, not data
+            return False
+        if self.regex is not None:
+            return self.regex.fullmatch(key) is not None
+        if key == self.pattern:
+            return True
+        directory = self.pattern.rstrip("/") + "/" if self.pattern else ""
+        if not key.startswith(directory):
+            return False
+        return not any(part.startswith(_HIDDEN) for part in key[len(directory):].split("/"))
+
+
+def glob_regex(pattern: str) -> str:
+    """`*` and `?` stay within a segment, `**` crosses them, `[...]` is a class."""
+    out, i = [], 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+            continue
+        if ch == "*":
+            out.append("[^/]*")
+        elif ch == "?":
+            out.append("[^/]")
+        elif ch == "[" and "]" in pattern[i + 2:]:
+            end = pattern.index("]", i + 2)
+            body = pattern[i + 1:end]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = end
+        else:
+            out.append(re.escape(ch))
+        i += 1
+    return "".join(out)
+
+
+def describe(config: aws.S3Config, bucket: str, obj: S3Object, fmt: str | None,
+             compression: str | None) -> SourceFile:
+    return SourceFile(
+        uri=f"s3://{bucket}/{obj.key}", size=obj.size, mtime_ns=obj.modified_ns,
+        format=detect(obj.key, fmt, compression), etag=f"{obj.etag}:{obj.size}", kind="s3",
+        location=config.object_url(bucket, obj.key), anonymous=config.anonymous,
+    )
+
+
+def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
+    """`s3('http://endpoint/bucket/key', [NOSIGN,] 'Format', 'structure', 'compression')`.
+
+    No keys in the SQL: the engine takes them from the process environment (aws.py).
+    """
+    args = [quote_str(file.location or file.uri)]
+    if file.anonymous:
+        args.append("NOSIGN")
+    args += [quote_str(a) for a in (fmt, structure or "auto", file.format.compression)]
+    return f"s3({', '.join(args)})"
+
+
+class Lister:
+    """ListObjectsV2 over one keep-alive connection, signed with SigV4 (aws.py)."""
+
+    def __init__(self, config: aws.S3Config, timeout: float = 30.0) -> None:
+        self.config = config
+        self.timeout = timeout
+        self._conn: http.client.HTTPConnection | None = None
+        self._host = ""
+
+    def list(self, bucket: str, prefix: str) -> Iterator[S3Object]:
+        token = ""
+        while True:
+            params = {"list-type": "2", "prefix": prefix, "max-keys": str(PAGE_SIZE)}
+            if token:
+                params["continuation-token"] = token
+            root = self._get(bucket, prefix, params)
+            yield from parse_listing(root)
+            token = _text(root, "NextContinuationToken")
+            if _text(root, "IsTruncated") != "true" or not token:
+                return
+
+    def _get(self, bucket: str, prefix: str, params: dict[str, str]) -> ElementTree.Element:
+        url = f"{self.config.bucket_url(bucket)}/?{aws.canonical_query(params)}"
+        where = f"s3://{bucket}/{prefix}"
+        for attempt in range(ATTEMPTS):
+            try:
+                status, headers, body = self._request(url)
+            except (OSError, http.client.HTTPException) as exc:
+                self._close()
+                if attempt == ATTEMPTS - 1:
+                    raise TransientError(
+                        f"{where}: cannot reach {self.config.endpoint} ({_reason(exc)}); "
+                        "check --s3-endpoint or AWS_ENDPOINT_URL") from None
+                time.sleep(0.5 * 2 ** attempt)
+                continue
+            if status == 200:
+                return ElementTree.fromstring(body)
+            region = headers.get("x-amz-bucket-region")
+            if region and region != self.config.region and status in (301, 400):
+                self.config = aws.S3Config(self.config.endpoint.replace(
+                    self.config.region, region), region, self.config.credentials,
+                    self.config.custom_endpoint)
+                return self._get(bucket, prefix, params)
+            if status < 500 or attempt == ATTEMPTS - 1:
+                raise listing_error(where, self.config, status, body)
+            time.sleep(0.5 * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+    def _request(self, url: str) -> tuple[int, dict[str, str], bytes]:
+        parts = urlsplit(url)
+        if self._conn is None or self._host != parts.netloc:
+            self._close()
+            cls = http.client.HTTPSConnection if parts.scheme == "https" else \
+                http.client.HTTPConnection
+            self._conn, self._host = cls(parts.netloc, timeout=self.timeout), parts.netloc
+        headers = aws.sign("GET", url, self.config.region, self.config.credentials)
+        self._conn.request("GET", f"{parts.path or '/'}?{parts.query}", headers=headers)
+        response = self._conn.getresponse()
+        body = response.read()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, body
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+
+def parse_listing(root: ElementTree.Element) -> Iterator[S3Object]:
+    for item in root:
+        if _local(item.tag) != "Contents":
+            continue
+        fields = {_local(child.tag): (child.text or "") for child in item}
+        yield S3Object(fields["Key"], int(fields.get("Size") or 0),
+                       fields.get("ETag", "").strip('"'), _parse_time(fields.get("LastModified")))
+
+
+def listing_error(where: str, config: aws.S3Config, status: int, body: bytes) -> SourceError:
+    """One line for an S3 error answer; the server's message text is not echoed."""
+    code = ""
+    try:
+        code = _text(ElementTree.fromstring(body), "Code")
+    except ElementTree.ParseError:
+        pass
+    who = config.credentials.source if config.credentials else "no credentials (anonymous)"
+    if code == "NoSuchBucket" or (status == 404 and not code):
+        return SourceError(f"{where}: no such bucket at {config.endpoint}; check the name "
+                           "and the endpoint (--s3-endpoint, AWS_ENDPOINT_URL)")
+    if status in (401, 403):
+        return SourceError(
+            f"{where}: access denied ({code or status}) with {who}; check "
+            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, and the bucket policy")
+    return SourceError(f"{where}: listing failed at {config.endpoint} "
+                       f"(HTTP {status}{', ' + code if code else ''})")
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def _text(root: ElementTree.Element, name: str) -> str:
+    for child in root:
+        if _local(child.tag) == name:
+            return child.text or ""
+    return ""
+
+
+def _parse_time(value: str | None) -> int:
+    if not value:
+        return 0
+    stamp = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return int(stamp.timestamp()) * 10**9 + stamp.microsecond * 1000
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or type(exc).__name__
+
