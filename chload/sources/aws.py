@@ -85,19 +85,24 @@ def resolve(env: Mapping[str, str], endpoint_flag: str | None = None) -> S3Confi
     profile = read_profile(env, profile_name or "default", required=bool(profile_name))
     region = (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or profile.get("region")
               or DEFAULT_REGION)
-    endpoint = (endpoint_flag or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-                or profile.get("endpoint_url") or "")
+    named = [("--s3-endpoint", endpoint_flag or ""),
+             ("AWS_ENDPOINT_URL_S3", env.get("AWS_ENDPOINT_URL_S3", "")),
+             ("AWS_ENDPOINT_URL", env.get("AWS_ENDPOINT_URL", "")),
+             (f"endpoint_url of profile {profile_name or 'default'}",
+              profile.get("endpoint_url", ""))]
+    source, endpoint = next(((n, v) for n, v in named if v), ("", ""))
     custom = bool(endpoint)
-    endpoint = check_endpoint(endpoint) if custom else f"https://s3.{region}.amazonaws.com"
+    endpoint = check_endpoint(endpoint, source) if custom else \
+        f"https://s3.{region}.amazonaws.com"
     creds = _credentials(env, profile, profile_name or "default")
     return S3Config(endpoint, region, creds, custom)
 
 
-def check_endpoint(value: str) -> str:
+def check_endpoint(value: str, source: str = "--s3-endpoint") -> str:
     """An endpoint must be http(s)://host[:port]; default ports are dropped (SigV4 Host)."""
     parts = urlsplit(value.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"--s3-endpoint {value}: write it as http(s)://host[:port], "
+        raise UsageError(f"{source} {value}: write the S3 endpoint as http(s)://host[:port], "
                          "e.g. http://127.0.0.1:9000")
     netloc = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
     default = {"http": 80, "https": 443}[parts.scheme]

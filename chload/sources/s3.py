@@ -18,6 +18,7 @@ import datetime as dt
 import http.client
 import os
 import re
+import ssl
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -59,8 +60,10 @@ def list_s3(pattern: str, fmt: str | None, compression: str | None,
     config = aws.resolve(os.environ, endpoint)
     objects = find_objects(Lister(config), bucket, key_pattern)
     if not objects:
-        raise SourceError(f"{pattern}: no object matches at {config.endpoint}; check the "
-                          "bucket, prefix and pattern (or --s3-endpoint)")
+        what = "no object matches" if _GLOB.search(key_pattern) or "{" in key_pattern else \
+            "no such object, nor objects under it"
+        raise SourceError(f"{pattern}: {what} at {config.endpoint}; check the bucket, "
+                          "key and pattern (or the endpoint: --s3-endpoint, AWS_ENDPOINT_URL)")
     aws.hand_to_engine(config.credentials)
     return [describe(config, bucket, o, fmt, compression) for o in objects]
 
@@ -221,9 +224,13 @@ class Lister:
         parts = urlsplit(url)
         if self._conn is None or self._host != parts.netloc:
             self._close()
-            cls = http.client.HTTPSConnection if parts.scheme == "https" else \
-                http.client.HTTPConnection
-            self._conn, self._host = cls(parts.netloc, timeout=self.timeout), parts.netloc
+            if parts.scheme == "https":  # AWS_CA_BUNDLE as the AWS tools honour it
+                context = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE"))
+                self._conn = http.client.HTTPSConnection(parts.netloc, timeout=self.timeout,
+                                                         context=context)
+            else:
+                self._conn = http.client.HTTPConnection(parts.netloc, timeout=self.timeout)
+            self._host = parts.netloc
         headers = aws.sign("GET", url, self.config.region, self.config.credentials)
         self._conn.request("GET", f"{parts.path or '/'}?{parts.query}", headers=headers)
         response = self._conn.getresponse()
@@ -252,7 +259,8 @@ def listing_error(where: str, config: aws.S3Config, status: int, body: bytes) ->
         code = _text(ElementTree.fromstring(body), "Code")
     except ElementTree.ParseError:
         pass
-    who = config.credentials.source if config.credentials else "no credentials (anonymous)"
+    who = (f"credentials from {config.credentials.source}" if config.credentials
+           else "no credentials (anonymous)")
     if code == "NoSuchBucket" or (status == 404 and not code):
         return SourceError(f"{where}: no such bucket at {config.endpoint}; check the name "
                            "and the endpoint (--s3-endpoint, AWS_ENDPOINT_URL)")
