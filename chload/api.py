@@ -125,7 +125,7 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     plan = planner.decide(files, target.ledger.loaded_identities(table.display), spec.force)
     if plan.to_load:
         plan.columns, plan.read_columns, plan.created_table = planner.prepare_table(
-            target, table, plan.to_load[0], schema=spec.schema, order_by=spec.order_by,
+            target, table, plan.to_load, schema=spec.schema, order_by=spec.order_by,
             partition_by=spec.partition_by, audit=spec.audit,
         )
     listener(Event("plan", files_total=len(plan.to_load),
@@ -278,7 +278,7 @@ def validate(sources: str | Iterable[str], table: str, *, target: str | None = N
     try:
         files = planner.resolve_format(t, _list_sources(spec, t))
         _, read_columns, _ = planner.prepare_table(
-            t, planner.parse_table(table), files[0], schema=schema, order_by=None,
+            t, planner.parse_table(table), files, schema=schema, order_by=None,
             partition_by=None, audit=False, create=False)
         return [_check(t, f, read_columns) for f in files]
     finally:

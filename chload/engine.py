@@ -17,7 +17,7 @@ import os
 import threading
 from typing import Any
 
-from chload.errors import TargetInUse, UsageError, from_engine_message
+from chload.errors import ChloadError, DataError, TargetInUse, UsageError, from_engine_message
 
 LOCK_NAME = ".chload.lock"
 
@@ -49,7 +49,7 @@ class Engine:
         try:
             result = self._session().query(sql, fmt)
         except Exception as exc:  # chdb raises ChdbError / RuntimeError with the engine text
-            raise from_engine_message(str(exc), context) from exc
+            raise _convert(exc, context) from exc
         return result.bytes().decode() if result is not None else ""
 
     def execute(self, sql: str, context: str = "query") -> tuple[int, int]:
@@ -57,7 +57,7 @@ class Engine:
         try:
             result = self._session().query(sql, "TSV")
         except Exception as exc:
-            raise from_engine_message(str(exc), context) from exc
+            raise _convert(exc, context) from exc
         return int(result.rows_written()), int(result.storage_bytes_read())
 
     def rows(self, sql: str, context: str = "query") -> list[dict[str, Any]]:
@@ -71,6 +71,13 @@ class Engine:
         for session in sessions:
             session.close()
         os.close(self._lock)
+
+
+def _convert(exc: Exception, context: str) -> ChloadError:
+    if isinstance(exc, UnicodeDecodeError):  # chDB could not decode the engine's message
+        return DataError(f"{context}: the engine rejected the data and its message quotes "
+                         "bytes that are not UTF-8; is this binary data, or the wrong --format?")
+    return from_engine_message(str(exc), context)
 
 
 def _acquire(path: str) -> int:

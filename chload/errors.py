@@ -74,6 +74,11 @@ _TRANSIENT_CODES = {3, 159, 164, 202, 203, 209, 210, 236, 241, 242, 252, 285, 31
 _ERRNO_SOURCE = re.compile(r"Cannot (stat|open) file|No such file|Permission denied")
 
 _BEFORE = re.compile(r"before: '((?:[^'\\]|\\.)*)'")
+_HINTS = {
+    354: " (the compressed stream is truncated or not of that kind; if the file is not "
+         "compressed, pass --compression none)",
+    432: " (the compressed stream is truncated or corrupt)",
+}
 _CODE = re.compile(r"Code:\s*(\d+)")
 _EXCEPTION_PREFIX = re.compile(r"^(Code:\s*\d+\.\s*)?(e\.displayText\(\) = )?DB::\w*Exception:\s*")
 
@@ -99,6 +104,8 @@ def one_line(message: str, limit: int = 400) -> str:
     if row and "row" not in line:
         line += f" (at row {row.group(1)})"
     line = _BEFORE.sub(_shorten, line)  # the engine quotes what follows in the data, at length
+    line = re.sub(r":?\s*While reading from: .*$", "", line)
+    line = re.sub(r":?\s*\(while reading header\):?$", "", line).strip(" :")
     line = line.replace("\t", " ")
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
@@ -126,7 +133,7 @@ def from_engine_message(message: str, context: str) -> ChloadError:
     starts the message, so every error says what it was about.
     """
     code = engine_code(message)
-    text = f"{context}: {one_line(message)}"
+    text = f"{context}: {one_line(message)}{_HINTS.get(code or 0, '')}"
     if code in _TRANSIENT_CODES and code != 236:
         return TransientError(text)
     if _ERRNO_SOURCE.search(message) or code in _SOURCE_CODES:

@@ -7,8 +7,8 @@ loaded; the engine infers a schema from one file; the table decides column types
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 from chload.errors import ChloadError, SourceError, UsageError
 from chload.formats import FileFormat, check_compression
@@ -86,25 +86,32 @@ def decide(files: Sequence[SourceFile], loaded: dict[str, str], force: bool) -> 
 
 
 def resolve_format(target: Target, files: Sequence[SourceFile]) -> list[SourceFile]:
-    """Decide CSV/TSV headers once, from the first file of each format, for all files."""
+    """Decide CSV/TSV headers once per format, from the first file that can tell, for all.
+
+    A file that cannot tell (empty, corrupt) does not stop the run: the next one is
+    asked, and if none can, files keep their format and fail or load on their own.
+    """
     decided: dict[FileFormat, FileFormat] = {}
-    out = []
-    for f in files:
-        if f.format not in decided:
-            def reader(fmt: FileFormat, f: SourceFile = f) -> str:
-                return target.reader(f, fmt.name, None)
-            decided[f.format] = decide_header(target.infer_rows, reader, f.format)
-        fmt = decided[f.format]
-        out.append(f if fmt == f.format else _with_format(f, fmt))
-    return out
+    for fmt in dict.fromkeys(f.format for f in files):
+        decided[fmt] = fmt
+        for sample in samples(f for f in files if f.format == fmt):
+            def reader(x: FileFormat, s: SourceFile = sample) -> str:
+                return target.reader(s, x.name, None)
+            try:
+                decided[fmt] = decide_header(target.infer_rows, reader, fmt)
+                break
+            except ChloadError:
+                continue
+    return [replace(f, format=decided[f.format]) for f in files]
 
 
-def _with_format(f: SourceFile, fmt: FileFormat) -> SourceFile:
-    return SourceFile(f.uri, f.size, f.mtime_ns, fmt, f.etag, f.local_path, f.is_stream)
+def samples(files: Iterable[SourceFile], limit: int = 3) -> list[SourceFile]:
+    """The files worth asking about a schema: the first few that are not empty."""
+    return [f for f in files if f.size > 0][:limit]
 
 
 def prepare_table(
-    target: Target, table: TableName, sample: SourceFile, *, schema: str | None,
+    target: Target, table: TableName, files: Sequence[SourceFile], *, schema: str | None,
     order_by: str | None, partition_by: str | None, audit: bool, create: bool = True,
 ) -> tuple[list[Column], list[Column], bool]:
     """Create the table if needed; return (table columns, read columns, created).
@@ -113,7 +120,7 @@ def prepare_table(
     columns are used.
     """
     existing = target.table_columns(table.sql)
-    data = parse_structure(schema) if schema else _data_columns(target, sample, existing)
+    data = parse_structure(schema) if schema else _data_columns(target, files, existing)
     created = False
     if existing is None and not create:
         return data, data, False
@@ -127,7 +134,7 @@ def prepare_table(
     return matched, (data if schema else matched), created
 
 
-def _data_columns(target: Target, sample: SourceFile,
+def _data_columns(target: Target, files: Sequence[SourceFile],
                   existing: list[Column] | None) -> list[Column]:
     """The columns of the data: inferred by the engine, or for an existing table, what
     the rows are read as.
@@ -137,17 +144,21 @@ def _data_columns(target: Target, sample: SourceFile,
     columns when a sample cannot be inferred (a broken line must not block a load with
     an error budget).
     """
-    def reader(structure: str | None) -> str:
-        cols = parse_structure(structure) if structure else None
-        return target.reader(sample, sample.format.name, cols)
-    try:
-        return infer(target.infer_rows, reader)
-    except ChloadError as exc:
-        if existing is not None and sample.format.name not in POSITIONAL_FORMATS:
-            return [c for c in existing if not c.default_kind and c.name not in AUDIT_COLUMNS]
-        reason = str(exc).split(": ", 1)[-1]
-        raise SourceError(f"{sample.uri}: cannot infer its columns ({reason}); check "
-                          "--format, or pass --schema 'name Type, ...'") from exc
+    failure: ChloadError | None = None
+    candidates = samples(files) or list(files[:1])
+    for sample in candidates:
+        def reader(structure: str | None, s: SourceFile = sample) -> str:
+            return target.reader(s, s.format.name, parse_structure(structure) if structure
+                                 else None)
+        try:
+            return infer(target.infer_rows, reader)
+        except ChloadError as exc:
+            failure = exc
+    if existing is not None and candidates[0].format.name not in POSITIONAL_FORMATS:
+        return [c for c in existing if not c.default_kind and c.name not in AUDIT_COLUMNS]
+    reason = str(failure).split(": ", 1)[-1]
+    raise SourceError(f"{candidates[0].uri}: cannot infer its columns ({reason}); check "
+                      "--format, or pass --schema 'name Type, ...'") from failure
 
 
 def validate_options(compression: str | None, workers: int | None) -> None:

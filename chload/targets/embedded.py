@@ -116,6 +116,8 @@ class EmbeddedTarget:
             rows, _ = self.engine.execute(_insert_sql(stage, job, self.reader, extra),
                                           job.file.uri)
         except DataError as exc:
+            if errors_file and self._budget_spent(job, errors_file):
+                raise self._over_budget(job, errors_file) from exc
             raise self._diagnose(job, exc) from exc
         if not errors_file:
             return rows, 0
@@ -149,6 +151,19 @@ class EmbeddedTarget:
         except ChloadError:
             return exc
         return exc
+
+    def _budget_spent(self, job: LoadJob, errors_file: str) -> bool:
+        """Did the engine stop because rows beyond --max-errors were bad (not, say, a
+        broken gzip stream)?"""
+        limit = job.budget.max_errors
+        return limit is not None and rejects.count_errors(self, errors_file) >= limit
+
+    def _over_budget(self, job: LoadJob, errors_file: str) -> DataError:
+        first = rejects.first(self, errors_file, rejects.header_lines(job.file.format), 1)
+        where = f"; the first at line {first[0]['line']}: {first[0]['error']}" if first else ""
+        return DataError(f"{job.file.uri}: more than {job.budget.max_errors} rejected rows "
+                         f"exceed --max-errors {job.budget.max_errors}; nothing loaded from "
+                         f"this file{where}")
 
     def _errors_file(self, stage: str) -> str:
         os.makedirs(os.path.join(self.path, "tmp"), exist_ok=True)
