@@ -130,8 +130,10 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
         )
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load)))
-    jobs = [LoadJob(f, table.sql, table.display, plan.columns, plan.read_columns, spec.audit,
-                    spec.settings, report.run_id, spec.budget) for f in plan.to_load]
+    jobs = [LoadJob(group[0], table.sql, table.display, plan.columns, plan.read_columns,
+                    spec.audit, spec.settings, report.run_id, spec.budget,
+                    group if len(group) > 1 else ())
+            for group in _groups(target, plan.to_load, spec.budget)]
     workers = spec.workers or target.default_workers(plan.to_load)
     results = runner.run(target, jobs, workers, listener,
                          abort_on_error=spec.on_error == "abort", changed=plan.changed)
@@ -140,6 +142,13 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     _summarize(report, results, plan, time.monotonic() - clock)
     target.ledger.record_run(_run_record(spec, report, started_ns))
     return report
+
+
+def _groups(target: Target, files: Sequence[SourceFile],
+            budget: ErrorBudget) -> list[tuple[SourceFile, ...]]:
+    """Files grouped into batches where the target can load several as one."""
+    plan_batches = getattr(target, "plan_batches", None)
+    return plan_batches(files, budget) if plan_batches else [(f,) for f in files]
 
 
 def _list_sources(spec: LoadSpec, target: Target) -> list[SourceFile]:

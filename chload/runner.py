@@ -13,7 +13,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from chload.errors import ChloadError, TransientError
 from chload.targets import Loaded, LoadJob, Target
@@ -33,6 +34,7 @@ class Event:
 
 
 Listener = Callable[[Event], None]
+T = TypeVar("T")
 
 
 @dataclass
@@ -58,8 +60,8 @@ class RetryPolicy:
         return random.uniform(0, min(self.max_seconds, self.base_seconds * 2 ** attempt))
 
 
-def call_with_retries(fn: Callable[[], tuple[int, ...]], policy: RetryPolicy,
-                      sleep: Callable[[float], None] = time.sleep) -> tuple[int, ...]:
+def call_with_retries(fn: Callable[[], T], policy: RetryPolicy,
+                      sleep: Callable[[float], None] = time.sleep) -> T:
     for attempt in range(policy.attempts):
         try:
             return fn()
@@ -75,7 +77,7 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         changed: set[str] | None = None) -> list[FileResult]:
     """Load every job; a failed file fails alone unless `abort_on_error`."""
     stop = threading.Event()
-    results: list[FileResult] = []
+    changed = changed or set()
 
     def one(job: LoadJob) -> FileResult:
         if stop.is_set():
@@ -95,13 +97,34 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
                               error=str(exc))
         listener(Event("done", job.file.uri, done.rows, done.bytes))
         return FileResult(job.file.uri, "loaded", done.rows, done.bytes,
-                          time.monotonic() - started, changed=job.file.uri in (changed or set()),
+                          time.monotonic() - started, changed=job.file.uri in changed,
                           rejected=done.rejected)
 
+    def batch(job: LoadJob) -> list[FileResult]:
+        """Several small files in one commit; if that fails, each file on its own."""
+        if len(job.files) == 1 or stop.is_set():
+            return [one(replace(job, batch=()))]
+        started = time.monotonic()
+        try:
+            load_batch = target.load_batch  # type: ignore[attr-defined]
+            loaded: list[Loaded] = call_with_retries(
+                lambda: load_batch(job, lambda rows, read: None), policy)
+        except ChloadError:
+            return [one(replace(job, file=f, batch=())) for f in job.files]
+        seconds = (time.monotonic() - started) / len(job.files)
+        results = []
+        for f, done in zip(job.files, loaded, strict=True):
+            listener(Event("done", f.uri, done.rows, done.bytes))
+            results.append(FileResult(f.uri, "loaded", done.rows, done.bytes, seconds,
+                                      changed=f.uri in changed))
+        return results
+
+    results: list[FileResult] = []
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="chload") as pool:
-        pending: set[Future[FileResult]] = {pool.submit(one, j) for j in jobs}
+        pending: set[Future[list[FileResult]]] = {pool.submit(batch, j) for j in jobs}
         while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            results.extend(f.result() for f in done)
-    order = {j.file.uri: i for i, j in enumerate(jobs)}
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                results.extend(future.result())
+    order = {f.uri: i for i, f in enumerate(f for j in jobs for f in j.files)}
     return sorted(results, key=lambda r: order.get(r.uri, 0))

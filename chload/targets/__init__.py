@@ -35,6 +35,11 @@ class LoadJob:
     settings: Sequence[tuple[str, str]]
     run_id: str
     budget: ErrorBudget = ErrorBudget()
+    batch: tuple[SourceFile, ...] = ()  # several small files loaded as one (file = first)
+
+    @property
+    def files(self) -> tuple[SourceFile, ...]:
+        return self.batch or (self.file,)
 
 
 class Loaded(NamedTuple):

@@ -26,15 +26,21 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from chload import rejects
 from chload.engine import Engine
 from chload.errors import ChloadError, DataError, locate
 from chload.faults import crash_point
 from chload.ledger import COMMITTING, DATABASE, FAILED, LOADED, FileEvent, Ledger
+from chload.rejects import ErrorBudget
 from chload.schema import AUDIT_COLUMNS, Column, quote_ident, quote_str, structure
 from chload.sources import SourceFile, table_function
 from chload.targets import Loaded, LoadJob
+
+SMALL_FILE_BYTES = 4 << 20  # files below this are batched ...
+BATCH_FILES = 256  # ... up to this many ...
+BATCH_BYTES = 16 << 20  # ... and this many bytes (as stored) in one batch
 
 # Settings every load runs with; user --setting values come after and win.
 LOAD_SETTINGS: tuple[tuple[str, str], ...] = (
@@ -169,10 +175,75 @@ class EmbeddedTarget:
         os.makedirs(os.path.join(self.path, "tmp"), exist_ok=True)
         return os.path.join(self.path, "tmp", f"rejects-{stage.rsplit('_', 1)[-1]}.csv")
 
-    def _attach(self, table: str, stage: str, committing: FileEvent) -> None:
+    # -- many small files as one -------------------------------------------------------
+    def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,
+                     ) -> list[tuple[SourceFile, ...]]:
+        """Group small files, so thousands of them do not cost a stage and a commit each.
+
+        Files with an error budget load alone: the engine's errors file does not say
+        which file a rejected row came from.
+        """
+        if budget.allows_errors:
+            return [(f,) for f in files]
+        groups: list[tuple[SourceFile, ...]] = []
+        current: list[SourceFile] = []
+        for f in files:
+            if f.size >= SMALL_FILE_BYTES or f.is_stream:
+                groups.append((f,))
+                continue
+            if current and (len(current) >= BATCH_FILES
+                            or sum(c.size for c in current) + f.size > BATCH_BYTES):
+                groups.append(tuple(current))
+                current = []
+            current.append(f)
+        if current:
+            groups.append(tuple(current))
+        return groups
+
+    def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
+        """Load several small files as one: one parse, one stage, one attach.
+
+        The engine parses every file in one query into a Memory table that keeps each
+        row's file (so per-file row counts are exact from one read), then copies into a
+        stage shaped like the target. Either all files of the batch are committed or
+        none is; a batch that fails is retried file by file by the runner.
+        """
+        token = uuid.uuid4().hex[:16]
+        raw, stage = f"{DATABASE}.stage_{token}_raw", f"{DATABASE}.stage_{token}"
+        names = _names(job)
+        try:
+            self.command(f"CREATE TABLE {raw} ENGINE = Memory AS SELECT {', '.join(names)}, "
+                         f"'' AS _chload_file FROM {job.table} LIMIT 0")
+            union = " UNION ALL ".join(_select_sql(job, f, self.reader, tag=True)
+                                       for f in job.files)
+            self.engine.execute(f"INSERT INTO {raw} {union} SETTINGS {_settings_sql(job)}",
+                                f"batch of {len(job.files)} files from {job.file.uri}")
+            counts = {r["f"]: int(r["n"]) for r in self.rows(
+                f"SELECT _chload_file AS f, count() AS n FROM {raw} GROUP BY f")}
+            self.command(f"CREATE TABLE {stage} AS {job.table}")
+            self.command(f"INSERT INTO {stage} ({', '.join(names)}) SELECT {', '.join(names)}"
+                         f" FROM {raw}")
+        except ChloadError:
+            self.command(f"DROP TABLE IF EXISTS {stage}")
+            raise
+        finally:
+            self.command(f"DROP TABLE IF EXISTS {raw}")
+        done = [Loaded(counts.get(f.uri, 0), f.size) for f in job.files]
+        progress(sum(d.rows for d in done), sum(d.bytes for d in done))
+        events = [_event(replace(job, file=f), COMMITTING, stage, d.rows, d.bytes)
+                  for f, d in zip(job.files, done, strict=True)]
+        with self._commit:
+            self._attach(job.table, stage, *events)
+        self._loaded([_copy(e, LOADED) for e in events])
+        self.command(f"DROP TABLE IF EXISTS {stage}")
+        return done
+
+    def _attach(self, table: str, stage: str, *committing: FileEvent) -> None:
         blocks = self._blocks([table, stage])
-        committing.mark = max(blocks.get(table, {0: 0}).values(), default=0)
-        self.ledger.record([committing])
+        mark = max(blocks.get(table, {0: 0}).values(), default=0)
+        for event in committing:
+            event.mark = mark
+        self.ledger.record(committing)
         crash_point("before-attach")
         for partition in sorted(blocks.get(stage, {})):
             self.command(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
@@ -239,19 +310,34 @@ def _parse_one(job: LoadJob, text: str) -> str:
             f"{quote_str(text)})")
 
 
+def _names(job: LoadJob) -> list[str]:
+    """The columns an insert fills: the data's, then the audit columns."""
+    names = [quote_ident(c.name) for c in job.columns]
+    return names + ([quote_ident(n) for n in AUDIT_COLUMNS] if job.audit else [])
+
+
+def _select_sql(job: LoadJob, file: SourceFile, reader: Callable[..., str],
+                tag: bool = False) -> str:
+    """SELECT the data of one file, with audit columns and (tag) the file's uri."""
+    exprs = [quote_ident(c.name) for c in job.columns]
+    if job.audit:
+        exprs += ["_path" if file.kind == "local" and not file.is_stream
+                  else quote_str(file.uri), "now()"]
+    if tag:
+        exprs.append(quote_str(file.uri))
+    return (f"SELECT {', '.join(exprs)} "
+            f"FROM {reader(file, file.format.name, job.read_columns)}")
+
+
+def _settings_sql(job: LoadJob, extra: Sequence[tuple[str, str]] = ()) -> str:
+    pairs = dict((*LOAD_SETTINGS, *extra, *job.settings))
+    return ", ".join(f"{k} = {_setting_value(v)}" for k, v in pairs.items())
+
+
 def _insert_sql(stage: str, job: LoadJob, reader: Callable[..., str],
                 extra: Sequence[tuple[str, str]] = ()) -> str:
-    names = [quote_ident(c.name) for c in job.columns]
-    exprs = list(names)
-    if job.audit:
-        names += [quote_ident(n) for n in AUDIT_COLUMNS]
-        source = "_path" if not job.file.is_stream else quote_str(job.file.uri)
-        exprs += [source, "now()"]
-    pairs = dict((*LOAD_SETTINGS, *extra, *job.settings))
-    settings = ", ".join(f"{k} = {_setting_value(v)}" for k, v in pairs.items())
-    source_sql = reader(job.file, job.file.format.name, job.read_columns)
-    return (f"INSERT INTO {stage} ({', '.join(names)}) SELECT {', '.join(exprs)} "
-            f"FROM {source_sql} SETTINGS {settings}")
+    return (f"INSERT INTO {stage} ({', '.join(_names(job))}) "
+            f"{_select_sql(job, job.file, reader)} SETTINGS {_settings_sql(job, extra)}")
 
 
 def _setting_value(value: str) -> str:

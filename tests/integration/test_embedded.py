@@ -255,3 +255,42 @@ def test_sigkill_at_three_moments_then_resume(big_trips: Path, target_dir: str) 
     states = {r["state"] for r in json.loads(run_chload(
         "files", "--table", "trips", "--target", target_dir, "--json").stdout)}
     assert states == {"loaded"}
+
+
+# -- many small files, batched -----------------------------------------------------------
+
+@pytest.fixture
+def small_files(tmp_path: Path) -> Path:
+    """600 small CSV files of 50 rows (3 batches), one of them corrupt."""
+    directory = tmp_path / "small"
+    directory.mkdir()
+    for i in range(600):
+        rows = "".join(f"{i * 50 + j},{j}\n" for j in range(50))
+        (directory / f"s_{i:04d}.csv").write_text("id,v\n" + rows)
+    (directory / "s_0333.csv").write_text("id,v\n1,2\nnot,a,number\n")
+    return directory
+
+
+def test_small_files_batch_and_a_bad_one_fails_alone(small_files: Path, target_dir: str) -> None:
+    code, report = load_json(str(small_files), "--table", "s", "--target", target_dir)
+    assert code == 1
+    assert (report["files_loaded"], report["files_failed"]) == (599, 1)
+    assert report["rows_loaded"] == 599 * 50
+    assert count(target_dir, "s") == (599 * 50, 599 * 50)
+    ledger = json.loads(run_chload("files", "--table", "s", "--target", target_dir,
+                                   "--json").stdout)
+    assert {r["rows"] for r in ledger if r["state"] == "loaded"} == {50}
+    assert [r["uri"] for r in ledger if r["state"] == "failed"] == [
+        str(small_files / "s_0333.csv")]
+
+
+def test_crash_inside_a_batch_commit(small_files: Path, target_dir: str) -> None:
+    (small_files / "s_0333.csv").unlink()
+    proc = subprocess.run([sys.executable, "-m", "chload", "load", str(small_files), "--table",
+                           "s", "--target", target_dir, "--quiet", "--workers", "1"],
+                          env={**os.environ, "CHLOAD_CRASH_AT": "after-attach:2"}, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    assert 0 < count(target_dir, "s")[0] < 599 * 50
+    assert run_chload("load", str(small_files), "--table", "s", "--target",
+                      target_dir).returncode == 0
+    assert count(target_dir, "s") == (599 * 50, 599 * 50)
