@@ -18,14 +18,17 @@ from chload.runner import Event
 
 
 class ProgressView:
-    """A rich progress bar: files done/total, rows, bytes, rows/s, ETA (on stderr)."""
+    """A rich progress bar on stderr: files done/total, bytes, rows, rows/s, ETA.
+
+    The bar advances by bytes (as stored), so the ETA follows the work left even when
+    files differ in size.
+    """
 
     def __init__(self) -> None:
         from rich.console import Console
         from rich.progress import (
             BarColumn,
             DownloadColumn,
-            MofNCompleteColumn,
             Progress,
             TextColumn,
             TimeElapsedColumn,
@@ -34,14 +37,15 @@ class ProgressView:
 
         self._console = Console(stderr=True)
         self._progress = Progress(
-            TextColumn("[bold]loading"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("files"), DownloadColumn(), TextColumn("{task.fields[rows]} rows"),
+            TextColumn("[bold]loading"), BarColumn(), TextColumn("{task.fields[files]} files"),
+            DownloadColumn(), TextColumn("{task.fields[rows]} rows"),
             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
             TimeRemainingColumn(), console=self._console, transient=True,
         )
-        self._files = self._progress.add_task("files", total=None, rows="0", rate="")
-        self._bytes_done = 0
-        self._bytes_total = 0
+        self._task = self._progress.add_task("load", total=None, files="0/?", rows="0",
+                                             rate="")
+        self._files_total = 0
+        self._files_done = 0
         self._rows = 0
         self._started = time.monotonic()
 
@@ -54,18 +58,20 @@ class ProgressView:
 
     def on_event(self, event: Event) -> None:
         if event.kind == "plan":
-            self._progress.update(self._files, total=event.files_total)
-            self._bytes_total = event.bytes_total
+            self._files_total = event.files_total
+            self._progress.update(self._task, total=event.bytes_total or None)
         elif event.kind == "done":
             self._rows += event.rows
-            self._progress.advance(self._files)
+            self._files_done += 1
+            self._progress.advance(self._task, event.bytes)
         elif event.kind == "fail":
-            self._progress.advance(self._files)
+            self._files_done += 1
             self._console.print(f"[red]failed[/red] {event.error}", highlight=False)
         else:
             return
         rate = self._rows / max(time.monotonic() - self._started, 1e-6)
-        self._progress.update(self._files, rows=f"{self._rows:,}", rate=f"{rate:,.0f} rows/s")
+        self._progress.update(self._task, files=f"{self._files_done}/{self._files_total}",
+                              rows=f"{self._rows:,}", rate=f"{rate:,.0f} rows/s")
 
 
 def print_summary(report: LoadReport) -> None:
@@ -140,8 +146,8 @@ def _when(ns: int) -> str:
 
 def _size(n: int) -> str:
     value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024:
+    for unit in ("B", "kB", "MB", "GB"):  # decimal, as the progress bar shows them
+        if value < 1000:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
+        value /= 1000
     return f"{value:.1f} TB"
