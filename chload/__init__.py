@@ -11,10 +11,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["load", "files", "sql", "history", "LoadSpec", "LoadReport", "ChloadError"]
+__all__ = ["load", "files", "sql", "history", "errors", "validate", "run_files", "LoadSpec",
+           "LoadReport", "FileCheck", "ChloadError"]
 
 if TYPE_CHECKING:
-    from chload.api import LoadReport, LoadSpec, files, history, load, sql
+    from chload.api import (
+        FileCheck,
+        LoadReport,
+        LoadSpec,
+        errors,
+        files,
+        history,
+        load,
+        run_files,
+        sql,
+        validate,
+    )
     from chload.errors import ChloadError
 
 
