@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from chload import planner, runner
 from chload.errors import ChloadError, UsageError
 from chload.ledger import FileEvent, RunRecord
+from chload.monitor import Monitor
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
 from chload.schema import Column, quote_str
@@ -82,6 +83,7 @@ class LoadReport:
     seconds: float = 0.0
     created_table: bool = False
     recovered: int = 0
+    saturation: dict = field(default_factory=dict)  # CPU, disk, network; see monitor.py
     files: list[FileResult] = field(default_factory=list)
 
     @property
@@ -135,9 +137,11 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
                     group if len(group) > 1 else ())
             for group in _groups(target, plan.to_load, spec.budget)]
     workers = spec.workers or target.default_workers(plan.to_load)
+    monitor = Monitor(getattr(target, "path", ".")).start()
     results = runner.run(target, jobs, workers, listener,
                          abort_on_error=spec.on_error == "abort", changed=plan.changed)
     target.flush()
+    report.saturation = monitor.stop().to_dict() if jobs else {}
     results += [FileResult(f.uri, "skipped") for f in plan.skipped]
     _summarize(report, results, plan, time.monotonic() - clock)
     target.ledger.record_run(_run_record(spec, report, started_ns))

@@ -86,6 +86,13 @@ def print_summary(report: LoadReport) -> None:
     print(f"{report.table}: {report.files_total} files: {', '.join(parts)}; "
           f"{report.rows_loaded:,} rows, {_size(report.bytes_read)} in {report.seconds:.2f} s"
           f" ({report.rows_per_second:,.0f} rows/s)")
+    sat = report.saturation
+    if sat and report.files_loaded:
+        disk = (f", disk {sat['disk']} {sat['disk_util_pct']:.0f}% busy"
+                if sat.get("disk_util_pct") is not None else "")
+        cpu = f"{sat['cpu_util_pct']:.0f}%" if sat.get("cpu_util_pct") is not None else "?"
+        print(f"  saturation: CPU {cpu} of {sat['cores']} cores{disk}; "
+              f"limit: {sat['bottleneck']}")
     for result in report.files:
         if result.status == "failed":
             print(f"  failed: {result.error}", file=sys.stderr)

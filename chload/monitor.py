@@ -1,0 +1,146 @@
+"""Saturation during a load, from /proc: CPU, disk, network, and which one was the limit.
+
+A throughput figure without its saturation is half a figure: 2M rows/s at 100% CPU
+says "more cores", at 30% CPU and 95% disk util says "faster disks", at 30% of both
+says "the loader waits on its source or target". So every load report carries:
+
+- CPU: machine-wide busy share over the load (`/proc/stat`, all but idle and iowait),
+  and this process's own CPU seconds (`getrusage`: the engine runs in process);
+- disk: for the block device holding the target directory, util % (time with I/O in
+  flight, `io_ticks`, as iostat's %util) and await ms (I/O time / I/O count);
+- network: bytes received and sent on all interfaces but loopback's peers alike
+  (`/proc/net/dev`), for remote sources and server targets.
+
+Two snapshots (start, end) are enough for averages; nothing runs in the background.
+Where /proc cannot tell (another OS, a device not listed) a figure is None.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Saturation:
+    cpu_util_pct: float | None = None  # machine CPU busy, % of all cores
+    process_cpu_s: float | None = None  # this process's user + system seconds
+    cores: int = 1
+    disk: str | None = None
+    disk_util_pct: float | None = None
+    disk_await_ms: float | None = None
+    net_rx_mb: float | None = None
+    net_tx_mb: float | None = None
+    bottleneck: str = "unknown"  # cpu, disk, or waiting (on the source or target)
+
+    def to_dict(self) -> dict:
+        return {k: round(v, 2) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    at: float
+    cpu: tuple[int, int] | None  # busy, total jiffies
+    disk: tuple[int, int, int] | None  # io_ticks ms, ios, io ms
+    net: tuple[int, int] | None  # rx, tx bytes
+    self_cpu: float
+
+
+class Monitor:
+    """`start()` before a load, `stop()` after: the averages in between."""
+
+    def __init__(self, path: str) -> None:
+        self._device = _device_of(path)
+        self._first: _Snapshot | None = None
+
+    def start(self) -> Monitor:
+        self._first = self._snapshot()
+        return self
+
+    def stop(self) -> Saturation:
+        first, last = self._first, self._snapshot()
+        cores = os.cpu_count() or 1
+        result = Saturation(cores=cores, disk=self._device)
+        if first is None:
+            return result
+        seconds = max(last.at - first.at, 1e-6)
+        result.process_cpu_s = last.self_cpu - first.self_cpu
+        if first.cpu and last.cpu and last.cpu[1] > first.cpu[1]:
+            busy, total = (b - a for a, b in zip(first.cpu, last.cpu, strict=True))
+            result.cpu_util_pct = 100.0 * busy / total
+        if first.disk and last.disk:
+            ticks, ios, io_ms = (b - a for a, b in zip(first.disk, last.disk, strict=True))
+            result.disk_util_pct = min(100.0, 100.0 * ticks / (seconds * 1000))
+            result.disk_await_ms = io_ms / ios if ios else 0.0
+        if first.net and last.net:
+            result.net_rx_mb = (last.net[0] - first.net[0]) / 1e6
+            result.net_tx_mb = (last.net[1] - first.net[1]) / 1e6
+        result.bottleneck = _diagnose(result)
+        return result
+
+    def _snapshot(self) -> _Snapshot:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return _Snapshot(time.monotonic(), _cpu(), _disk(self._device), _net(),
+                         usage.ru_utime + usage.ru_stime)
+
+
+def _diagnose(s: Saturation) -> str:
+    if s.cpu_util_pct is not None and s.cpu_util_pct >= 85:
+        return "cpu"
+    if s.disk_util_pct is not None and s.disk_util_pct >= 80:
+        return "disk"
+    if s.cpu_util_pct is None:
+        return "unknown"
+    return "waiting (source or target latency, or too few workers)"
+
+
+def _cpu() -> tuple[int, int] | None:
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(v) for v in fh.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _device_of(path: str) -> str | None:
+    """The /proc/diskstats name of the block device holding `path`."""
+    try:
+        st = os.stat(path if os.path.exists(path) else os.path.dirname(path) or ".")
+        major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+        with open("/proc/diskstats") as fh:
+            for line in fh:
+                parts = line.split()
+                if int(parts[0]) == major and int(parts[1]) == minor:
+                    return parts[2]
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _disk(device: str | None) -> tuple[int, int, int] | None:
+    if device is None:
+        return None
+    try:
+        with open("/proc/diskstats") as fh:
+            for line in fh:
+                parts = line.split()
+                if parts[2] == device:
+                    reads, read_ms = int(parts[3]), int(parts[6])
+                    writes, write_ms = int(parts[7]), int(parts[10])
+                    return int(parts[12]), reads + writes, read_ms + write_ms
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _net() -> tuple[int, int] | None:
+    try:
+        with open("/proc/net/dev") as fh:
+            rows = [line.split(":", 1)[1].split() for line in fh if ":" in line]
+    except (OSError, IndexError):
+        return None
+    return sum(int(r[0]) for r in rows), sum(int(r[8]) for r in rows)
