@@ -120,7 +120,7 @@ def load(sources: str | Iterable[str] | LoadSpec, table: str | None = None, *,
 
 def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     started_ns, clock = time.time_ns(), time.monotonic()
-    table = planner.parse_table(spec.table)
+    table = planner.parse_table(spec.table, _default_database(target))
     report = LoadReport(table.display, target.display, uuid.uuid4().hex[:12])
     files = planner.resolve_format(target, _list_sources(spec, target))
     report.recovered = target.recover(table.sql)
@@ -146,6 +146,11 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     _summarize(report, results, plan, time.monotonic() - clock)
     target.ledger.record_run(_run_record(spec, report, started_ns))
     return report
+
+
+def _default_database(target: Target) -> str:
+    """What a bare table name means: a server target's URL may name a database."""
+    return str(getattr(target, "database", "default"))
 
 
 def _groups(target: Target, files: Sequence[SourceFile],
@@ -216,10 +221,10 @@ def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int) -> RunRecor
 
 def files(table: str, target: str | None = None) -> list[FileEvent]:
     """The ledger: each file's latest state for a table."""
-    name = planner.parse_table(table)
+    planner.parse_table(table)
     t = open_target(target)
     try:
-        return t.ledger.latest(name.display)
+        return t.ledger.latest(planner.parse_table(table, _default_database(t)).display)
     finally:
         t.close()
 

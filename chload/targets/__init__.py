@@ -93,7 +93,9 @@ def open_target(target: str | None) -> Target:
     """The target a --target value (or CHLOAD_TARGET, or the default) names."""
     value = target or os.environ.get("CHLOAD_TARGET") or DEFAULT_TARGET
     if value.startswith(("http://", "https://")):
-        raise UsageError(f"--target {value.split('@')[-1]}: server targets are not built yet")
+        from chload.targets.server import ServerTarget
+
+        return ServerTarget(value)
     if "://" in value:
         raise UsageError(
             f"--target: '{value.split('://')[0]}://' is not a target; use a directory "

@@ -1,0 +1,170 @@
+"""What a ClickHouse server can do, asked once at connect (DESIGN principle 4).
+
+The plan follows answers, not version numbers: which input formats the server parses
+(`system.formats`), which table functions and settings it knows, which data types it
+has (`system.data_type_families`), how many threads it runs (`max_threads`), and which
+HTTP `Content-Encoding`s it accepts for a request body, found by posting a tiny
+`SELECT 1` compressed each way (18.16: gzip and deflate; newer servers add zstd, br,
+xz, lz4, bz2). Everything but the encodings comes back in one query.
+
+Types: a schema inferred by chDB (ClickHouse 26) may name types an old server lacks.
+`server_type` maps them down where no value can change (Bool -> UInt8,
+DateTime64(0) -> DateTime, LowCardinality(T) -> T where it is still experimental) and
+refuses the rest with one line that names the column and the way out (`--schema`).
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import lzma
+import re
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from chload.errors import ChloadError, SchemaError
+
+# "SELECT 1" compressed by each method (zstd, br, lz4 made once with chDB's file() writer;
+# the others with the standard library).
+_PROBES: dict[str, Callable[[], bytes]] = {
+    "gzip": lambda: gzip.compress(b"SELECT 1"),
+    "deflate": lambda: zlib.compress(b"SELECT 1"),
+    "zstd": lambda: bytes.fromhex("28b52ffd045840000053454c4543542031010000ba7526b3"),
+    "br": lambda: bytes.fromhex("8f038053454c454354203103"),
+    "lz4": lambda: bytes.fromhex("04224d184050770800008053454c454354203100000000"),
+    "xz": lambda: lzma.compress(b"SELECT 1"),
+    "bz2": lambda: bz2.compress(b"SELECT 1"),
+}
+
+_PROBE_SQL = """SELECT 'version' AS k, version() AS v
+UNION ALL SELECT 'timezone', timezone()
+UNION ALL SELECT 'max_threads', value FROM system.settings WHERE name = 'max_threads'
+UNION ALL SELECT 'format', name FROM system.formats WHERE is_input
+UNION ALL SELECT 'function', name FROM system.table_functions
+UNION ALL SELECT 'setting', name FROM system.settings
+UNION ALL SELECT 'type', name FROM system.data_type_families
+UNION ALL SELECT 'ledger', name FROM system.tables WHERE database = 'chload'"""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    version: str
+    timezone: str = "UTC"
+    max_threads: int = 2
+    input_formats: frozenset[str] = frozenset()
+    table_functions: frozenset[str] = frozenset()
+    settings: frozenset[str] = frozenset()
+    types: frozenset[str] = frozenset()
+    encodings: frozenset[str] = frozenset()
+    ledger_tables: frozenset[str] = field(default=frozenset(), compare=False)
+
+    @property
+    def version_tuple(self) -> tuple[int, ...]:
+        return tuple(int(p) for p in re.findall(r"\d+", self.version)[:3])
+
+    def parses(self, fmt: str) -> bool:
+        return fmt in self.input_formats
+
+    def accepts(self, compression: str) -> bool:
+        """True when a body compressed this way can be posted as is."""
+        return compression == "none" or compression in self.encodings
+
+    @property
+    def dedup_tokens(self) -> bool:
+        return "insert_deduplication_token" in self.settings
+
+    @property
+    def low_cardinality_experimental(self) -> bool:
+        return "allow_experimental_low_cardinality_type" in self.settings
+
+    def summary(self) -> str:
+        return (f"ClickHouse {self.version}: {len(self.input_formats)} input formats, "
+                f"body encodings {', '.join(sorted(self.encodings)) or 'none'}, "
+                f"{self.max_threads} threads")
+
+
+def probe(query: Callable[[str], str], post_encoded: Callable[[str, bytes], bool]) -> Capabilities:
+    """Ask the server. `query(sql)` returns TSV; `post_encoded(method, body)` is True when
+    the server ran the compressed body."""
+    found: dict[str, set[str]] = {}
+    for line in query(_PROBE_SQL).splitlines():
+        key, _, value = line.partition("\t")
+        found.setdefault(key, set()).add(value)
+
+    def one(key: str, default: str) -> str:
+        return next(iter(found.get(key, {default})))
+
+    threads = re.findall(r"\d+", one("max_threads", "2"))
+    encodings = frozenset(m for m, body in _PROBES.items() if _accepts(post_encoded, m, body))
+    return Capabilities(
+        version=one("version", "0"), timezone=one("timezone", "UTC"),
+        max_threads=int(threads[-1]) if threads else 2,
+        input_formats=frozenset(found.get("format", ())),
+        table_functions=frozenset(found.get("function", ())),
+        settings=frozenset(found.get("setting", ())), types=frozenset(found.get("type", ())),
+        encodings=encodings, ledger_tables=frozenset(found.get("ledger", ())),
+    )
+
+
+def _accepts(post: Callable[[str, bytes], bool], method: str, body: Callable[[], bytes]) -> bool:
+    try:
+        return post(method, body())
+    except ChloadError:
+        return False
+
+
+# -- types ----------------------------------------------------------------------------
+
+_WRAPPERS = ("Nullable", "Array", "LowCardinality")
+_DATETIME64 = re.compile(r"^DateTime64\((\d+)(?:,\s*('[^']*'))?\)$")
+
+
+def server_type(typ: str, caps: Capabilities, column: str, where: str) -> str:
+    """`typ` as this server can store it without changing any value; else SchemaError."""
+    typ = typ.strip()
+    family = typ.split("(", 1)[0]
+    inner = typ[len(family) + 1:-1] if "(" in typ else ""
+    if family == "LowCardinality" and ("LowCardinality" not in caps.types
+                                       or caps.low_cardinality_experimental):
+        return server_type(inner, caps, column, where)
+    if family in _WRAPPERS:
+        return f"{family}({server_type(inner, caps, column, where)})"
+    if family == "Tuple" and "Tuple" in caps.types:
+        return f"Tuple({', '.join(server_type(p, caps, column, where) for p in _split(inner))})"
+    if family in caps.types or family in ("Tuple", "Nested"):
+        return typ
+    if family == "Bool":
+        return "UInt8"
+    match = _DATETIME64.match(typ)
+    if match and match.group(1) == "0" and "DateTime" in caps.types:
+        return f"DateTime({match.group(2)})" if match.group(2) else "DateTime"
+    hint = {"DateTime64": "DateTime (drops fractions of a second) or String",
+            "Date32": "Date (1970 to 2149 only) or String"}.get(family, "String")
+    raise SchemaError(
+        f"{where}: column {column} has type {typ}, which ClickHouse {caps.version} cannot "
+        f"store; pass --schema with a type it has for {column}, e.g. {hint}"
+    )
+
+
+def _split(args: str) -> list[str]:
+    """Split 'a, Tuple(b, c), d' at top-level commas."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(args + ","):
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts.append(args[start:i].strip())
+            start = i + 1
+    return [p for p in parts if p]
+
+
+_LOW_CARDINALITY = re.compile(r"LowCardinality\(((?:[^()]|\([^()]*\))*)\)")
+
+
+def downgrade_ddl(sql: str, caps: Capabilities) -> str:
+    """A CREATE TABLE with LowCardinality(T) written as T where the server lacks it stably."""
+    if not sql.lstrip().upper().startswith("CREATE TABLE"):
+        return sql
+    if "LowCardinality" in caps.types and not caps.low_cardinality_experimental:
+        return sql
+    return _LOW_CARDINALITY.sub(r"\1", sql)

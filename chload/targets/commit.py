@@ -1,0 +1,373 @@
+"""Exactly once into a server table: attach a loaded stage under a commit lock.
+
+The embedded target proves an attach happened by block numbers: MergeTree numbers every
+new part above all existing ones, so a part above the `mark` noted before the attach
+can only be the attach's. That holds only while nobody else writes, and on a server
+several loader hosts may load into one table. So each table gets a **commit lock**,
+and the block-number proof runs inside it:
+
+    lock    CREATE TABLE chload.lock_<t> (holder String DEFAULT '<machine:pid:start>')
+            ENGINE = Memory   -- atomic test-and-set on every version (code 57 if held);
+                                 its metadata survives a server restart
+    mark    max(max_block_number) of the table's active parts
+    log     ledger event `committing` (file, stage, mark)
+    attach  ALTER TABLE t ATTACH PARTITION ID 'p' FROM chload.stage_x, per partition
+    unlock  DROP TABLE chload.lock_<t>; later: ledger `loaded`, DROP the stage
+
+Rules that make a crash at any instant harmless:
+
+1. The lock is released only after every partition is attached. So whoever finds a
+   file still `committing` with no lock held knows it was attached; and nobody attaches
+   into the table while a crashed commit is unsettled.
+2. A stage holds one part per partition (OPTIMIZE ... FINAL first, if not): attaching
+   one partition renames one part directory, so a server killed mid-attach leaves that
+   partition all there or not there at all.
+3. A lock whose holder is gone is broken, never ignored: holder on this machine with a
+   dead pid (pid + start time, so a reused pid is not mistaken), or our own process
+   (a commit that gave up), or on another machine: older than the lease and no commit
+   query of the holder still running (`system.processes`, by query_id prefix). The
+   breaker first creates `chload.dirty_<t>`, then renames the lock away; the next
+   holder settles every `committing` file of the table (mark rule: attach each stage
+   partition with no part above the mark), then drops the marker.
+4. Inside the lock, an error of unknown outcome (connection dropped during the ledger
+   insert or the ATTACH) is settled by the same rule, retried until half the lease is
+   spent; then the commit gives up (`CommitInterrupted`) and leaves the lock for the
+   next holder -- it never writes `failed` over a commit that may have happened.
+
+What it assumes: during an unsettled crashed commit, only chload writes into the
+table (another program's INSERT into the same partition would look like the attach;
+the window is milliseconds unless a commit crashed). Block numbers are per table on
+every MergeTree version, so the mark holds for partitioned tables too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from chload.errors import EngineError, TerminalError, TransientError
+from chload.ledger import COMMITTING, DATABASE, LOADED, FileEvent, Ledger
+from chload.schema import quote_str
+
+LEASE_SECONDS = 60.0
+LOCK_WAIT_SECONDS = 600.0
+ORPHAN_STAGE_SECONDS = 24 * 3600  # a stage of another machine untouched this long is dropped
+_TABLE_EXISTS = 57
+
+
+class CommitInterrupted(TerminalError):
+    """A commit whose outcome this process could not settle; the next holder settles it."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process, recognizable across machines and pid reuse."""
+
+    machine: str
+    pid: int
+    start: int
+
+    @classmethod
+    def this_process(cls) -> Holder:
+        return cls(machine_id(), os.getpid(), _start_time(os.getpid()))
+
+    @classmethod
+    def decode(cls, text: str) -> Holder | None:
+        parts = text.strip("'").split(":")
+        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+            return None
+        return cls(parts[0], int(parts[1]), int(parts[2]))
+
+    def encode(self) -> str:
+        return f"{self.machine}:{self.pid}:{self.start}"
+
+    @property
+    def query_prefix(self) -> str:
+        return f"chload-commit-{self.machine}-{self.pid}-{self.start}-"
+
+    def alive_here(self) -> bool:
+        """On this machine: is the process still running (same pid and start time)?"""
+        return _start_time(self.pid) == self.start
+
+
+def machine_id() -> str:
+    boot = ""
+    with contextlib.suppress(OSError):
+        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
+    return hashlib.sha1(f"{socket.gethostname()}:{boot}".encode()).hexdigest()[:12]
+
+
+def _start_time(pid: int) -> int:
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return -1
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def stage_name(holder: Holder) -> str:
+    return f"stage_{holder.machine}_{holder.pid}_{uuid.uuid4().hex[:8]}"
+
+
+class Sql:
+    """What the committer needs from the server: statements (with a query id) and rows."""
+
+    def __init__(self, command: Callable[[str, str], None],
+                 rows: Callable[[str], list[dict]]) -> None:
+        self.command = command
+        self.rows = rows
+
+
+class Committer:
+    """Attaches stages into tables, exactly once, across processes and machines."""
+
+    def __init__(self, sql: Sql, ledger: Ledger, lease: float = LEASE_SECONDS,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.sql, self.ledger, self.lease, self.sleep = sql, ledger, lease, sleep
+        self.holder = Holder.this_process()
+        self._locals: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    # -- commit ----------------------------------------------------------------------
+    def commit(self, table: str, display: str, stage: str, partitions: Sequence[str],
+               event: FileEvent) -> None:
+        """Attach `stage` into `table`; `event` (state committing) is logged first."""
+        with self._local(table):
+            self._acquire(table, display)
+            deadline = time.monotonic() + self.lease / 2
+            try:
+                self._attach_new(table, stage, partitions, event)
+            except TransientError as exc:
+                self._settle_own(table, display, stage, event, deadline, exc)
+            self._release(table)
+
+    def _attach_new(self, table: str, stage: str, partitions: Sequence[str],
+                    event: FileEvent) -> None:
+        event.mark, event.stage, event.state = self._mark(table), stage, COMMITTING
+        self.ledger.record([event])
+        for partition in partitions:
+            self._run(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
+                      f"FROM {DATABASE}.{stage}", table)
+
+    def _settle_own(self, table: str, display: str, stage: str, event: FileEvent,
+                    deadline: float, error: TransientError) -> None:
+        """Finish our commit after an error of unknown outcome, by the mark rule."""
+        while time.monotonic() < deadline:
+            self.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+            try:
+                self._wait_idle(table, deadline)
+                logged = [e for e in self.ledger.latest(display)
+                          if e.uri == event.uri and e.stage == stage and e.state == COMMITTING]
+                if logged:
+                    self._settle(table, logged[0])
+                else:
+                    self._attach_new(table, stage, self._partitions(stage), event)
+                return
+            except TransientError as exc:
+                error = exc
+        raise CommitInterrupted(
+            f"{event.uri}: commit into {display} interrupted ({error}); run the same command "
+            "again to finish it (the file will not be loaded twice)")
+
+    # -- the lock --------------------------------------------------------------------
+    def _local(self, table: str) -> threading.Lock:
+        with self._guard:
+            return self._locals.setdefault(table, threading.Lock())
+
+    def _acquire(self, table: str, display: str) -> None:
+        lock = _lock_name(table)
+        started, pause = time.monotonic(), 0.02
+        while True:
+            try:
+                self._run(f"CREATE TABLE {DATABASE}.{lock} (holder String DEFAULT "
+                          f"{quote_str(self.holder.encode())}) ENGINE = Memory")
+                break
+            except EngineError as exc:
+                if exc.code != _TABLE_EXISTS:
+                    raise
+            holder, age, busy = self._lock_state(lock)
+            if age is not None and self._stale(holder, age, busy):
+                self._break(table, lock, holder)
+                continue
+            if time.monotonic() - started > LOCK_WAIT_SECONDS:
+                raise TransientError(f"table {display}: another chload has been committing "
+                                     f"for {LOCK_WAIT_SECONDS:.0f} s (lock {DATABASE}.{lock})")
+            self.sleep(pause)
+            pause = min(pause * 2, 0.5)
+        if self._dirty(table):
+            self.settle_all(table, display)
+            self._run(f"DROP TABLE IF EXISTS {DATABASE}.{_dirty_name(table)}")
+
+    def _lock_state(self, lock: str) -> tuple[str, float | None, list[str]]:
+        """(holder text, age in seconds by the server's clock, running commit query ids)."""
+        rows = self.sql.rows(
+            f"SELECT 'holder' AS k, default_expression AS v FROM system.columns WHERE "
+            f"database = '{DATABASE}' AND table = {quote_str(lock)} "
+            f"UNION ALL SELECT 'age', toString(now() - metadata_modification_time) FROM "
+            f"system.tables WHERE database = '{DATABASE}' AND name = {quote_str(lock)} "
+            f"UNION ALL SELECT 'busy', query_id FROM system.processes "
+            f"WHERE startsWith(query_id, 'chload-commit-')")
+        found: dict[str, list[str]] = {}
+        for row in rows:
+            found.setdefault(row["k"], []).append(row["v"])
+        age = float(found["age"][0]) if found.get("age") else None
+        return (found.get("holder") or [""])[0], age, found.get("busy", [])
+
+    def _stale(self, holder_text: str, age: float, busy: list[str]) -> bool:
+        holder = Holder.decode(holder_text)
+        if holder is None:
+            return age > self.lease
+        if holder == self.holder:
+            return True  # a commit of ours that gave up: no thread of ours is inside
+        if holder.machine == self.holder.machine and not holder.alive_here():
+            return True
+        running = any(q.startswith(holder.query_prefix) for q in busy)
+        return age > self.lease and not running
+
+    def _break(self, table: str, lock: str, holder_text: str) -> None:
+        """Take a stale lock away; the next holder settles what it left (rule 3)."""
+        self._run(f"CREATE TABLE IF NOT EXISTS {DATABASE}.{_dirty_name(table)} "
+                  "(at DateTime DEFAULT now()) ENGINE = Memory")
+        broken = f"lockbroken_{uuid.uuid4().hex[:12]}"
+        try:
+            self._run(f"RENAME TABLE {DATABASE}.{lock} TO {DATABASE}.{broken}")
+        except EngineError:
+            return  # someone else broke or released it first
+        if self._lock_state(broken)[0] != holder_text:  # a fresh lock came in between: undo
+            with contextlib.suppress(EngineError):
+                self._run(f"RENAME TABLE {DATABASE}.{broken} TO {DATABASE}.{lock}")
+                return
+        self._run(f"DROP TABLE IF EXISTS {DATABASE}.{broken}")
+
+    def _release(self, table: str) -> None:
+        self._run(f"DROP TABLE IF EXISTS {DATABASE}.{_lock_name(table)}")
+
+    def _wait_idle(self, table: str, deadline: float) -> None:
+        """Wait until no commit query of ours on `table` runs (an ATTACH whose answer was
+        lost may still be running on the server)."""
+        prefix = f"{self.holder.query_prefix}{_lock_name(table)[5:13]}-"
+        while time.monotonic() < deadline:
+            rows = self.sql.rows(f"SELECT count() AS n FROM system.processes WHERE "
+                                 f"startsWith(query_id, {quote_str(prefix)})")
+            if not rows or int(rows[0]["n"]) == 0:
+                return
+            self.sleep(0.2)
+
+    # -- settling --------------------------------------------------------------------
+    def recover(self, table: str, display: str) -> int:
+        """Settle every `committing` file of `table` (under the lock); return how many."""
+        with self._local(table):
+            self._acquire(table, display)
+            settled = self.settle_all(table, display)
+            self._run(f"DROP TABLE IF EXISTS {DATABASE}.{_dirty_name(table)}")
+            self._release(table)
+        return settled
+
+    def settle_all(self, table: str, display: str) -> int:
+        pending = self.ledger.latest(display, [COMMITTING])
+        for event in pending:
+            self._settle(table, event)
+            self.ledger.record([_copy(event, LOADED)])
+            self._run(f"DROP TABLE IF EXISTS {DATABASE}.{event.stage}")
+        return len(pending)
+
+    def _settle(self, table: str, event: FileEvent) -> None:
+        """Attach the stage partitions that have no part above the event's mark."""
+        if not event.stage:
+            return
+        tops = self._tops([table, f"{DATABASE}.{event.stage}"])
+        done = {p for p, top in tops.get(table, {}).items() if top > event.mark}
+        for partition in sorted(set(tops.get(f"{DATABASE}.{event.stage}", {})) - done):
+            self._run(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
+                      f"FROM {DATABASE}.{event.stage}", table)
+
+    def _mark(self, table: str) -> int:
+        return max(self._tops([table]).get(table, {}).values(), default=0)
+
+    def _partitions(self, stage: str) -> list[str]:
+        return sorted(self._tops([f"{DATABASE}.{stage}"]).get(f"{DATABASE}.{stage}", {}))
+
+    def _tops(self, tables: list[str]) -> dict[str, dict[str, int]]:
+        """table -> partition id -> highest block number over its active parts."""
+        pairs = [_split(t) for t in tables]
+        where = " OR ".join(f"(database = {quote_str(d)} AND table = {quote_str(n)})"
+                            for d, n in pairs)
+        found: dict[str, dict[str, int]] = {}
+        for row in self.sql.rows(
+                f"SELECT database, table, partition_id, max(max_block_number) AS top FROM "
+                f"system.parts WHERE active AND ({where}) GROUP BY database, table, "
+                f"partition_id"):
+            name = tables[pairs.index((row["database"], row["table"]))]
+            found.setdefault(name, {})[row["partition_id"]] = int(row["top"])
+        return found
+
+    def _dirty(self, table: str) -> bool:
+        rows = self.sql.rows(f"SELECT count() AS n FROM system.tables WHERE database = "
+                             f"'{DATABASE}' AND name = {quote_str(_dirty_name(table))}")
+        return bool(rows) and int(rows[0]["n"]) > 0
+
+    def _run(self, statement: str, table: str = "") -> None:
+        """A statement whose query id says who runs it, for which table (see _wait_idle)."""
+        scope = _lock_name(table)[5:13] if table else "x"
+        self.sql.command(statement, f"{self.holder.query_prefix}{scope}-{uuid.uuid4().hex[:8]}")
+
+    # -- orphans ---------------------------------------------------------------------
+    def drop_orphans(self) -> int:
+        """Drop stages no commit needs: their process is gone (or, elsewhere, a day old)."""
+        rows = self.sql.rows(
+            f"SELECT name, toUInt64(now() - metadata_modification_time) AS age FROM "
+            f"system.tables WHERE database = '{DATABASE}' AND (startsWith(name, 'stage_') "
+            f"OR startsWith(name, 'lockbroken_'))")
+        if not rows:
+            return 0
+        keep = self._committing_stages([r["name"] for r in rows])
+        dropped = 0
+        for row in rows:
+            if row["name"] not in keep and self._orphan(row["name"], int(row["age"])):
+                self._run(f"DROP TABLE IF EXISTS {DATABASE}.{row['name']}")
+                dropped += 1
+        return dropped
+
+    def _orphan(self, name: str, age: int) -> bool:
+        if name.startswith("lockbroken_"):
+            return age > self.lease
+        parts = name.split("_")
+        if len(parts) != 4 or not parts[2].isdigit():
+            return age > ORPHAN_STAGE_SECONDS
+        if parts[1] == self.holder.machine:
+            return int(parts[2]) != self.holder.pid and _start_time(int(parts[2])) < 0
+        return age > ORPHAN_STAGE_SECONDS
+
+    def _committing_stages(self, names: list[str]) -> set[str]:
+        listed = ", ".join(quote_str(n) for n in names)
+        rows = self.sql.rows(
+            f"SELECT stage FROM (SELECT argMax(state, seq) AS st, argMax(stage, seq) AS stage "
+            f"FROM {DATABASE}.files WHERE uri IN (SELECT uri FROM {DATABASE}.files WHERE "
+            f"stage IN ({listed})) GROUP BY target_table, uri) WHERE st = '{COMMITTING}'")
+        return {r["stage"] for r in rows}
+
+
+def _lock_name(table: str) -> str:
+    return f"lock_{hashlib.sha1(table.encode()).hexdigest()[:16]}"
+
+
+def _dirty_name(table: str) -> str:
+    return f"dirty_{hashlib.sha1(table.encode()).hexdigest()[:16]}"
+
+
+def _split(table: str) -> tuple[str, str]:
+    database, _, name = table.partition(".")
+    return database.strip("`"), name.strip("`")
+
+
+def _copy(event: FileEvent, state: str) -> FileEvent:
+    return FileEvent(event.target_table, event.uri, event.identity, event.size,
+                     event.mtime_ns, state, event.rows, event.bytes, "", event.run_id,
+                     event.stage, event.mark)

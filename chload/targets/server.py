@@ -1,0 +1,300 @@
+"""The server target: a ClickHouse server over HTTP(S), as old as 18.16, exactly once.
+
+    chload load 'data/*.csv.gz' --table trips --target http://loader@ch:8123/analytics
+    CLICKHOUSE_PASSWORD=... chload load 'x/*.parquet' -t events --target https://ch:8443/db
+
+At connect the server is asked what it can do (capabilities.py). Then, per file, the
+fastest correct path into a fresh stage table `chload.stage_<machine>_<pid>_<id>`
+(`CREATE TABLE ... AS <table>`, so its structure and keys are the table's):
+
+- *raw*: the server parses the format and the compression (gzip CSV into 18.16): the
+  file's bytes are posted as they are, with `Content-Encoding`, streamed from disk.
+  Measured on 2 cores, 10 x 1M-row gzip CSV into 18.16: faster than converting in the
+  loader (2.0 s against 3.0 s), because the server's parser is never idle waiting on a
+  client.
+- *push*: it cannot (Parquet, ORC, Avro, zstd/xz into 18.16; --audit columns, which the
+  engine computes; or the server rejected the bytes, e.g. a CSV dialect 18.16 does not
+  read): chDB in this process reads the file and streams `Native` (push.py),
+  compressed with gzip when the server is not on this machine.
+
+Then the stage is attached into the table under the commit lock (commit.py: the
+exactly-once protocol and why it holds with several loader hosts), and the ledger says
+`loaded`. The ledger is `chload.files` on the server, so any host can resume.
+
+Retries: network errors, timeouts and transient server codes are `TransientError`s
+(http.py), retried by the runner with backoff and jitter; the stage of a failed attempt
+is dropped, so a retry starts clean. Bad data, unknown tables and bad credentials fail
+at once, one line, with the server's own message. The password is never in a message,
+the ledger, or `display`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from chload import rejects
+from chload.capabilities import Capabilities, downgrade_ddl, probe, server_type
+from chload.errors import (
+    ChloadError,
+    DataError,
+    SchemaError,
+    TransientError,
+    UsageError,
+)
+from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger
+from chload.schema import AUDIT_COLUMNS, Column, quote_ident, quote_str, structure
+from chload.sources import SourceFile, table_function
+from chload.targets import LoadJob
+from chload.targets.commit import Committer, Sql, stage_name
+from chload.targets.http import HttpClient, parse_target_url
+from chload.targets.push import (
+    PUSH_SETTINGS,
+    LoaderEngine,
+    push_sql,
+    select_sql,
+    stream_push,
+)
+
+RAW, PUSH = "raw", "push"
+_MERGE_TREE = ("MergeTree", "ReplacingMergeTree", "SummingMergeTree", "AggregatingMergeTree",
+               "CollapsingMergeTree", "VersionedCollapsingMergeTree", "GraphiteMergeTree")
+
+
+class ServerTarget:
+    """A ClickHouse server; the ledger lives in its `chload` database."""
+
+    def __init__(self, value: str) -> None:
+        self.url = parse_target_url(value)
+        self.database = self.url.database  # what a bare --table name means
+        self.client = HttpClient(self.url)
+        self.where = f"server {self.url.host}:{self.url.port}"
+        self.caps: Capabilities = probe(
+            lambda sql: self.client.post(sql, context=self.where, fmt="TSV").decode(),
+            self._accepts_encoding)
+        self.display = f"ClickHouse {self.caps.version} at {self.url.display}"
+        self.ledger = Ledger(self)
+        if not {"files", "runs", "rejects"} <= self.caps.ledger_tables:
+            self.ledger.ensure()
+            rejects.ensure(self)
+        self.committer = Committer(Sql(self._command_id, self.rows), self.ledger)
+        self.engine = LoaderEngine()
+        self.path = tempfile.mkdtemp(prefix="chload-server-")  # spooled stdin lives here
+        self._pending: list[FileEvent] = []
+        self._pending_lock = threading.Lock()
+        self._flushed = time.monotonic()
+        self._engines: dict[str, str] = {}
+        self._reading = threading.local()
+
+    # -- SQL ---------------------------------------------------------------------------
+    def command(self, sql: str) -> None:
+        self.client.post(downgrade_ddl(sql, self.caps), context=self.where)
+
+    def _command_id(self, sql: str, query_id: str) -> None:
+        self.client.post(sql, context=self.where, query_id=query_id)
+
+    def rows(self, sql: str) -> list[dict]:
+        text = self.client.post(sql, context=self.where, fmt="JSONEachRow").decode()
+        return [json.loads(line) for line in text.splitlines() if line]
+
+    def text(self, sql: str, fmt: str) -> str:
+        return self.client.post(sql, context="query", fmt=fmt).decode()
+
+    def infer_rows(self, sql: str) -> list[dict]:
+        """Inference runs in chDB here; types come back as this server can store them."""
+        rows = self.engine.rows(sql, getattr(self._reading, "uri", "schema inference"))
+        if sql.lstrip().upper().startswith("DESCRIBE"):
+            where = getattr(self._reading, "uri", "the data")
+            for row in rows:
+                row["type"] = server_type(row["type"], self.caps, row["name"], where)
+        return rows
+
+    def reader(self, file: SourceFile, fmt: str, columns: Sequence[Column] | None) -> str:
+        self._reading.uri = file.uri
+        return table_function(file, fmt, structure(columns) if columns else None)
+
+    def table_columns(self, table: str) -> list[Column] | None:
+        database, name = _split(table)
+        rows = self.rows(f"SELECT name, type, default_kind FROM system.columns WHERE "
+                         f"database = {quote_str(database)} AND table = {quote_str(name)}")
+        return [Column(r["name"], r["type"], r["default_kind"]) for r in rows] or None
+
+    def default_workers(self, files: Sequence[SourceFile]) -> int:
+        # Measured into 18.16 on 2 cores, 10 gzip CSV files: 4 streams beat 2 by 10-30%:
+        # a server parses one INSERT on one thread and idles between a body's end and
+        # its part being written; a second stream per thread fills those gaps.
+        return max(1, min(len(files), 2 * max(1, self.caps.max_threads), 8))
+
+    # -- loading -----------------------------------------------------------------------
+    def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> tuple[int, int]:
+        if job.budget.allows_errors:
+            raise UsageError(f"{job.file.uri}: --max-errors/--max-error-ratio are not "
+                             "supported by the server target yet; load without them")
+        self._check_engine(job)
+        stage = stage_name(self.committer.holder)
+        try:
+            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
+            read = self._fill(job, stage)
+            rows, partitions = self._seal(stage)
+        except ChloadError as exc:
+            if not isinstance(exc, TransientError):
+                self.ledger.record([_event(job, FAILED, error=str(exc))])
+            self._drop(stage)
+            raise
+        progress(rows, read)
+        event = _event(job, "", rows=rows, read=read)
+        self.committer.commit(job.table, job.table_display, stage, partitions, event)
+        self._loaded(_copy(event, LOADED))
+        self._drop(stage)
+        return rows, read
+
+    def path_for(self, job: LoadJob) -> str:
+        """raw when the server reads the bytes as they are; else push through chDB."""
+        f = job.file
+        known = all(name in self.caps.settings for name, _ in job.settings)
+        if (not job.audit and f.local_path and known and self.caps.parses(f.format.name)
+                and self.caps.accepts(f.format.compression)):
+            return RAW
+        return PUSH
+
+    def _fill(self, job: LoadJob, stage: str) -> int:
+        """Fill the stage; return the bytes read from the source."""
+        if self.path_for(job) == RAW:
+            try:
+                return self._post_raw(job, stage)
+            except DataError:
+                # 18.16 reads fewer dialects than chDB: let the loader's engine try.
+                self.command(f"TRUNCATE TABLE {DATABASE}.{stage}")
+        return self._push(job, stage)
+
+    def _post_raw(self, job: LoadJob, stage: str) -> int:
+        f = job.file
+        assert f.local_path is not None
+        names = ", ".join(quote_ident(c.name) for c in job.columns)
+        headers = {}
+        if f.format.compression != "none":
+            headers["Content-Encoding"] = f.format.compression
+        with open(f.local_path, "rb") as body:
+            self.client.request(f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT "
+                                f"{f.format.name}", body, length=f.size, headers=headers,
+                                params=dict(job.settings), context=f.uri)
+        return f.size
+
+    def _push(self, job: LoadJob, stage: str) -> int:
+        columns = list(job.columns)
+        audit = None
+        if job.audit:
+            table = {c.name: c.type for c in self.table_columns(job.table) or []}
+            audit = {name: table.get(name, typ) for name, typ in AUDIT_COLUMNS.items()}
+            columns += [Column(n, t) for n, t in audit.items()]
+        names = ", ".join(quote_ident(c.name) for c in columns)
+        insert = f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT Native"
+        select = select_sql(job.file, job.columns, job.read_columns, audit)
+        settings = (*PUSH_SETTINGS, ("session_timezone", self.caps.timezone), *job.settings)
+        if self.url.secure:
+            stream_push(self.engine, self.client, insert, select, settings, job.file.uri)
+            return job.file.size
+        sql = push_sql(self.url, insert, columns, select, self._push_encoding(), settings)
+        return self.engine.execute(sql, job.file.uri, self.url)[1] or job.file.size
+
+    def _push_encoding(self) -> str:
+        """No compression on this machine (CPU is the limit); gzip over a network."""
+        if self.url.is_loopback or not self.caps.accepts("gzip"):
+            return "none"
+        return "gzip"
+
+    def _seal(self, stage: str) -> tuple[int, list[str]]:
+        """Rows in the stage and its partitions, each merged to one part (commit.py rule 2)."""
+        for _ in range(5):
+            rows = self.rows(f"SELECT partition_id, count() AS parts, sum(rows) AS rows FROM "
+                             f"system.parts WHERE active AND database = '{DATABASE}' AND "
+                             f"table = {quote_str(stage)} GROUP BY partition_id")
+            split = [r["partition_id"] for r in rows if int(r["parts"]) > 1]
+            if not split:
+                return sum(int(r["rows"]) for r in rows), sorted(r["partition_id"] for r in rows)
+            for partition in split:
+                self.client.post(f"OPTIMIZE TABLE {DATABASE}.{stage} PARTITION ID "
+                                 f"{quote_str(partition)} FINAL", context=self.where,
+                                 params={"optimize_throw_if_noop": "1"})
+        raise TransientError(f"stage {stage}: could not merge its parts to one per partition")
+
+    def _check_engine(self, job: LoadJob) -> None:
+        engine = self._engines.get(job.table)
+        if engine is None:
+            database, name = _split(job.table)
+            found = self.rows(f"SELECT engine FROM system.tables WHERE database = "
+                              f"{quote_str(database)} AND name = {quote_str(name)}")
+            engine = self._engines[job.table] = found[0]["engine"] if found else ""
+        if engine.startswith("Replicated"):
+            raise UsageError(f"table {job.table_display} is {engine}: load replicated tables "
+                             "through a cluster target (not built yet)")
+        if engine not in _MERGE_TREE:
+            raise SchemaError(f"table {job.table_display} has engine {engine or '?'}: chload "
+                              "loads exactly once only into MergeTree-family tables (it "
+                              "attaches whole partitions); load into a MergeTree table")
+
+    def _accepts_encoding(self, method: str, body: bytes) -> bool:
+        self.client.request(None, body, context=self.where,
+                            headers={"Content-Encoding": method})
+        return True
+
+    def _drop(self, stage: str) -> None:
+        with contextlib.suppress(ChloadError):
+            self.command(f"DROP TABLE IF EXISTS {DATABASE}.{stage}")
+
+    # -- ledger ------------------------------------------------------------------------
+    def _loaded(self, event: FileEvent) -> None:
+        """Queue `loaded` events; write them every second or so, and at flush(): the
+        `committing` event and the released lock already settle a crash (commit.py)."""
+        with self._pending_lock:
+            self._pending.append(event)
+            due = time.monotonic() - self._flushed > 1.0
+        if due:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._pending_lock:
+            events, self._pending = self._pending, []
+            self._flushed = time.monotonic()
+        self.ledger.record(events)
+
+    def recover(self, table: str) -> int:
+        settled = self.committer.recover(table, _display(table))
+        self.committer.drop_orphans()
+        return settled
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self.engine.close()
+            self.client.close()
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _event(job: LoadJob, state: str, rows: int = 0, read: int = 0,
+           error: str = "") -> FileEvent:
+    f = job.file
+    return FileEvent(job.table_display, f.uri, f.identity, f.size, f.mtime_ns, state,
+                     rows, read, error, job.run_id)
+
+
+def _copy(event: FileEvent, state: str) -> FileEvent:
+    return FileEvent(event.target_table, event.uri, event.identity, event.size,
+                     event.mtime_ns, state, event.rows, event.bytes, "", event.run_id,
+                     event.stage, event.mark)
+
+
+def _split(table: str) -> tuple[str, str]:
+    database, _, name = table.partition(".")
+    return database.strip("`"), name.strip("`")
+
+
+def _display(table: str) -> str:
+    database, name = _split(table)
+    return f"{database}.{name}"
