@@ -52,7 +52,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from chload.errors import EngineError, TerminalError, TransientError
+from chload.errors import ChloadError, EngineError, TerminalError, TransientError
+from chload.faults import crash_point
 from chload.ledger import COMMITTING, DATABASE, LOADED, FileEvent, Ledger
 from chload.schema import quote_str
 
@@ -138,7 +139,12 @@ class Committer:
     # -- commit ----------------------------------------------------------------------
     def commit(self, table: str, display: str, stage: str, partitions: Sequence[str],
                event: FileEvent) -> None:
-        """Attach `stage` into `table`; `event` (state committing) is logged first."""
+        """Attach `stage` into `table`; `event` (state committing) is logged first.
+
+        A TransientError means nothing was committed (the lock was not had): the caller
+        may drop the stage and try again. Once the lock is had, the commit completes or
+        raises CommitInterrupted (terminal: the next holder settles it).
+        """
         with self._local(table):
             self._acquire(table, display)
             deadline = time.monotonic() + self.lease / 2
@@ -146,15 +152,18 @@ class Committer:
                 self._attach_new(table, stage, partitions, event)
             except TransientError as exc:
                 self._settle_own(table, display, stage, event, deadline, exc)
-            self._release(table)
+            with contextlib.suppress(ChloadError):  # a lock left behind is ours: the
+                self._release(table)                 # next holder breaks it (rule 3)
 
     def _attach_new(self, table: str, stage: str, partitions: Sequence[str],
                     event: FileEvent) -> None:
         event.mark, event.stage, event.state = self._mark(table), stage, COMMITTING
         self.ledger.record([event])
+        crash_point("server-before-attach")
         for partition in partitions:
             self._run(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
                       f"FROM {DATABASE}.{stage}", table)
+        crash_point("server-after-attach")
 
     def _settle_own(self, table: str, display: str, stage: str, event: FileEvent,
                     deadline: float, error: TransientError) -> None:

@@ -26,6 +26,7 @@ import re
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +45,10 @@ PASSWORD_ENV = "CLICKHOUSE_PASSWORD"
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 900.0  # the server answers an INSERT only once it has parsed the whole body
 BLOCK_SIZE = 1 << 20  # bytes per send() when streaming a file body
+# A keep-alive connection idle longer than this is replaced before use: servers close
+# idle ones (18.16's keep_alive_timeout is 3 s), and a request on a closed one fails
+# with a broken pipe that could not be told from a real failure.
+IDLE_REUSE_SECONDS = 1.0
 
 # ClickHouse codes in a server's answer that a retry can cure.
 _TRANSIENT_CODES = {159, 202, 203, 209, 210, 241, 242, 252, 285, 319, 394, 425}
@@ -193,11 +198,15 @@ class HttpClient:
             raise
         if response.will_close:
             self._drop(conn)
+        self._local.used = time.monotonic()
         return response.status, data
 
     # -- connections -----------------------------------------------------------------
     def _connection(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
+        if conn is not None and time.monotonic() - self._local.used > IDLE_REUSE_SECONDS:
+            self._drop(conn)
+            conn = None
         if conn is None:
             if self._tls is not None:
                 conn = http.client.HTTPSConnection(self.url.host, self.url.port,
@@ -213,6 +222,7 @@ class HttpClient:
             with self._guard:
                 self._all.append(conn)
             self._local.conn = conn
+        self._local.used = time.monotonic()
         return conn
 
     def _drop(self, conn: http.client.HTTPConnection) -> None:
@@ -262,7 +272,8 @@ def server_error(status: int, body: str, context: str) -> ChloadError:
 
 
 def _network_error(exc: BaseException, url: TargetURL, context: str) -> ChloadError:
-    where = f"{context}: server {url.host}:{url.port}"
+    server = f"server {url.host}:{url.port}"
+    where = context if context == server else f"{context}: {server}"
     if isinstance(exc, ssl.SSLCertVerificationError):
         return UsageError(f"{where}: TLS certificate not trusted ({exc.verify_message}); "
                           "pass ?ca_file=/path/ca.pem in --target")

@@ -30,7 +30,6 @@ the ledger, or `display`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import tempfile
@@ -89,6 +88,7 @@ class ServerTarget:
         self._pending_lock = threading.Lock()
         self._flushed = time.monotonic()
         self._engines: dict[str, str] = {}
+        self._undropped: set[str] = set()
         self._reading = threading.local()
 
     # -- SQL ---------------------------------------------------------------------------
@@ -148,7 +148,11 @@ class ServerTarget:
             raise
         progress(rows, read)
         event = _event(job, "", rows=rows, read=read)
-        self.committer.commit(job.table, job.table_display, stage, partitions, event)
+        try:
+            self.committer.commit(job.table, job.table_display, stage, partitions, event)
+        except TransientError:
+            self._drop(stage)  # nothing was committed; the runner may try again
+            raise
         self._loaded(_copy(event, LOADED))
         self._drop(stage)
         return rows, read
@@ -244,8 +248,12 @@ class ServerTarget:
         return True
 
     def _drop(self, stage: str) -> None:
-        with contextlib.suppress(ChloadError):
+        """Drop a stage; one the server did not drop now (it is down) is tried at close."""
+        try:
             self.command(f"DROP TABLE IF EXISTS {DATABASE}.{stage}")
+            self._undropped.discard(stage)
+        except ChloadError:
+            self._undropped.add(stage)
 
     # -- ledger ------------------------------------------------------------------------
     def _loaded(self, event: FileEvent) -> None:
@@ -271,6 +279,8 @@ class ServerTarget:
     def close(self) -> None:
         try:
             self.flush()
+            for stage in list(self._undropped):
+                self._drop(stage)
         finally:
             self.engine.close()
             self.client.close()

@@ -1,0 +1,166 @@
+"""chload into a ClickHouse 18.16 server over HTTP vs the two classic hand-made loads.
+
+Issue 3's bar, same run, same data, same server (10M trips rows in 10 gzip CSV files
+with a header):
+
+- chload's wall time at least 0.95x as fast as the best hand-made method: POSTing the
+  gzip files with `Content-Encoding: gzip`, two at a time (`xargs -P2 curl`);
+- at least 1.5x as fast as `for f in *.gz; do gunzip -c $f | clickhouse-client
+  --query 'INSERT ... FORMAT CSVWithNames'; done`;
+- and rows/s of chload for Parquet (which 18.16 cannot parse: chDB converts and pushes
+  Native) and for gzip JSON lines (the server parses them itself).
+
+Every method is a whole process (start-up counts, as for users) and writes a fresh
+table; the table is created before the hand-made methods run (untimed), chload creates
+its own from the inferred schema (timed). Methods alternate (see common.interleave).
+
+    python bench/server_http.py [--files 10] [--rows 1000000] [--repeats 3] [--json OUT]
+                                [--url http://127.0.0.1:8123]   # else a server of its own
+
+Prints median seconds and ratios; "speed x" is baseline time / method time (higher is
+faster), the figure the bar is stated in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts",
+                                "services"))
+from common import CACHE, TRIPS_SCHEMA, interleave, make_trips, print_ratios, time_process
+
+POST = "POST gzip files, 2 at a time (curl)"
+CLIENT = "gunzip | clickhouse-client loop"
+CHLOAD = "chload load (inferred schema)"
+DB = "bench_http"
+
+
+def query(url: str, sql: str) -> str:
+    request = urllib.request.Request(f"{url}/?{urllib.parse.urlencode({'query': sql})}",
+                                     data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return response.read().decode()
+
+
+class Tables:
+    """A fresh table name per run, the previous one dropped (disk stays small)."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.n, self.current = url, 0, ""
+        query(url, f"CREATE DATABASE IF NOT EXISTS {DB}")
+
+    def fresh(self, create: bool) -> None:
+        if self.current:
+            query(self.url, f"DROP TABLE IF EXISTS {DB}.{self.current}")
+        self.n += 1
+        self.current = f"t{os.getpid()}_{self.n}"
+        if create:
+            query(self.url, f"CREATE TABLE {DB}.{self.current} ({TRIPS_SCHEMA}) "
+                            "ENGINE = MergeTree ORDER BY id")
+
+    def count(self) -> int:
+        return int(query(self.url, f"SELECT count() FROM {DB}.{self.current}"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--files", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows per file")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--url", help="an existing server (user default, no password)")
+    parser.add_argument("--tcp-port", type=int, default=9000, help="its native port")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+
+    base = os.path.join(CACHE, f"trips-%s-{args.files}x{args.rows}")
+    csv = make_trips(base % "csvgz", args.files, args.rows)
+    parquet = make_trips(base % "parquet", args.files, args.rows, "Parquet", "parquet")
+    jsonl = make_trips(base % "jsonlgz", args.files, args.rows, "JSONEachRow", "jsonl.gz")
+    work = tempfile.mkdtemp(prefix="chload-bench-http-")
+    server = None
+    try:
+        url, tcp = args.url, args.tcp_port
+        if not url:
+            import services
+
+            server = services.start_clickhouse_server(Path(work))
+            url, tcp = server.url, server.ports["tcp"]
+        run(args, url, tcp, csv, parquet, jsonl)
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, url: str, tcp: int, csv: list[str], parquet: list[str],
+        jsonl: list[str]) -> None:
+    tables = Tables(url)
+    total = args.files * args.rows
+    target = f"{url}/{DB}"
+
+    def chload(paths: list[str]) -> list[str]:
+        glob = os.path.join(os.path.dirname(paths[0]), "*" + paths[0].split("trips_000")[1])
+        return [sys.executable, "-m", "chload", "load", glob, "--table",
+                tables.current, "--target", target, "--quiet"]
+
+    def post() -> list[str]:
+        insert = urllib.parse.quote_plus(f"INSERT INTO {DB}.{tables.current} FORMAT CSVWithNames")
+        files = " ".join(shlex.quote(p) for p in csv)
+        return ["sh", "-c", f"printf '%s\\n' {files} | xargs -P2 -I{{}} curl -sSf "
+                f"-H 'Content-Encoding: gzip' --data-binary @{{}} '{url}/?query={insert}'"]
+
+    def client() -> list[str]:
+        files = " ".join(shlex.quote(p) for p in csv)
+        insert = f"INSERT INTO {DB}.{tables.current} FORMAT CSVWithNames"
+        return ["sh", "-c", f"set -e; for f in {files}; do gunzip -c \"$f\" | clickhouse-client "
+                f"--port {tcp} --query '{insert}'; done"]
+
+    def timed(build: object, create: bool) -> float:
+        tables.fresh(create)
+        seconds = time_process(build())  # type: ignore[operator]
+        if tables.count() != total:
+            sys.exit(f"wrong row count in {tables.current}: {tables.count()} != {total}")
+        return seconds
+
+    methods = {
+        POST: lambda: timed(post, True),
+        CLIENT: lambda: timed(client, True),
+        CHLOAD: lambda: timed(lambda: chload(csv), False),
+    }
+    timings = interleave(methods, args.repeats)
+    formats = interleave({
+        "chload Parquet (push: chDB -> Native)": lambda: timed(lambda: chload(parquet), False),
+        "chload gzip JSON lines (raw)": lambda: timed(lambda: chload(jsonl), False),
+    }, args.repeats, warmup=0)
+    tables.fresh(False)
+    print(f"data: {args.files} files x {args.rows:,} rows (trips: {TRIPS_SCHEMA}); "
+          f"server: ClickHouse {query(url, 'SELECT version()').strip()} on 127.0.0.1")
+    result = print_ratios("server target over HTTP, gzip CSV", {**timings, **formats}, POST,
+                          None)
+    chload_s = timings[CHLOAD].median
+    speed = {"vs_post_2_at_a_time": timings[POST].median / chload_s,
+             "vs_clickhouse_client_loop": timings[CLIENT].median / chload_s}
+    rates = {name: total / t.median for name, t in {**timings, **formats}.items()}
+    print(f"chload speed vs {POST}: {speed['vs_post_2_at_a_time']:.2f}x (bar: >= 0.95x)")
+    print(f"chload speed vs {CLIENT}: {speed['vs_clickhouse_client_loop']:.2f}x (bar: >= 1.5x)")
+    for name, rate in rates.items():
+        print(f"rows/s {name:<40} {rate:>12,.0f}")
+    if args.json:
+        import json
+
+        result.update(speed=speed, rows_per_second=rates)
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
