@@ -248,6 +248,7 @@ class EmbeddedTarget:
         for partition in sorted(blocks.get(stage, {})):
             self.command(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
                          f"FROM {stage}")
+            crash_point("attach-partition")
         crash_point("after-attach")
 
     def _loaded(self, events: list[FileEvent]) -> None:
