@@ -138,9 +138,11 @@ class Committer:
 
     # -- commit ----------------------------------------------------------------------
     def commit(self, table: str, display: str, stage: str, partitions: Sequence[str],
-               event: FileEvent) -> None:
+               event: FileEvent, since_ns: int) -> bool:
         """Attach `stage` into `table`; `event` (state committing) is logged first.
 
+        Returns False, attaching nothing, when another run committed the same file (same
+        identity) after `since_ns`: two runs over the same files at once load each once.
         A TransientError means nothing was committed (the lock was not had): the caller
         may drop the stage and try again. Once the lock is had, the commit completes or
         raises CommitInterrupted (terminal: the next holder settles it).
@@ -149,11 +151,39 @@ class Committer:
             self._acquire(table, display)
             deadline = time.monotonic() + self.lease / 2
             try:
+                taken = self._taken(display, event, since_ns)
+            except ChloadError:
+                self._release(table)
+                raise
+            if taken:
+                self._release(table)
+                return False
+            try:
                 self._attach_new(table, stage, partitions, event)
             except TransientError as exc:
                 self._settle_own(table, display, stage, event, deadline, exc)
+            except ChloadError as exc:  # e.g. the table was altered or dropped meanwhile
+                raise CommitInterrupted(
+                    f"{event.uri}: commit into {display} failed ({exc}); its stage "
+                    f"{DATABASE}.{stage} is kept and every run retries it until it attaches "
+                    "(fix the table, or drop the stage to give the file up)") from exc
             with contextlib.suppress(ChloadError):  # a lock left behind is ours: the
                 self._release(table)                 # next holder breaks it (rule 3)
+        return True
+
+    def _taken(self, display: str, event: FileEvent, since_ns: int) -> bool:
+        """Did another run commit this file since we planned? (Under the lock, its
+        `committing` event means attached: rule 1.)"""
+        rows = self.sql.rows(
+            f"SELECT argMax(state, seq) AS last_state, argMax(identity, seq) AS last_identity, "
+            f"argMax(run_id, seq) AS last_run, max(seq) AS last_seq FROM {DATABASE}.files "
+            f"WHERE target_table = {quote_str(display)} AND uri = {quote_str(event.uri)}")
+        if not rows or not rows[0]["last_run"]:
+            return False
+        last = rows[0]
+        return (last["last_state"] in (COMMITTING, LOADED)
+                and last["last_identity"] == event.identity
+                and last["last_run"] != event.run_id and int(last["last_seq"]) > since_ns)
 
     def _attach_new(self, table: str, stage: str, partitions: Sequence[str],
                     event: FileEvent) -> None:

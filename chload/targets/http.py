@@ -94,6 +94,11 @@ class TargetURL:
     def auth_headers(self) -> dict[str, str]:
         return {"X-ClickHouse-User": self.user, "X-ClickHouse-Key": self.password}
 
+    def scrubbed(self, error: ChloadError) -> ChloadError:
+        """The same error (type and attributes kept) with the password masked."""
+        error.args = tuple(self.scrub(a) if isinstance(a, str) else a for a in error.args)
+        return error
+
     def scrub(self, text: str) -> str:
         """`text` with the password (and its URL-encoded and base64 forms) masked."""
         if not self.password:
@@ -149,9 +154,16 @@ class HttpClient:
 
     # -- requests --------------------------------------------------------------------
     def post(self, sql: str, *, context: str, params: Mapping[str, str] | None = None,
-             fmt: str | None = None, query_id: str | None = None) -> bytes:
-        """Run one statement (sent as the body, so its length is not limited)."""
+             fmt: str | None = None, query_id: str | None = None,
+             in_database: bool = False) -> bytes:
+        """Run one statement (sent as the body, so its length is not limited).
+
+        chload's own statements name every table in full, so they work before the URL's
+        database exists; `in_database` makes it the default one (the user's SQL).
+        """
         args = dict(params or {})
+        if in_database:
+            args["database"] = self.url.database
         if fmt:
             args["default_format"] = fmt
         if query_id:
@@ -165,7 +177,7 @@ class HttpClient:
 
         With `query`, the statement goes in the URL and `body` is its data (INSERT).
         """
-        args = {"database": self.url.database, **(params or {})}
+        args = dict(params or {})
         if query is not None:
             args["query"] = query
         path = "/?" + urllib.parse.urlencode(args)
@@ -182,7 +194,7 @@ class HttpClient:
             raise _network_error(exc, self.url, context) from None
         if status != 200:
             error = server_error(status, data.decode(errors="replace"), context)
-            raise type(error)(self.url.scrub(str(error))) from None
+            raise self.url.scrubbed(error) from None
         return data
 
     def _send(self, path: str, body: Body, headers: dict[str, str],

@@ -110,7 +110,7 @@ def push_error(message: str, context: str, url: TargetURL | None) -> ChloadError
         error = TransientError(f"{context}: server {url.host}:{url.port} unreachable: {reason}")
     else:
         error = from_engine_message(message, context)
-    return type(error)(url.scrub(str(error))) if url is not None else error
+    return url.scrubbed(error) if url is not None else error
 
 
 def select_sql(file: SourceFile, columns: Sequence[Column], read_columns: Sequence[Column],
@@ -133,7 +133,7 @@ def select_sql(file: SourceFile, columns: Sequence[Column], read_columns: Sequen
 def push_sql(url: TargetURL, insert: str, columns: Sequence[Column], select: str,
              compression: str, settings: Sequence[tuple[str, str]]) -> str:
     """chDB's INSERT INTO FUNCTION url(...) that sends `select` as Native to `insert`."""
-    params = urllib.parse.urlencode({"database": url.database, "query": insert})
+    params = urllib.parse.urlencode({"query": insert})
     headers = ", ".join(f"{quote_str(k)}={quote_str(v)}" for k, v in url.auth_headers().items())
     target = (f"url({quote_str(f'{url.base}/?{params}')}, 'Native', "
               f"{quote_str(structure(columns))}, {quote_str(compression)}, headers({headers}))")

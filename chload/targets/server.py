@@ -30,6 +30,7 @@ the ledger, or `display`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -89,6 +90,7 @@ class ServerTarget:
         self._flushed = time.monotonic()
         self._engines: dict[str, str] = {}
         self._undropped: set[str] = set()
+        self._started_ns = time.time_ns()  # files committed by other runs after this count
         self._reading = threading.local()
 
     # -- SQL ---------------------------------------------------------------------------
@@ -103,7 +105,7 @@ class ServerTarget:
         return [json.loads(line) for line in text.splitlines() if line]
 
     def text(self, sql: str, fmt: str) -> str:
-        return self.client.post(sql, context="query", fmt=fmt).decode()
+        return self.client.post(sql, context="query", fmt=fmt, in_database=True).decode()
 
     def infer_rows(self, sql: str) -> list[dict]:
         """Inference runs in chDB here; types come back as this server can store them."""
@@ -149,13 +151,15 @@ class ServerTarget:
         progress(rows, read)
         event = _event(job, "", rows=rows, read=read)
         try:
-            self.committer.commit(job.table, job.table_display, stage, partitions, event)
+            done = self.committer.commit(job.table, job.table_display, stage, partitions,
+                                         event, self._started_ns)
         except TransientError:
             self._drop(stage)  # nothing was committed; the runner may try again
             raise
-        self._loaded(_copy(event, LOADED))
+        if done:
+            self._loaded(_copy(event, LOADED))
         self._drop(stage)
-        return rows, read
+        return (rows, read) if done else (0, read)  # another run loaded it meanwhile
 
     def path_for(self, job: LoadJob) -> str:
         """raw when the server reads the bytes as they are; else push through chDB."""
@@ -258,18 +262,28 @@ class ServerTarget:
     # -- ledger ------------------------------------------------------------------------
     def _loaded(self, event: FileEvent) -> None:
         """Queue `loaded` events; write them every second or so, and at flush(): the
-        `committing` event and the released lock already settle a crash (commit.py)."""
+        `committing` event and the released lock already settle a crash (commit.py).
+
+        Never raises: the file is committed, and an error here must not make the runner
+        load it again (a server restarting now is answered by the next flush).
+        """
         with self._pending_lock:
             self._pending.append(event)
             due = time.monotonic() - self._flushed > 1.0
         if due:
-            self.flush()
+            with contextlib.suppress(ChloadError):
+                self.flush()
 
     def flush(self) -> None:
         with self._pending_lock:
             events, self._pending = self._pending, []
             self._flushed = time.monotonic()
-        self.ledger.record(events)
+        try:
+            self.ledger.record(events)
+        except ChloadError:
+            with self._pending_lock:
+                self._pending[:0] = events
+            raise
 
     def recover(self, table: str) -> int:
         settled = self.committer.recover(table, _display(table))

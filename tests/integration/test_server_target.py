@@ -1,0 +1,275 @@
+"""The server target end to end: the real `chload` command into a real ClickHouse 18.16
+server over HTTP, results checked through SQL on the server; loaders SIGKILLed, the
+server restarted, concurrent loaders."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import services
+from common import make_trips
+from conftest import run_chload
+
+pytestmark = pytest.mark.integration
+
+FILES, ROWS = 10, 200_000
+TOTAL = FILES * ROWS
+
+
+def url(server: services.Service, database: str = "default", user: str = "loader") -> str:
+    return f"http://{user}@127.0.0.1:{server.ports['http']}/{database}"
+
+
+def env(server: services.Service) -> dict[str, str]:
+    return {"CLICKHOUSE_PASSWORD": server.credentials["password"]}
+
+
+def q(server: services.Service, sql: str) -> str:
+    return services.clickhouse_query(server, sql).strip()
+
+
+def counts(server: services.Service, table: str) -> tuple[int, int]:
+    a, b = q(server, f"SELECT count(), uniqExact(id) FROM {table}").split()
+    return int(a), int(b)
+
+
+def load(server: services.Service, *args: str, database: str = "default") -> tuple[int, dict]:
+    out = run_chload("load", *args, "--target", url(server, database), "--json",
+                     env=env(server), timeout=180)
+    assert "Traceback" not in out.stderr, out.stderr
+    return out.returncode, json.loads(out.stdout) if out.stdout.strip() else {}
+
+
+@pytest.fixture(scope="module")
+def trips(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """10 gzip CSV files with a header, 200,000 rows each."""
+    directory = tmp_path_factory.mktemp("server-trips")
+    make_trips(str(directory), FILES, ROWS)
+    return directory
+
+
+def test_load_then_rerun_skips_all(clickhouse: services.Service, trips: Path,
+                                   table_name: str) -> None:
+    code, report = load(clickhouse, str(trips / "*.csv.gz"), "--table", table_name)
+    assert code == 0, report
+    assert (report["files_loaded"], report["rows_loaded"]) == (FILES, TOTAL)
+    assert report["created_table"] and report["target"].startswith("ClickHouse 18.16")
+    assert counts(clickhouse, table_name) == (TOTAL, TOTAL)
+
+    code, report = load(clickhouse, str(trips), "--table", table_name)
+    assert (code, report["files_loaded"], report["files_skipped"]) == (0, 0, FILES)
+    assert counts(clickhouse, table_name) == (TOTAL, TOTAL)
+
+    ledger = run_chload("files", "--table", table_name, "--target", url(clickhouse), "--json",
+                        env=env(clickhouse))
+    rows = json.loads(ledger.stdout)
+    assert len(rows) == FILES and {r["state"] for r in rows} == {"loaded"}
+    assert sum(r["rows"] for r in rows) == TOTAL
+    sql = run_chload("sql", f"SELECT count() FROM {table_name}", "--target", url(clickhouse),
+                     "--format", "TSV", env=env(clickhouse))
+    assert sql.stdout.strip() == str(TOTAL)
+    ddl = q(clickhouse, f"SHOW CREATE TABLE {table_name}")
+    assert "Nullable" not in ddl and "ORDER BY id" in ddl
+
+
+# -- exactly once: loader SIGKILLs, a server restart -----------------------------------
+
+def _start(server: services.Service, trips: Path, table: str,
+           extra: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "chload", "load", str(trips / "*.csv.gz"), "--table", table,
+         "--target", url(server), "--quiet"],
+        env={**os.environ, **env(server), **(extra or {})},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_for(check: Callable[[], bool], proc: subprocess.Popen[bytes],
+              timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"never happened (loader exit {proc.poll()})")
+
+
+def _loaded_files(server: services.Service, table: str) -> int:
+    return int(q(server, f"SELECT uniqExact(uri) FROM chload.files WHERE "
+                         f"target_table = 'default.{table}' AND state = 'committing'") or 0)
+
+
+def _stages(server: services.Service) -> int:
+    return int(q(server, "SELECT count() FROM system.tables WHERE database = 'chload' "
+                         "AND startsWith(name, 'stage_')"))
+
+
+def test_sigkills_and_a_server_restart_then_exactly_once(
+        clickhouse: services.Service, trips: Path, table_name: str) -> None:
+    # 1. killed while stage inserts are in flight
+    proc = _start(clickhouse, trips, table_name)
+    _wait_for(lambda: _stages(clickhouse) > 0, proc)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+
+    # 2. killed inside a commit window: committing logged, lock held, nothing attached
+    proc = _start(clickhouse, trips, table_name, {"CHLOAD_CRASH_AT": "server-before-attach:2"})
+    assert proc.wait(timeout=120) == -signal.SIGKILL, proc.stderr.read() if proc.stderr else ""
+    assert q(clickhouse, "SELECT count() FROM system.tables WHERE database = 'chload' AND "
+                         "startsWith(name, 'lock_')") != "0"  # the dead loader's lock
+
+    # 3. the server is killed and restarted while a run is loading
+    before = _loaded_files(clickhouse, table_name)
+    proc = _start(clickhouse, trips, table_name)
+    _wait_for(lambda: _loaded_files(clickhouse, table_name) > before, proc)
+    clickhouse.restart(hard=True)
+    proc.wait(timeout=180)  # it may finish (retries) or give some files up
+
+    # 4. the final run settles everything: every row exactly once
+    code, report = load(clickhouse, str(trips / "*.csv.gz"), "--table", table_name)
+    assert code == 0, report
+    assert counts(clickhouse, table_name) == (TOTAL, TOTAL)
+    assert report["files_loaded"] + report["files_skipped"] == FILES
+    leftovers = q(clickhouse, "SELECT count() FROM system.tables WHERE database = 'chload' "
+                              "AND match(name, '^(stage|lock|dirty)_')")
+    assert leftovers == "0"
+
+
+def test_two_loaders_at_once_one_killed_in_its_commit(
+        clickhouse: services.Service, trips: Path, table_name: str) -> None:
+    """Two processes commit into one table; one dies holding the commit lock, the other
+    breaks the lock (dead pid on this machine), settles the file, and goes on."""
+    first = _start(clickhouse, trips, table_name, {"CHLOAD_CRASH_AT": "server-after-attach:1"})
+    second = _start(clickhouse, trips, table_name)
+    assert first.wait(timeout=120) == -signal.SIGKILL
+    second.wait(timeout=180)
+    code, _ = load(clickhouse, str(trips / "*.csv.gz"), "--table", table_name)
+    assert code == 0
+    assert counts(clickhouse, table_name) == (TOTAL, TOTAL)
+
+
+# -- formats, types, databases ---------------------------------------------------------
+
+def _parquet(path: Path, rows: int) -> None:
+    import chdb
+
+    chdb.query(
+        f"INSERT INTO FUNCTION file('{path}', 'Parquet') SELECT number AS id, "
+        "toString(number % 1000) AS name, if(number % 3 = 0, NULL, number * 2) AS maybe, "
+        "toDate('2024-01-01') + toIntervalDay(number % 100) AS day, number % 2 = 1 AS flag, "
+        f"number / 4 AS ratio FROM numbers({rows}) SETTINGS engine_file_truncate_on_insert = 1")
+
+
+def test_parquet_loads_into_1816_through_the_loaders_engine(
+        clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:
+    path = tmp_path / "events.parquet"
+    _parquet(path, 300_000)
+    code, report = load(clickhouse, str(path), "--table", table_name,
+                        "--schema", "id UInt64, name String, maybe Nullable(UInt64), "
+                        "day Date, flag UInt8, ratio Float64")
+    assert code == 0, report
+    assert report["rows_loaded"] == 300_000
+    got = q(clickhouse, f"SELECT count(), uniqExact(id), sum(id), countIf(isNull(maybe)), "
+                        f"sum(maybe), max(day), sum(flag), sum(ratio) FROM {table_name}")
+    expect = "\t".join(map(str, [300_000, 300_000, sum(range(300_000)), 100_000,
+                                 sum(2 * i for i in range(300_000) if i % 3), "2024-04-09",
+                                 150_000, sum(range(300_000)) // 4]))
+    assert got == expect
+
+
+def test_parquet_inferred_types_map_down_or_say_what_to_do(
+        clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:
+    import chdb
+
+    path = tmp_path / "typed.parquet"
+    chdb.query(f"INSERT INTO FUNCTION file('{path}', 'Parquet') SELECT number AS id, "
+               "number % 2 = 1 AS flag, toLowCardinality(toString(number % 7)) AS kind, "
+               "if(number % 3 = 0, NULL, 'x') AS maybe FROM numbers(1000)")
+    code, report = load(clickhouse, str(path), "--table", table_name)
+    assert code == 0, report
+    ddl = q(clickhouse, f"SHOW CREATE TABLE {table_name}")
+    assert "flag UInt8" in ddl and "kind String" in ddl and "maybe Nullable(String)" in ddl
+    assert q(clickhouse, f"SELECT sum(flag), countIf(isNull(maybe)) FROM {table_name}") == \
+        "500\t334"
+
+    stamped = tmp_path / "stamped.parquet"
+    chdb.query(f"INSERT INTO FUNCTION file('{stamped}', 'Parquet') SELECT number AS id, "
+               "toDateTime64(number, 3) AS at FROM numbers(10)")
+    out = run_chload("load", str(stamped), "--table", table_name + "_ts", "--target",
+                     url(clickhouse), env=env(clickhouse))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "DateTime64(3" in out.stderr and "--schema" in out.stderr
+
+
+def test_database_from_the_url(clickhouse: services.Service, trips: Path) -> None:
+    database = f"db_{uuid.uuid4().hex[:8]}"
+    code, report = load(clickhouse, str(trips / "trips_000.csv.gz"), "--table", "trips",
+                        database=database)
+    assert code == 0 and report["table"] == f"{database}.trips"
+    assert q(clickhouse, f"SELECT count() FROM {database}.trips") == str(ROWS)
+
+
+def test_audit_columns_come_from_the_engine(clickhouse: services.Service, trips: Path,
+                                           table_name: str) -> None:
+    code, _ = load(clickhouse, str(trips / "trips_00{0..1}.csv.gz"), "--table", table_name,
+                   "--audit")
+    assert code == 0
+    got = q(clickhouse, f"SELECT _source_file, count() FROM {table_name} GROUP BY "
+                        f"_source_file ORDER BY _source_file")
+    assert got == f"{trips}/trips_000.csv.gz\t{ROWS}\n{trips}/trips_001.csv.gz\t{ROWS}"
+
+
+# -- failures are one readable line ----------------------------------------------------
+
+def test_wrong_password_is_one_line_without_the_secret(
+        clickhouse: services.Service, trips: Path, table_name: str) -> None:
+    secret = f"not-it-{uuid.uuid4().hex}"
+    for target, extra in ((url(clickhouse), {"CLICKHOUSE_PASSWORD": secret}),
+                          (url(clickhouse).replace("loader@", f"loader:{secret}@"), {})):
+        out = run_chload("load", str(trips), "--table", table_name, "--target", target,
+                         env=extra)
+        assert out.returncode == 2
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "authentication failed" in out.stderr and "loader" in out.stderr
+        assert secret not in out.stdout + out.stderr
+
+    password = clickhouse.credentials["password"]
+    code, report = load(clickhouse, str(trips / "trips_000.csv.gz"), "--table", table_name)
+    assert code == 0 and password not in json.dumps(report)
+    leaks = q(clickhouse, f"SELECT (SELECT count() FROM chload.files WHERE "
+                          f"positionCaseInsensitive(concat(uri, error, stage, target_table), "
+                          f"'{password}') > 0) + (SELECT count() FROM chload.runs WHERE "
+                          f"position(concat(sources, host), '{password}') > 0)")
+    assert leaks == "0"
+
+
+def test_bad_rows_fail_that_file_alone(clickhouse: services.Service, trips: Path,
+                                       tmp_path: Path, table_name: str) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text('"id","miles","duration","vehicle_id"\n1,2,3,4\nnot-a-number,2,3,4\n')
+    code, report = load(clickhouse, str(trips / "trips_000.csv.gz"), str(bad), "--table",
+                        table_name)
+    assert code == 1 and report["files_loaded"] == 1 and report["files_failed"] == 1
+    failed = next(f for f in report["files"] if f["status"] == "failed")
+    assert failed["uri"] == str(bad) and "bad.csv" in failed["error"]
+    assert "\n" not in failed["error"] and "not-a-number" in failed["error"]
+    assert counts(clickhouse, table_name) == (ROWS, ROWS)
+
+
+def test_unreachable_server_is_one_line(tmp_path: Path) -> None:
+    port = services.free_ports(1)[0]
+    data = tmp_path / "a.csv"
+    data.write_text("id\n1\n")
+    out = run_chload("load", str(data), "--table", "t", "--target",
+                     f"http://127.0.0.1:{port}/default")
+    assert out.returncode == 2
+    assert out.stderr.strip() == (f"chload: server 127.0.0.1:{port} unreachable: "
+                                  "Connection refused")
