@@ -14,12 +14,13 @@ Identity: size and modification time (the NameNode's, in whole seconds).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from chload.errors import ChloadError, SourceError, UsageError
 from chload.formats import detect
 from chload.schema import quote_str
 from chload.sources import SourceFile
+from chload.sources.remote import brace_list
 
 Query = Callable[[str], list[dict]]  # runs SQL in the engine, returns small rows
 _GLOB = re.compile(r"[*?{]")
@@ -79,6 +80,17 @@ def describe(root: str, row: dict, fmt: str | None, compression: str | None) -> 
         uri=uri, size=int(row["size"] or 0), mtime_ns=int(row["mtime"] or 0) * 10**9,
         format=detect(row["path"], fmt, compression), kind="hdfs",
     )
+
+
+def table_function_many(files: Sequence[SourceFile], fmt: str,
+                        structure: str | None) -> tuple[str, str] | None:
+    """One hdfs() over a `{a,b,c}` list of one NameNode's files; rows' uri from `_path`."""
+    roots = {split_uri(f.uri)[0] for f in files}
+    listed = brace_list(files) if len(roots) == 1 else None
+    if listed is None:
+        return None
+    one = SourceFile(listed, 0, 0, files[0].format, kind="hdfs")
+    return table_function(one, fmt, structure), f"concat({quote_str(roots.pop())}, _path)"
 
 
 def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:

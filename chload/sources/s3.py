@@ -29,6 +29,7 @@ from chload.errors import SourceError, TransientError, UsageError
 from chload.formats import detect
 from chload.schema import quote_str
 from chload.sources import SourceFile, aws, expand_braces
+from chload.sources.remote import brace_list
 
 _GLOB = re.compile(r"[*?\[]")
 _HIDDEN = (".", "_")
@@ -170,6 +171,19 @@ def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
         args.append("NOSIGN")
     args += [quote_str(a) for a in (fmt, structure or "auto", file.format.compression)]
     return f"s3({', '.join(args)})"
+
+
+def table_function_many(files: Sequence[SourceFile], fmt: str,
+                        structure: str | None) -> tuple[str, str] | None:
+    """One s3() over a `{a,b,c}` list of one bucket's objects; rows' uri from `_path`."""
+    if len({parse_uri(f.uri)[0] for f in files}) != 1:
+        return None  # the engine takes no list in the bucket name
+    listed = brace_list(files)
+    if listed is None:
+        return None
+    one = SourceFile(files[0].uri, 0, 0, files[0].format, kind="s3", location=listed,
+                     anonymous=files[0].anonymous)
+    return table_function(one, fmt, structure), "concat('s3://', _path)"
 
 
 class Lister:

@@ -262,3 +262,20 @@ def test_http_loads_exactly(http_server: str, tmp_path: Path) -> None:
                          "--target", target)
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert f"{http_server}/trips_404.csv.gz: not found (HTTP 404)" in missing.stderr
+
+
+def test_many_objects_in_one_read(minio: services.Service, bucket: str, tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine reads a `{a,b,c}` list of keys with exact per-object rows (for batches)."""
+    from chload.sources import table_function_many
+    from chload.sources.s3 import list_s3
+
+    env = s3_env(minio, tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    files = list_s3(f"s3://{bucket}/trips/trips_00{{1,3,5}}.csv.gz", "CSVWithNames", None)
+    sql, uri = table_function_many(files, "CSVWithNames", "id UInt64") or ("", "")
+    out = run_chload("sql", f"SELECT {uri} AS f, count() FROM {sql} GROUP BY f ORDER BY f",
+                     "--target", str(tmp_path / "target"), "--format", "TSV", env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [f"{f.uri}\t{ROWS}" for f in files]

@@ -12,7 +12,7 @@ import pytest
 
 from chload.errors import EngineError, SourceError, TransientError, UsageError
 from chload.formats import FileFormat
-from chload.sources import SourceFile, aws, table_function
+from chload.sources import SourceFile, aws, table_function, table_function_many
 from chload.sources.hdfs import list_hdfs
 from chload.sources.http import list_http, redact
 from chload.sources.s3 import (
@@ -364,3 +364,41 @@ def test_http_unreachable_and_credentials_in_url(monkeypatch: pytest.MonkeyPatch
     secret_url = f"https://me:{SECRET}@h/a.csv?x=1"
     got = list_http(secret_url, None, None, head=FakeServer({secret_url: [(200, {})]}))
     assert got[0].uri == "https://h/a.csv?x=1" and got[0].location == secret_url
+
+
+# ------------------------------------------------------------------ many objects, one read
+
+
+def _s3(key: str, bucket: str = "raw", **kw: object) -> SourceFile:
+    return SourceFile(f"s3://{bucket}/{key}", 1, 1, _csv_gz(), kind="s3",
+                      location=f"http://h:9/{bucket}/{key.replace(' ', '%20')}", **kw)  # type: ignore[arg-type]
+
+
+def test_many_s3_objects_in_one_brace_list() -> None:
+    files = [_s3("d/a.csv.gz"), _s3("d/sub/b.csv.gz"), _s3("d/c d.csv.gz")]
+    sql, uri = table_function_many(files, "CSVWithNames", "a UInt8") or ("", "")
+    assert sql == ("s3('http://h:9/raw/d/{a.csv.gz,sub/b.csv.gz,c%20d.csv.gz}', "
+                   "'CSVWithNames', 'a UInt8', 'gzip')")
+    assert uri == "concat('s3://', _path)"  # _path is bucket/key, decoded
+    public = [_s3("a.csv.gz", anonymous=True), _s3("b.csv.gz", anonymous=True)]
+    assert "NOSIGN" in (table_function_many(public, "CSV", None) or ("", ""))[0]
+
+
+@pytest.mark.parametrize("files", [
+    [_s3("d/a.csv.gz")],  # one file: nothing to share
+    [_s3("a.csv.gz"), _s3("a.csv.gz", bucket="other")],  # no list in a bucket name
+    [_s3("d/a,b.csv.gz"), _s3("d/c.csv.gz")],  # a comma would split the name
+    [_s3("d/a{1}.csv.gz"), _s3("d/c.csv.gz")],
+    [_s3("d/a.csv.gz"), _s3("d/b.csv.gz", anonymous=True)],  # read differently
+    [_s3("d/a.csv.gz"), SourceFile("/x/b.csv.gz", 1, 1, _csv_gz())],  # kinds differ
+])
+def test_many_objects_refused_when_a_list_would_change_meaning(files: list[SourceFile]) -> None:
+    assert table_function_many(files, "CSV", None) is None
+
+
+def test_many_hdfs_files() -> None:
+    files = [SourceFile(f"hdfs://nn:8020/raw/{n}", 1, 1, _csv_gz(), kind="hdfs")
+             for n in ("a.csv.gz", "b.csv.gz")]
+    sql, uri = table_function_many(files, "CSV", None) or ("", "")
+    assert sql == "hdfs('hdfs://nn:8020/raw/{a.csv.gz,b.csv.gz}', 'CSV', 'auto', 'gzip')"
+    assert uri == "concat('hdfs://nn:8020', _path)"

@@ -1,0 +1,33 @@
+"""What the remote kinds share: one table function over a `{a,b,c}` list of objects.
+
+The engine's s3() and hdfs() read a brace list of keys as exact keys (no listing; checked
+with the S3ListObjects counter: 0), and their `_path` names each row's object, so
+several small objects load in one query with exact per-object row counts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+
+from chload.sources import SourceFile
+
+_NOT_IN_A_LIST = re.compile(r"[,{}*?\[\]'\\]")  # would change the meaning of the list
+
+
+def brace_list(files: Sequence[SourceFile]) -> str | None:
+    """`http://h/bucket/dir/{a.csv,b/c.csv}` over the files' locations, or None.
+
+    None when a name holds a character that means something in a glob, or the files
+    differ in how they are read (compression, anonymous access).
+    """
+    if len({(f.format.compression, f.anonymous) for f in files}) != 1:
+        return None
+    locations = [f.location or f.uri for f in files]
+    prefix = os.path.commonprefix(locations)
+    prefix = prefix[: prefix.rfind("/") + 1]
+    rests = [loc[len(prefix):] for loc in locations]
+    if not prefix or any(not r or _NOT_IN_A_LIST.search(r) for r in rests):
+        return None
+    return prefix + "{" + ",".join(rests) + "}"
