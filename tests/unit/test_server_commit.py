@@ -1,0 +1,241 @@
+"""The commit lock and the mark rule (targets/commit.py) against a scripted fake server
+with injected faults. The real thing, with real kills, is in
+tests/integration/test_server_target.py."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+
+from chload.errors import EngineError, TransientError
+from chload.ledger import COMMITTING, LOADED, FileEvent
+from chload.targets.commit import (
+    CommitInterrupted,
+    Committer,
+    Holder,
+    Sql,
+    _lock_name,
+    stage_name,
+)
+
+TABLE, DISPLAY = "`db`.`t`", "db.t"
+
+
+class FakeServer:
+    """Just enough of ClickHouse for the committer: tables in `chload`, parts with block
+    numbers, ATTACH PARTITION FROM, a ledger; `fail` makes chosen statements fail."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, str] = {}  # chload table -> lock holder text ('' if none)
+        self.parts: dict[str, dict[str, int]] = {TABLE: {"all": 3}}
+        self.block = 3
+        self.events: list[FileEvent] = []
+        self.fail: dict[str, list[Exception]] = {}  # statement prefix -> errors to raise
+        self.attached: list[str] = []
+        self.age = 0.0
+        self.running: list[str] = []
+
+    def _maybe_fail(self, sql: str, when: str) -> None:
+        for prefix, errors in self.fail.items():
+            if sql.startswith(prefix) and errors and when == "before":
+                raise errors.pop(0)
+
+    def command(self, sql: str, query_id: str = "") -> None:
+        self._maybe_fail(sql, "before")
+        if m := re.match(r"CREATE TABLE (IF NOT EXISTS )?chload\.(\w+).*?DEFAULT '([^']*)'",
+                         sql, re.S) or re.match(r"CREATE TABLE (IF NOT EXISTS )?chload\.(\w+)",
+                                                sql):
+            name = m.group(2)
+            if name in self.tables and not m.group(1):
+                raise EngineError(f"Table chload.{name} already exists.", 57)
+            self.tables.setdefault(name, m.group(3) if m.lastindex == 3 else "")
+        elif m := re.match(r"DROP TABLE IF EXISTS chload\.(\w+)", sql):
+            self.tables.pop(m.group(1), None)
+            self.parts.pop(f"chload.{m.group(1)}", None)
+        elif m := re.match(r"RENAME TABLE chload\.(\w+) TO chload\.(\w+)", sql):
+            if m.group(1) not in self.tables:
+                raise EngineError("doesn't exist", 60)
+            self.tables[m.group(2)] = self.tables.pop(m.group(1))
+        elif m := re.match(r"ALTER TABLE (\S+) ATTACH PARTITION ID '(\w+)' FROM (\S+)", sql):
+            self.block += 1
+            self.parts.setdefault(m.group(1), {})[m.group(2)] = self.block
+            self.attached.append(m.group(3))
+            for prefix, errors in self.fail.items():  # the attach happened, its answer lost
+                if prefix == "LOST " + sql[:20] and errors:
+                    raise errors.pop(0)
+        else:
+            raise AssertionError(f"unexpected statement {sql}")
+
+    def rows(self, sql: str) -> list[dict]:
+        if "'holder' AS k" in sql:
+            name = re.search(r"table = '(\w+)'", sql).group(1)  # type: ignore[union-attr]
+            if name not in self.tables:
+                return []
+            return [{"k": "holder", "v": f"'{self.tables[name]}'"},
+                    {"k": "age", "v": str(self.age)}] + \
+                [{"k": "busy", "v": q} for q in self.running]
+        if "max(max_block_number)" in sql:
+            out = []
+            for d, n in re.findall(r"database = '(\w+)' AND table = '(\w+)'", sql):
+                key = TABLE if (d, n) == ("db", "t") else f"{d}.{n}"
+                out += [{"database": d, "table": n, "partition_id": p, "top": top}
+                        for p, top in self.parts.get(key, {}).items()]
+            return out
+        if "system.processes" in sql:
+            return [{"n": 0}]
+        if sql.startswith("SELECT count() AS n FROM system.tables"):
+            name = re.search(r"name = '(\w+)'", sql).group(1)  # type: ignore[union-attr]
+            return [{"n": int(name in self.tables)}]
+        if "argMax(state, seq) AS last_state" in sql:
+            mine = [e for e in self.events if e.uri in sql]
+            if not mine:
+                return [{"last_state": "", "last_identity": "", "last_run": "", "last_seq": 0}]
+            last = max(mine, key=lambda e: e.seq)
+            return [{"last_state": last.state, "last_identity": last.identity,
+                     "last_run": last.run_id, "last_seq": last.seq}]
+        raise AssertionError(f"unexpected query {sql}")
+
+    # the ledger, duck-typed
+    def record(self, events: list[FileEvent]) -> None:
+        for prefix, errors in self.fail.items():
+            if prefix == "ledger" and errors:
+                raise errors.pop(0)
+        self.events += [replace(e) for e in events]
+
+    def latest(self, table: str, states: list[str] | None = None) -> list[FileEvent]:
+        last: dict[str, FileEvent] = {}
+        for e in sorted(self.events, key=lambda e: e.seq):
+            last[e.uri] = e
+        return [e for e in last.values() if not states or e.state in states]
+
+
+def committer(server: FakeServer) -> Committer:
+    return Committer(Sql(server.command, server.rows), server, sleep=lambda s: None)  # type: ignore[arg-type]
+
+
+def event(uri: str = "f.csv", run: str = "run1") -> FileEvent:
+    return FileEvent(DISPLAY, uri, "10:1", 10, 1, "", rows=5, run_id=run)
+
+
+def stage_with(server: FakeServer, holder: Holder, partitions: dict[str, int]) -> str:
+    stage = stage_name(holder)
+    server.tables[stage] = ""
+    server.parts[f"chload.{stage}"] = partitions
+    return stage
+
+
+def test_commit_logs_the_mark_then_attaches_and_releases() -> None:
+    server = FakeServer()
+    c = committer(server)
+    stage = stage_with(server, c.holder, {"all": 1})
+    assert c.commit(TABLE, DISPLAY, stage, ["all"], event(), since_ns=0)
+    assert server.attached == [f"chload.{stage}"]
+    assert [(e.state, e.mark, e.stage) for e in server.events] == [(COMMITTING, 3, stage)]
+    assert _lock_name(TABLE) not in server.tables
+
+
+def test_a_lost_attach_answer_is_settled_by_the_mark_not_attached_twice() -> None:
+    server = FakeServer()
+    c = committer(server)
+    stage = stage_with(server, c.holder, {"all": 1})
+    server.fail["LOST ALTER TABLE `db`.`t`"] = [TransientError("connection reset")]
+    assert c.commit(TABLE, DISPLAY, stage, ["all"], event(), since_ns=0)
+    assert server.attached == [f"chload.{stage}"]  # once, though the answer was lost
+
+
+def test_a_failed_attach_is_retried_within_the_lease() -> None:
+    server = FakeServer()
+    c = committer(server)
+    stage = stage_with(server, c.holder, {"all": 1})
+    server.fail["ALTER TABLE"] = [TransientError("server restarting")] * 2
+    assert c.commit(TABLE, DISPLAY, stage, ["all"], event(), since_ns=0)
+    assert server.attached == [f"chload.{stage}"]
+
+
+def test_a_commit_that_cannot_settle_keeps_the_lock_and_is_not_retried() -> None:
+    server = FakeServer()
+    c = committer(server)
+    c.lease = 0.0  # no time left to settle
+    stage = stage_with(server, c.holder, {"all": 1})
+    server.fail["ALTER TABLE"] = [TransientError("server down")] * 50
+    with pytest.raises(CommitInterrupted, match="run the same command again"):
+        c.commit(TABLE, DISPLAY, stage, ["all"], event(), since_ns=0)
+    assert _lock_name(TABLE) in server.tables  # the next holder settles it
+    assert [e.state for e in server.events] == [COMMITTING]  # never 'failed'
+
+
+def test_the_next_holder_breaks_a_leftover_lock_and_settles_it() -> None:
+    server = FakeServer()
+    c = committer(server)
+    c.lease = 0.0
+    first = stage_with(server, c.holder, {"all": 1})
+    server.fail["ALTER TABLE"] = [TransientError("server down")] * 50
+    with pytest.raises(CommitInterrupted):
+        c.commit(TABLE, DISPLAY, first, ["all"], event("a.csv"), since_ns=0)
+    server.fail.clear()
+    c.lease = 60.0
+    second = stage_with(server, c.holder, {"all": 1})
+    assert c.commit(TABLE, DISPLAY, second, ["all"], event("b.csv"), since_ns=0)
+    assert server.attached == [f"chload.{first}", f"chload.{second}"]
+    assert {(e.uri, e.state) for e in server.latest(DISPLAY)} == {
+        ("a.csv", LOADED), ("b.csv", COMMITTING)}
+    assert not [t for t in server.tables if t.startswith(("lock_", "dirty_"))]
+
+
+def test_settling_attaches_only_partitions_without_a_part_above_the_mark() -> None:
+    server = FakeServer()
+    c = committer(server)
+    stage = stage_with(server, c.holder, {"p1": 1, "p2": 2})
+    server.parts[TABLE], server.block = {"p1": 9, "p2": 3}, 9  # p1 attached before the crash
+    server.events.append(replace(event(), state=COMMITTING, stage=stage, mark=5))
+    assert c.recover(TABLE, DISPLAY) == 1
+    assert server.attached == [f"chload.{stage}"] and server.parts[TABLE]["p2"] > 5
+    assert server.latest(DISPLAY)[0].state == LOADED
+
+
+def test_a_file_another_run_committed_meanwhile_is_not_attached_again() -> None:
+    server = FakeServer()
+    c = committer(server)
+    other = replace(event(run="other"), state=COMMITTING, stage="s", mark=1, seq=100)
+    server.events.append(other)
+    stage = stage_with(server, c.holder, {"all": 1})
+    assert not c.commit(TABLE, DISPLAY, stage, ["all"], event(), since_ns=50)
+    assert server.attached == [] and _lock_name(TABLE) not in server.tables
+    # ... but a load before this run started does not count (that is --force)
+    assert c.commit(TABLE, DISPLAY, stage, ["all"], event(), since_ns=200)
+
+
+@pytest.mark.parametrize("holder, age, running, stale", [
+    ("mine", 0.0, [], True),  # a commit of ours that gave up
+    ("dead-here", 0.0, [], True),  # this machine, process gone
+    ("elsewhere", 5.0, [], False),  # another machine, within the lease
+    ("elsewhere", 90.0, [], True),  # another machine, lease over, nothing running
+    ("elsewhere", 90.0, ["q"], False),  # ... but its ATTACH still runs on the server
+    ("garbage", 5.0, [], False),
+    ("garbage", 90.0, [], True),
+])
+def test_which_locks_are_stale(holder: str, age: float, running: list[str], stale: bool) -> None:
+    c = committer(FakeServer())
+    me = c.holder
+    text = {"mine": me.encode(), "dead-here": Holder(me.machine, 2**22 + 7, 1).encode(),
+            "elsewhere": Holder("0" * 12, 42, 1).encode(), "garbage": "x"}[holder]
+    busy = [Holder("0" * 12, 42, 1).query_prefix + "abc"] if running else []
+    assert c._stale(text, age, busy) is stale
+
+
+def test_holder_round_trip_and_liveness() -> None:
+    me = Holder.this_process()
+    assert Holder.decode(f"'{me.encode()}'") == me and me.alive_here()
+    assert not Holder(me.machine, me.pid, me.start + 1).alive_here()  # a reused pid
+    assert Holder.decode("nonsense") is None
+
+
+def test_orphan_stages() -> None:
+    c = committer(FakeServer())
+    me = c.holder
+    assert not c._orphan(f"stage_{me.machine}_{me.pid}_abcd1234", 10**6)  # ours, live
+    assert c._orphan(f"stage_{me.machine}_{2**22 + 7}_abcd1234", 0)  # dead process here
+    assert not c._orphan(f"stage_{'0' * 12}_42_abcd1234", 3600)  # elsewhere, recent
+    assert c._orphan(f"stage_{'0' * 12}_42_abcd1234", 2 * 86400)  # elsewhere, a day old
