@@ -73,9 +73,9 @@ PROFILES = {
         *_trips(1_000_000, 8),
         CaseSpec("taxi", "csv.gz", 100_000, 4), CaseSpec("taxi", "parquet", 100_000, 4))),
     "full": Profile("full", repeats=3, warmup=1, budget_s=1440, cases=(
-        CaseSpec("streams", "jsonl.gz", 1_000_000, 200, audit=True),
-        *_trips(5_000_000, 20),
-        CaseSpec("taxi", "csv.gz", 1_000_000, 10), CaseSpec("taxi", "parquet", 1_000_000, 10))),
+        CaseSpec("streams", "jsonl.gz", 600_000, 200, audit=True),
+        *_trips(4_000_000, 16),
+        CaseSpec("taxi", "csv.gz", 500_000, 10), CaseSpec("taxi", "parquet", 500_000, 10))),
 }
 LIGHT = {"chload", "chload --audit", "chDB SQL push (Native)", "curl POST, sequential"}
 
