@@ -241,9 +241,11 @@ def sql(query: str, target: str | None = None, fmt: str = "TSV") -> str:
 def history(table: str | None = None, target: str | None = None,
             limit: int = 50) -> Sequence[dict]:
     """One entry per run of `load` (newest first)."""
-    name = planner.parse_table(table).display if table else None
+    if table:
+        planner.parse_table(table)
     t = open_target(target)
     try:
+        name = planner.parse_table(table, _default_database(t)).display if table else None
         return t.ledger.runs(name, limit)
     finally:
         t.close()
@@ -253,10 +255,11 @@ def errors(table: str, target: str | None = None, limit: int = 10_000) -> list[d
     """Rejected rows of a table's current loads: file, line, error, raw."""
     from chload import rejects
 
-    name = planner.parse_table(table)
+    planner.parse_table(table)
     t = open_target(target)
     try:
-        return rejects.listing(t, name.display, limit)
+        return rejects.listing(t, planner.parse_table(table, _default_database(t)).display,
+                               limit)
     finally:
         t.close()
 

@@ -151,7 +151,7 @@ class Committer:
             self._acquire(table, display)
             deadline = time.monotonic() + self.lease / 2
             try:
-                taken = self._taken(display, event, since_ns)
+                mark, taken = self._survey(table, display, event, since_ns)
             except ChloadError:
                 self._release(table)
                 raise
@@ -159,7 +159,7 @@ class Committer:
                 self._release(table)
                 return False
             try:
-                self._attach_new(table, stage, partitions, event)
+                self._attach_new(table, stage, partitions, event, mark)
             except TransientError as exc:
                 self._settle_own(table, display, stage, event, deadline, exc)
             except ChloadError as exc:  # e.g. the table was altered or dropped meanwhile
@@ -171,23 +171,34 @@ class Committer:
                 self._release(table)                 # next holder breaks it (rule 3)
         return True
 
-    def _taken(self, display: str, event: FileEvent, since_ns: int) -> bool:
-        """Did another run commit this file since we planned? (Under the lock, its
-        `committing` event means attached: rule 1.)"""
+    def _survey(self, table: str, display: str, event: FileEvent,
+                since_ns: int) -> tuple[int, bool]:
+        """Under the lock, in one query: the table's mark, whether a broken lock left
+        commits to settle (then settle them first), and whether another run committed
+        this file since we planned (its `committing` event means attached: rule 1)."""
+        database, name = _split(table)
         rows = self.sql.rows(
-            f"SELECT argMax(state, seq) AS last_state, argMax(identity, seq) AS last_identity, "
-            f"argMax(run_id, seq) AS last_run, max(seq) AS last_seq FROM {DATABASE}.files "
+            f"SELECT 'mark' AS k, toString(max(max_block_number)) AS v FROM system.parts "
+            f"WHERE active AND database = {quote_str(database)} AND table = {quote_str(name)} "
+            f"UNION ALL SELECT 'dirty', name FROM system.tables WHERE database = '{DATABASE}' "
+            f"AND name = {quote_str(_dirty_name(table))} "
+            f"UNION ALL SELECT 'last', concat(argMax(state, seq), '|', argMax(identity, seq), "
+            f"'|', argMax(run_id, seq), '|', toString(max(seq))) FROM {DATABASE}.files "
             f"WHERE target_table = {quote_str(display)} AND uri = {quote_str(event.uri)}")
-        if not rows or not rows[0]["last_run"]:
-            return False
-        last = rows[0]
-        return (last["last_state"] in (COMMITTING, LOADED)
-                and last["last_identity"] == event.identity
-                and last["last_run"] != event.run_id and int(last["last_seq"]) > since_ns)
+        found = {row["k"]: row["v"] for row in rows}
+        if "dirty" in found:
+            self.settle_all(table, display)
+            self._run(f"DROP TABLE IF EXISTS {DATABASE}.{_dirty_name(table)}")
+            return self._survey(table, display, event, since_ns)
+        state, *middle, run, seq = (found.get("last") or "|||0").split("|")
+        identity = "|".join(middle)
+        taken = (state in (COMMITTING, LOADED) and identity == event.identity and run != ""
+                 and run != event.run_id and int(seq or 0) > since_ns)
+        return int(found.get("mark") or 0), taken
 
     def _attach_new(self, table: str, stage: str, partitions: Sequence[str],
-                    event: FileEvent) -> None:
-        event.mark, event.stage, event.state = self._mark(table), stage, COMMITTING
+                    event: FileEvent, mark: int) -> None:
+        event.mark, event.stage, event.state = mark, stage, COMMITTING
         self.ledger.record([event])
         crash_point("server-before-attach")
         for partition in partitions:
@@ -207,7 +218,8 @@ class Committer:
                 if logged:
                     self._settle(table, logged[0])
                 else:
-                    self._attach_new(table, stage, self._partitions(stage), event)
+                    self._attach_new(table, stage, self._partitions(stage), event,
+                                     self._mark(table))
                 return
             except TransientError as exc:
                 error = exc
@@ -240,9 +252,6 @@ class Committer:
                                      f"for {LOCK_WAIT_SECONDS:.0f} s (lock {DATABASE}.{lock})")
             self.sleep(pause)
             pause = min(pause * 2, 0.5)
-        if self._dirty(table):
-            self.settle_all(table, display)
-            self._run(f"DROP TABLE IF EXISTS {DATABASE}.{_dirty_name(table)}")
 
     def _lock_state(self, lock: str) -> tuple[str, float | None, list[str]]:
         """(holder text, age in seconds by the server's clock, running commit query ids)."""
@@ -346,11 +355,6 @@ class Committer:
             name = tables[pairs.index((row["database"], row["table"]))]
             found.setdefault(name, {})[row["partition_id"]] = int(row["top"])
         return found
-
-    def _dirty(self, table: str) -> bool:
-        rows = self.sql.rows(f"SELECT count() AS n FROM system.tables WHERE database = "
-                             f"'{DATABASE}' AND name = {quote_str(_dirty_name(table))}")
-        return bool(rows) and int(rows[0]["n"]) > 0
 
     def _run(self, statement: str, table: str = "") -> None:
         """A statement whose query id says who runs it, for which table (see _wait_idle)."""

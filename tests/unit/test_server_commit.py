@@ -76,6 +76,15 @@ class FakeServer:
             return [{"k": "holder", "v": f"'{self.tables[name]}'"},
                     {"k": "age", "v": str(self.age)}] + \
                 [{"k": "busy", "v": q} for q in self.running]
+        if sql.startswith("SELECT 'mark' AS k"):
+            out = [{"k": "mark", "v": str(max(self.parts.get(TABLE, {}).values(), default=0))}]
+            out += [{"k": "dirty", "v": n} for n in self.tables if n.startswith("dirty_")]
+            uri = re.search(r"uri = '([^']*)'", sql).group(1)  # type: ignore[union-attr]
+            mine = [e for e in self.events if e.uri == uri]
+            last = max(mine, key=lambda e: e.seq) if mine else None
+            out.append({"k": "last", "v": "|".join(map(str, (
+                last.state, last.identity, last.run_id, last.seq))) if last else "|||0"})
+            return out
         if "max(max_block_number)" in sql:
             out = []
             for d, n in re.findall(r"database = '(\w+)' AND table = '(\w+)'", sql):
@@ -85,16 +94,6 @@ class FakeServer:
             return out
         if "system.processes" in sql:
             return [{"n": 0}]
-        if sql.startswith("SELECT count() AS n FROM system.tables"):
-            name = re.search(r"name = '(\w+)'", sql).group(1)  # type: ignore[union-attr]
-            return [{"n": int(name in self.tables)}]
-        if "argMax(state, seq) AS last_state" in sql:
-            mine = [e for e in self.events if e.uri in sql]
-            if not mine:
-                return [{"last_state": "", "last_identity": "", "last_run": "", "last_seq": 0}]
-            last = max(mine, key=lambda e: e.seq)
-            return [{"last_state": last.state, "last_identity": last.identity,
-                     "last_run": last.run_id, "last_seq": last.seq}]
         raise AssertionError(f"unexpected query {sql}")
 
     # the ledger, duck-typed
