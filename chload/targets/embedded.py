@@ -35,7 +35,7 @@ from chload.faults import crash_point
 from chload.ledger import COMMITTING, DATABASE, FAILED, LOADED, FileEvent, Ledger
 from chload.rejects import ErrorBudget
 from chload.schema import AUDIT_COLUMNS, Column, quote_ident, quote_str, structure
-from chload.sources import SourceFile, table_function
+from chload.sources import SourceFile, table_function, table_function_many
 from chload.targets import Loaded, LoadJob
 
 SMALL_FILE_BYTES = 4 << 20  # files below this are batched ...
@@ -214,9 +214,8 @@ class EmbeddedTarget:
         try:
             self.command(f"CREATE TABLE {raw} ENGINE = Memory AS SELECT {', '.join(names)}, "
                          f"'' AS _chload_file FROM {job.table} LIMIT 0")
-            union = " UNION ALL ".join(_select_sql(job, f, self.reader, tag=True)
-                                       for f in job.files)
-            self.engine.execute(f"INSERT INTO {raw} {union} SETTINGS {_settings_sql(job)}",
+            self.engine.execute(f"INSERT INTO {raw} {_batch_select_sql(job, self.reader)} "
+                                f"SETTINGS {_settings_sql(job)}",
                                 f"batch of {len(job.files)} files from {job.file.uri}")
             counts = {r["f"]: int(r["n"]) for r in self.rows(
                 f"SELECT _chload_file AS f, count() AS n FROM {raw} GROUP BY f")}
@@ -328,6 +327,23 @@ def _select_sql(job: LoadJob, file: SourceFile, reader: Callable[..., str],
         exprs.append(quote_str(file.uri))
     return (f"SELECT {', '.join(exprs)} "
             f"FROM {reader(file, file.format.name, job.read_columns)}")
+
+
+def _batch_select_sql(job: LoadJob, reader: Callable[..., str]) -> str:
+    """SELECT the data of a batch with each row's uri last: one table function over all
+    the files where the source has one (object stores: one query plan, no listing),
+    else a UNION ALL of one SELECT per file."""
+    formats = {f.format for f in job.files}
+    many = None
+    if len(formats) == 1:
+        many = table_function_many(job.files, job.file.format.name,
+                                   structure(job.read_columns))
+    if many is None:
+        return " UNION ALL ".join(_select_sql(job, f, reader, tag=True) for f in job.files)
+    source, uri = many
+    exprs = [quote_ident(c.name) for c in job.columns]
+    exprs += [uri, "now()"] if job.audit else []
+    return f"SELECT {', '.join(exprs)}, {uri} FROM {source}"
 
 
 def _settings_sql(job: LoadJob, extra: Sequence[tuple[str, str]] = ()) -> str:
