@@ -222,7 +222,7 @@ def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int) -> RunRecor
 def files(table: str, target: str | None = None) -> list[FileEvent]:
     """The ledger: each file's latest state for a table."""
     planner.parse_table(table)
-    t = open_target(target)
+    t = open_target(target, create=False)
     try:
         return t.ledger.latest(planner.parse_table(table, _default_database(t)).display)
     finally:
@@ -231,7 +231,7 @@ def files(table: str, target: str | None = None) -> list[FileEvent]:
 
 def sql(query: str, target: str | None = None, fmt: str = "TSV") -> str:
     """Run SQL against the target and return the engine's formatted answer."""
-    t = open_target(target)
+    t = open_target(target, create=False)
     try:
         return t.text(query, fmt)
     finally:
@@ -243,7 +243,7 @@ def history(table: str | None = None, target: str | None = None,
     """One entry per run of `load` (newest first)."""
     if table:
         planner.parse_table(table)
-    t = open_target(target)
+    t = open_target(target, create=False)
     try:
         name = planner.parse_table(table, _default_database(t)).display if table else None
         return t.ledger.runs(name, limit)
@@ -256,7 +256,7 @@ def errors(table: str, target: str | None = None, limit: int = 10_000) -> list[d
     from chload import rejects
 
     planner.parse_table(table)
-    t = open_target(target)
+    t = open_target(target, create=False)
     try:
         return rejects.listing(t, planner.parse_table(table, _default_database(t)).display,
                                limit)
@@ -266,7 +266,7 @@ def errors(table: str, target: str | None = None, limit: int = 10_000) -> list[d
 
 def run_files(run_id: str, target: str | None = None) -> list[FileEvent]:
     """Per-file detail of one run: the final event of each file it touched."""
-    t = open_target(target)
+    t = open_target(target, create=False)
     try:
         return t.ledger.of_run(run_id)
     finally:
@@ -295,7 +295,7 @@ def validate(sources: str | Iterable[str], table: str, *, target: str | None = N
     names = (sources,) if isinstance(sources, str) else tuple(sources)
     spec = LoadSpec(sources=names, table=table, target=target, format=format,
                     compression=compression, schema=schema)
-    t = open_target(spec.target)
+    t = open_target(spec.target, create=False)
     try:
         files = planner.resolve_format(t, _list_sources(spec, t))
         _, read_columns, _ = planner.prepare_table(

@@ -99,6 +99,9 @@ def print_summary(report: LoadReport) -> None:
 
 
 def print_files(table: str, events: Sequence[FileEvent]) -> None:
+    if not events:
+        print(f"no files recorded for {table}", file=sys.stderr)
+        return
     header = ["file", "state", "rows", "bytes", "loaded_at", "error"]
     rows = [[e.uri, e.state, str(e.rows), str(e.size), _when(e.seq), e.error] for e in events]
     _table(f"files of {table}", header, rows)

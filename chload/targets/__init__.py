@@ -89,8 +89,12 @@ class Target(Protocol):
     def close(self) -> None: ...
 
 
-def open_target(target: str | None) -> Target:
-    """The target a --target value (or CHLOAD_TARGET, or the default) names."""
+def open_target(target: str | None, create: bool = True) -> Target:
+    """The target a --target value (or CHLOAD_TARGET, or the default) names.
+
+    `create=False` (commands that only read) refuses an embedded directory that does not
+    exist yet, rather than making an empty one.
+    """
     value = target or os.environ.get("CHLOAD_TARGET") or DEFAULT_TARGET
     if value.startswith(("http://", "https://")):
         from chload.targets.server import ServerTarget
@@ -101,6 +105,9 @@ def open_target(target: str | None) -> Target:
             f"--target: '{value.split('://')[0]}://' is not a target; use a directory "
             "(embedded ClickHouse) or http(s)://host:port/db (a ClickHouse server)"
         )
+    if not create and not os.path.isdir(value):
+        raise UsageError(f"target {value}: no embedded ClickHouse there yet; load something "
+                         "first, or pass --target DIR (or http(s)://...)")
     from chload.targets.embedded import EmbeddedTarget
 
     return EmbeddedTarget(value)
