@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator, Sequence
@@ -55,6 +56,7 @@ class LoaderEngine:
     def _session(self) -> Any:
         session = getattr(self._local, "session", None)
         if session is None:
+            _import_chdb()
             import chdb.session
 
             try:
@@ -98,6 +100,20 @@ class LoaderEngine:
             sessions, self._sessions = self._sessions, []
         for session in sessions:
             session.close()
+
+
+def _import_chdb() -> None:
+    """Import chDB without pyarrow: chDB treats it as optional (Arrow results only, which
+    chload never asks for), and importing it (and numpy) costs 0.1-0.3 s of every run's
+    start. Only while chDB imports; a later `import pyarrow` works as usual."""
+    if "chdb.session" in sys.modules or "pyarrow" in sys.modules:
+        return
+    sys.modules["pyarrow"] = None  # type: ignore[assignment]
+    try:
+        import chdb.session  # noqa: F401
+    finally:
+        if sys.modules.get("pyarrow", 0) is None:
+            del sys.modules["pyarrow"]
 
 
 def push_error(message: str, context: str, url: TargetURL | None) -> ChloadError:
