@@ -106,8 +106,9 @@ def resolve_format(target: Target, files: Sequence[SourceFile]) -> list[SourceFi
 
 
 def samples(files: Iterable[SourceFile], limit: int = 3) -> list[SourceFile]:
-    """The files worth asking about a schema: the first few that are not empty."""
-    return [f for f in files if f.size > 0][:limit]
+    """The files worth asking about a schema: the first few that are not empty (a remote
+    object of size 0 may just not have said its size)."""
+    return [f for f in files if f.size > 0 or f.kind != "local"][:limit]
 
 
 def prepare_table(
