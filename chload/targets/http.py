@@ -64,7 +64,7 @@ class AuthError(TerminalError):
 
 @dataclass(frozen=True)
 class TargetURL:
-    """`http(s)://[user[:password]@]host:port[/database][?ca_file=/path/ca.pem]`."""
+    """`http(s)://[user[:password]@]host:port[/database][?ca_file=/ca.pem&path=push]`."""
 
     scheme: str
     host: str
@@ -73,6 +73,7 @@ class TargetURL:
     database: str
     password: str = field(default="", repr=False)
     ca_file: str | None = None
+    path: str = "auto"  # how files travel: auto (raw where the server parses), or push
 
     @property
     def secure(self) -> bool:
@@ -126,9 +127,13 @@ def parse_target_url(value: str, env: Mapping[str, str] | None = None) -> Target
     if "/" in database or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", database):
         raise UsageError(f"--target {safe}: '{database}' is not a database name")
     options = urllib.parse.parse_qs(parts.query)
-    unknown = sorted(set(options) - {"ca_file"})
+    unknown = sorted(set(options) - {"ca_file", "path"})
     if unknown:
-        raise UsageError(f"--target {safe}: unknown option {', '.join(unknown)} (known: ca_file)")
+        raise UsageError(f"--target {safe}: unknown option {', '.join(unknown)} "
+                         "(known: ca_file, path)")
+    path = options.get("path", ["auto"])[-1]
+    if path not in ("auto", "push"):
+        raise UsageError(f"--target {safe}: path={path}; use auto or push")
     ca_file = options.get("ca_file", [None])[-1]
     if ca_file and not os.path.isfile(ca_file):
         raise UsageError(f"--target {safe}: ca_file {ca_file} is not a file")
@@ -136,6 +141,7 @@ def parse_target_url(value: str, env: Mapping[str, str] | None = None) -> Target
     return TargetURL(
         parts.scheme, parts.hostname, port, urllib.parse.unquote(parts.username or "default"),
         database, password if password is not None else env.get(PASSWORD_ENV, ""), ca_file,
+        path,
     )
 
 

@@ -164,6 +164,8 @@ class ServerTarget:
     def path_for(self, job: LoadJob) -> str:
         """raw when the server reads the bytes as they are; else push through chDB."""
         f = job.file
+        if self.url.path == PUSH:  # ?path=push in the target URL
+            return PUSH
         known = all(name in self.caps.settings for name, _ in job.settings)
         if (not job.audit and f.local_path and known and self.caps.parses(f.format.name)
                 and self.caps.accepts(f.format.compression)):

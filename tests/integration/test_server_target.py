@@ -209,6 +209,16 @@ def test_parquet_inferred_types_map_down_or_say_what_to_do(
     assert "DateTime64(3" in out.stderr and "--schema" in out.stderr
 
 
+def test_gzip_csv_through_the_loaders_engine_too(clickhouse: services.Service, trips: Path,
+                                                table_name: str) -> None:
+    """?path=push: chDB parses what the server could, and the rows are the same."""
+    out = run_chload("load", str(trips / "trips_00{0..2}.csv.gz"), "--table", table_name,
+                     "--target", url(clickhouse) + "?path=push", "--json", env=env(clickhouse))
+    assert out.returncode == 0, out.stderr
+    assert counts(clickhouse, table_name) == (3 * ROWS, 3 * ROWS)
+    assert q(clickhouse, f"SELECT sum(miles * 6 = duration) FROM {table_name}") == str(3 * ROWS)
+
+
 def test_database_from_the_url(clickhouse: services.Service, trips: Path) -> None:
     database = f"db_{uuid.uuid4().hex[:8]}"
     code, report = load(clickhouse, str(trips / "trips_000.csv.gz"), "--table", "trips",

@@ -35,6 +35,7 @@ def test_url_parts_and_defaults() -> None:
     assert url.display == "http://loader@ch.example:8123/analytics"
     bare = parse_target_url("https://ch.example", env={})
     assert (bare.user, bare.port, bare.database, bare.secure) == ("default", 8443, "default", True)
+    assert bare.path == "auto" and parse_target_url("http://h/d?path=push", env={}).path == "push"
 
 
 def test_password_from_the_environment_never_in_display_or_repr() -> None:
@@ -51,6 +52,7 @@ def test_password_from_the_environment_never_in_display_or_repr() -> None:
     ("http://h:1/a/b", "not a database name"),
     ("http://h:1/db?verify=0", "unknown option verify"),
     ("http://h:1/db?ca_file=/nonexistent.pem", "is not a file"),
+    ("http://h:1/db?path=fast", "path=fast; use auto or push"),
 ])
 def test_bad_urls_are_usage_errors_without_the_password(value: str, message: str) -> None:
     with pytest.raises(UsageError, match=message) as info:
