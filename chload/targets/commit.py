@@ -138,20 +138,21 @@ class Committer:
 
     # -- commit ----------------------------------------------------------------------
     def commit(self, table: str, display: str, stage: str, partitions: Sequence[str],
-               event: FileEvent, since_ns: int) -> bool:
-        """Attach `stage` into `table`; `event` (state committing) is logged first.
+               events: Sequence[FileEvent], since_ns: int) -> bool:
+        """Attach `stage` into `table`; `events` (one per file the stage holds, state
+        committing) are logged first.
 
-        Returns False, attaching nothing, when another run committed the same file (same
-        identity) after `since_ns`: two runs over the same files at once load each once.
-        A TransientError means nothing was committed (the lock was not had): the caller
-        may drop the stage and try again. Once the lock is had, the commit completes or
-        raises CommitInterrupted (terminal: the next holder settles it).
+        Returns False, attaching nothing, when another load committed one of the files
+        (same identity) since `since_ns`: two runs over the same files at once load each
+        once. A TransientError means nothing was committed (the lock was not had): the
+        caller may drop the stage and try again. Once the lock is had, the commit
+        completes or raises CommitInterrupted (terminal: the next holder settles it).
         """
         with self._local(table):
             self._acquire(table, display)
             deadline = time.monotonic() + self.lease / 2
             try:
-                mark, taken = self._survey(table, display, event, since_ns)
+                mark, taken = self._survey(table, display, stage, events, since_ns)
             except ChloadError:
                 self._release(table)
                 raise
@@ -159,73 +160,79 @@ class Committer:
                 self._release(table)
                 return False
             try:
-                self._attach_new(table, stage, partitions, event, mark)
+                self._attach_new(table, stage, partitions, events, mark)
             except TransientError as exc:
-                self._settle_own(table, display, stage, event, deadline, exc)
+                self._settle_own(table, display, stage, events, deadline, exc)
             except ChloadError as exc:  # e.g. the table was altered or dropped meanwhile
                 raise CommitInterrupted(
-                    f"{event.uri}: commit into {display} failed ({exc}); its stage "
+                    f"{_files(events)}: commit into {display} failed ({exc}); its stage "
                     f"{DATABASE}.{stage} is kept and every run retries it until it attaches "
-                    "(fix the table, or drop the stage to give the file up)") from exc
+                    "(fix the table, or drop the stage to give the files up)") from exc
             with contextlib.suppress(ChloadError):  # a lock left behind is ours: the
                 self._release(table)                 # next holder breaks it (rule 3)
         return True
 
-    def _survey(self, table: str, display: str, event: FileEvent,
+    def _survey(self, table: str, display: str, stage: str, events: Sequence[FileEvent],
                 since_ns: int) -> tuple[int, bool]:
         """Under the lock, in one query: the table's mark, whether a broken lock left
-        commits to settle (then settle them first), and whether another run committed
-        this file since we planned (its `committing` event means attached: rule 1)."""
+        commits to settle (then settle them first), and whether another load committed
+        one of these files since we started (its `committing` event means attached:
+        rule 1; a stage of our own run counts too, e.g. a batch whose commit gave up)."""
         database, name = _split(table)
+        uris = ", ".join(quote_str(e.uri) for e in events)
         rows = self.sql.rows(
-            f"SELECT 'mark' AS k, toString(max(max_block_number)) AS v FROM system.parts "
-            f"WHERE active AND database = {quote_str(database)} AND table = {quote_str(name)} "
-            f"UNION ALL SELECT 'dirty', name FROM system.tables WHERE database = '{DATABASE}' "
-            f"AND name = {quote_str(_dirty_name(table))} "
-            f"UNION ALL SELECT 'last', concat(argMax(state, seq), '|', argMax(identity, seq), "
-            f"'|', argMax(run_id, seq), '|', toString(max(seq))) FROM {DATABASE}.files "
-            f"WHERE target_table = {quote_str(display)} AND uri = {quote_str(event.uri)}")
-        found = {row["k"]: row["v"] for row in rows}
-        if "dirty" in found:
+            f"SELECT 'mark' AS k, toString(max(max_block_number)) AS a, '' AS b, '' AS c, "
+            f"'' AS d, '' AS e FROM system.parts WHERE active AND database = "
+            f"{quote_str(database)} AND table = {quote_str(name)} "
+            f"UNION ALL SELECT 'dirty', name, '', '', '', '' FROM system.tables WHERE "
+            f"database = '{DATABASE}' AND name = {quote_str(_dirty_name(table))} "
+            f"UNION ALL SELECT 'last', uri, argMax(state, seq), argMax(stage, seq), "
+            f"argMax(identity, seq), toString(max(seq)) FROM {DATABASE}.files WHERE "
+            f"target_table = {quote_str(display)} AND uri IN ({uris}) GROUP BY uri")
+        if any(row["k"] == "dirty" for row in rows):
             self.settle_all(table, display)
             self._run(f"DROP TABLE IF EXISTS {DATABASE}.{_dirty_name(table)}")
-            return self._survey(table, display, event, since_ns)
-        state, *middle, run, seq = (found.get("last") or "|||0").split("|")
-        identity = "|".join(middle)
-        taken = (state in (COMMITTING, LOADED) and identity == event.identity and run != ""
-                 and run != event.run_id and int(seq or 0) > since_ns)
-        return int(found.get("mark") or 0), taken
+            return self._survey(table, display, stage, events, since_ns)
+        mark = next((int(row["a"] or 0) for row in rows if row["k"] == "mark"), 0)
+        identity = {e.uri: e.identity for e in events}
+        taken = any(
+            row["k"] == "last" and row["b"] in (COMMITTING, LOADED) and row["c"] != stage
+            and int(row["e"] or 0) > since_ns and row["d"] == identity.get(row["a"])
+            for row in rows)
+        return mark, taken
 
     def _attach_new(self, table: str, stage: str, partitions: Sequence[str],
-                    event: FileEvent, mark: int) -> None:
-        event.mark, event.stage, event.state = mark, stage, COMMITTING
-        self.ledger.record([event])
+                    events: Sequence[FileEvent], mark: int) -> None:
+        for event in events:
+            event.mark, event.stage, event.state = mark, stage, COMMITTING
+        self.ledger.record(list(events))
         crash_point("server-before-attach")
         for partition in partitions:
             self._run(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
                       f"FROM {DATABASE}.{stage}", table)
         crash_point("server-after-attach")
 
-    def _settle_own(self, table: str, display: str, stage: str, event: FileEvent,
+    def _settle_own(self, table: str, display: str, stage: str, events: Sequence[FileEvent],
                     deadline: float, error: TransientError) -> None:
         """Finish our commit after an error of unknown outcome, by the mark rule."""
+        uris = {e.uri for e in events}
         while time.monotonic() < deadline:
             self.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
             try:
                 self._wait_idle(table, deadline)
                 logged = [e for e in self.ledger.latest(display)
-                          if e.uri == event.uri and e.stage == stage and e.state == COMMITTING]
+                          if e.uri in uris and e.stage == stage and e.state == COMMITTING]
                 if logged:
                     self._settle(table, logged[0])
                 else:
-                    self._attach_new(table, stage, self._partitions(stage), event,
+                    self._attach_new(table, stage, self._partitions(stage), events,
                                      self._mark(table))
                 return
             except TransientError as exc:
                 error = exc
         raise CommitInterrupted(
-            f"{event.uri}: commit into {display} interrupted ({error}); run the same command "
-            "again to finish it (the file will not be loaded twice)")
+            f"{_files(events)}: commit into {display} interrupted ({error}); run the same "
+            "command again to finish it (no file will be loaded twice)")
 
     # -- the lock --------------------------------------------------------------------
     def _local(self, table: str) -> threading.Lock:
@@ -395,6 +402,11 @@ class Committer:
             f"FROM {DATABASE}.files WHERE uri IN (SELECT uri FROM {DATABASE}.files WHERE "
             f"stage IN ({listed})) GROUP BY target_table, uri) WHERE st = '{COMMITTING}'")
         return {r["stage"] for r in rows}
+
+
+def _files(events: Sequence[FileEvent]) -> str:
+    first = events[0].uri
+    return first if len(events) == 1 else f"{first} and {len(events) - 1} more files"
 
 
 def _lock_name(table: str) -> str:

@@ -37,6 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from chload import rejects
 from chload.capabilities import Capabilities, downgrade_ddl, probe, server_type
@@ -44,13 +45,15 @@ from chload.errors import (
     ChloadError,
     DataError,
     SchemaError,
+    TerminalError,
     TransientError,
     UsageError,
 )
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger
+from chload.rejects import ErrorBudget
 from chload.schema import AUDIT_COLUMNS, Column, quote_ident, quote_str, structure
 from chload.sources import SourceFile, table_function
-from chload.targets import LoadJob
+from chload.targets import Loaded, LoadJob
 from chload.targets.commit import Committer, Sql, stage_name
 from chload.targets.http import HttpClient, parse_target_url
 from chload.targets.push import (
@@ -62,6 +65,9 @@ from chload.targets.push import (
 )
 
 RAW, PUSH = "raw", "push"
+SMALL_FILE_BYTES = 4 << 20  # files below this are batched ...
+BATCH_FILES = 256  # ... up to this many ...
+BATCH_BYTES = 16 << 20  # ... and this many bytes (as stored) in one stage and commit
 _MERGE_TREE = ("MergeTree", "ReplacingMergeTree", "SummingMergeTree", "AggregatingMergeTree",
                "CollapsingMergeTree", "VersionedCollapsingMergeTree", "GraphiteMergeTree")
 
@@ -152,7 +158,7 @@ class ServerTarget:
         event = _event(job, "", rows=rows, read=read)
         try:
             done = self.committer.commit(job.table, job.table_display, stage, partitions,
-                                         event, self._started_ns)
+                                         [event], self._started_ns)
         except TransientError:
             self._drop(stage)  # nothing was committed; the runner may try again
             raise
@@ -160,6 +166,65 @@ class ServerTarget:
             self._loaded(_copy(event, LOADED))
         self._drop(stage)
         return (rows, read) if done else (0, read)  # another run loaded it meanwhile
+
+    def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,
+                     ) -> list[tuple[SourceFile, ...]]:
+        """Group small files: one stage and one commit for up to 256 of them (16 MB),
+        and at least as many groups as streams, so every stream has work."""
+        small = sum(f.size < SMALL_FILE_BYTES for f in files)
+        per_batch = min(BATCH_FILES, max(1, -(-small // self.default_workers(files))))
+        groups: list[tuple[SourceFile, ...]] = []
+        current: list[SourceFile] = []
+        for f in files:
+            if f.size >= SMALL_FILE_BYTES or f.is_stream or budget.allows_errors:
+                groups.append((f,))
+                continue
+            if current and (len(current) >= per_batch
+                            or sum(c.size for c in current) + f.size > BATCH_BYTES):
+                groups.append(tuple(current))
+                current = []
+            current.append(f)
+        if current:
+            groups.append(tuple(current))
+        return groups
+
+    def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
+        """Several small files through one stage and one commit, each file's rows counted
+        as it lands. Any failure before the commit raises, and the runner loads the files
+        one by one; after the commit begins nothing is retried (rule 5 of commit.py makes
+        a file-by-file retry of a batch that may have committed load nothing)."""
+        self._check_engine(job)
+        stage = stage_name(self.committer.holder)
+        done: list[Loaded] = []
+        try:
+            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
+            total = 0
+            for f in job.files:
+                read = self._fill(replace(job, file=f, batch=()), stage, fallback=False)
+                now = int(self.rows(f"SELECT count() AS n FROM {DATABASE}.{stage}")[0]["n"])
+                done.append(Loaded(now - total, read))
+                total = now
+            rows, partitions = self._seal(stage)
+        except ChloadError:
+            self._drop(stage)
+            raise
+        progress(rows, sum(d.bytes for d in done))
+        events = [_event(replace(job, file=f), "", rows=d.rows, read=d.bytes)
+                  for f, d in zip(job.files, done, strict=True)]
+        try:
+            committed = self.committer.commit(job.table, job.table_display, stage, partitions,
+                                              events, self._started_ns)
+        except TransientError:
+            self._drop(stage)
+            raise
+        if not committed:
+            self._drop(stage)
+            raise BatchOverlap(f"{job.file.uri}: another load committed some files of this "
+                               "batch meanwhile; loading them one by one")
+        for event in events:
+            self._loaded(_copy(event, LOADED))
+        self._drop(stage)
+        return done
 
     def path_for(self, job: LoadJob) -> str:
         """raw when the server reads the bytes as they are; else push through chDB."""
@@ -172,12 +237,14 @@ class ServerTarget:
             return RAW
         return PUSH
 
-    def _fill(self, job: LoadJob, stage: str) -> int:
+    def _fill(self, job: LoadJob, stage: str, fallback: bool = True) -> int:
         """Fill the stage; return the bytes read from the source."""
         if self.path_for(job) == RAW:
             try:
                 return self._post_raw(job, stage)
             except DataError:
+                if not fallback:
+                    raise
                 # 18.16 reads fewer dialects than chDB: let the loader's engine try.
                 self.command(f"TRUNCATE TABLE {DATABASE}.{stage}")
         return self._push(job, stage)
@@ -301,6 +368,10 @@ class ServerTarget:
             self.engine.close()
             self.client.close()
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+class BatchOverlap(TerminalError):
+    """Some files of a batch were committed by another load: load them one by one."""
 
 
 def _event(job: LoadJob, state: str, rows: int = 0, read: int = 0,

@@ -156,6 +156,25 @@ def test_two_loaders_at_once_one_killed_in_its_commit(
     assert counts(clickhouse, table_name) == (TOTAL, TOTAL)
 
 
+def test_small_files_batched_exactly_once_after_a_kill(
+        clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:
+    """Small files share a stage and a commit; a loader killed inside a batch's commit
+    leaves it to the next run, and every file's rows are counted on their own."""
+    make_trips(str(tmp_path), 40, 2000)
+    files = str(tmp_path / "*.csv.gz")
+    crash = run_chload("load", files, "--table", table_name, "--target", url(clickhouse),
+                       env={**env(clickhouse), "CHLOAD_CRASH_AT": "server-before-attach:2"})
+    assert crash.returncode == -signal.SIGKILL
+    code, report = load(clickhouse, files, "--table", table_name)
+    assert code == 0, report
+    assert counts(clickhouse, table_name) == (80_000, 80_000)
+    ledger = run_chload("files", "--table", table_name, "--target", url(clickhouse), "--json",
+                        env=env(clickhouse))
+    assert {(r["state"], r["rows"]) for r in json.loads(ledger.stdout)} == {("loaded", 2000)}
+    code, report = load(clickhouse, files, "--table", table_name)
+    assert (code, report["files_skipped"]) == (0, 40)
+
+
 # -- formats, types, databases ---------------------------------------------------------
 
 def _parquet(path: Path, rows: int) -> None:

@@ -11,7 +11,7 @@ from chload.formats import FileFormat
 from chload.schema import Column
 from chload.sources import SourceFile
 from chload.targets import LoadJob
-from chload.targets.http import AuthError, TargetURL
+from chload.targets.http import AuthError, TargetURL, parse_target_url
 from chload.targets.push import push_error, push_sql, select_sql
 
 OLD_TYPES = frozenset({"UInt8", "UInt64", "Int64", "Float64", "String", "Date", "DateTime",
@@ -128,7 +128,7 @@ def test_raw_when_the_server_reads_the_bytes_else_push() -> None:
     from chload.targets.server import PUSH, RAW, ServerTarget
 
     target = ServerTarget.__new__(ServerTarget)
-    target.caps = OLD
+    target.caps, target.url = OLD, URL
 
     def job(name: str, fmt: str, compression: str, **kw: object) -> LoadJob:
         f = SourceFile(name, 1, 1, FileFormat(fmt, compression), local_path=name)
@@ -142,3 +142,5 @@ def test_raw_when_the_server_reads_the_bytes_else_push() -> None:
     assert target.path_for(job("a.csv.gz", "CSVWithNames", "gzip", audit=True)) == PUSH
     assert target.path_for(job("a.csv.gz", "CSVWithNames", "gzip",
                                settings=(("format_csv_null_representation", "-"),))) == PUSH
+    target.url = parse_target_url("http://h:1/db?path=push", env={})
+    assert target.path_for(job("a.csv.gz", "CSVWithNames", "gzip")) == PUSH

@@ -77,13 +77,15 @@ class FakeServer:
                     {"k": "age", "v": str(self.age)}] + \
                 [{"k": "busy", "v": q} for q in self.running]
         if sql.startswith("SELECT 'mark' AS k"):
-            out = [{"k": "mark", "v": str(max(self.parts.get(TABLE, {}).values(), default=0))}]
-            out += [{"k": "dirty", "v": n} for n in self.tables if n.startswith("dirty_")]
-            uri = re.search(r"uri = '([^']*)'", sql).group(1)  # type: ignore[union-attr]
-            mine = [e for e in self.events if e.uri == uri]
-            last = max(mine, key=lambda e: e.seq) if mine else None
-            out.append({"k": "last", "v": "|".join(map(str, (
-                last.state, last.identity, last.run_id, last.seq))) if last else "|||0"})
+            top = str(max(self.parts.get(TABLE, {}).values(), default=0))
+            out = [{"k": "mark", "a": top, "b": "", "c": "", "d": "", "e": ""}]
+            out += [{"k": "dirty", "a": n} for n in self.tables if n.startswith("dirty_")]
+            for uri in re.search(r"uri IN \(([^)]*)\)", sql).group(1).split(", "):  # type: ignore[union-attr]
+                mine = [e for e in self.events if e.uri == uri.strip("'")]
+                if mine:
+                    last = max(mine, key=lambda e: e.seq)
+                    out.append({"k": "last", "a": last.uri, "b": last.state, "c": last.stage,
+                                "d": last.identity, "e": str(last.seq)})
             return out
         if "max(max_block_number)" in sql:
             out = []
@@ -129,7 +131,7 @@ def test_commit_logs_the_mark_then_attaches_and_releases() -> None:
     server = FakeServer()
     c = committer(server)
     stage = stage_with(server, c.holder, {"all": 1})
-    assert c.commit(TABLE, DISPLAY, stage, ["all"], event(), since_ns=0)
+    assert c.commit(TABLE, DISPLAY, stage, ["all"], [event()], since_ns=0)
     assert server.attached == [f"chload.{stage}"]
     assert [(e.state, e.mark, e.stage) for e in server.events] == [(COMMITTING, 3, stage)]
     assert _lock_name(TABLE) not in server.tables
@@ -140,7 +142,7 @@ def test_a_lost_attach_answer_is_settled_by_the_mark_not_attached_twice() -> Non
     c = committer(server)
     stage = stage_with(server, c.holder, {"all": 1})
     server.fail["LOST ALTER TABLE `db`.`t`"] = [TransientError("connection reset")]
-    assert c.commit(TABLE, DISPLAY, stage, ["all"], event(), since_ns=0)
+    assert c.commit(TABLE, DISPLAY, stage, ["all"], [event()], since_ns=0)
     assert server.attached == [f"chload.{stage}"]  # once, though the answer was lost
 
 
@@ -149,7 +151,7 @@ def test_a_failed_attach_is_retried_within_the_lease() -> None:
     c = committer(server)
     stage = stage_with(server, c.holder, {"all": 1})
     server.fail["ALTER TABLE"] = [TransientError("server restarting")] * 2
-    assert c.commit(TABLE, DISPLAY, stage, ["all"], event(), since_ns=0)
+    assert c.commit(TABLE, DISPLAY, stage, ["all"], [event()], since_ns=0)
     assert server.attached == [f"chload.{stage}"]
 
 
@@ -160,7 +162,7 @@ def test_a_commit_that_cannot_settle_keeps_the_lock_and_is_not_retried() -> None
     stage = stage_with(server, c.holder, {"all": 1})
     server.fail["ALTER TABLE"] = [TransientError("server down")] * 50
     with pytest.raises(CommitInterrupted, match="run the same command again"):
-        c.commit(TABLE, DISPLAY, stage, ["all"], event(), since_ns=0)
+        c.commit(TABLE, DISPLAY, stage, ["all"], [event()], since_ns=0)
     assert _lock_name(TABLE) in server.tables  # the next holder settles it
     assert [e.state for e in server.events] == [COMMITTING]  # never 'failed'
 
@@ -172,11 +174,11 @@ def test_the_next_holder_breaks_a_leftover_lock_and_settles_it() -> None:
     first = stage_with(server, c.holder, {"all": 1})
     server.fail["ALTER TABLE"] = [TransientError("server down")] * 50
     with pytest.raises(CommitInterrupted):
-        c.commit(TABLE, DISPLAY, first, ["all"], event("a.csv"), since_ns=0)
+        c.commit(TABLE, DISPLAY, first, ["all"], [event("a.csv")], since_ns=0)
     server.fail.clear()
     c.lease = 60.0
     second = stage_with(server, c.holder, {"all": 1})
-    assert c.commit(TABLE, DISPLAY, second, ["all"], event("b.csv"), since_ns=0)
+    assert c.commit(TABLE, DISPLAY, second, ["all"], [event("b.csv")], since_ns=0)
     assert server.attached == [f"chload.{first}", f"chload.{second}"]
     assert {(e.uri, e.state) for e in server.latest(DISPLAY)} == {
         ("a.csv", LOADED), ("b.csv", COMMITTING)}
@@ -200,10 +202,10 @@ def test_a_file_another_run_committed_meanwhile_is_not_attached_again() -> None:
     other = replace(event(run="other"), state=COMMITTING, stage="s", mark=1, seq=100)
     server.events.append(other)
     stage = stage_with(server, c.holder, {"all": 1})
-    assert not c.commit(TABLE, DISPLAY, stage, ["all"], event(), since_ns=50)
+    assert not c.commit(TABLE, DISPLAY, stage, ["all"], [event()], since_ns=50)
     assert server.attached == [] and _lock_name(TABLE) not in server.tables
     # ... but a load before this run started does not count (that is --force)
-    assert c.commit(TABLE, DISPLAY, stage, ["all"], event(), since_ns=200)
+    assert c.commit(TABLE, DISPLAY, stage, ["all"], [event()], since_ns=200)
 
 
 @pytest.mark.parametrize("holder, age, running, stale", [
