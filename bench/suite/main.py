@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import shutil
@@ -116,7 +117,8 @@ def probe_chload_server(env: Env, work: str, server: Server) -> str | None:
     return None if got == 3 else f"chload load --target http://... loaded {got} of 3 rows"
 
 
-def machine(profile: Profile, server_version: str, work: str, device: str | None) -> dict:
+def machine(profile: Profile, server_version: str, work: str, device: str | None,
+            source: str) -> dict:
     import chdb
 
     def read(path: str) -> str:
@@ -134,7 +136,7 @@ def machine(profile: Profile, server_version: str, work: str, device: str | None
     disk = (f"{device} ({int(sectors) * 512 / 1e9:,.0f} GB, rotational={rotational} in /sys)"
             if sectors else str(device))
     commit = _git("rev-parse", "--short", "HEAD")
-    dirty = _git("status", "--porcelain", "--", "chload")
+    dirty = _git("status", "--porcelain", "--", "chload") if source == "worktree" else ""
     return {
         "profile": profile.name,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -144,6 +146,7 @@ def machine(profile: Profile, server_version: str, work: str, device: str | None
         "chdb_engine": chdb.query("SELECT version()", "TSV").bytes().decode().strip(),
         "server_version": server_version,
         "chload_commit": commit + (" (+ uncommitted changes in chload/)" if dirty else ""),
+        "chload_source": source,
         "repeats": profile.repeats, "warmup": profile.warmup,
         "loadavg_start": " ".join(read("/proc/loadavg").split()[:3]), "work_dir": work,
     }
@@ -161,6 +164,21 @@ def _git(*args: str) -> str:
     return done.stdout.strip()
 
 
+def snapshot_chload(work: str, source: str) -> str:
+    """Copy the chload package to measure (HEAD's, or the working tree's) into `work`
+    and return the directory to put first on PYTHONPATH."""
+    dest = os.path.join(work, "chload-src")
+    os.makedirs(dest)
+    if source == "worktree":
+        shutil.copytree(ROOT / "chload", os.path.join(dest, "chload"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        return dest
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD", "chload"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+    return dest
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__.split("\n")[0])
     size = parser.add_mutually_exclusive_group()
@@ -176,13 +194,24 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "seconds (default: the profile's)")
     parser.add_argument("--parallel", type=int, default=max(4, 2 * (os.cpu_count() or 1)),
                         help="clients of the 'parallel' variants (default 2 x cores, min 4)")
+    parser.add_argument("--chload", choices=["head", "worktree"], default="head",
+                        help="which chload to measure: the last commit (default) or the "
+                        "working tree as it is at the start; either is copied first, so "
+                        "edits made during the run do not change what is measured")
     parser.add_argument("--only", help="run only methods whose name contains this text")
+    parser.add_argument("--render", metavar="DIR", help="only re-draw results.md and "
+                        "results.png from DIR/results.json and DIR/machine.json")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     args = _parse(argv)
+    if args.render:
+        results = json.loads(Path(args.render, "results.json").read_text())
+        info = json.loads(Path(args.render, "machine.json").read_text())
+        _log("re-drawn: " + ", ".join(report.write_all(args.render, results, info)))
+        return 0
     profile = PROFILES["tiny" if args.tiny else "quick" if args.quick else "full"]
     repeats = args.repeats or profile.repeats
     deadline = started + (args.budget or profile.budget_s)
@@ -217,6 +246,9 @@ def _datasets(profile: Profile, cache: str) -> list[tuple[CaseSpec, Dataset]]:
 def _run(profile: Profile, repeats: int, args: argparse.Namespace, work: str,
          deadline: float) -> tuple[list[dict], dict]:
     datasets = _datasets(profile, args.cache)
+    src = snapshot_chload(work, args.chload)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (src, os.environ.get("PYTHONPATH", "")) if p)  # every child measures it
     service = services.start_clickhouse_server(Path(work) / "server")
     try:
         server = Server(lambda sql: services.clickhouse_query(service, sql), service.pid)
@@ -231,7 +263,7 @@ def _run(profile: Profile, repeats: int, args: argparse.Namespace, work: str,
         unavailable = {m.key: why_not for m in methods
                        if why_not and m.chload and m.target == "server"}
         runner = Runner(env, work, server, deadline, _log)
-        info = machine(profile, version, work, runner.device)
+        info = machine(profile, version, work, runner.device, args.chload)
         info["parallel"] = args.parallel
         results: list[dict] = []
         for spec, ds in datasets:

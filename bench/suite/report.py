@@ -58,6 +58,7 @@ def markdown(results: list[dict], machine: dict) -> str:
         "ClickHouse server's; disk util and await are for the device holding the data.",
         "",
     ]
+    lines += summary(results)
     for dataset, fmt in _cases(results):
         rows = [r for r in results if (r["dataset"], r["format"]) == (dataset, fmt)]
         first = rows[0]
@@ -91,6 +92,27 @@ def markdown(results: list[dict], machine: dict) -> str:
         described.setdefault(f"{r['method']} [{r['target']}]", r["about"])
     lines += [f"- **{key}**: {about}" for key, about in described.items()]
     return "\n".join(lines) + "\n"
+
+
+def summary(results: list[dict]) -> list[str]:
+    """Per dataset and target: chload against the fastest other method (same audit
+    columns or none)."""
+    lines = ["## Summary: chload against the fastest other method on the same target", "",
+             "| data | target | chload rows/s | fastest other method | its rows/s | vs chload |",
+             "|---|---|--:|---|--:|--:|"]
+    for r in results:
+        if not (r["chload"] and r["seconds"]):
+            continue
+        rivals = [o for o in results if o["seconds"] and not o["chload"]
+                  and (o["target"], o["dataset"], o["format"], o["audit"])
+                  == (r["target"], r["dataset"], r["format"], r["audit"])]
+        if not rivals:
+            continue
+        best = max(rivals, key=lambda o: o["rows_per_s"])
+        lines.append(f"| {r['dataset']} {r['format']} | {r['target']} | "
+                     f"{_cell(r['method'])}: {r['rows_per_s']:,} | {_cell(best['method'])} | "
+                     f"{best['rows_per_s']:,} | {best['ratio_vs_chload']:.2f}x |")
+    return [*lines, ""]
 
 
 def write_markdown(path: str, results: list[dict], machine: dict) -> None:

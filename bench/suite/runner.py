@@ -143,7 +143,8 @@ class Runner:
         try:
             seconds, usage, rows, argv = self.run_once(method, ds)
         except (RuntimeError, OSError, ValueError) as exc:
-            outcome.status, outcome.note = "failed", str(exc)
+            # One failed run fails the method: no figure from its other runs.
+            outcome.status, outcome.note = "failed", f"{label}: {exc}"
             self.log(f"{ds.label:<18} {method.key:<52} FAILED {exc}")
             return
         outcome.command = _show(argv)
@@ -194,7 +195,8 @@ def _show(argv: list[str]) -> str:
 def summarize(outcome: Outcome) -> dict:
     """One result object of results.json (ratio_vs_chload is filled in afterwards)."""
     ds, m = outcome.dataset, outcome.method
-    median = statistics.median(outcome.seconds) if outcome.seconds else None
+    ok = outcome.status == "ok" and outcome.seconds
+    median = statistics.median(outcome.seconds) if ok else None
     size = ds.size_bytes()
     result = {
         "method": m.name, "target": m.target, "dataset": ds.name, "format": ds.ext,
@@ -207,7 +209,7 @@ def summarize(outcome: Outcome) -> dict:
         "runs": [round(s, 3) for s in outcome.seconds],
         "note": outcome.note, "command": outcome.command, "about": m.about,
     }
-    result.update(_mean_usage(outcome.usages))
+    result.update(_mean_usage(outcome.usages if ok else []))
     return result
 
 
