@@ -123,6 +123,34 @@ _WRAPPERS = ("Nullable", "Array", "LowCardinality")
 _DATETIME64 = re.compile(r"^DateTime64\((\d+)(?:,\s*('[^']*'))?\)$")
 
 
+def storable(typ: str, caps: Capabilities) -> str:
+    """`typ` mapped down where that changes no value; unchanged where it cannot be (the
+    table may exist with its own type for it; CREATE TABLE checks with `server_type`)."""
+    try:
+        return server_type(typ, caps, "", "")
+    except SchemaError:
+        return typ
+
+
+def check_create(sql: str, caps: Capabilities) -> None:
+    """A CREATE TABLE with a column list: every type storable here, or one clear line."""
+    from chload.schema import parse_structure
+
+    match = re.match(r"\s*CREATE TABLE (IF NOT EXISTS )?(\S+)\s*\(", sql)
+    if not match or match.group(2).startswith("chload."):
+        return
+    table = match.group(2).replace("`", "")
+    depth, start = 0, match.end() - 1
+    for i in range(start, len(sql)):
+        depth += (sql[i] == "(") - (sql[i] == ")")
+        if depth == 0:
+            for column in parse_structure(sql[start + 1:i]):
+                typ = re.split(r"\s+(?:DEFAULT|MATERIALIZED|ALIAS|CODEC|COMMENT)\b",
+                               column.type)[0]
+                server_type(typ, caps, column.name, f"table {table}")
+            return
+
+
 def server_type(typ: str, caps: Capabilities, column: str, where: str) -> str:
     """`typ` as this server can store it without changing any value; else SchemaError."""
     typ = typ.strip()

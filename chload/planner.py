@@ -152,7 +152,7 @@ def _data_columns(target: Target, files: Sequence[SourceFile],
             return target.reader(s, s.format.name, parse_structure(structure) if structure
                                  else None)
         try:
-            return infer(target.infer_rows, reader)
+            return infer(target.infer_rows, reader, nulls=existing is None)
         except ChloadError as exc:
             failure = exc
     if existing is not None and candidates[0].format.name not in POSITIONAL_FORMATS:

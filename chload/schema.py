@@ -83,17 +83,18 @@ def decide_header(query: Query, reader: Callable[[FileFormat], str], fmt: FileFo
     return FileFormat(named, fmt.compression)
 
 
-def infer(query: Query, reader: Callable[[str | None], str]) -> list[Column]:
+def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True) -> list[Column]:
     """Columns of a source: the engine's inference, Nullable only where NULLs appear.
 
-    `reader(structure)` returns the table-function SQL reading the sample file.
+    `reader(structure)` returns the table-function SQL reading the sample file. With
+    `nulls=False` (only the names matter: the table exists) the NULL count is skipped.
     """
     described = query(
         f"DESCRIBE {reader(None)} SETTINGS schema_inference_make_columns_nullable = 1"
     )
     columns = [Column(row["name"], row["type"]) for row in described]
     nullable = [c for c in columns if c.type.startswith("Nullable(")]
-    if not nullable:
+    if not nullable or not nulls:
         return columns
     counts = _null_counts(query, reader(structure(columns)), nullable)
     return [

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from chload import rejects
-from chload.capabilities import Capabilities, downgrade_ddl, probe, server_type
+from chload.capabilities import Capabilities, check_create, downgrade_ddl, probe, storable
 from chload.errors import (
     ChloadError,
     DataError,
@@ -101,6 +101,7 @@ class ServerTarget:
 
     # -- SQL ---------------------------------------------------------------------------
     def command(self, sql: str) -> None:
+        check_create(sql, self.caps)
         self.client.post(downgrade_ddl(sql, self.caps), context=self.where)
 
     def _command_id(self, sql: str, query_id: str) -> None:
@@ -114,12 +115,12 @@ class ServerTarget:
         return self.client.post(sql, context="query", fmt=fmt, in_database=True).decode()
 
     def infer_rows(self, sql: str) -> list[dict]:
-        """Inference runs in chDB here; types come back as this server can store them."""
+        """Inference runs in chDB here; types come back as this server stores them (where
+        that changes no value; CREATE TABLE refuses the rest in one line)."""
         rows = self.engine.rows(sql, getattr(self._reading, "uri", "schema inference"))
         if sql.lstrip().upper().startswith("DESCRIBE"):
-            where = getattr(self._reading, "uri", "the data")
             for row in rows:
-                row["type"] = server_type(row["type"], self.caps, row["name"], where)
+                row["type"] = storable(row["type"], self.caps)
         return rows
 
     def reader(self, file: SourceFile, fmt: str, columns: Sequence[Column] | None) -> str:

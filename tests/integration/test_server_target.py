@@ -226,6 +226,13 @@ def test_parquet_inferred_types_map_down_or_say_what_to_do(
                      url(clickhouse), env=env(clickhouse))
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "DateTime64(3" in out.stderr and "--schema" in out.stderr
+    # into a table that exists, the table's types decide: the engine converts
+    q(clickhouse, f"CREATE TABLE {table_name}_ts (id UInt64, at DateTime) ENGINE = MergeTree "
+                  "ORDER BY id")
+    code, report = load(clickhouse, str(stamped), "--table", table_name + "_ts")
+    assert code == 0, report
+    assert q(clickhouse, f"SELECT count(), max(at) FROM {table_name}_ts") == \
+        "10\t1970-01-01 00:00:09"
 
 
 def test_gzip_csv_through_the_loaders_engine_too(clickhouse: services.Service, trips: Path,

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from chload.capabilities import Capabilities, downgrade_ddl, probe, server_type
+from chload.capabilities import (
+    Capabilities,
+    check_create,
+    downgrade_ddl,
+    probe,
+    server_type,
+    storable,
+)
 from chload.errors import DataError, SchemaError, SourceError, TransientError
 from chload.formats import FileFormat
 from chload.schema import Column
@@ -64,6 +71,17 @@ def test_types_the_server_lacks_are_refused_in_one_line(inferred: str, hint: str
     assert str(info.value) == (f"f.parquet: column at has type {inferred}, which ClickHouse "
                                f"18.16.1 cannot store; pass --schema with a type it has for "
                                f"at, e.g. {hint}")
+
+
+def test_create_table_is_checked_and_inference_maps_only_what_is_safe() -> None:
+    ok = "CREATE TABLE IF NOT EXISTS `db`.`t` (\n    `id` UInt64,\n    `s` Nullable(String)\n)"
+    check_create(ok + " ENGINE = MergeTree ORDER BY `id`", OLD)
+    check_create("CREATE TABLE chload.lock_x (holder String DEFAULT 'a') ENGINE = Memory", OLD)
+    with pytest.raises(SchemaError, match="^table db.t: column at has type DateTime64"):
+        check_create("CREATE TABLE `db`.`t` (`id` UInt64, `at` DateTime64(3)) ENGINE = Log",
+                     OLD)
+    assert storable("DateTime64(3)", OLD) == "DateTime64(3)"  # an existing table decides
+    assert storable("Bool", OLD) == "UInt8"
 
 
 def test_low_cardinality_kept_where_it_is_stable() -> None:
