@@ -26,7 +26,7 @@ import re
 import sys
 import threading
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from chload.errors import ChloadError, TransientError, UsageError, from_engine_message
@@ -147,9 +147,11 @@ def select_sql(file: SourceFile, columns: Sequence[Column], read_columns: Sequen
 
 
 def push_sql(url: TargetURL, insert: str, columns: Sequence[Column], select: str,
-             compression: str, settings: Sequence[tuple[str, str]]) -> str:
-    """chDB's INSERT INTO FUNCTION url(...) that sends `select` as Native to `insert`."""
-    params = urllib.parse.urlencode({"query": insert})
+             compression: str, settings: Sequence[tuple[str, str]],
+             server_settings: Mapping[str, str] | None = None) -> str:
+    """chDB's INSERT INTO FUNCTION url(...) that sends `select` as Native to `insert`
+    (`server_settings` apply to the server's INSERT)."""
+    params = urllib.parse.urlencode({"query": insert, **(server_settings or {})})
     headers = ", ".join(f"{quote_str(k)}={quote_str(v)}" for k, v in url.auth_headers().items())
     target = (f"url({quote_str(f'{url.base}/?{params}')}, 'Native', "
               f"{quote_str(structure(columns))}, {quote_str(compression)}, headers({headers}))")
@@ -165,7 +167,8 @@ def _value(value: str) -> str:
 
 
 def stream_push(engine: LoaderEngine, client: HttpClient, insert: str, select: str,
-                settings: Sequence[tuple[str, str]], context: str) -> None:
+                settings: Sequence[tuple[str, str]], context: str,
+                server_settings: Mapping[str, str] | None = None) -> None:
     """Push through our own client: chDB -> Native blocks -> chunked HTTP body (https)."""
     blocks = engine.stream(f"{select} SETTINGS {settings_sql(settings)}", context)
-    client.request(insert, blocks, context=context)
+    client.request(insert, blocks, context=context, params=server_settings)

@@ -65,6 +65,8 @@ from chload.targets.push import (
 )
 
 RAW, PUSH = "raw", "push"
+PART_BYTES = 256 << 20  # rows in memory per part the server writes for a stage ...
+DEFAULT_PART_ROWS, MAX_PART_ROWS = 1 << 20, 1 << 26  # ... within these (server default)
 SMALL_FILE_BYTES = 4 << 20  # files below this are batched ...
 BATCH_FILES = 256  # ... up to this many ...
 BATCH_BYTES = 16 << 20  # ... and this many bytes (as stored) in one stage and commit
@@ -171,7 +173,11 @@ class ServerTarget:
     def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,
                      ) -> list[tuple[SourceFile, ...]]:
         """Group small files: one stage and one commit for up to 256 of them (16 MB),
-        and at least as many groups as streams, so every stream has work."""
+        and at least as many groups as streams, so every stream has work.
+
+        Large files load alone: a stage holding several would need its parts merged into
+        one per partition before the attach (commit.py rule 2), a rewrite of the data.
+        """
         small = sum(f.size < SMALL_FILE_BYTES for f in files)
         per_batch = min(BATCH_FILES, max(1, -(-small // self.default_workers(files))))
         groups: list[tuple[SourceFile, ...]] = []
@@ -257,11 +263,18 @@ class ServerTarget:
         headers = {}
         if f.format.compression != "none":
             headers["Content-Encoding"] = f.format.compression
+        params = {"max_insert_block_size": str(self._part_rows(job)), **dict(job.settings)}
         with open(f.local_path, "rb") as body:
             self.client.request(f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT "
                                 f"{f.format.name}", body, length=f.size, headers=headers,
-                                params=dict(job.settings), context=f.uri)
+                                params=params, context=f.uri)
         return f.size
+
+    def _part_rows(self, job: LoadJob) -> int:
+        """Rows per part the server writes: one part per file up to ~256 MB of rows in
+        memory, so most stages need no merge before the attach (commit.py rule 2)."""
+        width = sum(_width(c.type) for c in job.columns) + (64 if job.audit else 0)
+        return max(DEFAULT_PART_ROWS, min(MAX_PART_ROWS, PART_BYTES // max(1, width)))
 
     def _push(self, job: LoadJob, stage: str) -> int:
         columns = list(job.columns)
@@ -272,12 +285,16 @@ class ServerTarget:
             columns += [Column(n, t) for n, t in audit.items()]
         names = ", ".join(quote_ident(c.name) for c in columns)
         insert = f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT Native"
+        squash = {"min_insert_block_size_rows": str(self._part_rows(job)),
+                  "min_insert_block_size_bytes": str(PART_BYTES)}
         select = select_sql(job.file, job.columns, job.read_columns, audit)
         settings = (*PUSH_SETTINGS, ("session_timezone", self.caps.timezone), *job.settings)
         if self.url.secure:
-            stream_push(self.engine, self.client, insert, select, settings, job.file.uri)
+            stream_push(self.engine, self.client, insert, select, settings, job.file.uri,
+                        squash)
             return job.file.size
-        sql = push_sql(self.url, insert, columns, select, self._push_encoding(), settings)
+        sql = push_sql(self.url, insert, columns, select, self._push_encoding(), settings,
+                       squash)
         return self.engine.execute(sql, job.file.uri, self.url)[1] or job.file.size
 
     def _push_encoding(self) -> str:
@@ -369,6 +386,26 @@ class ServerTarget:
             self.engine.close()
             self.client.close()
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+_WIDTHS = {"UInt8": 1, "Int8": 1, "Enum8": 1, "UInt16": 2, "Int16": 2, "Enum16": 2, "Date": 2,
+           "UInt32": 4, "Int32": 4, "Float32": 4, "DateTime": 4, "Decimal32": 4, "UInt64": 8,
+           "Int64": 8, "Float64": 8, "Decimal64": 8, "UUID": 16, "Decimal128": 16}
+
+
+def _width(typ: str) -> int:
+    """Bytes a value takes in memory, roughly (strings and arrays: 64)."""
+    nullable = typ.startswith("Nullable(")
+    inner = typ[len("Nullable("):-1] if nullable else typ
+    family = inner.split("(", 1)[0]
+    if family == "Decimal":
+        digits = int((inner.split("(", 1)[1].split(",")[0] or "38").strip() or 38)
+        size = 4 if digits <= 9 else 8 if digits <= 18 else 16
+    elif family == "FixedString":
+        size = int(inner[len("FixedString("):-1] or 16)
+    else:
+        size = _WIDTHS.get(family, 64)
+    return size + nullable
 
 
 class BatchOverlap(TerminalError):
