@@ -187,7 +187,8 @@ class HttpClient:
         if query is not None:
             args["query"] = query
         path = "/?" + urllib.parse.urlencode(args)
-        head = {**self.url.auth_headers(), **(headers or {})}
+        head: dict[str, str | bytes] = {k: v.encode() for k, v in self.url.auth_headers().items()}
+        head.update(headers or {})  # (auth as UTF-8 bytes: http.client would try latin-1)
         if isinstance(body, bytes):
             head["Content-Length"] = str(len(body))
         elif length is not None:
@@ -203,7 +204,7 @@ class HttpClient:
             raise self.url.scrubbed(error) from None
         return data
 
-    def _send(self, path: str, body: Body, headers: dict[str, str],
+    def _send(self, path: str, body: Body, headers: dict[str, str | bytes],
               chunked: bool) -> tuple[int, bytes]:
         conn = self._connection()
         try:
