@@ -113,7 +113,12 @@ class ServerTarget:
         return [json.loads(line) for line in text.splitlines() if line]
 
     def text(self, sql: str, fmt: str) -> str:
-        return self.client.post(sql, context="query", fmt=fmt, in_database=True).decode()
+        """The user's SQL, in the URL's database; Pretty formats without ANSI colours
+        (18.16 colours them by default, as chDB does not)."""
+        params = {"output_format_pretty_color": "0"} if (
+            "output_format_pretty_color" in self.caps.settings) else {}
+        return self.client.post(sql, context="query", fmt=fmt, in_database=True,
+                                params=params).decode()
 
     def infer_rows(self, sql: str) -> list[dict]:
         """Inference runs in chDB here; types come back as this server stores them (where
