@@ -64,7 +64,7 @@ from chload.targets.push import (
 )
 
 RAW, PUSH = "raw", "push"
-PART_BYTES = 256 << 20  # rows in memory per part the server writes for a stage ...
+PART_BYTES = 128 << 20  # rows in memory per part the server writes for a stage ...
 DEFAULT_PART_ROWS, MAX_PART_ROWS = 1 << 20, 1 << 26  # ... within these (server default)
 SMALL_FILE_BYTES = 4 << 20  # files below this are batched ...
 BATCH_FILES = 256  # ... up to this many ...
@@ -276,7 +276,7 @@ class ServerTarget:
         return f.size
 
     def _part_rows(self, job: LoadJob) -> int:
-        """Rows per part the server writes: one part per file up to ~256 MB of rows in
+        """Rows per part the server writes: one part per file up to ~128 MB of rows in
         memory, so most stages need no merge before the attach (commit.py rule 2)."""
         width = sum(_width(c.type) for c in job.columns) + (64 if job.audit else 0)
         return max(DEFAULT_PART_ROWS, min(MAX_PART_ROWS, PART_BYTES // max(1, width)))
