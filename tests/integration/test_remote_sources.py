@@ -275,6 +275,10 @@ def test_many_objects_in_one_read(minio: services.Service, bucket: str, tmp_path
         monkeypatch.setenv(name, value)
     files = list_s3(f"s3://{bucket}/trips/trips_00{{1,3,5}}.csv.gz", "CSVWithNames", None)
     sql, uri = table_function_many(files, "CSVWithNames", "id UInt64") or ("", "")
+    seed = tmp_path / "seed.csv"
+    seed.write_text("id\n1\n")  # `chload sql` reads an existing target, never creates one
+    assert run_chload("load", str(seed), "--table", "seed", "--target",
+                      str(tmp_path / "target")).returncode == 0
     out = run_chload("sql", f"SELECT {uri} AS f, count() FROM {sql} GROUP BY f ORDER BY f",
                      "--target", str(tmp_path / "target"), "--format", "TSV", env=env)
     assert out.returncode == 0, out.stderr
