@@ -118,6 +118,16 @@ def load(sources: str | Iterable[str] | LoadSpec, table: str | None = None, *,
         target.close()
 
 
+def _threads_per_file(workers: int, jobs: int) -> int:
+    """Engine threads per file: the cores shared among the files loading at once.
+
+    Measured on 2 cores, 10 gzip CSV files of 51 columns: two files at once with one
+    thread each took 3.3 s of CPU, the engine's default (parallel parsing, 2 threads
+    each) 4.4 s for the same wall time or worse. A lone file gets every core.
+    """
+    return max(1, (os.cpu_count() or 2) // max(1, min(workers, jobs)))
+
+
 def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     started_ns, clock = time.time_ns(), time.monotonic()
     table = planner.parse_table(spec.table, _default_database(target))
@@ -132,11 +142,13 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
         )
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load)))
+    groups = _groups(target, plan.to_load, spec.budget)
+    workers = spec.workers or target.default_workers(plan.to_load)
+    threads = _threads_per_file(workers, len(groups))
     jobs = [LoadJob(group[0], table.sql, table.display, plan.columns, plan.read_columns,
                     spec.audit, spec.settings, report.run_id, spec.budget,
-                    group if len(group) > 1 else ())
-            for group in _groups(target, plan.to_load, spec.budget)]
-    workers = spec.workers or target.default_workers(plan.to_load)
+                    group if len(group) > 1 else (), threads)
+            for group in groups]
     monitor = Monitor(getattr(target, "path", ".")).start()
     results = runner.run(target, jobs, workers, listener,
                          abort_on_error=spec.on_error == "abort", changed=plan.changed)

@@ -36,6 +36,7 @@ class LoadJob:
     run_id: str
     budget: ErrorBudget = ErrorBudget()
     batch: tuple[SourceFile, ...] = ()  # several small files loaded as one (file = first)
+    threads: int = 0  # engine threads for this file's query (0: the engine's default)
 
     @property
     def files(self) -> tuple[SourceFile, ...]:

@@ -347,7 +347,11 @@ def _batch_select_sql(job: LoadJob, reader: Callable[..., str]) -> str:
 
 
 def _settings_sql(job: LoadJob, extra: Sequence[tuple[str, str]] = ()) -> str:
-    pairs = dict((*LOAD_SETTINGS, *extra, *job.settings))
+    threads: tuple[tuple[str, str], ...] = ()
+    if job.threads:  # parallel parsing only pays when this file has cores to itself
+        threads = (("max_threads", str(job.threads)), ("max_insert_threads", str(job.threads)),
+                   ("input_format_parallel_parsing", "1" if job.threads > 1 else "0"))
+    pairs = dict((*LOAD_SETTINGS, *threads, *extra, *job.settings))
     return ", ".join(f"{k} = {_setting_value(v)}" for k, v in pairs.items())
 
 
