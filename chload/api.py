@@ -132,7 +132,8 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     started_ns, clock = time.time_ns(), time.monotonic()
     table = planner.parse_table(spec.table, _default_database(target))
     report = LoadReport(table.display, target.display, uuid.uuid4().hex[:12])
-    files = planner.resolve_format(target, _list_sources(spec, target))
+    files = planner.resolve_format(target, _list_sources(spec, target),
+                                   planner.known_names(target, table, spec.schema))
     report.recovered = target.recover(table.sql)
     plan = planner.decide(files, target.ledger.loaded_identities(table.display), spec.force)
     if plan.to_load:
@@ -309,9 +310,11 @@ def validate(sources: str | Iterable[str], table: str, *, target: str | None = N
                     compression=compression, schema=schema)
     t = open_target(spec.target, create=False)
     try:
-        files = planner.resolve_format(t, _list_sources(spec, t))
+        name = planner.parse_table(table, _default_database(t))
+        files = planner.resolve_format(t, _list_sources(spec, t),
+                                       planner.known_names(t, name, schema))
         _, read_columns, _ = planner.prepare_table(
-            t, planner.parse_table(table), files, schema=schema, order_by=None,
+            t, name, files, schema=schema, order_by=None,
             partition_by=None, audit=False, create=False)
         return [_check(t, f, read_columns) for f in files]
     finally:

@@ -10,8 +10,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from chload import sniff
 from chload.errors import ChloadError, SourceError, UsageError
-from chload.formats import FileFormat, check_compression
+from chload.formats import HEADER_FORMATS, FileFormat, check_compression
 from chload.schema import (
     AUDIT_COLUMNS,
     Column,
@@ -85,15 +86,23 @@ def decide(files: Sequence[SourceFile], loaded: dict[str, str], force: bool) -> 
     return Plan(to_load, skipped, changed)
 
 
-def resolve_format(target: Target, files: Sequence[SourceFile]) -> list[SourceFile]:
+def resolve_format(target: Target, files: Sequence[SourceFile],
+                   names: Sequence[str] = ()) -> list[SourceFile]:
     """Decide CSV/TSV headers once per format, from the first file that can tell, for all.
 
+    `names`: the columns the data may have (the table's, or --schema's), if known; a
+    first line of just those names is a header, no engine needed (sniff.py).
     A file that cannot tell (empty, corrupt) does not stop the run: the next one is
     asked, and if none can, files keep their format and fail or load on their own.
     """
     decided: dict[FileFormat, FileFormat] = {}
     for fmt in dict.fromkeys(f.format for f in files):
         decided[fmt] = fmt
+        named = HEADER_FORMATS.get(fmt.name)
+        first = samples(f for f in files if f.format == fmt)[:1]
+        if named and names and first and sniff.starts_with_names(first[0], names):
+            decided[fmt] = FileFormat(named, fmt.compression)
+            continue
         for sample in samples(f for f in files if f.format == fmt):
             def reader(x: FileFormat, s: SourceFile = sample) -> str:
                 return target.reader(s, x.name, None)
@@ -147,6 +156,11 @@ def _data_columns(target: Target, files: Sequence[SourceFile],
     """
     failure: ChloadError | None = None
     candidates = samples(files) or list(files[:1])
+    if existing is not None and candidates[0].format.has_header:
+        header = sniff.header_names(candidates[0])  # the names are all that matter
+        by_name = {c.name: c for c in existing}
+        if header and len(set(header)) == len(header) and set(header) <= set(by_name):
+            return [by_name[n] for n in header]
     for sample in candidates:
         def reader(structure: str | None, s: SourceFile = sample) -> str:
             return target.reader(s, s.format.name, parse_structure(structure) if structure
@@ -160,6 +174,13 @@ def _data_columns(target: Target, files: Sequence[SourceFile],
     reason = str(failure).split(": ", 1)[-1]
     raise SourceError(f"{candidates[0].uri}: cannot infer its columns ({reason}); check "
                       "--format, or pass --schema 'name Type, ...'") from failure
+
+
+def known_names(target: Target, table: TableName, schema: str | None) -> list[str]:
+    """The column names the data may have, when known before reading it."""
+    if schema:
+        return [c.name for c in parse_structure(schema)]
+    return [c.name for c in target.table_columns(table.sql) or []]
 
 
 def validate_options(compression: str | None, workers: int | None) -> None:

@@ -1,0 +1,57 @@
+"""Header sniffing without the engine: a first line of known column names, or no answer."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+from pathlib import Path
+
+from chload.formats import detect
+from chload.sniff import header_names, starts_with_names
+from chload.sources import SourceFile
+
+NAMES = ["id", "miles", "duration", "vehicle_id"]
+
+
+def source(path: Path) -> SourceFile:
+    return SourceFile(str(path), path.stat().st_size, 0, detect(path.name), local_path=str(path))
+
+
+def test_gzip_csv_header_of_table_names(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv.gz"
+    path.write_bytes(gzip.compress(b"miles,id\n5,1\n"))
+    assert header_names(source(path)) == ["miles", "id"]
+    assert starts_with_names(source(path), NAMES) is True
+
+
+def test_quoted_csv_and_bz2_tsv(tmp_path: Path) -> None:
+    csv_path = tmp_path / "q.csv"
+    csv_path.write_text('"id","miles"\r\n1,2\n')
+    assert header_names(source(csv_path)) == ["id", "miles"]
+    tsv_path = tmp_path / "t.tsv.bz2"
+    tsv_path.write_bytes(bz2.compress(b"id\tduration\n1\t2\n"))
+    assert starts_with_names(source(tsv_path), NAMES) is True
+
+
+def test_no_answer_when_in_doubt(tmp_path: Path) -> None:
+    data = tmp_path / "data.csv"
+    data.write_text("1,5,30,2\n2,10,60,3\n")  # a data row: the engine decides
+    assert starts_with_names(source(data), NAMES) is None
+    unknown = tmp_path / "other.csv"
+    unknown.write_text("id,colour\n1,red\n")  # a name the table lacks: the engine decides
+    assert starts_with_names(source(unknown), NAMES) is None
+    twice = tmp_path / "twice.csv"
+    twice.write_text("id,id\n1,2\n")
+    assert starts_with_names(source(twice), NAMES) is None
+    one_line = tmp_path / "one.csv"
+    one_line.write_text("id,miles")  # no line end: cannot tell a header from a row
+    assert header_names(source(one_line)) is None
+    long_line = tmp_path / "long.csv"
+    long_line.write_text("x" * (1 << 17) + "\n")
+    assert header_names(source(long_line)) is None
+    broken = tmp_path / "broken.csv.gz"
+    broken.write_bytes(b"not gzip at all\n")
+    assert header_names(source(broken)) is None
+    zstd = tmp_path / "z.csv.zst"
+    zstd.write_bytes(b"\x28\xb5\x2f\xfd")
+    assert header_names(source(zstd)) is None  # not in the standard library: the engine reads it
