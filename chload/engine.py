@@ -6,7 +6,8 @@ another holds; its own message for that is cryptic. We take an exclusive `flock`
 A chDB session runs one query at a time (a second thread's `SELECT 1` waits for the
 first thread's INSERT to finish), but several sessions on one path run in parallel:
 measured on 2 cores, two 5-file inserts took 1.79 s on two sessions, 3.24 s on one.
-So each thread gets its own session.
+So each thread gets its own session. The same class, in memory, is a server target's
+loader engine (targets/push.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sys
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from chload.errors import ChloadError, DataError, TargetInUse, UsageError, from_engine_message
@@ -23,14 +26,13 @@ LOCK_NAME = ".chload.lock"
 
 
 class Engine:
-    """One chDB session on a directory, held exclusively by this process."""
+    """chDB sessions, one per thread, on a directory this process holds exclusively, or
+    in memory (`path=None`: the loader's own engine for a server target, which keeps
+    nothing). Sessions open on first use."""
 
-    def __init__(self, path: str) -> None:
-        self.path = os.path.abspath(path)
-        self._lock = _acquire(self.path)
-        import chdb.session  # lazy: the engine is ~0.4 s to import
-
-        self._new_session = lambda: chdb.session.Session(self.path)
+    def __init__(self, path: str | None) -> None:
+        self.path = os.path.abspath(path) if path else None
+        self._lock = _acquire(self.path) if self.path else None
         self._local = threading.local()
         self._sessions: list[Any] = []
         self._guard = threading.Lock()
@@ -38,26 +40,35 @@ class Engine:
     def _session(self) -> Any:
         session = getattr(self._local, "session", None)
         if session is None:
+            session = self._open()
             with self._guard:
-                session = self._new_session()
                 self._sessions.append(session)
             self._local.session = session
         return session
 
+    def _open(self) -> Any:
+        _import_chdb()
+        import chdb.session
+
+        try:
+            return chdb.session.Session(self.path) if self.path else chdb.session.Session()
+        except Exception as exc:  # chDB allows one data path per process
+            if self.path:
+                raise _convert(exc, f"target {self.path}") from exc
+            raise UsageError(
+                f"cannot start the loader's engine ({str(exc).splitlines()[0]}); a process "
+                "can use an embedded target or a server target, not both") from exc
+
     def query(self, sql: str, fmt: str = "TSV", context: str = "query") -> str:
         """Run a statement; engine errors become chload errors naming `context`."""
-        try:
-            result = self._session().query(sql, fmt)
-        except Exception as exc:  # chdb raises ChdbError / RuntimeError with the engine text
-            raise _convert(exc, context) from exc
+        result = self._run(sql, fmt, context)
         return result.bytes().decode() if result is not None else ""
 
-    def execute(self, sql: str, context: str = "query") -> tuple[int, int]:
-        """Run a write; return (rows written, bytes read from storage) from the engine."""
-        try:
-            result = self._session().query(sql, "TSV")
-        except Exception as exc:
-            raise _convert(exc, context) from exc
+    def execute(self, sql: str, context: str = "query",
+                errors: Callable[[str], ChloadError] | None = None) -> tuple[int, int]:
+        """Run a write; return (rows written, bytes read from storage) from the engine.
+        `errors` turns the engine's message into the error to raise (default: by code)."""
+        result = self._run(sql, "TSV", context, errors)
         return int(result.rows_written()), int(result.storage_bytes_read())
 
     def rows(self, sql: str, context: str = "query") -> list[dict[str, Any]]:
@@ -65,12 +76,47 @@ class Engine:
         text = self.query(sql, "JSONEachRow", context)
         return [json.loads(line) for line in text.splitlines() if line]
 
+    def stream(self, sql: str, context: str) -> Iterator[bytes]:
+        """The answer of `sql` in Native, block by block (bounded memory)."""
+        try:
+            for chunk in self._session().send_query(sql, "Native"):
+                yield chunk.bytes()
+        except Exception as exc:
+            raise _convert(exc, context) from exc
+
+    def _run(self, sql: str, fmt: str, context: str,
+             errors: Callable[[str], ChloadError] | None = None) -> Any:
+        try:
+            return self._session().query(sql, fmt)
+        except ChloadError:
+            raise
+        except Exception as exc:  # chdb raises ChdbError / RuntimeError with the engine text
+            if errors is not None and not isinstance(exc, UnicodeDecodeError):
+                raise errors(str(exc)) from exc
+            raise _convert(exc, context) from exc
+
     def close(self) -> None:
         with self._guard:
             sessions, self._sessions = self._sessions, []
         for session in sessions:
             session.close()
-        os.close(self._lock)
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def _import_chdb() -> None:
+    """Import chDB without pyarrow: chDB treats it as optional (Arrow results only, which
+    chload never asks for), and importing it (and numpy) costs 0.1-0.3 s of every run's
+    start. Only while chDB imports; a later `import pyarrow` works as usual."""
+    if "chdb.session" in sys.modules or "pyarrow" in sys.modules:
+        return
+    sys.modules["pyarrow"] = None  # type: ignore[assignment]
+    try:
+        import chdb.session  # noqa: F401
+    finally:
+        if sys.modules.get("pyarrow", 0) is None:
+            del sys.modules["pyarrow"]
 
 
 def _convert(exc: Exception, context: str) -> ChloadError:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
 from chload.schema import quote_str
@@ -58,6 +58,10 @@ class FileEvent:
     stage: str = ""
     mark: int = 0
     seq: int = field(default_factory=time.time_ns)
+
+    def moved(self, state: str, error: str = "") -> FileEvent:
+        """The same file in a later state (a new event, with its own sequence number)."""
+        return replace(self, state=state, error=error, seq=time.time_ns())
 
 
 @dataclass

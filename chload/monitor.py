@@ -52,7 +52,7 @@ class Monitor:
     """`start()` before a load, `stop()` after: the averages in between."""
 
     def __init__(self, path: str) -> None:
-        self._device = _device_of(path)
+        self._device = device_of(path)
         self._first: _Snapshot | None = None
 
     def start(self) -> Monitor:
@@ -82,7 +82,8 @@ class Monitor:
 
     def _snapshot(self) -> _Snapshot:
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        return _Snapshot(time.monotonic(), _cpu(), _disk(self._device), _net(),
+        disk = disk_counters(self._device)
+        return _Snapshot(time.monotonic(), cpu_jiffies(), disk[:3] if disk else None, _net(),
                          usage.ru_utime + usage.ru_stime)
 
 
@@ -96,7 +97,8 @@ def _diagnose(s: Saturation) -> str:
     return "waiting (source or target latency, or too few workers)"
 
 
-def _cpu() -> tuple[int, int] | None:
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs together."""
     try:
         with open("/proc/stat") as fh:
             fields = [int(v) for v in fh.readline().split()[1:9]]
@@ -106,32 +108,50 @@ def _cpu() -> tuple[int, int] | None:
     return sum(fields) - idle, sum(fields)
 
 
-def _device_of(path: str) -> str | None:
-    """The /proc/diskstats name of the block device holding `path`."""
+def device_of(path: str) -> str | None:
+    """The whole block device (not the partition) that holds `path`, or the busiest
+    disk when the file system is not on a block device (overlay, tmpfs)."""
     try:
-        st = os.stat(path if os.path.exists(path) else os.path.dirname(path) or ".")
-        major, minor = os.major(st.st_dev), os.minor(st.st_dev)
+        dev = os.stat(path if os.path.exists(path) else os.path.dirname(path) or ".").st_dev
+    except OSError:
+        return None
+    link = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+    if os.path.exists(link):
+        real = os.path.realpath(link)
+        if os.path.exists(os.path.join(real, "partition")):
+            real = os.path.dirname(real)
+        return os.path.basename(real)
+    return _busiest_disk()
+
+
+def _busiest_disk() -> str | None:
+    best, best_ticks = None, -1
+    try:
         with open("/proc/diskstats") as fh:
             for line in fh:
-                parts = line.split()
-                if int(parts[0]) == major and int(parts[1]) == minor:
-                    return parts[2]
+                cols = line.split()
+                name = cols[2]
+                if name.startswith(("loop", "ram", "zram", "dm-")) or \
+                        not os.path.exists(f"/sys/block/{name}"):
+                    continue
+                if int(cols[12]) > best_ticks:
+                    best, best_ticks = name, int(cols[12])
     except (OSError, ValueError, IndexError):
         return None
-    return None
+    return best
 
 
-def _disk(device: str | None) -> tuple[int, int, int] | None:
+def disk_counters(device: str | None) -> tuple[int, int, int, int, int] | None:
+    """(io_ticks ms, ios, io ms, sectors read, sectors written) of `device`."""
     if device is None:
         return None
     try:
         with open("/proc/diskstats") as fh:
             for line in fh:
-                parts = line.split()
-                if parts[2] == device:
-                    reads, read_ms = int(parts[3]), int(parts[6])
-                    writes, write_ms = int(parts[7]), int(parts[10])
-                    return int(parts[12]), reads + writes, read_ms + write_ms
+                cols = line.split()
+                if cols[2] == device:
+                    v = [int(c) for c in cols[3:14]]
+                    return v[9], v[0] + v[4], v[3] + v[7], v[2], v[6]
     except (OSError, ValueError, IndexError):
         return None
     return None

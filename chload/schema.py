@@ -12,7 +12,7 @@ Inference is the engine's (`DESCRIBE file(...)`); we only refine it:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from chload.errors import SchemaError, UsageError
@@ -164,3 +164,23 @@ def match_columns(
             "or pass --schema to say how to read the data"
         )
     return [by_name[c.name] for c in data_columns]
+
+
+def split_table(table: str) -> tuple[str, str]:
+    """`db`.`t` (as chload quotes it) -> (db, t)."""
+    database, _, name = table.partition(".")
+    return database.strip("`"), name.strip("`")
+
+
+def display_table(table: str) -> str:
+    """`db`.`t` -> db.t, as users write it and the ledger records it."""
+    return ".".join(split_table(table))
+
+
+def settings_sql(settings: Iterable[tuple[str, str]]) -> str:
+    """`name = value, ...` for a SETTINGS clause; numbers bare, other values quoted."""
+    return ", ".join(f"{k} = {_setting_value(v)}" for k, v in settings)
+
+
+def _setting_value(value: str) -> str:
+    return value if value.lstrip("-").replace(".", "", 1).isdigit() else quote_str(value)

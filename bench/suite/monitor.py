@@ -26,6 +26,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from chload.monitor import cpu_jiffies, disk_counters
+
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -44,33 +46,6 @@ class Usage:
     disk_write_mb: float | None = None
 
 
-def _cpu() -> tuple[int, int] | None:
-    """(busy, total) jiffies of all CPUs together."""
-    try:
-        with open("/proc/stat") as fh:
-            fields = [int(v) for v in fh.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-def _disk(device: str | None) -> tuple[int, ...] | None:
-    """(io_ticks ms, ios, io ms, sectors read, sectors written) of `device`."""
-    if device is None:
-        return None
-    try:
-        with open("/proc/diskstats") as fh:
-            for line in fh:
-                cols = line.split()
-                if cols[2] == device:
-                    v = [int(c) for c in cols[3:14]]
-                    return v[9], v[0] + v[4], v[3] + v[7], v[2], v[6]
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def _proc_cpu(pid: int | None) -> float | None:
     if not pid:
         return None
@@ -87,36 +62,6 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def device_of(path: str) -> str | None:
-    """The whole block device (not the partition) that holds `path`, or the busiest
-    disk when the file system is not on a block device (overlay, tmpfs)."""
-    dev = os.stat(path).st_dev
-    link = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
-    if os.path.exists(link):
-        real = os.path.realpath(link)
-        if os.path.exists(os.path.join(real, "partition")):
-            real = os.path.dirname(real)
-        return os.path.basename(real)
-    return _busiest_disk()
-
-
-def _busiest_disk() -> str | None:
-    best, best_ticks = None, -1
-    try:
-        with open("/proc/diskstats") as fh:
-            for line in fh:
-                cols = line.split()
-                name = cols[2]
-                if name.startswith(("loop", "ram", "zram", "dm-")) or \
-                        not os.path.exists(f"/sys/block/{name}"):
-                    continue
-                if int(cols[12]) > best_ticks:
-                    best, best_ticks = name, int(cols[12])
-    except (OSError, ValueError, IndexError):
-        return None
-    return best
-
-
 class Monitor:
     """Brackets one run: `start()`, then `stop()` returns its Usage."""
 
@@ -129,7 +74,7 @@ class Monitor:
 
     def start(self) -> Monitor:
         self._t0 = time.monotonic()
-        self._cpu0, self._disk0 = _cpu(), _disk(self.device)
+        self._cpu0, self._disk0 = cpu_jiffies(), disk_counters(self.device)
         self._server0, self._children0 = _proc_cpu(self.server_pid), _children_cpu()
         self._peak = 0.0
         self._stop.clear()
@@ -138,9 +83,9 @@ class Monitor:
         return self
 
     def _sample(self) -> None:
-        last = _cpu()
+        last = cpu_jiffies()
         while not self._stop.wait(self.interval):
-            now = _cpu()
+            now = cpu_jiffies()
             if last and now and now[1] > last[1]:
                 self._peak = max(self._peak, 100 * (now[0] - last[0]) / (now[1] - last[1]))
             last = now
@@ -152,14 +97,14 @@ class Monitor:
         elapsed_ms = (time.monotonic() - self._t0) * 1000
         usage = Usage(process_cpu_s=round(_children_cpu() - self._children0, 3),
                       cpu_peak_pct=round(self._peak, 1) if self._peak else None)
-        cpu1 = _cpu()
+        cpu1 = cpu_jiffies()
         if self._cpu0 and cpu1 and cpu1[1] > self._cpu0[1]:
             busy, total = cpu1[0] - self._cpu0[0], cpu1[1] - self._cpu0[1]
             usage.cpu_util_pct = round(100 * busy / total, 1)
         server1 = _proc_cpu(self.server_pid)
         if server1 is not None and self._server0 is not None:
             usage.server_cpu_s = round(server1 - self._server0, 3)
-        disk1 = _disk(self.device)
+        disk1 = disk_counters(self.device)
         if self._disk0 and disk1 and elapsed_ms > 0:
             ticks, ios, io_ms, rd, wr = (b - a for a, b in zip(self._disk0, disk1, strict=True))
             usage.disk = self.device

@@ -65,7 +65,7 @@ class Runner:
         self.env, self.work, self.server, self.deadline, self.log = (
             env, work, server, deadline, log)
         self._ids = itertools.count(1)
-        from suite.monitor import device_of
+        from chload.monitor import device_of
 
         self.device = device_of(work)
 

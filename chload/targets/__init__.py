@@ -112,3 +112,28 @@ def open_target(target: str | None, create: bool = True) -> Target:
     from chload.targets.embedded import EmbeddedTarget
 
     return EmbeddedTarget(value)
+
+
+SMALL_FILE_BYTES = 4 << 20  # files below this are batched ...
+BATCH_FILES = 256  # ... up to this many ...
+BATCH_BYTES = 16 << 20  # ... and this many bytes (as stored) in one stage and commit
+
+
+def group_small_files(files: Sequence[SourceFile], per_batch: int = BATCH_FILES,
+                      ) -> list[tuple[SourceFile, ...]]:
+    """Small files in groups of up to `per_batch` files and BATCH_BYTES, in order; large
+    files and streams alone (a target loads each group with one stage and one commit)."""
+    groups: list[tuple[SourceFile, ...]] = []
+    current: list[SourceFile] = []
+    for f in files:
+        if f.size >= SMALL_FILE_BYTES or f.is_stream:
+            groups.append((f,))
+            continue
+        if current and (len(current) >= per_batch
+                        or sum(c.size for c in current) + f.size > BATCH_BYTES):
+            groups.append(tuple(current))
+            current = []
+        current.append(f)
+    if current:
+        groups.append(tuple(current))
+    return groups

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from chload.errors import ChloadError, EngineError, TerminalError, TransientError
 from chload.faults import crash_point
 from chload.ledger import COMMITTING, DATABASE, LOADED, FileEvent, Ledger
-from chload.schema import quote_str
+from chload.schema import quote_str, split_table
 
 LEASE_SECONDS = 60.0
 LOCK_WAIT_SECONDS = 600.0
@@ -178,7 +178,7 @@ class Committer:
         commits to settle (then settle them first), and whether another load committed
         one of these files since we started (its `committing` event means attached:
         rule 1; a stage of our own run counts too, e.g. a batch whose commit gave up)."""
-        database, name = _split(table)
+        database, name = split_table(table)
         uris = ", ".join(quote_str(e.uri) for e in events)
         rows = self.sql.rows(
             f"SELECT 'mark' AS k, toString(max(max_block_number)) AS a, '' AS b, '' AS c, "
@@ -329,7 +329,7 @@ class Committer:
         pending = self.ledger.latest(display, [COMMITTING])
         for event in pending:
             self._settle(table, event)
-            self.ledger.record([_copy(event, LOADED)])
+            self.ledger.record([event.moved(LOADED)])
             self._run(f"DROP TABLE IF EXISTS {DATABASE}.{event.stage}")
         return len(pending)
 
@@ -351,7 +351,7 @@ class Committer:
 
     def _tops(self, tables: list[str]) -> dict[str, dict[str, int]]:
         """table -> partition id -> highest block number over its active parts."""
-        pairs = [_split(t) for t in tables]
+        pairs = [split_table(t) for t in tables]
         where = " OR ".join(f"(database = {quote_str(d)} AND table = {quote_str(n)})"
                             for d, n in pairs)
         found: dict[str, dict[str, int]] = {}
@@ -416,13 +416,3 @@ def _lock_name(table: str) -> str:
 def _dirty_name(table: str) -> str:
     return f"dirty_{hashlib.sha1(table.encode()).hexdigest()[:16]}"
 
-
-def _split(table: str) -> tuple[str, str]:
-    database, _, name = table.partition(".")
-    return database.strip("`"), name.strip("`")
-
-
-def _copy(event: FileEvent, state: str) -> FileEvent:
-    return FileEvent(event.target_table, event.uri, event.identity, event.size,
-                     event.mtime_ns, state, event.rows, event.bytes, "", event.run_id,
-                     event.stage, event.mark)

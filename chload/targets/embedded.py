@@ -34,13 +34,18 @@ from chload.errors import ChloadError, DataError, locate
 from chload.faults import crash_point
 from chload.ledger import COMMITTING, DATABASE, FAILED, LOADED, FileEvent, Ledger
 from chload.rejects import ErrorBudget
-from chload.schema import AUDIT_COLUMNS, Column, quote_ident, quote_str, structure
+from chload.schema import (
+    AUDIT_COLUMNS,
+    Column,
+    display_table,
+    quote_ident,
+    quote_str,
+    settings_sql,
+    split_table,
+    structure,
+)
 from chload.sources import SourceFile, table_function, table_function_many
-from chload.targets import Loaded, LoadJob
-
-SMALL_FILE_BYTES = 4 << 20  # files below this are batched ...
-BATCH_FILES = 256  # ... up to this many ...
-BATCH_BYTES = 16 << 20  # ... and this many bytes (as stored) in one batch
+from chload.targets import Loaded, LoadJob, group_small_files
 
 # Settings every load runs with; user --setting values come after and win.
 LOAD_SETTINGS: tuple[tuple[str, str], ...] = (
@@ -80,7 +85,7 @@ class EmbeddedTarget:
         return table_function(file, fmt, structure(columns) if columns else None)
 
     def table_columns(self, table: str) -> list[Column] | None:
-        database, name = _split(table)
+        database, name = split_table(table)
         rows = self.rows(
             f"SELECT name, type, default_kind FROM system.columns WHERE database = "
             f"{quote_str(database)} AND table = {quote_str(name)} ORDER BY position"
@@ -185,20 +190,7 @@ class EmbeddedTarget:
         """
         if budget.allows_errors:
             return [(f,) for f in files]
-        groups: list[tuple[SourceFile, ...]] = []
-        current: list[SourceFile] = []
-        for f in files:
-            if f.size >= SMALL_FILE_BYTES or f.is_stream:
-                groups.append((f,))
-                continue
-            if current and (len(current) >= BATCH_FILES
-                            or sum(c.size for c in current) + f.size > BATCH_BYTES):
-                groups.append(tuple(current))
-                current = []
-            current.append(f)
-        if current:
-            groups.append(tuple(current))
-        return groups
+        return group_small_files(files)
 
     def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
         """Load several small files as one: one parse, one stage, one attach.
@@ -233,7 +225,7 @@ class EmbeddedTarget:
                   for f, d in zip(job.files, done, strict=True)]
         with self._commit:
             self._attach(job.table, stage, *events)
-        self._loaded([_copy(e, LOADED) for e in events])
+        self._loaded([e.moved(LOADED) for e in events])
         self.command(f"DROP TABLE IF EXISTS {stage}")
         return done
 
@@ -266,7 +258,7 @@ class EmbeddedTarget:
 
     def _blocks(self, tables: list[str]) -> dict[str, dict[str, int]]:
         """table -> partition id -> highest block number, over active parts."""
-        pairs = [_split(t) for t in tables]
+        pairs = [split_table(t) for t in tables]
         where = " OR ".join(f"(database = {quote_str(d)} AND table = {quote_str(n)})"
                             for d, n in pairs)
         found: dict[str, dict[str, int]] = {}
@@ -280,10 +272,10 @@ class EmbeddedTarget:
     # -- recovery ----------------------------------------------------------------------
     def recover(self, table: str) -> int:
         """Settle files an interrupted run left `loading` or `committing`."""
-        pending = self.ledger.latest(_display(table), [COMMITTING])
+        pending = self.ledger.latest(display_table(table), [COMMITTING])
         for event in pending:
             self._finish_attach(table, event)
-            self.ledger.record([_copy(event, LOADED)])
+            self.ledger.record([event.moved(LOADED)])
         self._drop_orphan_stages()
         return len(pending)
 
@@ -352,7 +344,7 @@ def _settings_sql(job: LoadJob, extra: Sequence[tuple[str, str]] = ()) -> str:
         threads = (("max_threads", str(job.threads)), ("max_insert_threads", str(job.threads)),
                    ("input_format_parallel_parsing", "1" if job.threads > 1 else "0"))
     pairs = dict((*LOAD_SETTINGS, *threads, *extra, *job.settings))
-    return ", ".join(f"{k} = {_setting_value(v)}" for k, v in pairs.items())
+    return settings_sql(pairs.items())
 
 
 def _insert_sql(stage: str, job: LoadJob, reader: Callable[..., str],
@@ -360,9 +352,6 @@ def _insert_sql(stage: str, job: LoadJob, reader: Callable[..., str],
     return (f"INSERT INTO {stage} ({', '.join(_names(job))}) "
             f"{_select_sql(job, job.file, reader)} SETTINGS {_settings_sql(job, extra)}")
 
-
-def _setting_value(value: str) -> str:
-    return value if value.lstrip("-").replace(".", "", 1).isdigit() else quote_str(value)
 
 
 def _event(job: LoadJob, state: str, stage: str = "", rows: int = 0, read: int = 0,
@@ -372,17 +361,3 @@ def _event(job: LoadJob, state: str, stage: str = "", rows: int = 0, read: int =
                      rows, read, error, job.run_id, stage)
 
 
-def _copy(event: FileEvent, state: str, error: str = "") -> FileEvent:
-    return FileEvent(event.target_table, event.uri, event.identity, event.size,
-                     event.mtime_ns, state, event.rows, event.bytes, error, event.run_id,
-                     event.stage, event.mark)
-
-
-def _split(table: str) -> tuple[str, str]:
-    database, _, name = table.partition(".")
-    return database.strip("`"), name.strip("`")
-
-
-def _display(table: str) -> str:
-    database, name = _split(table)
-    return f"{database}.{name}"

@@ -15,22 +15,26 @@ conversions run in the server's time zone (`session_timezone`) so both paths agr
 Over https the bytes go through our own client instead (chDB's url() cannot be given a
 private CA): chDB streams Native blocks to Python, which forwards them, bounded.
 
-No data path here: chDB keeps nothing (`:memory:`), one session per thread (a session
-runs one query at a time; several run in parallel, see engine.py).
+The engine is engine.py's, in memory: chDB keeps nothing, one session per thread (a
+session runs one query at a time; several run in parallel).
 """
 
 from __future__ import annotations
 
-import json
 import re
-import sys
-import threading
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-from chload.errors import ChloadError, TransientError, UsageError, from_engine_message
-from chload.schema import AUDIT_COLUMNS, Column, quote_ident, quote_str, structure
+from chload.engine import Engine
+from chload.errors import ChloadError, TransientError, from_engine_message
+from chload.schema import (
+    AUDIT_COLUMNS,
+    Column,
+    quote_ident,
+    quote_str,
+    settings_sql,
+    structure,
+)
 from chload.sources import SourceFile, table_function
 from chload.targets.http import HttpClient, TargetURL, server_error
 
@@ -43,77 +47,6 @@ PUSH_SETTINGS: tuple[tuple[str, str], ...] = (
 _REMOTE_ERROR = re.compile(r"HTTP status code: (\d+)[^\n]*?body: '(.*)'", re.S)
 _NETWORK = re.compile(r"Connection (refused|reset)|Timeout|timed out|Broken pipe|"
                       r"Network is unreachable|No route to host", re.I)
-
-
-class LoaderEngine:
-    """chDB in memory, one session per thread; imported on first use (~0.3 s)."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-        self._sessions: list[Any] = []
-        self._guard = threading.Lock()
-
-    def _session(self) -> Any:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            _import_chdb()
-            import chdb.session
-
-            try:
-                session = chdb.session.Session()
-            except Exception as exc:  # chDB allows one data path per process
-                raise UsageError(
-                    f"cannot start the loader's engine ({str(exc).splitlines()[0]}); a process "
-                    "can use an embedded target or a server target, not both") from exc
-            with self._guard:
-                self._sessions.append(session)
-            self._local.session = session
-        return session
-
-    def rows(self, sql: str, context: str) -> list[dict[str, Any]]:
-        text = self._run(sql, "JSONEachRow", context).bytes().decode()
-        return [json.loads(line) for line in text.splitlines() if line]
-
-    def execute(self, sql: str, context: str, url: TargetURL | None = None) -> tuple[int, int]:
-        """Run a write (a push); return (rows written, bytes read from the source)."""
-        result = self._run(sql, "TSV", context, url)
-        return int(result.rows_written()), int(result.storage_bytes_read())
-
-    def stream(self, sql: str, context: str) -> Iterator[bytes]:
-        """The answer of `sql` in Native, block by block (bounded memory)."""
-        try:
-            for chunk in self._session().send_query(sql, "Native"):
-                yield chunk.bytes()
-        except Exception as exc:
-            raise from_engine_message(str(exc), context) from exc
-
-    def _run(self, sql: str, fmt: str, context: str, url: TargetURL | None = None) -> Any:
-        try:
-            return self._session().query(sql, fmt)
-        except ChloadError:
-            raise
-        except Exception as exc:  # chdb raises ChdbError / RuntimeError with the engine text
-            raise push_error(str(exc), context, url) from exc
-
-    def close(self) -> None:
-        with self._guard:
-            sessions, self._sessions = self._sessions, []
-        for session in sessions:
-            session.close()
-
-
-def _import_chdb() -> None:
-    """Import chDB without pyarrow: chDB treats it as optional (Arrow results only, which
-    chload never asks for), and importing it (and numpy) costs 0.1-0.3 s of every run's
-    start. Only while chDB imports; a later `import pyarrow` works as usual."""
-    if "chdb.session" in sys.modules or "pyarrow" in sys.modules:
-        return
-    sys.modules["pyarrow"] = None  # type: ignore[assignment]
-    try:
-        import chdb.session  # noqa: F401
-    finally:
-        if sys.modules.get("pyarrow", 0) is None:
-            del sys.modules["pyarrow"]
 
 
 def push_error(message: str, context: str, url: TargetURL | None) -> ChloadError:
@@ -158,15 +91,9 @@ def push_sql(url: TargetURL, insert: str, columns: Sequence[Column], select: str
     return f"INSERT INTO FUNCTION {target} {select} SETTINGS {settings_sql(settings)}"
 
 
-def settings_sql(settings: Sequence[tuple[str, str]]) -> str:
-    return ", ".join(f"{k} = {_value(v)}" for k, v in settings)
 
 
-def _value(value: str) -> str:
-    return value if value.lstrip("-").replace(".", "", 1).isdigit() else quote_str(value)
-
-
-def stream_push(engine: LoaderEngine, client: HttpClient, insert: str, select: str,
+def stream_push(engine: Engine, client: HttpClient, insert: str, select: str,
                 settings: Sequence[tuple[str, str]], context: str,
                 server_settings: Mapping[str, str] | None = None) -> None:
     """Push through our own client: chDB -> Native blocks -> chunked HTTP body (https)."""

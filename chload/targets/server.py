@@ -37,9 +37,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from functools import partial
 
 from chload import rejects
 from chload.capabilities import Capabilities, check_create, downgrade_ddl, probe, storable
+from chload.engine import Engine
 from chload.errors import (
     ChloadError,
     DataError,
@@ -50,14 +52,28 @@ from chload.errors import (
 )
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger
 from chload.rejects import ErrorBudget
-from chload.schema import AUDIT_COLUMNS, Column, quote_ident, quote_str, structure
+from chload.schema import (
+    AUDIT_COLUMNS,
+    Column,
+    display_table,
+    quote_ident,
+    quote_str,
+    split_table,
+    structure,
+)
 from chload.sources import SourceFile, table_function
-from chload.targets import Loaded, LoadJob
+from chload.targets import (
+    BATCH_FILES,
+    SMALL_FILE_BYTES,
+    Loaded,
+    LoadJob,
+    group_small_files,
+)
 from chload.targets.commit import Committer, Sql, stage_name
 from chload.targets.http import HttpClient, parse_target_url
 from chload.targets.push import (
     PUSH_SETTINGS,
-    LoaderEngine,
+    push_error,
     push_sql,
     select_sql,
     stream_push,
@@ -66,9 +82,6 @@ from chload.targets.push import (
 RAW, PUSH = "raw", "push"
 PART_BYTES = 128 << 20  # rows in memory per part the server writes for a stage ...
 DEFAULT_PART_ROWS, MAX_PART_ROWS = 1 << 20, 1 << 26  # ... within these (server default)
-SMALL_FILE_BYTES = 4 << 20  # files below this are batched ...
-BATCH_FILES = 256  # ... up to this many ...
-BATCH_BYTES = 16 << 20  # ... and this many bytes (as stored) in one stage and commit
 _MERGE_TREE = ("MergeTree", "ReplacingMergeTree", "SummingMergeTree", "AggregatingMergeTree",
                "CollapsingMergeTree", "VersionedCollapsingMergeTree", "GraphiteMergeTree")
 
@@ -90,7 +103,7 @@ class ServerTarget:
             self.ledger.ensure()
             rejects.ensure(self)
         self.committer = Committer(Sql(self._command_id, self.rows), self.ledger)
-        self.engine = LoaderEngine()
+        self.engine = Engine(None)  # chDB in memory, started on first use
         self.path = tempfile.mkdtemp(prefix="chload-server-")  # spooled stdin lives here
         self._pending: list[FileEvent] = []
         self._pending_lock = threading.Lock()
@@ -134,7 +147,7 @@ class ServerTarget:
         return table_function(file, fmt, structure(columns) if columns else None)
 
     def table_columns(self, table: str) -> list[Column] | None:
-        database, name = _split(table)
+        database, name = split_table(table)
         rows = self.rows(f"SELECT name, type, default_kind FROM system.columns WHERE "
                          f"database = {quote_str(database)} AND table = {quote_str(name)}")
         return [Column(r["name"], r["type"], r["default_kind"]) for r in rows] or None
@@ -171,7 +184,7 @@ class ServerTarget:
             self._drop(stage)  # nothing was committed; the runner may try again
             raise
         if done:
-            self._loaded(_copy(event, LOADED))
+            self._loaded(event.moved(LOADED))
         self._drop(stage)
         return (rows, read) if done else (0, read)  # another run loaded it meanwhile
 
@@ -183,22 +196,11 @@ class ServerTarget:
         Large files load alone: a stage holding several would need its parts merged into
         one per partition before the attach (commit.py rule 2), a rewrite of the data.
         """
+        if budget.allows_errors:
+            return [(f,) for f in files]
         small = sum(f.size < SMALL_FILE_BYTES for f in files)
-        per_batch = min(BATCH_FILES, max(1, -(-small // self.default_workers(files))))
-        groups: list[tuple[SourceFile, ...]] = []
-        current: list[SourceFile] = []
-        for f in files:
-            if f.size >= SMALL_FILE_BYTES or f.is_stream or budget.allows_errors:
-                groups.append((f,))
-                continue
-            if current and (len(current) >= per_batch
-                            or sum(c.size for c in current) + f.size > BATCH_BYTES):
-                groups.append(tuple(current))
-                current = []
-            current.append(f)
-        if current:
-            groups.append(tuple(current))
-        return groups
+        per_stream = -(-small // self.default_workers(files))  # every stream gets work
+        return group_small_files(files, min(BATCH_FILES, max(1, per_stream)))
 
     def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
         """Several small files through one stage and one commit, each file's rows counted
@@ -234,7 +236,7 @@ class ServerTarget:
             raise BatchOverlap(f"{job.file.uri}: another load committed some files of this "
                                "batch meanwhile; loading them one by one")
         for event in events:
-            self._loaded(_copy(event, LOADED))
+            self._loaded(event.moved(LOADED))
         self._drop(stage)
         return done
 
@@ -300,7 +302,8 @@ class ServerTarget:
             return job.file.size
         sql = push_sql(self.url, insert, columns, select, self._push_encoding(), settings,
                        squash)
-        return self.engine.execute(sql, job.file.uri, self.url)[1] or job.file.size
+        errors = partial(push_error, context=job.file.uri, url=self.url)
+        return self.engine.execute(sql, job.file.uri, errors)[1] or job.file.size
 
     def _push_encoding(self) -> str:
         """No compression on this machine (CPU is the limit); gzip over a network."""
@@ -326,7 +329,7 @@ class ServerTarget:
     def _check_engine(self, job: LoadJob) -> None:
         engine = self._engines.get(job.table)
         if engine is None:
-            database, name = _split(job.table)
+            database, name = split_table(job.table)
             found = self.rows(f"SELECT engine FROM system.tables WHERE database = "
                               f"{quote_str(database)} AND name = {quote_str(name)}")
             engine = self._engines[job.table] = found[0]["engine"] if found else ""
@@ -378,7 +381,7 @@ class ServerTarget:
             raise
 
     def recover(self, table: str) -> int:
-        settled = self.committer.recover(table, _display(table))
+        settled = self.committer.recover(table, display_table(table))
         self.committer.drop_orphans()
         return settled
 
@@ -424,17 +427,3 @@ def _event(job: LoadJob, state: str, rows: int = 0, read: int = 0,
                      rows, read, error, job.run_id)
 
 
-def _copy(event: FileEvent, state: str) -> FileEvent:
-    return FileEvent(event.target_table, event.uri, event.identity, event.size,
-                     event.mtime_ns, state, event.rows, event.bytes, "", event.run_id,
-                     event.stage, event.mark)
-
-
-def _split(table: str) -> tuple[str, str]:
-    database, _, name = table.partition(".")
-    return database.strip("`"), name.strip("`")
-
-
-def _display(table: str) -> str:
-    database, name = _split(table)
-    return f"{database}.{name}"
