@@ -120,13 +120,14 @@ BATCH_BYTES = 16 << 20  # ... and this many bytes (as stored) in one stage and c
 
 
 def group_small_files(files: Sequence[SourceFile], per_batch: int = BATCH_FILES,
-                      ) -> list[tuple[SourceFile, ...]]:
-    """Small files in groups of up to `per_batch` files and BATCH_BYTES, in order; large
-    files and streams alone (a target loads each group with one stage and one commit)."""
+                      small: int = SMALL_FILE_BYTES) -> list[tuple[SourceFile, ...]]:
+    """Files under `small` bytes in groups of up to `per_batch` files and BATCH_BYTES, in
+    order; larger files and streams alone (a target loads each group with one stage and
+    one commit)."""
     groups: list[tuple[SourceFile, ...]] = []
     current: list[SourceFile] = []
     for f in files:
-        if f.size >= SMALL_FILE_BYTES or f.is_stream:
+        if f.size >= small or f.is_stream:
             groups.append((f,))
             continue
         if current and (len(current) >= per_batch

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
@@ -58,6 +60,7 @@ from chload.schema import (
     display_table,
     quote_ident,
     quote_str,
+    settings_sql,
     split_table,
     structure,
 )
@@ -80,6 +83,8 @@ from chload.targets.push import (
 )
 
 RAW, PUSH = "raw", "push"
+JSON_LINES = frozenset({"JSONEachRow", "JSONLines", "NDJSON"})
+_NUMERIC = re.compile(r"^(Nullable\()?(U?Int\d+|Float\d+|Decimal.*)\)?$")
 PART_BYTES = 128 << 20  # rows in memory per part the server writes for a stage ...
 DEFAULT_PART_ROWS, MAX_PART_ROWS = 1 << 20, 1 << 26  # ... within these (server default)
 _MERGE_TREE = ("MergeTree", "ReplacingMergeTree", "SummingMergeTree", "AggregatingMergeTree",
@@ -212,12 +217,15 @@ class ServerTarget:
         done: list[Loaded] = []
         try:
             self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
-            total = 0
-            for f in job.files:
-                read = self._fill(replace(job, file=f, batch=()), stage, fallback=False)
-                now = int(self.rows(f"SELECT count() AS n FROM {DATABASE}.{stage}")[0]["n"])
-                done.append(Loaded(now - total, read))
-                total = now
+            if self._gathers(job):
+                done = self._gather(job, stage)
+            else:
+                total = 0
+                for f in job.files:
+                    read = self._fill(replace(job, file=f, batch=()), stage, fallback=False)
+                    now = int(self.rows(f"SELECT count() AS n FROM {DATABASE}.{stage}")[0]["n"])
+                    done.append(Loaded(now - total, read))
+                    total = now
             rows, partitions = self._seal(stage)
         except ChloadError:
             self._drop(stage)
@@ -283,19 +291,66 @@ class ServerTarget:
         width = sum(_width(c.type) for c in job.columns) + (64 if job.audit else 0)
         return max(DEFAULT_PART_ROWS, min(MAX_PART_ROWS, PART_BYTES // max(1, width)))
 
-    def _push(self, job: LoadJob, stage: str) -> int:
+    def _gathers(self, job: LoadJob) -> bool:
+        """Gather a batch in the loader's engine (below) when it would push anyway, and
+        for JSON lines with other than numeric columns. Measured into 18.16 on 2 cores:
+        200 files of stream snapshots (strings, dates, an array): 18.16 spent 6 s of CPU
+        parsing 600,000 rows, chDB gathering 2.4-3.1 s in all against 6.6-7.9 s a
+        request per file. Numbers only (4M trips rows in 16 files): a request per file
+        1.45 s, gathered 1.9-2.4 s; gzip CSV likewise (raw 0.94-1.0 s, gathered 1.7 s)."""
+        if self.path_for(job) == PUSH:
+            return True
+        return (job.file.format.name in JSON_LINES
+                and not all(_NUMERIC.match(c.type) for c in job.columns))
+
+    def _gather(self, job: LoadJob, stage: str) -> list[Loaded]:
+        """A batch of small files through the loader's engine: one query reads every file
+        into a Memory table that keeps each row's file (exact rows per file), then one
+        Native stream fills the stage. The stage gets one part and needs no merge; a
+        request per file made a part per file, merged before the attach (measured into
+        18.16: 200 gzip JSON files of 3,000 rows, 6.6-7.9 s one request per file)."""
+        columns, audit = self._push_columns(job)
+        memory = f"chload_batch_{uuid.uuid4().hex[:12]}"
+        context = f"batch of {len(job.files)} files from {job.file.uri}"
+        union = " UNION ALL ".join(
+            f"SELECT *, {quote_str(f.uri)} AS _chload_file FROM "
+            f"({select_sql(f, job.columns, job.read_columns, audit)})" for f in job.files)
+        self.engine.query(f"CREATE TABLE {memory} ({structure(columns)}, _chload_file String) "
+                          "ENGINE = Memory", "TSV", context)
+        try:
+            self.engine.execute(f"INSERT INTO {memory} {union} SETTINGS "
+                                f"{settings_sql(self._push_settings(job))}", context)
+            counts = {r["f"]: int(r["n"]) for r in self.engine.rows(
+                f"SELECT _chload_file AS f, count() AS n FROM {memory} GROUP BY f", context)}
+            names = ", ".join(quote_ident(c.name) for c in columns)
+            self._push(job, stage, f"SELECT {names} FROM {memory}")
+        finally:
+            self.engine.query(f"DROP TABLE IF EXISTS {memory}", "TSV", context)
+        return [Loaded(counts.get(f.uri, 0), f.size) for f in job.files]
+
+    def _push_columns(self, job: LoadJob) -> tuple[list[Column], dict[str, str] | None]:
+        """The stage's columns a push fills, with the audit columns' types (if any)."""
         columns = list(job.columns)
         audit = None
         if job.audit:
             table = {c.name: c.type for c in self.table_columns(job.table) or []}
             audit = {name: table.get(name, typ) for name, typ in AUDIT_COLUMNS.items()}
             columns += [Column(n, t) for n, t in audit.items()]
+        return columns, audit
+
+    def _push_settings(self, job: LoadJob) -> tuple[tuple[str, str], ...]:
+        return (*PUSH_SETTINGS, ("session_timezone", self.caps.timezone), *job.settings)
+
+    def _push(self, job: LoadJob, stage: str, select: str | None = None) -> int:
+        """Fill the stage through the loader's engine: `select` (default: the file's
+        rows, cast to the table's types) as one Native stream."""
+        columns, audit = self._push_columns(job)
         names = ", ".join(quote_ident(c.name) for c in columns)
         insert = f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT Native"
         squash = {"min_insert_block_size_rows": str(self._part_rows(job)),
                   "min_insert_block_size_bytes": str(PART_BYTES)}
-        select = select_sql(job.file, job.columns, job.read_columns, audit)
-        settings = (*PUSH_SETTINGS, ("session_timezone", self.caps.timezone), *job.settings)
+        select = select or select_sql(job.file, job.columns, job.read_columns, audit)
+        settings = self._push_settings(job)
         if self.url.secure:
             stream_push(self.engine, self.client, insert, select, settings, job.file.uri,
                         squash)

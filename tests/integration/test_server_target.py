@@ -4,6 +4,7 @@ server restarted, concurrent loaders."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ from conftest import run_chload
 
 pytestmark = pytest.mark.integration
 
-FILES, ROWS = 10, 200_000
+FILES, ROWS = 10, 1_000_000  # the issue's dataset: 10M rows in 10 gzip CSV files
 TOTAL = FILES * ROWS
 
 
@@ -51,7 +52,7 @@ def load(server: services.Service, *args: str, database: str = "default") -> tup
 
 @pytest.fixture(scope="module")
 def trips(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """10 gzip CSV files with a header, 200,000 rows each."""
+    """10 gzip CSV files with a header, 1,000,000 rows each."""
     directory = tmp_path_factory.mktemp("server-trips")
     make_trips(str(directory), FILES, ROWS)
     return directory
@@ -173,6 +174,34 @@ def test_small_files_batched_exactly_once_after_a_kill(
     assert {(r["state"], r["rows"]) for r in json.loads(ledger.stdout)} == {("loaded", 2000)}
     code, report = load(clickhouse, files, "--table", table_name)
     assert (code, report["files_skipped"]) == (0, 40)
+
+
+def test_small_json_files_gathered_by_the_loaders_engine(
+        clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:
+    """JSON lines with strings and dates go through one chDB read per batch: every file's
+    rows counted on their own, audit columns per row, a bad file still fails alone."""
+    for i in range(30):
+        lines = "".join(json.dumps({"id": i * 100 + j, "name": f"n\u00e9{j}", "at":
+                                    f"2024-01-0{1 + j % 9} 10:00:00", "tags": ["a", str(j)]})
+                        + "\n" for j in range(100))
+        (tmp_path / f"s_{i:02d}.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+    (tmp_path / "s_17.jsonl.gz").write_bytes(gzip.compress(b'{"id": "x", "name": 1}\n'))
+    files = str(tmp_path / "*.jsonl.gz")
+    code, report = load(clickhouse, files, "--table", table_name, "--audit", "--schema",
+                        "id UInt64, name String, at DateTime, tags Array(String)")
+    assert (code, report["files_loaded"], report["files_failed"]) == (1, 29, 1), report
+    assert counts(clickhouse, table_name) == (2900, 2900)
+    per_file = q(clickhouse, f"SELECT uniqExact(_source_file), min(c), max(c) FROM (SELECT "
+                             f"_source_file, count() AS c FROM {table_name} GROUP BY "
+                             f"_source_file)")
+    assert per_file == "29\t100\t100"
+    assert q(clickhouse, f"SELECT count() FROM {table_name} WHERE name LIKE 'n\u00e9%' AND "
+                         f"length(tags) = 2 AND toYear(at) = 2024") == "2900"
+    ledger = json.loads(run_chload("files", "--table", table_name, "--target", url(clickhouse),
+                                   "--json", env=env(clickhouse)).stdout)
+    assert {(r["state"], r["rows"]) for r in ledger if r["state"] == "loaded"} == {
+        ("loaded", 100)}
+    assert [r["uri"] for r in ledger if r["state"] == "failed"] == [str(tmp_path / "s_17.jsonl.gz")]
 
 
 # -- formats, types, databases ---------------------------------------------------------
