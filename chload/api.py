@@ -139,7 +139,7 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     if plan.to_load:
         plan.columns, plan.read_columns, plan.created_table = planner.prepare_table(
             target, table, plan.to_load, schema=spec.schema, order_by=spec.order_by,
-            partition_by=spec.partition_by, audit=spec.audit,
+            partition_by=spec.partition_by, audit=spec.audit, budget=spec.budget,
         )
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load)))
@@ -295,19 +295,23 @@ class FileCheck:
     errors: int = 0  # rows that do not
     first_errors: list[dict] = field(default_factory=list)  # line, error, raw
     failure: str = ""  # the file could not be read at all
+    within_budget: bool = True  # a load with the same error budget would load this file
 
 
 def validate(sources: str | Iterable[str], table: str, *, target: str | None = None,
              format: str | None = None, compression: str | None = None,
-             schema: str | None = None) -> list[FileCheck]:
+             schema: str | None = None, max_errors: int | None = None,
+             max_error_ratio: float | None = None) -> list[FileCheck]:
     """Parse every row of every source against the table's (or the inferred) schema.
 
     Writes nothing to the table or the ledger: bad rows are counted by the engine into
-    a temporary errors file, outside the target.
+    a temporary errors file, outside the target. With an error budget, each file says
+    whether a load with that budget would take it, and inference is the load's.
     """
     names = (sources,) if isinstance(sources, str) else tuple(sources)
     spec = LoadSpec(sources=names, table=table, target=target, format=format,
-                    compression=compression, schema=schema)
+                    compression=compression, schema=schema, max_errors=max_errors,
+                    max_error_ratio=max_error_ratio)
     t = open_target(spec.target, create=False)
     try:
         name = planner.parse_table(table, _default_database(t))
@@ -315,13 +319,14 @@ def validate(sources: str | Iterable[str], table: str, *, target: str | None = N
                                        planner.known_names(t, name, schema))
         _, read_columns, _ = planner.prepare_table(
             t, name, files, schema=schema, order_by=None,
-            partition_by=None, audit=False, create=False)
-        return [_check(t, f, read_columns) for f in files]
+            partition_by=None, audit=False, create=False, budget=spec.budget)
+        return [_check(t, f, read_columns, spec.budget) for f in files]
     finally:
         t.close()
 
 
-def _check(t: Target, f: SourceFile, columns: Sequence[Column]) -> FileCheck:
+def _check(t: Target, f: SourceFile, columns: Sequence[Column],
+           budget: ErrorBudget) -> FileCheck:
     import tempfile
 
     from chload import rejects
@@ -329,8 +334,8 @@ def _check(t: Target, f: SourceFile, columns: Sequence[Column]) -> FileCheck:
     check = FileCheck(f.uri)
     with tempfile.TemporaryDirectory(prefix="chload-validate-") as tmp:
         errors_file = os.path.join(tmp, "errors.csv")
-        budget = ErrorBudget(None, 1.0).engine_settings(errors_file)
-        settings = ", ".join(f"{k} = {v if v.isdigit() else quote_str(v)}" for k, v in budget)
+        count_all = ErrorBudget(None, 1.0).engine_settings(errors_file)
+        settings = ", ".join(f"{k} = {v if v.isdigit() else quote_str(v)}" for k, v in count_all)
         try:
             rows = t.infer_rows(f"SELECT count() AS n FROM {t.reader(f, f.format.name, columns)}"
                                 f" WHERE NOT ignore(*) SETTINGS {settings}")
@@ -340,4 +345,6 @@ def _check(t: Target, f: SourceFile, columns: Sequence[Column]) -> FileCheck:
         check.rows = int(rows[0]["n"])
         check.errors = rejects.count_errors(t, errors_file)
         check.first_errors = rejects.first(t, errors_file, rejects.header_lines(f.format))
+    check.within_budget = (budget.allows(check.errors, check.rows + check.errors)
+                           if budget.allows_errors else not check.errors)
     return check

@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     _load_parser(commands)
     files = commands.add_parser("files", help="the ledger: each file's state for a table")
     _common(files)
-    files.add_argument("--table", required=True)
+    files.add_argument("--table", "-t", required=True)
     files.add_argument("--json", action="store_true", help="print JSON (a list of objects)")
     files.set_defaults(func=_files)
     sql = commands.add_parser("sql", help="run SQL against the target")
@@ -55,14 +55,14 @@ def _parser() -> argparse.ArgumentParser:
     sql.set_defaults(func=_sql)
     hist = commands.add_parser("history", help="one line per load run")
     _common(hist)
-    hist.add_argument("--table")
+    hist.add_argument("--table", "-t")
     hist.add_argument("--limit", type=int, default=50)
     hist.add_argument("--run", metavar="RUN_ID", help="per-file detail of one run")
     hist.add_argument("--json", action="store_true")
     hist.set_defaults(func=_history)
     errs = commands.add_parser("errors", help="rejected rows of a table: file, line, error, raw")
     _common(errs)
-    errs.add_argument("--table", required=True)
+    errs.add_argument("--table", "-t", required=True)
     errs.add_argument("--limit", type=int, default=10_000)
     errs.add_argument("--json", action="store_true", help="print JSON (a list of objects)")
     errs.set_defaults(func=_errors)
@@ -74,6 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--format", "-f")
     check.add_argument("--compression")
     check.add_argument("--schema")
+    check.add_argument("--max-errors", type=int, metavar="N",
+                       help="bad rows a file may have, as for load (default 0)")
+    check.add_argument("--max-error-ratio", type=float, metavar="R",
+                       help="bad rows / all rows a file may have, as for load")
     check.add_argument("--json", action="store_true")
     check.set_defaults(func=_validate)
     return parser
@@ -228,14 +232,15 @@ def _validate(args: argparse.Namespace) -> int:
     from chload.api import validate
 
     checks = validate(args.sources, args.table, target=args.target, format=args.format,
-                      compression=args.compression, schema=args.schema)
+                      compression=args.compression, schema=args.schema,
+                      max_errors=args.max_errors, max_error_ratio=args.max_error_ratio)
     if args.json:
         print(json.dumps([asdict(c) for c in checks]))
     else:
         from chload.render import print_checks
 
         print_checks(checks)
-    return 0 if all(not c.errors and not c.failure for c in checks) else 1
+    return 0 if all(c.within_budget and not c.failure for c in checks) else 1
 
 
 def _version() -> str:

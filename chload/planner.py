@@ -13,9 +13,11 @@ from dataclasses import dataclass, field, replace
 from chload import sniff
 from chload.errors import ChloadError, SourceError, UsageError
 from chload.formats import HEADER_FORMATS, FileFormat, check_compression
+from chload.rejects import ErrorBudget
 from chload.schema import (
     AUDIT_COLUMNS,
     Column,
+    Tolerance,
     create_table_sql,
     decide_header,
     infer,
@@ -123,14 +125,18 @@ def samples(files: Iterable[SourceFile], limit: int = 3) -> list[SourceFile]:
 def prepare_table(
     target: Target, table: TableName, files: Sequence[SourceFile], *, schema: str | None,
     order_by: str | None, partition_by: str | None, audit: bool, create: bool = True,
+    budget: ErrorBudget | None = None,
 ) -> tuple[list[Column], list[Column], bool]:
     """Create the table if needed; return (table columns, read columns, created).
 
     With `create=False` (validation) a missing table is not created: the data's own
-    columns are used.
+    columns are used. With an error `budget`, inference keeps a text column of
+    numbers-but-a-few numeric (schema.numeric_type).
     """
     existing = target.table_columns(table.sql)
-    data = parse_structure(schema) if schema else _data_columns(target, files, existing)
+    tolerate = budget.allows if budget and budget.allows_errors else None
+    data = (parse_structure(schema) if schema
+            else _data_columns(target, files, existing, tolerate))
     created = False
     if existing is None and not create:
         return data, data, False
@@ -144,8 +150,8 @@ def prepare_table(
     return matched, (data if schema else matched), created
 
 
-def _data_columns(target: Target, files: Sequence[SourceFile],
-                  existing: list[Column] | None) -> list[Column]:
+def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Column] | None,
+                  tolerate: Tolerance | None = None) -> list[Column]:
     """The columns of the data: inferred by the engine, or for an existing table, what
     the rows are read as.
 
@@ -166,7 +172,7 @@ def _data_columns(target: Target, files: Sequence[SourceFile],
             return target.reader(s, s.format.name, parse_structure(structure) if structure
                                  else None)
         try:
-            return infer(target.infer_rows, reader, nulls=existing is None)
+            return infer(target.infer_rows, reader, nulls=existing is None, tolerate=tolerate)
         except ChloadError as exc:
             failure = exc
     if existing is not None and candidates[0].format.name not in POSITIONAL_FORMATS:

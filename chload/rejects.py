@@ -69,6 +69,12 @@ class ErrorBudget:
                 ("input_format_record_errors_file_path", errors_file),
                 ("input_format_parallel_parsing", "0")]
 
+    def allows(self, rejected: int, total: int) -> bool:
+        """Whether `rejected` bad rows of `total` are within the budget."""
+        if self.max_errors is not None and rejected > self.max_errors:
+            return False
+        return not (self.max_ratio is not None and total and rejected / total > self.max_ratio)
+
     def check(self, uri: str, rejected: int, loaded: int) -> None:
         """Raise DataError when a file's rejects exceed the budget."""
         total = rejected + loaded

@@ -128,9 +128,11 @@ def print_checks(checks: Sequence[FileCheck]) -> None:
     for c in checks:
         first = c.first_errors[0] if c.first_errors else None
         detail = c.failure or (f"line {first['line']}: {first['error']}" if first else "")
-        rows.append([c.uri, str(c.rows), str(c.errors), detail.replace("\n", " ")[:300]])
-    _table("validation (nothing was written)", ["file", "rows ok", "rows bad", "first error"],
-           rows)
+        verdict = "unreadable" if c.failure else "would load" if c.within_budget else "would fail"
+        rows.append([c.uri, str(c.rows), str(c.errors), verdict,
+                     detail.replace("\n", " ")[:300]])
+    _table("validation (nothing was written)",
+           ["file", "rows ok", "rows bad", "verdict", "first error"], rows)
 
 
 def _table(title: str, header: list[str], rows: list[list[str]]) -> None:

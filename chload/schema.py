@@ -7,6 +7,8 @@ Inference is the engine's (`DESCRIBE file(...)`); we only refine it:
   storage larger. We count NULLs over a sample (empty CSV fields are NULL in a Nullable
   column, via `input_format_csv_empty_as_default`) and keep `Nullable` only where the
   sample has one.
+- Dirty numbers: with an error budget, a text column whose sampled values are numbers
+  but a few is numeric, and the few are bad rows for the budget (`numeric_type`).
 """
 
 from __future__ import annotations
@@ -87,32 +89,80 @@ def decide_header(query: Query, reader: Callable[[FileFormat], str], fmt: FileFo
     return FileFormat(named, fmt.compression)
 
 
-def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True) -> list[Column]:
+def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
+          tolerate: Tolerance | None = None) -> list[Column]:
     """Columns of a source: the engine's inference, Nullable only where NULLs appear.
 
     `reader(structure)` returns the table-function SQL reading the sample file. With
-    `nulls=False` (only the names matter: the table exists) the NULL count is skipped.
+    `nulls=False` (only the names matter: the table exists) the sample is not read.
+    `tolerate(bad, values)`: with an error budget, whether `bad` of a text column's
+    `values` may be bad rows rather than a reason to make the column String
+    (numeric_columns below).
     """
     described = query(
         f"DESCRIBE {reader(None)} SETTINGS schema_inference_make_columns_nullable = 1"
     )
     columns = [Column(row["name"], row["type"]) for row in described]
     nullable = [c for c in columns if c.type.startswith("Nullable(")]
-    if not nullable or not nulls:
+    textual = [c for c in columns if tolerate and _base(c.type) == "String"]
+    if not nulls or not (nullable or textual):
         return columns
-    counts = _null_counts(query, reader(structure(columns)), nullable)
-    return [
-        Column(c.name, c.type[len("Nullable("):-1]) if counts.get(c.name, 1) == 0 else c
-        for c in columns
-    ]
+    stats = _sample_stats(query, reader(structure(columns)), nullable, textual)
+    return [_refine(c, stats, tolerate) for c in columns]
 
 
-def _null_counts(query: Query, source_sql: str, nullable: Sequence[Column]) -> dict[str, int]:
-    exprs = ", ".join(
-        f"countIf(isNull({quote_ident(c.name)})) AS {quote_ident(c.name)}" for c in nullable
-    )
-    rows = query(f"SELECT {exprs} FROM (SELECT * FROM {source_sql} LIMIT {NULL_SAMPLE_ROWS})")
-    return {k: int(v) for k, v in rows[0].items()} if rows else {}
+Tolerance = Callable[[int, int], bool]
+
+
+def _base(type_: str) -> str:
+    return type_[len("Nullable("):-1] if type_.startswith("Nullable(") else type_
+
+
+def _refine(column: Column, stats: dict[str, int], tolerate: Tolerance | None) -> Column:
+    """Drop Nullable where the sample has no NULL; a text column of numbers stays numeric."""
+    nullable = column.type.startswith("Nullable(")
+    has_null = nullable and stats.get(f"null:{column.name}", 1) > 0
+    base = _base(column.type)
+    if tolerate and base == "String":
+        base = numeric_type(stats, column.name, tolerate) or base
+    return Column(column.name, f"Nullable({base})" if has_null else base)
+
+
+def numeric_type(stats: dict[str, int], name: str, tolerate: Tolerance) -> str | None:
+    """`Int64` or `Float64` for a text column whose sampled values are numbers but a few.
+
+    The engine infers String for a column as soon as one sampled value is not a number
+    ("x7" among integers). With an error budget the user has said some rows are bad:
+    such a column is numeric when at most 1% of its values are not numbers, or the
+    budget allows them; those rows are then rejected (and kept) by the load, within
+    the budget, instead of turning the whole column into text.
+    """
+    values = stats.get(f"values:{name}", 0)
+    for type_ in ("Int64", "Float64"):
+        bad = stats.get(f"not_{type_}:{name}", values)
+        if values and bad * 2 < values and (bad * 100 <= values or tolerate(bad, values)):
+            return type_
+    return None
+
+
+def _sample_stats(query: Query, source_sql: str, nullable: Sequence[Column],
+                  textual: Sequence[Column]) -> dict[str, int]:
+    """NULLs per nullable column; values and non-numbers per text column; one read of
+    the first NULL_SAMPLE_ROWS rows. Aliases are positional: a column's own name as
+    an alias would shadow the column inside the other aggregates."""
+    exprs: dict[str, str] = {}
+    for c in nullable:
+        exprs[f"null:{c.name}"] = f"countIf(isNull({quote_ident(c.name)}))"
+    for c in textual:
+        name = quote_ident(c.name)
+        exprs[f"values:{c.name}"] = f"countIf(notEmpty(ifNull({name}, '')))"
+        for type_ in ("Int64", "Float64"):
+            exprs[f"not_{type_}:{c.name}"] = (
+                f"countIf(notEmpty(ifNull({name}, '')) AND isNull(to{type_}OrNull({name})))")
+    keys = list(exprs)
+    select = ", ".join(f"{e} AS __chload_{i}" for i, e in enumerate(exprs.values()))
+    rows = query(f"SELECT {select} FROM (SELECT * FROM {source_sql} LIMIT {NULL_SAMPLE_ROWS})")
+    return {key: int(rows[0][f"__chload_{i}"]) for i, key in enumerate(keys)} if rows else {}
 
 
 def default_order_by(columns: Sequence[Column]) -> str:

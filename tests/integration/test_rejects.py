@@ -67,6 +67,23 @@ def test_over_budget_fails_the_file_and_leaves_nothing(pair: tuple[Path, Path],
     assert "the first at line 6" in failed["error"]
 
 
+def test_inferred_table_keeps_numbers_numeric_when_a_budget_is_set(
+        pair: tuple[Path, Path], target_dir: str) -> None:
+    """The issue's run as a user types it: a glob (bad.csv.gz sorts first, so the schema
+    is inferred from the file with "abc" in a numeric column) and no --schema."""
+    glob = str(pair[0].parent / "*.csv.gz")
+    code, report = _json("load", glob, "--table", "t", "--target", target_dir,
+                         "--max-errors", "10", "--json")
+    assert code == 0 and isinstance(report, dict)
+    assert (report["rows_loaded"], report["rows_rejected"]) == (1993, 7)
+    assert _scalar(target_dir, "SELECT toTypeName(miles) FROM t LIMIT 1") == "Int64"
+    code, report = _json("load", glob, "--table", "t2", "--target", target_dir,
+                         "--max-errors", "3", "--json")
+    assert code == 1 and isinstance(report, dict)
+    assert (report["files_failed"], report["files_loaded"]) == (1, 1)
+    assert _scalar(target_dir, "SELECT count(), max(id) FROM t2") == "1000\t1000"
+
+
 def test_ratio_budget(pair: tuple[Path, Path], target_dir: str) -> None:
     _, bad = pair
     schema = ["--schema", "id UInt64, miles UInt32, duration UInt32"]

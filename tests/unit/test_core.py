@@ -142,3 +142,26 @@ def test_retries_transient_then_succeeds_and_terminal_fails_fast() -> None:
 
     with pytest.raises(TransientError):
         call_with_retries(down, RetryPolicy(attempts=3, base_seconds=0), lambda s: None)
+
+
+def test_budget_allows_count_and_ratio() -> None:
+    from chload.rejects import ErrorBudget
+
+    assert ErrorBudget(10, None).allows(10, 1000) and not ErrorBudget(10, None).allows(11, 10**6)
+    assert ErrorBudget(None, 0.01).allows(10, 1000) and not ErrorBudget(None, 0.01).allows(11, 1000)
+    assert not ErrorBudget(100, 0.001).allows(5, 1000)  # both limits hold
+
+
+def test_text_column_of_numbers_but_a_few_is_numeric_under_a_budget() -> None:
+    from chload.schema import numeric_type
+
+    def stats(values: int, not_int: int, not_float: int) -> dict[str, int]:
+        return {"values:m": values, "not_Int64:m": not_int, "not_Float64:m": not_float}
+
+    never = lambda bad, values: False  # noqa: E731
+    assert numeric_type(stats(1000, 7, 7), "m", never) == "Int64"  # 0.7% bad: rows, not type
+    assert numeric_type(stats(1000, 1000, 7), "m", never) == "Float64"
+    assert numeric_type(stats(1000, 30, 30), "m", never) is None  # 3%: text, unless...
+    assert numeric_type(stats(1000, 30, 30), "m", lambda bad, values: bad <= 50) == "Int64"
+    assert numeric_type(stats(1000, 600, 600), "m", lambda bad, values: True) is None
+    assert numeric_type(stats(0, 0, 0), "m", lambda bad, values: True) is None  # all empty
