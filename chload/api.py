@@ -143,8 +143,8 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
         )
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load)))
-    groups = _groups(target, plan.to_load, spec.budget)
     workers = spec.workers or target.default_workers(plan.to_load)
+    groups = _groups(target, plan.to_load, spec.budget, workers)
     threads = _threads_per_file(workers, len(groups))
     jobs = [LoadJob(group[0], table.sql, table.display, plan.columns, plan.read_columns,
                     spec.audit, spec.settings, report.run_id, spec.budget,
@@ -166,11 +166,11 @@ def _default_database(target: Target) -> str:
     return str(getattr(target, "database", "default"))
 
 
-def _groups(target: Target, files: Sequence[SourceFile],
-            budget: ErrorBudget) -> list[tuple[SourceFile, ...]]:
+def _groups(target: Target, files: Sequence[SourceFile], budget: ErrorBudget,
+            workers: int) -> list[tuple[SourceFile, ...]]:
     """Files grouped into batches where the target can load several as one."""
     plan_batches = getattr(target, "plan_batches", None)
-    return plan_batches(files, budget) if plan_batches else [(f,) for f in files]
+    return plan_batches(files, budget, workers) if plan_batches else [(f,) for f in files]
 
 
 def _list_sources(spec: LoadSpec, target: Target) -> list[SourceFile]:

@@ -194,7 +194,7 @@ class ServerTarget:
         return (rows, read) if done else (0, read)  # another run loaded it meanwhile
 
     def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,
-                     ) -> list[tuple[SourceFile, ...]]:
+                     workers: int) -> list[tuple[SourceFile, ...]]:
         """Group small files: one stage and one commit for up to 256 of them (16 MB),
         and at least as many groups as streams, so every stream has work.
 
@@ -204,7 +204,7 @@ class ServerTarget:
         if budget.allows_errors:
             return [(f,) for f in files]
         small = sum(f.size < SMALL_FILE_BYTES for f in files)
-        per_stream = -(-small // self.default_workers(files))  # every stream gets work
+        per_stream = -(-small // max(1, workers))  # every stream gets work
         return group_small_files(files, min(BATCH_FILES, max(1, per_stream)))
 
     def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:

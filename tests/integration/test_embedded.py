@@ -227,18 +227,48 @@ def big_trips(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("point, committed", [("before-attach:3", 2), ("after-attach:5", 5)])
+def _commit_groups(directory: Path, workers: int) -> list[int]:
+    """Files per commit, in commit order, as the embedded target groups them."""
+    from chload.rejects import ErrorBudget
+    from chload.sources.local import list_local
+    from chload.targets.embedded import plan_groups
+
+    return [len(g) for g in plan_groups(list_local(str(directory), None, None),
+                                        ErrorBudget(), workers)]
+
+
+@pytest.mark.parametrize("point, commits", [("before-attach:3", 2), ("after-attach:2", 2)])
 def test_crash_inside_the_commit_window(big_trips: Path, target_dir: str, point: str,
-                                        committed: int) -> None:
-    """One worker, so the n-th commit is the n-th file: a crash just before an attach
-    leaves the files before it, a crash just after one (ledger not yet written) keeps
-    that file, and the next run loads every other row exactly once."""
+                                        commits: int) -> None:
+    """One worker, so commits happen in plan order: a crash just before the 3rd attach
+    leaves the files of the first 2 commits, a crash just after the 2nd (ledger not yet
+    written) keeps its files, and the next run loads every other row exactly once."""
+    groups = _commit_groups(big_trips, 1)
+    assert len(groups) >= 3 and sum(groups) == 20  # 5 MB files: several per commit
     proc = _start(big_trips, target_dir, {"CHLOAD_CRASH_AT": point}, "--workers", "1")
     assert proc.wait(timeout=120) == -signal.SIGKILL
-    assert count(target_dir, "trips")[0] == committed * 1_000_000
+    assert count(target_dir, "trips")[0] == sum(groups[:commits]) * 1_000_000
     final = _start(big_trips, target_dir)
     assert final.wait(timeout=180) == 0, final.stderr.read() if final.stderr else ""
     assert count(target_dir, "trips") == (20_000_000, 20_000_000)
+
+
+def test_medium_files_share_a_stage_and_a_bad_one_fails_alone(tmp_path: Path,
+                                                              target_dir: str) -> None:
+    """Files of 1-16 MB load several to a stage and a commit; a corrupt one among them
+    fails the group before anything is committed, then loads (and fails) alone."""
+    data_dir = tmp_path / "medium"
+    make_trips(str(data_dir), 6, 300_000)  # ~1.6 MB each
+    data = (data_dir / "trips_003.csv.gz").read_bytes()
+    (data_dir / "trips_003.csv.gz").write_bytes(data[: len(data) * 3 // 4])  # truncated
+    assert _commit_groups(data_dir, 2) == [3, 3]
+    code, report = load_json(str(data_dir), "--table", "m", "--target", target_dir)
+    assert code == 1 and (report["files_loaded"], report["files_failed"]) == (5, 1)
+    assert count(target_dir, "m") == (5 * 300_000, 5 * 300_000)
+    ledger = json.loads(run_chload("files", "--table", "m", "--target", target_dir,
+                                   "--json").stdout)
+    assert sorted((r["state"], r["rows"]) for r in ledger) == [("failed", 0)] + [
+        ("loaded", 300_000)] * 5
 
 
 def test_sigkill_at_three_moments_then_resume(big_trips: Path, target_dir: str) -> None:

@@ -165,3 +165,22 @@ def test_text_column_of_numbers_but_a_few_is_numeric_under_a_budget() -> None:
     assert numeric_type(stats(1000, 30, 30), "m", lambda bad, values: bad <= 50) == "Int64"
     assert numeric_type(stats(1000, 600, 600), "m", lambda bad, values: True) is None
     assert numeric_type(stats(0, 0, 0), "m", lambda bad, values: True) is None  # all empty
+
+
+def test_medium_files_share_stages_balanced_and_bounded() -> None:
+    from chload.targets.embedded import SHARED_FILES, share_stages
+
+    def files(*sizes_mb: float) -> list[SourceFile]:
+        return [SourceFile(f"/d/f{i:02d}.csv", int(mb * 2**20), 0, FileFormat("CSV", "none"))
+                for i, mb in enumerate(sizes_mb)]
+
+    assert share_stages([], 2) == []
+    two = share_stages(files(*[1.3] * 16), 2)  # 21 MB: one group per worker
+    assert [len(g) for g in two] == [8, 8]
+    assert all(list(g) == sorted(g, key=lambda f: f.uri) for g in two)  # file order kept
+    many = share_stages(files(*[5.3] * 20), 1)  # 106 MB: ~32 MB a group
+    assert len(many) == 4 and {len(g) for g in many} == {5}
+    cap = share_stages(files(*[1.1] * 40), 1)
+    assert max(len(g) for g in cap) <= SHARED_FILES and sum(len(g) for g in cap) == 40
+    mixed = share_stages(files(12, 1, 1, 1, 1, 12), 2)
+    assert sorted(sum(f.size for f in g) >> 20 for g in mixed) == [14, 14]
