@@ -35,7 +35,7 @@ from chload.schema import (
     settings_sql,
     structure,
 )
-from chload.sources import SourceFile, table_function
+from chload.sources import SourceFile, table_function, table_function_many
 from chload.targets.http import HttpClient, TargetURL, server_error
 
 # Settings of every push query (chDB side); user --setting values come after and win.
@@ -65,6 +65,29 @@ def push_error(message: str, context: str, url: TargetURL | None) -> ChloadError
 def select_sql(file: SourceFile, columns: Sequence[Column], read_columns: Sequence[Column],
                audit_types: dict[str, str] | None) -> str:
     """`SELECT <table columns> FROM <file>`: cast where the read type is not the table's."""
+    source = "_path" if not file.is_stream else quote_str(file.uri)
+    exprs = _exprs(columns, read_columns, audit_types, source)
+    reader = table_function(file, file.format.name, structure(read_columns))
+    return f"SELECT {', '.join(exprs)} FROM {reader}"
+
+
+def select_many_sql(files: Sequence[SourceFile], columns: Sequence[Column],
+                    read_columns: Sequence[Column], audit_types: dict[str, str] | None,
+                    tag: str) -> str | None:
+    """select_sql over several files read by one table function, each row's uri as
+    `tag`; None when they cannot share one (sources.table_function_many)."""
+    if len({f.format for f in files}) != 1:
+        return None
+    many = table_function_many(files, files[0].format.name, structure(read_columns))
+    if many is None:
+        return None
+    reader, uri = many
+    exprs = _exprs(columns, read_columns, audit_types, "_path")
+    return f"SELECT {', '.join(exprs)}, {uri} AS {tag} FROM {reader}"
+
+
+def _exprs(columns: Sequence[Column], read_columns: Sequence[Column],
+           audit_types: dict[str, str] | None, source: str) -> list[str]:
     read = {c.name: c.type for c in read_columns}
     exprs = []
     for c in columns:
@@ -72,11 +95,9 @@ def select_sql(file: SourceFile, columns: Sequence[Column], read_columns: Sequen
         same = read.get(c.name, c.type) == c.type
         exprs.append(ident if same else f"CAST({ident}, {quote_str(c.type)}) AS {ident}")
     if audit_types is not None:
-        source = "_path" if not file.is_stream else quote_str(file.uri)
         for name, expr in zip(AUDIT_COLUMNS, (source, "now()"), strict=True):
             exprs.append(f"CAST({expr}, {quote_str(audit_types[name])}) AS {quote_ident(name)}")
-    reader = table_function(file, file.format.name, structure(read_columns))
-    return f"SELECT {', '.join(exprs)} FROM {reader}"
+    return exprs
 
 
 def push_sql(url: TargetURL, insert: str, columns: Sequence[Column], select: str,

@@ -78,6 +78,7 @@ from chload.targets.push import (
     PUSH_SETTINGS,
     push_error,
     push_sql,
+    select_many_sql,
     select_sql,
     stream_push,
 )
@@ -312,7 +313,8 @@ class ServerTarget:
         columns, audit = self._push_columns(job)
         memory = f"chload_batch_{uuid.uuid4().hex[:12]}"
         context = f"batch of {len(job.files)} files from {job.file.uri}"
-        union = " UNION ALL ".join(
+        union = select_many_sql(job.files, job.columns, job.read_columns, audit,
+                                "_chload_file") or " UNION ALL ".join(
             f"SELECT *, {quote_str(f.uri)} AS _chload_file FROM "
             f"({select_sql(f, job.columns, job.read_columns, audit)})" for f in job.files)
         self.engine.query(f"CREATE TABLE {memory} ({structure(columns)}, _chload_file String) "
