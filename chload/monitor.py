@@ -88,7 +88,9 @@ class Monitor:
 
 
 def _diagnose(s: Saturation) -> str:
-    if s.cpu_util_pct is not None and s.cpu_util_pct >= 85:
+    # Machine-wide CPU: start-up, probes and commits leave a core idle now and then, so
+    # a load that keeps the cores 70% busy is limited by them.
+    if s.cpu_util_pct is not None and s.cpu_util_pct >= 70:
         return "cpu"
     if s.disk_util_pct is not None and s.disk_util_pct >= 80:
         return "disk"

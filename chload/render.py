@@ -60,10 +60,11 @@ class ProgressView:
         if event.kind == "plan":
             self._files_total = event.files_total
             self._progress.update(self._task, total=event.bytes_total or None)
-        elif event.kind == "done":
+        elif event.kind == "progress":  # parsed (not yet committed): moves the bar
             self._rows += event.rows
-            self._files_done += 1
             self._progress.advance(self._task, event.bytes)
+        elif event.kind == "done":
+            self._files_done += 1
         elif event.kind == "fail":
             self._files_done += 1
             self._console.print(f"[red]failed[/red] {event.error}", highlight=False)

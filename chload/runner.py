@@ -22,7 +22,8 @@ from chload.targets import Loaded, LoadJob, Target
 
 @dataclass(frozen=True)
 class Event:
-    """A progress event: kind is plan, start, done, skip, fail."""
+    """A progress event: kind is plan, start, progress (rows and bytes parsed, negative
+    when taken back), done (a file committed), fail."""
 
     kind: str
     uri: str = ""
@@ -72,6 +73,30 @@ def call_with_retries(fn: Callable[[], T], policy: RetryPolicy,
     raise AssertionError("unreachable")
 
 
+class _Progress:
+    """A target's progress callback: `progress` events as rows are parsed, taken back
+    (negative amounts) when the attempt that reported them fails, so a retried or
+    file-by-file reloaded group is not counted twice."""
+
+    def __init__(self, listener: Listener, uri: str) -> None:
+        self.listener, self.uri = listener, uri
+        self.rows = self.bytes = 0
+
+    def __call__(self, rows: int, read: int) -> None:
+        self.rows += rows
+        self.bytes += read
+        self.listener(Event("progress", self.uri, rows, read))
+
+    def attempt(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except ChloadError:
+            if self.rows or self.bytes:
+                self.listener(Event("progress", self.uri, -self.rows, -self.bytes))
+            self.rows = self.bytes = 0
+            raise
+
+
 def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listener,
         *, abort_on_error: bool = False, policy: RetryPolicy = RetryPolicy(),
         changed: set[str] | None = None) -> list[FileResult]:
@@ -84,11 +109,10 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
             return FileResult(job.file.uri, "not-started")
         listener(Event("start", job.file.uri))
         started = time.monotonic()
-
-        def progress(rows: int, read: int) -> None:
-            listener(Event("progress", job.file.uri, rows, read))
+        progress = _Progress(listener, job.file.uri)
         try:
-            done = Loaded(*call_with_retries(lambda: target.load_file(job, progress), policy))
+            done = Loaded(*call_with_retries(
+                lambda: progress.attempt(lambda: target.load_file(job, progress)), policy))
         except ChloadError as exc:
             if abort_on_error:
                 stop.set()
@@ -105,10 +129,11 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         if len(job.files) == 1 or stop.is_set():
             return [one(replace(job, batch=()))]
         started = time.monotonic()
+        progress = _Progress(listener, job.file.uri)
         try:
             load_batch = target.load_batch  # type: ignore[attr-defined]
             loaded: list[Loaded] = call_with_retries(
-                lambda: load_batch(job, lambda rows, read: None), policy)
+                lambda: progress.attempt(lambda: load_batch(job, progress)), policy)
         except ChloadError:
             return [one(replace(job, file=f, batch=())) for f in job.files]
         seconds = (time.monotonic() - started) / len(job.files)

@@ -199,3 +199,20 @@ def test_local_files_of_one_directory_read_as_one_list() -> None:
     assert uri == "concat('/d/', _file)"
     assert table_function_many(local("/d/a.gz", "/d/e/b.gz"), "CSV", None) is None  # 2 dirs
     assert table_function_many(local("/d/a,1.gz", "/d/b.gz"), "CSV", None) is None  # a comma
+
+
+def test_progress_of_a_failed_attempt_is_taken_back() -> None:
+    from chload.runner import Event, _Progress
+
+    events: list[Event] = []
+    progress = _Progress(events.append, "f")
+
+    def fails() -> None:
+        progress(10, 100)
+        raise TransientError("dropped")
+
+    with pytest.raises(TransientError):
+        progress.attempt(fails)
+    assert progress.attempt(lambda: progress(10, 100) or 7) == 7
+    assert [(e.rows, e.bytes) for e in events] == [(10, 100), (-10, -100), (10, 100)]
+    assert sum(e.bytes for e in events) == 100
