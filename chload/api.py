@@ -343,8 +343,23 @@ def _check(t: Target, f: SourceFile, columns: Sequence[Column],
             check.failure = str(exc)
             return check
         check.rows = int(rows[0]["n"])
-        check.errors = rejects.count_errors(t, errors_file)
-        check.first_errors = rejects.first(t, errors_file, rejects.header_lines(f.format))
+        reader = _ReadingEngine(t)  # the errors file is on this machine
+        check.errors = rejects.count_errors(reader, errors_file)
+        check.first_errors = rejects.first(reader, errors_file, rejects.header_lines(f.format))
     check.within_budget = (budget.allows(check.errors, check.rows + check.errors)
                            if budget.allows_errors else not check.errors)
     return check
+
+
+class _ReadingEngine:
+    """The engine that reads sources for a target (chDB here, for a server too), as the
+    `Sql` that rejects.py reads errors files with."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+
+    def command(self, sql: str) -> None:
+        self.target.infer_rows(sql)
+
+    def rows(self, sql: str) -> list[dict]:
+        return self.target.infer_rows(sql)

@@ -31,6 +31,10 @@ RAW_LIMIT = 10_000  # characters of a rejected row kept
 DETAIL_LIMIT = 300  # JSON rows whose error is asked of the engine one by one
 _ENGINE_UNLIMITED = 10**12
 
+# What a load writes into chload.rejects (`at` is computed from seq).
+REJECT_COLUMNS = (("target_table", "String"), ("uri", "String"), ("stage", "String"),
+                  ("run_id", "String"), ("line", "UInt64"), ("error", "String"),
+                  ("raw", "String"), ("seq", "UInt64"))
 _DDL = f"""CREATE TABLE IF NOT EXISTS {REJECTS} (
     target_table String, uri String, stage String, run_id String, line UInt64,
     error String, raw String, seq UInt64,
@@ -91,6 +95,11 @@ def ensure(sql: Sql) -> None:
     sql.command(_DDL)
 
 
+def parse_one_sql(fmt: FileFormat, structure: str, text: str) -> str:
+    """SQL that parses one row of `text` the way a load of `fmt` does."""
+    return f"format({fmt.name}, {quote_str(structure)}, {quote_str(text)})"
+
+
 def header_lines(fmt: FileFormat) -> int:
     return 1 + fmt.name.endswith("WithNamesAndTypes") if fmt.has_header else 0
 
@@ -110,7 +119,6 @@ def record(sql: Sql, errors_file: str, *, table: str, uri: str, stage: str, run_
     `lines_sql` reads the source as `LineAsString`; `parse_sql(text)` is SQL that parses
     one row of text the way the load did.
     """
-    """Copy the engine's errors file into chload.rejects (the engine reads it)."""
     skip = header_lines(fmt)
     sql.command(
         f"INSERT INTO {REJECTS} (target_table, uri, stage, run_id, line, error, raw, seq) "
@@ -161,14 +169,31 @@ def _case(updates: Sequence[tuple[int, str, str]], index: int) -> str:
 
 
 def listing(sql: Sql, table: str, limit: int = 10_000) -> list[dict]:
-    """Rejected rows of the current load of each file of a table."""
-    return sql.rows(
+    """Rejected rows of the current load of each file of a table (`line` an int on every
+    target: a server may quote 64-bit integers in JSON)."""
+    rows = sql.rows(
         f"SELECT uri AS file, line, error, raw FROM {REJECTS} "
         f"WHERE target_table = {quote_str(table)} AND (uri, stage) IN ("
         f"SELECT uri, argMax(stage, seq) FROM {FILES} WHERE target_table = "
         f"{quote_str(table)} GROUP BY uri HAVING argMax(state, seq) = {quote_str(LOADED)}) "
         f"ORDER BY file, line LIMIT {int(limit)}"
     )
+    return [{**row, "line": int(row["line"])} for row in rows]
+
+
+def budget_spent(sql: Sql, budget: ErrorBudget, errors_file: str) -> bool:
+    """Did the engine stop because rows beyond --max-errors were bad (not, say, a broken
+    gzip stream)?"""
+    limit = budget.max_errors
+    return limit is not None and count_errors(sql, errors_file) >= limit
+
+
+def over_budget(sql: Sql, uri: str, fmt: FileFormat, budget: ErrorBudget,
+                errors_file: str) -> DataError:
+    found = first(sql, errors_file, header_lines(fmt), 1)
+    where = f"; the first at line {found[0]['line']}: {found[0]['error']}" if found else ""
+    return DataError(f"{uri}: more than {budget.max_errors} rejected rows exceed --max-errors "
+                     f"{budget.max_errors}; nothing loaded from this file{where}")
 
 
 def first(sql: Sql, errors_file: str, header: int, limit: int = 5) -> list[dict]:

@@ -140,8 +140,9 @@ class EmbeddedTarget:
             rows, _ = self.engine.execute(_insert_sql(stage, job, self.reader, extra),
                                           job.file.uri)
         except DataError as exc:
-            if errors_file and self._budget_spent(job, errors_file):
-                raise self._over_budget(job, errors_file) from exc
+            if errors_file and rejects.budget_spent(self, job.budget, errors_file):
+                raise rejects.over_budget(self, job.file.uri, job.file.format, job.budget,
+                                          errors_file) from exc
             raise self._diagnose(job, exc) from exc
         if not errors_file:
             return rows, 0
@@ -151,7 +152,9 @@ class EmbeddedTarget:
             rejects.record(self, errors_file, table=job.table_display, uri=job.file.uri,
                            stage=stage, run_id=job.run_id, fmt=job.file.format,
                            lines_sql=self.reader(job.file, "LineAsString", None),
-                           parse_sql=lambda text: _parse_one(job, text), seq=time.time_ns())
+                           parse_sql=lambda text: rejects.parse_one_sql(
+                               job.file.format, structure(job.read_columns), text),
+                           seq=time.time_ns())
         return rows, rejected
 
     def _diagnose(self, job: LoadJob, exc: DataError) -> DataError:
@@ -175,19 +178,6 @@ class EmbeddedTarget:
         except ChloadError:
             return exc
         return exc
-
-    def _budget_spent(self, job: LoadJob, errors_file: str) -> bool:
-        """Did the engine stop because rows beyond --max-errors were bad (not, say, a
-        broken gzip stream)?"""
-        limit = job.budget.max_errors
-        return limit is not None and rejects.count_errors(self, errors_file) >= limit
-
-    def _over_budget(self, job: LoadJob, errors_file: str) -> DataError:
-        first = rejects.first(self, errors_file, rejects.header_lines(job.file.format), 1)
-        where = f"; the first at line {first[0]['line']}: {first[0]['error']}" if first else ""
-        return DataError(f"{job.file.uri}: more than {job.budget.max_errors} rejected rows "
-                         f"exceed --max-errors {job.budget.max_errors}; nothing loaded from "
-                         f"this file{where}")
 
     def _errors_file(self, stage: str) -> str:
         os.makedirs(os.path.join(self.path, "tmp"), exist_ok=True)
@@ -333,11 +323,6 @@ class EmbeddedTarget:
     def close(self) -> None:
         self.flush()
         self.engine.close()
-
-
-def _parse_one(job: LoadJob, text: str) -> str:
-    return (f"format({job.file.format.name}, {quote_str(structure(job.read_columns))}, "
-            f"{quote_str(text)})")
 
 
 def _names(job: LoadJob) -> list[str]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -118,6 +119,8 @@ class ServerTarget:
         self._undropped: set[str] = set()
         self._started_ns = time.time_ns()  # files committed by other runs after this count
         self._reading = threading.local()
+        self._rejects_lock = threading.Lock()
+        self._local_rejects = False  # chload.rejects exists in the loader's engine
 
     # -- SQL ---------------------------------------------------------------------------
     def command(self, sql: str) -> None:
@@ -128,7 +131,10 @@ class ServerTarget:
         self.client.post(sql, context=self.where, query_id=query_id)
 
     def rows(self, sql: str) -> list[dict]:
-        text = self.client.post(sql, context=self.where, fmt="JSONEachRow").decode()
+        """Small results as dicts, 64-bit integers as numbers (as chDB gives them)."""
+        text = self.client.post(sql, context=self.where, fmt="JSONEachRow",
+                                params={"output_format_json_quote_64bit_integers": "0"}
+                                ).decode()
         return [json.loads(line) for line in text.splitlines() if line]
 
     def text(self, sql: str, fmt: str) -> str:
@@ -166,21 +172,25 @@ class ServerTarget:
         return max(1, min(len(files), 2 * max(1, self.caps.max_threads), 8))
 
     # -- loading -----------------------------------------------------------------------
-    def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> tuple[int, int]:
-        if job.budget.allows_errors:
-            raise UsageError(f"{job.file.uri}: --max-errors/--max-error-ratio are not "
-                             "supported by the server target yet; load without them")
+    def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
         self._check_engine(job)
         stage = stage_name(self.committer.holder)
+        errors_file = (os.path.join(self.path, f"rejects-{stage}.csv")
+                       if job.budget.allows_errors else "")
         try:
             self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
-            read = self._fill(job, stage)
+            read = self._budgeted(job, stage, errors_file) if errors_file else self._fill(
+                job, stage)
             rows, partitions = self._seal(stage)
+            rejected = self._rejects(job, stage, errors_file, rows) if errors_file else 0
         except ChloadError as exc:
             if not isinstance(exc, TransientError):
                 self.ledger.record([_event(job, FAILED, error=str(exc))])
             self._drop(stage)
             raise
+        finally:
+            if errors_file and os.path.exists(errors_file):
+                os.remove(errors_file)
         progress(rows, read)
         event = _event(job, "", rows=rows, read=read)
         try:
@@ -192,7 +202,51 @@ class ServerTarget:
         if done:
             self._loaded(event.moved(LOADED))
         self._drop(stage)
-        return (rows, read) if done else (0, read)  # another run loaded it meanwhile
+        return Loaded(rows, read, rejected) if done else Loaded(0, read)  # loaded meanwhile
+
+    # -- error budgets -----------------------------------------------------------------
+    def _budgeted(self, job: LoadJob, stage: str, errors_file: str) -> int:
+        """With an error budget the loader's engine parses (push): it skips bad rows
+        within --max-errors and writes each to `errors_file` (rejects.py); a server
+        parsing the bytes itself could not say which rows it skipped."""
+        loader = _LoaderSql(self.engine, job.file.uri)
+        try:
+            return self._push(job, stage, extra=job.budget.engine_settings(errors_file))
+        except DataError as exc:
+            if rejects.budget_spent(loader, job.budget, errors_file):
+                raise rejects.over_budget(loader, job.file.uri, job.file.format, job.budget,
+                                          errors_file) from exc
+            raise
+
+    def _rejects(self, job: LoadJob, stage: str, errors_file: str, rows: int) -> int:
+        """Count the rejected rows, check the budget, and keep them in the server's
+        chload.rejects: the loader's engine reads its errors file into a local
+        chload.rejects (as the embedded target does), then pushes this file's rows."""
+        loader = _LoaderSql(self.engine, job.file.uri)
+        rejected = rejects.count_errors(loader, errors_file)
+        job.budget.check(job.file.uri, rejected, rows)
+        if not rejected:
+            return 0
+        with self._rejects_lock:
+            if not self._local_rejects:
+                loader.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
+                rejects.ensure(loader)
+                self._local_rejects = True
+        rejects.record(loader, errors_file, table=job.table_display, uri=job.file.uri,
+                       stage=stage, run_id=job.run_id, fmt=job.file.format,
+                       lines_sql=table_function(job.file, "LineAsString", None),
+                       parse_sql=lambda text: rejects.parse_one_sql(
+                           job.file.format, structure(job.read_columns), text),
+                       seq=time.time_ns())
+        columns = [Column(n, t) for n, t in rejects.REJECT_COLUMNS]
+        names = ", ".join(quote_ident(c.name) for c in columns)
+        where = f"uri = {quote_str(job.file.uri)} AND stage = {quote_str(stage)}"
+        self._send(f"INSERT INTO {rejects.REJECTS} ({names}) FORMAT Native", columns,
+                   f"SELECT {names} FROM {rejects.REJECTS} WHERE {where}", PUSH_SETTINGS,
+                   job.file.uri)
+        loader.command(f"ALTER TABLE {rejects.REJECTS} DELETE WHERE {where} "
+                       "SETTINGS mutations_sync = 1")
+        return rejected
 
     def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,
                      workers: int) -> list[tuple[SourceFile, ...]]:
@@ -343,24 +397,33 @@ class ServerTarget:
     def _push_settings(self, job: LoadJob) -> tuple[tuple[str, str], ...]:
         return (*PUSH_SETTINGS, ("session_timezone", self.caps.timezone), *job.settings)
 
-    def _push(self, job: LoadJob, stage: str, select: str | None = None) -> int:
+    def _push(self, job: LoadJob, stage: str, select: str | None = None,
+              extra: Sequence[tuple[str, str]] = ()) -> int:
         """Fill the stage through the loader's engine: `select` (default: the file's
-        rows, cast to the table's types) as one Native stream."""
+        rows, cast to the table's types) as one Native stream; `extra` settings for the
+        loader's read (before the user's --setting values, which win)."""
         columns, audit = self._push_columns(job)
         names = ", ".join(quote_ident(c.name) for c in columns)
         insert = f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT Native"
         squash = {"min_insert_block_size_rows": str(self._part_rows(job)),
                   "min_insert_block_size_bytes": str(PART_BYTES)}
         select = select or select_sql(job.file, job.columns, job.read_columns, audit)
-        settings = self._push_settings(job)
+        settings = (*PUSH_SETTINGS, ("session_timezone", self.caps.timezone), *extra,
+                    *job.settings)
+        self._send(insert, columns, select, settings, job.file.uri, squash)
+        return job.file.size
+
+    def _send(self, insert: str, columns: Sequence[Column], select: str,
+              settings: Sequence[tuple[str, str]], context: str,
+              squash: dict[str, str] | None = None) -> None:
+        """The loader's engine runs `select` and the server `insert` (FORMAT Native) on
+        its rows: through chDB's url() over http, through our own client over https."""
         if self.url.secure:
-            stream_push(self.engine, self.client, insert, select, settings, job.file.uri,
-                        squash)
-            return job.file.size
+            stream_push(self.engine, self.client, insert, select, settings, context, squash)
+            return
         sql = push_sql(self.url, insert, columns, select, self._push_encoding(), settings,
                        squash)
-        errors = partial(push_error, context=job.file.uri, url=self.url)
-        return self.engine.execute(sql, job.file.uri, errors)[1] or job.file.size
+        self.engine.execute(sql, context, partial(push_error, context=context, url=self.url))
 
     def _push_encoding(self) -> str:
         """No compression on this machine (CPU is the limit); gzip over a network."""
@@ -475,6 +538,20 @@ def _width(typ: str) -> int:
 
 class BatchOverlap(TerminalError):
     """Some files of a batch were committed by another load: load them one by one."""
+
+
+class _LoaderSql:
+    """The loader's own engine as a `Sql` (ledger.py) for rejects.py: it reads the
+    errors files, which are on this machine."""
+
+    def __init__(self, engine: Engine, context: str) -> None:
+        self.engine, self.context = engine, context
+
+    def command(self, sql: str) -> None:
+        self.engine.query(sql, "TSV", self.context)
+
+    def rows(self, sql: str) -> list[dict]:
+        return self.engine.rows(sql, self.context)
 
 
 def _event(job: LoadJob, state: str, rows: int = 0, read: int = 0,

@@ -338,3 +338,41 @@ def test_unreachable_server_is_one_line(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert out.stderr.strip() == (f"chload: server 127.0.0.1:{port} unreachable: "
                                   "Connection refused")
+
+
+@pytest.fixture
+def good_and_bad(tmp_path: Path) -> Path:
+    """good.csv.gz: 1,000 rows; bad.csv.gz: 1,000 rows, 7 with "abc" as miles."""
+    bad_rows = {5, 100, 250, 500, 501, 777, 1000}
+    for name, bad in (("good", set()), ("bad", bad_rows)):
+        first = 1000 if bad else 0  # ids 1-1000 good, 1001-2000 bad
+        rows = "".join(f"{first + i},{'abc' if i in bad else i % 100},{i % 7}\n"
+                       for i in range(1, 1001))
+        (tmp_path / f"{name}.csv.gz").write_bytes(gzip.compress(
+            ("id,miles,duration\n" + rows).encode()))
+    return tmp_path
+
+
+def test_error_budget_keeps_rejects_in_the_server(clickhouse: services.Service,
+                                                  good_and_bad: Path, table_name: str) -> None:
+    """The issue-5 run into 18.16: the loader's engine parses within the budget, the
+    rejected rows land in the server's chload.rejects; over budget, the file leaves
+    nothing."""
+    glob = str(good_and_bad / "*.csv.gz")
+    code, report = load(clickhouse, glob, "--table", table_name, "--max-errors", "10")
+    assert code == 0 and (report["rows_loaded"], report["rows_rejected"]) == (1993, 7)
+    assert counts(clickhouse, table_name) == (1993, 1993)
+    out = run_chload("errors", "--table", table_name, "--target", url(clickhouse), "--json",
+                     env=env(clickhouse))
+    rejected = json.loads(out.stdout)
+    assert [r["line"] for r in rejected] == [6, 101, 251, 501, 502, 778, 1001]
+    assert all(r["file"].endswith("bad.csv.gz") and ",abc," in r["raw"] and "miles" in
+               r["error"] for r in rejected)
+    code, report = load(clickhouse, glob, "--table", table_name + "_3", "--max-errors", "3")
+    assert code == 1 and (report["files_loaded"], report["files_failed"]) == (1, 1)
+    assert counts(clickhouse, table_name + "_3") == (1000, 1000)
+    checks = json.loads(run_chload("validate", glob, "--table", table_name, "--target",
+                                   url(clickhouse), "--max-errors", "3", "--json",
+                                   env=env(clickhouse)).stdout)
+    assert [(c["rows"], c["errors"], c["within_budget"]) for c in checks] == [
+        (993, 7, False), (1000, 0, True)]
