@@ -75,6 +75,7 @@ from chload.targets import (
 )
 from chload.targets.commit import Committer, Sql, stage_name
 from chload.targets.http import HttpClient, parse_target_url
+from chload.targets.loader_rejects import LoaderRejects
 from chload.targets.push import (
     PUSH_SETTINGS,
     push_error,
@@ -119,8 +120,7 @@ class ServerTarget:
         self._undropped: set[str] = set()
         self._started_ns = time.time_ns()  # files committed by other runs after this count
         self._reading = threading.local()
-        self._rejects_lock = threading.Lock()
-        self._local_rejects = False  # chload.rejects exists in the loader's engine
+        self.rejects = LoaderRejects(self.engine, self._send)
 
     # -- SQL ---------------------------------------------------------------------------
     def command(self, sql: str) -> None:
@@ -182,7 +182,7 @@ class ServerTarget:
             read = self._budgeted(job, stage, errors_file) if errors_file else self._fill(
                 job, stage)
             rows, partitions = self._seal(stage)
-            rejected = self._rejects(job, stage, errors_file, rows) if errors_file else 0
+            rejected = self.rejects.keep(job, stage, errors_file, rows) if errors_file else 0
         except ChloadError as exc:
             if not isinstance(exc, TransientError):
                 self.ledger.record([_event(job, FAILED, error=str(exc))])
@@ -204,49 +204,14 @@ class ServerTarget:
         self._drop(stage)
         return Loaded(rows, read, rejected) if done else Loaded(0, read)  # loaded meanwhile
 
-    # -- error budgets -----------------------------------------------------------------
     def _budgeted(self, job: LoadJob, stage: str, errors_file: str) -> int:
         """With an error budget the loader's engine parses (push): it skips bad rows
-        within --max-errors and writes each to `errors_file` (rejects.py); a server
-        parsing the bytes itself could not say which rows it skipped."""
-        loader = _LoaderSql(self.engine, job.file.uri)
+        within --max-errors and writes each to `errors_file` (loader_rejects.py); a
+        server parsing the bytes itself could not say which rows it skipped."""
         try:
             return self._push(job, stage, extra=job.budget.engine_settings(errors_file))
         except DataError as exc:
-            if rejects.budget_spent(loader, job.budget, errors_file):
-                raise rejects.over_budget(loader, job.file.uri, job.file.format, job.budget,
-                                          errors_file) from exc
-            raise
-
-    def _rejects(self, job: LoadJob, stage: str, errors_file: str, rows: int) -> int:
-        """Count the rejected rows, check the budget, and keep them in the server's
-        chload.rejects: the loader's engine reads its errors file into a local
-        chload.rejects (as the embedded target does), then pushes this file's rows."""
-        loader = _LoaderSql(self.engine, job.file.uri)
-        rejected = rejects.count_errors(loader, errors_file)
-        job.budget.check(job.file.uri, rejected, rows)
-        if not rejected:
-            return 0
-        with self._rejects_lock:
-            if not self._local_rejects:
-                loader.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
-                rejects.ensure(loader)
-                self._local_rejects = True
-        rejects.record(loader, errors_file, table=job.table_display, uri=job.file.uri,
-                       stage=stage, run_id=job.run_id, fmt=job.file.format,
-                       lines_sql=table_function(job.file, "LineAsString", None),
-                       parse_sql=lambda text: rejects.parse_one_sql(
-                           job.file.format, structure(job.read_columns), text),
-                       seq=time.time_ns())
-        columns = [Column(n, t) for n, t in rejects.REJECT_COLUMNS]
-        names = ", ".join(quote_ident(c.name) for c in columns)
-        where = f"uri = {quote_str(job.file.uri)} AND stage = {quote_str(stage)}"
-        self._send(f"INSERT INTO {rejects.REJECTS} ({names}) FORMAT Native", columns,
-                   f"SELECT {names} FROM {rejects.REJECTS} WHERE {where}", PUSH_SETTINGS,
-                   job.file.uri)
-        loader.command(f"ALTER TABLE {rejects.REJECTS} DELETE WHERE {where} "
-                       "SETTINGS mutations_sync = 1")
-        return rejected
+            raise self.rejects.over_budget(job, errors_file) or exc from exc
 
     def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,
                      workers: int) -> list[tuple[SourceFile, ...]]:
@@ -538,20 +503,6 @@ def _width(typ: str) -> int:
 
 class BatchOverlap(TerminalError):
     """Some files of a batch were committed by another load: load them one by one."""
-
-
-class _LoaderSql:
-    """The loader's own engine as a `Sql` (ledger.py) for rejects.py: it reads the
-    errors files, which are on this machine."""
-
-    def __init__(self, engine: Engine, context: str) -> None:
-        self.engine, self.context = engine, context
-
-    def command(self, sql: str) -> None:
-        self.engine.query(sql, "TSV", self.context)
-
-    def rows(self, sql: str) -> list[dict]:
-        return self.engine.rows(sql, self.context)
 
 
 def _event(job: LoadJob, state: str, rows: int = 0, read: int = 0,
