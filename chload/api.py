@@ -301,7 +301,8 @@ class FileCheck:
 def validate(sources: str | Iterable[str], table: str, *, target: str | None = None,
              format: str | None = None, compression: str | None = None,
              schema: str | None = None, max_errors: int | None = None,
-             max_error_ratio: float | None = None) -> list[FileCheck]:
+             max_error_ratio: float | None = None,
+             s3_endpoint: str | None = None) -> list[FileCheck]:
     """Parse every row of every source against the table's (or the inferred) schema.
 
     Writes nothing to the table or the ledger: bad rows are counted by the engine into
@@ -311,7 +312,7 @@ def validate(sources: str | Iterable[str], table: str, *, target: str | None = N
     names = (sources,) if isinstance(sources, str) else tuple(sources)
     spec = LoadSpec(sources=names, table=table, target=target, format=format,
                     compression=compression, schema=schema, max_errors=max_errors,
-                    max_error_ratio=max_error_ratio)
+                    max_error_ratio=max_error_ratio, s3_endpoint=s3_endpoint)
     t = open_target(spec.target, create=False)
     try:
         name = planner.parse_table(table, _default_database(t))

@@ -70,10 +70,15 @@ def _parser() -> argparse.ArgumentParser:
                                 "writes nothing")
     _common(check)
     check.add_argument("sources", nargs="+", metavar="SOURCE")
-    check.add_argument("--table", "-t", required=True)
-    check.add_argument("--format", "-f")
-    check.add_argument("--compression")
-    check.add_argument("--schema")
+    check.add_argument("--table", "-t", required=True,
+                       help="table whose columns the data must fit (or the name a load "
+                       "would create)")
+    check.add_argument("--format", "-f", help="ClickHouse input format (default: from "
+                       "the name)")
+    check.add_argument("--compression", help="gzip, zstd, ... (default: from the name)")
+    check.add_argument("--schema", help="'a UInt32, b String': how to read the data")
+    check.add_argument("--s3-endpoint", metavar="URL", help="S3-compatible endpoint, as for "
+                       "load")
     check.add_argument("--max-errors", type=int, metavar="N",
                        help="bad rows a file may have, as for load (default 0)")
     check.add_argument("--max-error-ratio", type=float, metavar="R",
@@ -233,7 +238,8 @@ def _validate(args: argparse.Namespace) -> int:
 
     checks = validate(args.sources, args.table, target=args.target, format=args.format,
                       compression=args.compression, schema=args.schema,
-                      max_errors=args.max_errors, max_error_ratio=args.max_error_ratio)
+                      max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
+                      s3_endpoint=args.s3_endpoint)
     if args.json:
         print(json.dumps([asdict(c) for c in checks]))
     else:
