@@ -27,6 +27,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "debug", False):
             raise
         print(f"chload: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):  # a script reading stdout gets an answer too
+            print(json.dumps({"error": str(exc), "kind": type(exc).__name__}))
         return 2
     except BrokenPipeError:  # `chload files | head`: the reader has gone; so do we
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

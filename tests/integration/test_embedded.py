@@ -146,6 +146,14 @@ def test_usage_errors_are_one_line(tmp_path: Path, target_dir: str, argv: list[s
     assert expected in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
+def test_an_error_before_loading_answers_json_too(tmp_path: Path, target_dir: str) -> None:
+    out = run_chload("load", str(tmp_path / "missing.csv"), "--table", "t", "--target",
+                     target_dir, "--json")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert json.loads(out.stdout) == {"error": f"{tmp_path / 'missing.csv'}: no such file or "
+                                      "directory", "kind": "SourceError"}
+
+
 def test_schema_mismatch_is_one_line(tmp_path: Path, target_dir: str) -> None:
     (tmp_path / "a.csv").write_text("id,v\n1,x\n")
     (tmp_path / "b.csv").write_text("id,w,z\n1,x,y\n")
