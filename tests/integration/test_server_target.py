@@ -149,6 +149,11 @@ def test_two_loaders_at_once_one_killed_in_its_commit(
     """Two processes commit into one table; one dies holding the commit lock, the other
     breaks the lock (dead pid on this machine), settles the file, and goes on."""
     first = _start(clickhouse, trips, table_name, {"CHLOAD_CRASH_AT": "server-after-attach:1"})
+    # The second starts once the first is loading, so the first commits a file before
+    # the second could commit them all (then the first would attach nothing, crash nowhere).
+    _wait_for(lambda: q(clickhouse, "SELECT count() FROM system.tables WHERE database = "
+                                    "'chload' AND startsWith(name, 'stage_') AND "
+                                    f"position(name, '_{first.pid}_') > 0") != "0", first)
     second = _start(clickhouse, trips, table_name)
     assert first.wait(timeout=120) == -signal.SIGKILL
     second.wait(timeout=180)
