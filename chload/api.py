@@ -22,7 +22,7 @@ from chload.ledger import FileEvent, RunRecord
 from chload.monitor import Monitor
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
-from chload.schema import Column, quote_str
+from chload.schema import Column, settings_sql
 from chload.sources import SourceFile
 from chload.targets import LoadJob, Target, open_target
 
@@ -335,8 +335,7 @@ def _check(t: Target, f: SourceFile, columns: Sequence[Column],
     check = FileCheck(f.uri)
     with tempfile.TemporaryDirectory(prefix="chload-validate-") as tmp:
         errors_file = os.path.join(tmp, "errors.csv")
-        count_all = ErrorBudget(None, 1.0).engine_settings(errors_file)
-        settings = ", ".join(f"{k} = {v if v.isdigit() else quote_str(v)}" for k, v in count_all)
+        settings = settings_sql(ErrorBudget(None, 1.0).engine_settings(errors_file))
         try:
             rows = t.infer_rows(f"SELECT count() AS n FROM {t.reader(f, f.format.name, columns)}"
                                 f" WHERE NOT ignore(*) SETTINGS {settings}")
@@ -344,23 +343,11 @@ def _check(t: Target, f: SourceFile, columns: Sequence[Column],
             check.failure = str(exc)
             return check
         check.rows = int(rows[0]["n"])
-        reader = _ReadingEngine(t)  # the errors file is on this machine
-        check.errors = rejects.count_errors(reader, errors_file)
-        check.first_errors = rejects.first(reader, errors_file, rejects.header_lines(f.format))
+        # the errors file is on this machine: read by the engine that wrote it
+        check.errors = rejects.count_errors(t.infer_rows, errors_file)
+        check.first_errors = rejects.first(t.infer_rows, errors_file,
+                                           rejects.header_lines(f.format))
     check.within_budget = (budget.allows(check.errors, check.rows + check.errors)
                            if budget.allows_errors else not check.errors)
     return check
 
-
-class _ReadingEngine:
-    """The engine that reads sources for a target (chDB here, for a server too), as the
-    `Sql` that rejects.py reads errors files with."""
-
-    def __init__(self, target: Target) -> None:
-        self.target = target
-
-    def command(self, sql: str) -> None:
-        self.target.infer_rows(sql)
-
-    def rows(self, sql: str) -> list[dict]:
-        return self.target.infer_rows(sql)

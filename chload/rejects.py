@@ -49,6 +49,9 @@ _REASON_SQL = (
     "'^Column \\\\d+,\\\\s+name: ([^,]+),\\\\s+type: ([^,]+),.*?ERROR:\\\\s*', "
     "'column \\\\1 (\\\\2): ')"
 )
+# The read-only helpers below take the `rows` of the engine that wrote the errors file
+# (it is on that engine's machine: the loader's, for a server target).
+Rows = Callable[[str], list[dict]]
 _ERRORS_FILE_STRUCTURE = ("time String, database Nullable(String), table Nullable(String), "
                           "offset UInt64, reason String, raw String")
 
@@ -104,12 +107,12 @@ def header_lines(fmt: FileFormat) -> int:
     return 1 + fmt.name.endswith("WithNamesAndTypes") if fmt.has_header else 0
 
 
-def count_errors(sql: Sql, errors_file: str) -> int:
+def count_errors(rows: Rows, errors_file: str) -> int:
     if not os.path.exists(errors_file) or not os.path.getsize(errors_file):
         return 0
-    rows = sql.rows(f"SELECT count() AS n FROM file({quote_str(errors_file)}, CSV, "
-                    f"{quote_str(_ERRORS_FILE_STRUCTURE)})")
-    return int(rows[0]["n"])
+    found = rows(f"SELECT count() AS n FROM file({quote_str(errors_file)}, CSV, "
+                 f"{quote_str(_ERRORS_FILE_STRUCTURE)})")
+    return int(found[0]["n"])
 
 
 def record(sql: Sql, errors_file: str, *, table: str, uri: str, stage: str, run_id: str,
@@ -181,26 +184,26 @@ def listing(sql: Sql, table: str, limit: int = 10_000) -> list[dict]:
     return [{**row, "line": int(row["line"])} for row in rows]
 
 
-def budget_spent(sql: Sql, budget: ErrorBudget, errors_file: str) -> bool:
+def budget_spent(rows: Rows, budget: ErrorBudget, errors_file: str) -> bool:
     """Did the engine stop because rows beyond --max-errors were bad (not, say, a broken
     gzip stream)?"""
     limit = budget.max_errors
-    return limit is not None and count_errors(sql, errors_file) >= limit
+    return limit is not None and count_errors(rows, errors_file) >= limit
 
 
-def over_budget(sql: Sql, uri: str, fmt: FileFormat, budget: ErrorBudget,
+def over_budget(rows: Rows, uri: str, fmt: FileFormat, budget: ErrorBudget,
                 errors_file: str) -> DataError:
-    found = first(sql, errors_file, header_lines(fmt), 1)
+    found = first(rows, errors_file, header_lines(fmt), 1)
     where = f"; the first at line {found[0]['line']}: {found[0]['error']}" if found else ""
     return DataError(f"{uri}: more than {budget.max_errors} rejected rows exceed --max-errors "
                      f"{budget.max_errors}; nothing loaded from this file{where}")
 
 
-def first(sql: Sql, errors_file: str, header: int, limit: int = 5) -> list[dict]:
+def first(rows: Rows, errors_file: str, header: int, limit: int = 5) -> list[dict]:
     """The first rejected rows of an errors file: line, error, raw."""
     if not os.path.exists(errors_file) or not os.path.getsize(errors_file):
         return []
-    return sql.rows(f"SELECT offset + {header} AS line, {_REASON_SQL} AS error, "
+    return rows(f"SELECT offset + {header} AS line, {_REASON_SQL} AS error, "
                     f"substring(raw, 1, 500)"
                     f" AS raw FROM file({quote_str(errors_file)}, CSV, "
                     f"{quote_str(_ERRORS_FILE_STRUCTURE)}) ORDER BY line LIMIT {int(limit)}")

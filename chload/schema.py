@@ -97,7 +97,7 @@ def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
     `nulls=False` (only the names matter: the table exists) the sample is not read.
     `tolerate(bad, values)`: with an error budget, whether `bad` of a text column's
     `values` may be bad rows rather than a reason to make the column String
-    (numeric_columns below).
+    (numeric_type below).
     """
     described = query(
         f"DESCRIBE {reader(None)} SETTINGS schema_inference_make_columns_nullable = 1"

@@ -140,13 +140,13 @@ class EmbeddedTarget:
             rows, _ = self.engine.execute(_insert_sql(stage, job, self.reader, extra),
                                           job.file.uri)
         except DataError as exc:
-            if errors_file and rejects.budget_spent(self, job.budget, errors_file):
-                raise rejects.over_budget(self, job.file.uri, job.file.format, job.budget,
+            if errors_file and rejects.budget_spent(self.rows, job.budget, errors_file):
+                raise rejects.over_budget(self.rows, job.file.uri, job.file.format, job.budget,
                                           errors_file) from exc
             raise self._diagnose(job, exc) from exc
         if not errors_file:
             return rows, 0
-        rejected = rejects.count_errors(self, errors_file)
+        rejected = rejects.count_errors(self.rows, errors_file)
         job.budget.check(job.file.uri, rejected, rows)
         if rejected:
             rejects.record(self, errors_file, table=job.table_display, uri=job.file.uri,

@@ -24,7 +24,7 @@ from chload.targets.push import PUSH_SETTINGS
 
 # send(insert, columns, select, settings, context): the server runs `insert` (FORMAT
 # Native) on the rows the loader's engine selects.
-Send = Callable[[str, Sequence[Column], str, Sequence[tuple[str, str]], str], None]
+Send = Callable[[str, Sequence[Column], str, Sequence[tuple[str, str]], str], int]
 
 
 class LoaderSql:
@@ -49,16 +49,16 @@ class LoaderRejects:
     def over_budget(self, job: LoadJob, errors_file: str) -> DataError | None:
         """After a failed parse: the over-budget error, if that is why it failed."""
         loader = LoaderSql(self.engine, job.file.uri)
-        if not rejects.budget_spent(loader, job.budget, errors_file):
+        if not rejects.budget_spent(loader.rows, job.budget, errors_file):
             return None
-        return rejects.over_budget(loader, job.file.uri, job.file.format, job.budget,
+        return rejects.over_budget(loader.rows, job.file.uri, job.file.format, job.budget,
                                    errors_file)
 
     def keep(self, job: LoadJob, stage: str, errors_file: str, rows: int) -> int:
         """Count the rejected rows, check the budget (DataError over it), and copy them
         into the server's chload.rejects under `stage`; return how many."""
         loader = LoaderSql(self.engine, job.file.uri)
-        rejected = rejects.count_errors(loader, errors_file)
+        rejected = rejects.count_errors(loader.rows, errors_file)
         job.budget.check(job.file.uri, rejected, rows)
         if not rejected:
             return 0

@@ -211,7 +211,10 @@ class ServerTarget:
         try:
             return self._push(job, stage, extra=job.budget.engine_settings(errors_file))
         except DataError as exc:
-            raise self.rejects.over_budget(job, errors_file) or exc from exc
+            over = self.rejects.over_budget(job, errors_file)
+            if over is None:
+                raise
+            raise over from exc
 
     def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,
                      workers: int) -> list[tuple[SourceFile, ...]]:
@@ -359,8 +362,11 @@ class ServerTarget:
             columns += [Column(n, t) for n, t in audit.items()]
         return columns, audit
 
-    def _push_settings(self, job: LoadJob) -> tuple[tuple[str, str], ...]:
-        return (*PUSH_SETTINGS, ("session_timezone", self.caps.timezone), *job.settings)
+    def _push_settings(self, job: LoadJob, extra: Sequence[tuple[str, str]] = (),
+                       ) -> tuple[tuple[str, str], ...]:
+        """The loader's settings for a push; `extra` before the user's, which win."""
+        return (*PUSH_SETTINGS, ("session_timezone", self.caps.timezone), *extra,
+                *job.settings)
 
     def _push(self, job: LoadJob, stage: str, select: str | None = None,
               extra: Sequence[tuple[str, str]] = ()) -> int:
@@ -373,22 +379,23 @@ class ServerTarget:
         squash = {"min_insert_block_size_rows": str(self._part_rows(job)),
                   "min_insert_block_size_bytes": str(PART_BYTES)}
         select = select or select_sql(job.file, job.columns, job.read_columns, audit)
-        settings = (*PUSH_SETTINGS, ("session_timezone", self.caps.timezone), *extra,
-                    *job.settings)
-        self._send(insert, columns, select, settings, job.file.uri, squash)
-        return job.file.size
+        read = self._send(insert, columns, select, self._push_settings(job, extra),
+                          job.file.uri, squash)
+        return read or job.file.size
 
     def _send(self, insert: str, columns: Sequence[Column], select: str,
               settings: Sequence[tuple[str, str]], context: str,
-              squash: dict[str, str] | None = None) -> None:
+              squash: dict[str, str] | None = None) -> int:
         """The loader's engine runs `select` and the server `insert` (FORMAT Native) on
-        its rows: through chDB's url() over http, through our own client over https."""
+        its rows: through chDB's url() over http, through our own client over https.
+        Returns the bytes the engine read from storage, where it says (0 otherwise)."""
         if self.url.secure:
             stream_push(self.engine, self.client, insert, select, settings, context, squash)
-            return
+            return 0
         sql = push_sql(self.url, insert, columns, select, self._push_encoding(), settings,
                        squash)
-        self.engine.execute(sql, context, partial(push_error, context=context, url=self.url))
+        errors = partial(push_error, context=context, url=self.url)
+        return self.engine.execute(sql, context, errors)[1]
 
     def _push_encoding(self) -> str:
         """No compression on this machine (CPU is the limit); gzip over a network."""
