@@ -14,6 +14,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from chload import planner, runner
@@ -132,14 +133,16 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     started_ns, clock = time.time_ns(), time.monotonic()
     table = planner.parse_table(spec.table, _default_database(target))
     report = LoadReport(table.display, target.display, uuid.uuid4().hex[:12])
+    existing = target.table_columns(table.sql)
     files = planner.resolve_format(target, _list_sources(spec, target),
-                                   planner.known_names(target, table, spec.schema))
+                                   planner.known_names(existing, spec.schema))
     report.recovered = target.recover(table.sql)
     plan = planner.decide(files, target.ledger.loaded_identities(table.display), spec.force)
     if plan.to_load:
         plan.columns, plan.read_columns, plan.created_table = planner.prepare_table(
-            target, table, plan.to_load, schema=spec.schema, order_by=spec.order_by,
-            partition_by=spec.partition_by, audit=spec.audit, budget=spec.budget,
+            target, table, plan.to_load, existing=existing, schema=spec.schema,
+            order_by=spec.order_by, partition_by=spec.partition_by, audit=spec.audit,
+            budget=spec.budget,
         )
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load)))
@@ -153,12 +156,23 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     monitor = Monitor(getattr(target, "path", ".")).start()
     results = runner.run(target, jobs, workers, listener,
                          abort_on_error=spec.on_error == "abort", changed=plan.changed)
-    target.flush()
     report.saturation = monitor.stop().to_dict() if jobs else {}
     results += [FileResult(f.uri, "skipped") for f in plan.skipped]
     _summarize(report, results, plan, time.monotonic() - clock)
-    target.ledger.record_run(_run_record(spec, report, started_ns))
+    _finish(target, _run_record(spec, report, started_ns))
     return report
+
+
+def _finish(target: Target, run: RunRecord) -> None:
+    """The last two ledger writes at once: `loaded` events still buffered (flush) and
+    the run's record (one round trip less at the end of every load)."""
+    flushing = ThreadPoolExecutor(1)
+    try:
+        flushed = flushing.submit(target.flush)
+        target.ledger.record_run(run)
+        flushed.result()
+    finally:
+        flushing.shutdown()
 
 
 def _default_database(target: Target) -> str:
@@ -316,10 +330,11 @@ def validate(sources: str | Iterable[str], table: str, *, target: str | None = N
     t = open_target(spec.target, create=False)
     try:
         name = planner.parse_table(table, _default_database(t))
+        existing = t.table_columns(name.sql)
         files = planner.resolve_format(t, _list_sources(spec, t),
-                                       planner.known_names(t, name, schema))
+                                       planner.known_names(existing, schema))
         _, read_columns, _ = planner.prepare_table(
-            t, name, files, schema=schema, order_by=None,
+            t, name, files, existing=existing, schema=schema, order_by=None,
             partition_by=None, audit=False, create=False, budget=spec.budget)
         return [_check(t, f, read_columns, spec.budget) for f in files]
     finally:

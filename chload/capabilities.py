@@ -4,8 +4,10 @@ The plan follows answers, not version numbers: which input formats the server pa
 (`system.formats`), which table functions and settings it knows, which data types it
 has (`system.data_type_families`), how many threads it runs (`max_threads`), and which
 HTTP `Content-Encoding`s it accepts for a request body, found by posting a tiny
-`SELECT 1` compressed each way (18.16: gzip and deflate; newer servers add zstd, br,
-xz, lz4, bz2). Everything but the encodings comes back in one query.
+`SELECT 1` compressed that way (18.16: gzip and deflate; newer servers add zstd, br,
+xz, lz4, bz2). Everything but the encodings comes back in one query; an encoding is
+tried the first time a file compressed that way is planned (a load of gzip files asks
+about gzip only: start-up is one round trip, not eight).
 
 Types: a schema inferred by chDB (ClickHouse 26) may name types an old server lacks.
 `server_type` maps them down where no value can change (Bool -> UInt8,
@@ -15,27 +17,26 @@ refuses the rest with one line that names the column and the way out (`--schema`
 
 from __future__ import annotations
 
-import bz2
-import gzip
-import lzma
 import re
-import zlib
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from chload.errors import ChloadError, SchemaError
+from chload.errors import SchemaError, TerminalError
 
-# "SELECT 1" compressed by each method (zstd, br, lz4 made once with chDB's file() writer;
-# the others with the standard library).
-_PROBES: dict[str, Callable[[], bytes]] = {
-    "gzip": lambda: gzip.compress(b"SELECT 1"),
-    "deflate": lambda: zlib.compress(b"SELECT 1"),
-    "zstd": lambda: bytes.fromhex("28b52ffd045840000053454c4543542031010000ba7526b3"),
-    "br": lambda: bytes.fromhex("8f038053454c454354203103"),
-    "lz4": lambda: bytes.fromhex("04224d184050770800008053454c454354203100000000"),
-    "xz": lambda: lzma.compress(b"SELECT 1"),
-    "bz2": lambda: bz2.compress(b"SELECT 1"),
+# "SELECT 1" compressed by each method (made once with the standard library, or for
+# zstd, br and lz4 with chDB's file() writer): no compression module is imported.
+_PROBES: dict[str, bytes] = {
+    "gzip": bytes.fromhex("1f8b08000000000002030b76f571750e513004009b397f6608000000"),
+    "deflate": bytes.fromhex("789c0b76f571750e513004000a1d0212"),
+    "zstd": bytes.fromhex("28b52ffd045840000053454c4543542031010000ba7526b3"),
+    "br": bytes.fromhex("8f038053454c454354203103"),
+    "lz4": bytes.fromhex("04224d184050770800008053454c454354203100000000"),
+    "xz": bytes.fromhex("fd377a585a000004e6d6b4460200210116000000742fe5a301000753454c"
+                        "4543542031007347eb23ad2ced6700012008bb19d9bb1fb6f37d01000000"
+                        "0004595a"),
+    "bz2": bytes.fromhex("425a6839314159265359acc39b2e0000031e00400020000a040c00200031"
+                        "0c010699a1ce0a145dc914e14242b30e6cb8"),
 }
 
 _PROBE_SQL = """SELECT 'version' AS k, version() AS v
@@ -57,8 +58,13 @@ class Capabilities:
     table_functions: frozenset[str] = frozenset()
     settings: frozenset[str] = frozenset()
     types: frozenset[str] = frozenset()
-    encodings: frozenset[str] = frozenset()
+    encodings: frozenset[str] = frozenset()  # known to be accepted without asking
     ledger_tables: frozenset[str] = field(default=frozenset(), compare=False)
+    # post_encoded(method, body) -> True once the server ran the compressed body
+    post_encoded: Callable[[str, bytes], bool] | None = field(default=None, compare=False)
+    _asked: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+    _asking: threading.Lock = field(default_factory=threading.Lock, compare=False,
+                                    repr=False)
 
     @property
     def version_tuple(self) -> tuple[int, ...]:
@@ -68,8 +74,21 @@ class Capabilities:
         return fmt in self.input_formats
 
     def accepts(self, compression: str) -> bool:
-        """True when a body compressed this way can be posted as is."""
-        return compression == "none" or compression in self.encodings
+        """True when a body compressed this way can be posted as is; asked of the server
+        the first time. A server that cannot answer now raises (TransientError): a
+        failed probe must not send every file down the slow path for the whole run."""
+        if compression == "none" or compression in self.encodings:
+            return True
+        if self.post_encoded is None or compression not in _PROBES:
+            return False
+        with self._asking:
+            if compression not in self._asked:
+                try:
+                    self._asked[compression] = self.post_encoded(compression,
+                                                                 _PROBES[compression])
+                except TerminalError:  # e.g. Code: 89, Unknown Content-Encoding
+                    self._asked[compression] = False
+            return self._asked[compression]
 
     @property
     def dedup_tokens(self) -> bool:
@@ -79,15 +98,12 @@ class Capabilities:
     def low_cardinality_experimental(self) -> bool:
         return "allow_experimental_low_cardinality_type" in self.settings
 
-    def summary(self) -> str:
-        return (f"ClickHouse {self.version}: {len(self.input_formats)} input formats, "
-                f"body encodings {', '.join(sorted(self.encodings)) or 'none'}, "
-                f"{self.max_threads} threads")
 
-
-def probe(query: Callable[[str], str], post_encoded: Callable[[str, bytes], bool]) -> Capabilities:
-    """Ask the server. `query(sql)` returns TSV; `post_encoded(method, body)` is True when
-    the server ran the compressed body."""
+def probe(query: Callable[[str], str],
+          post_encoded: Callable[[str, bytes], bool] | None = None) -> Capabilities:
+    """Ask the server in one query. `query(sql)` returns TSV; `post_encoded(method,
+    body)` (True when the server ran the compressed body) is called later, by
+    `accepts`, once per encoding a load needs."""
     found: dict[str, set[str]] = {}
     for line in query(_PROBE_SQL).splitlines():
         key, _, value = line.partition("\t")
@@ -97,24 +113,14 @@ def probe(query: Callable[[str], str], post_encoded: Callable[[str, bytes], bool
         return next(iter(found.get(key, {default})))
 
     threads = re.findall(r"\d+", one("max_threads", "2"))
-    with ThreadPoolExecutor(len(_PROBES)) as pool:  # one round trip, not seven
-        accepted = pool.map(lambda item: _accepts(post_encoded, *item), _PROBES.items())
-        encodings = frozenset(m for m, ok in zip(_PROBES, accepted, strict=True) if ok)
     return Capabilities(
         version=one("version", "0"), timezone=one("timezone", "UTC"),
         max_threads=int(threads[-1]) if threads else 2,
         input_formats=frozenset(found.get("format", ())),
         table_functions=frozenset(found.get("function", ())),
         settings=frozenset(found.get("setting", ())), types=frozenset(found.get("type", ())),
-        encodings=encodings, ledger_tables=frozenset(found.get("ledger", ())),
+        ledger_tables=frozenset(found.get("ledger", ())), post_encoded=post_encoded,
     )
-
-
-def _accepts(post: Callable[[str, bytes], bool], method: str, body: Callable[[], bytes]) -> bool:
-    try:
-        return post(method, body())
-    except ChloadError:
-        return False
 
 
 # -- types ----------------------------------------------------------------------------

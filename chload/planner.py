@@ -123,17 +123,18 @@ def samples(files: Iterable[SourceFile], limit: int = 3) -> list[SourceFile]:
 
 
 def prepare_table(
-    target: Target, table: TableName, files: Sequence[SourceFile], *, schema: str | None,
-    order_by: str | None, partition_by: str | None, audit: bool, create: bool = True,
+    target: Target, table: TableName, files: Sequence[SourceFile], *,
+    existing: list[Column] | None, schema: str | None, order_by: str | None,
+    partition_by: str | None, audit: bool, create: bool = True,
     budget: ErrorBudget | None = None,
 ) -> tuple[list[Column], list[Column], bool]:
     """Create the table if needed; return (table columns, read columns, created).
+    `existing`: the table's columns (target.table_columns), None if it does not exist.
 
     With `create=False` (validation) a missing table is not created: the data's own
     columns are used. With an error `budget`, inference keeps a text column of
     numbers-but-a-few numeric (schema.numeric_type).
     """
-    existing = target.table_columns(table.sql)
     tolerate = budget.allows if budget and budget.allows_errors else None
     data = (parse_structure(schema) if schema
             else _data_columns(target, files, existing, tolerate))
@@ -182,11 +183,10 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
                       "--format, or pass --schema 'name Type, ...'") from failure
 
 
-def known_names(target: Target, table: TableName, schema: str | None) -> list[str]:
-    """The column names the data may have, when known before reading it."""
-    if schema:
-        return [c.name for c in parse_structure(schema)]
-    return [c.name for c in target.table_columns(table.sql) or []]
+def known_names(existing: list[Column] | None, schema: str | None) -> list[str]:
+    """The column names the data may have, when known before reading it: --schema's,
+    else the existing table's."""
+    return [c.name for c in (parse_structure(schema) if schema else existing or [])]
 
 
 def validate_options(compression: str | None, workers: int | None) -> None:

@@ -316,6 +316,28 @@ class Committer:
             self.sleep(0.2)
 
     # -- settling --------------------------------------------------------------------
+    def start(self, table: str, display: str) -> int:
+        """Before a load into `table`: settle what crashed commits left (return how many
+        files) and drop stages no commit needs. One query when there is nothing to do,
+        the usual case: no file of the table is `committing` and no lock was broken (a
+        lock still held by a dead process is broken by the first commit, rule 3)."""
+        rows = self.sql.rows(
+            f"SELECT 'dirty' AS k, name AS a, toUInt64(0) AS age FROM system.tables WHERE "
+            f"database = '{DATABASE}' AND name = {quote_str(_dirty_name(table))} "
+            f"UNION ALL SELECT 'committing', uri, toUInt64(0) FROM (SELECT uri, "
+            f"argMax(state, seq) AS st FROM {DATABASE}.files WHERE target_table = "
+            f"{quote_str(display)} GROUP BY uri) WHERE st = '{COMMITTING}' "
+            f"UNION ALL SELECT 'stage', name, toUInt64(now() - metadata_modification_time) "
+            f"FROM system.tables WHERE database = '{DATABASE}' AND (startsWith(name, "
+            f"'stage_') OR startsWith(name, 'lockbroken_'))")
+        settled = 0
+        if any(row["k"] in ("dirty", "committing") for row in rows):
+            settled = self.recover(table, display)
+        candidates = [{"name": r["a"], "age": r["age"]} for r in rows if r["k"] == "stage"]
+        if candidates:
+            self.drop_orphans(candidates)
+        return settled
+
     def recover(self, table: str, display: str) -> int:
         """Settle every `committing` file of `table` (under the lock); return how many."""
         with self._local(table):
@@ -369,14 +391,9 @@ class Committer:
         self.sql.command(statement, f"{self.holder.query_prefix}{scope}-{uuid.uuid4().hex[:8]}")
 
     # -- orphans ---------------------------------------------------------------------
-    def drop_orphans(self) -> int:
-        """Drop stages no commit needs: their process is gone (or, elsewhere, a day old)."""
-        rows = self.sql.rows(
-            f"SELECT name, toUInt64(now() - metadata_modification_time) AS age FROM "
-            f"system.tables WHERE database = '{DATABASE}' AND (startsWith(name, 'stage_') "
-            f"OR startsWith(name, 'lockbroken_'))")
-        if not rows:
-            return 0
+    def drop_orphans(self, rows: list[dict]) -> int:
+        """Drop the stages in `rows` (name, age in seconds) that no commit needs: their
+        process is gone (or, elsewhere, a day old)."""
         keep = self._committing_stages([r["name"] for r in rows])
         dropped = 0
         for row in rows:

@@ -25,6 +25,7 @@ import os
 import re
 import socket
 import ssl
+import stat
 import threading
 import time
 import urllib.parse
@@ -34,6 +35,7 @@ from typing import BinaryIO
 
 from chload.errors import (
     ChloadError,
+    SourceError,
     TerminalError,
     TransientError,
     UsageError,
@@ -196,7 +198,8 @@ class HttpClient:
         elif body is not None:
             head["Transfer-Encoding"] = "chunked"
         try:
-            status, data = self._send(path, body, head, chunked="Transfer-Encoding" in head)
+            status, data = self._send(path, body, head, chunked="Transfer-Encoding" in head,
+                                      length=length)
         except (OSError, http.client.HTTPException) as exc:
             raise _network_error(exc, self.url, context) from None
         if status != 200:
@@ -205,11 +208,21 @@ class HttpClient:
         return data
 
     def _send(self, path: str, body: Body, headers: dict[str, str | bytes],
-              chunked: bool) -> tuple[int, bytes]:
+              chunked: bool, length: int | None) -> tuple[int, bytes]:
         conn = self._connection()
         try:
-            conn.request("POST", path, body=body, headers=headers,
-                         encode_chunked=chunked)
+            if _sendfile(body, length) and self._tls is None:
+                # A local file of known length: the kernel copies it to the socket
+                # (os.sendfile), no pass through Python's buffers.
+                conn.request("POST", path, body=None, headers=headers)
+                assert conn.sock is not None and length is not None
+                sent = conn.sock.sendfile(body, body.tell(), length)  # type: ignore[arg-type,union-attr]
+                if sent != length:
+                    raise SourceError(f"{body.name}: {sent:,} bytes where {length:,} were "  # type: ignore[union-attr]
+                                      "listed; the file changed while loading")
+            else:
+                conn.request("POST", path, body=body, headers=headers,
+                             encode_chunked=chunked)
             response = conn.getresponse()
             data = response.read()
         except BaseException:
@@ -255,6 +268,16 @@ class HttpClient:
         for conn in conns:
             with contextlib.suppress(Exception):
                 conn.close()
+
+
+def _sendfile(body: Body, length: int | None) -> bool:
+    """A regular file whose `length` bytes from here on can go by os.sendfile."""
+    if length is None or not hasattr(body, "fileno") or not hasattr(body, "tell"):
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(body.fileno()).st_mode)  # type: ignore[union-attr]
+    except (OSError, ValueError):
+        return False
 
 
 def _tls_context(ca_file: str | None) -> ssl.SSLContext:

@@ -159,10 +159,17 @@ class ServerTarget:
         return table_function(file, fmt, structure(columns) if columns else None)
 
     def table_columns(self, table: str) -> list[Column] | None:
+        """The table's columns (None: no such table); its engine is noted on the way."""
         database, name = split_table(table)
-        rows = self.rows(f"SELECT name, type, default_kind FROM system.columns WHERE "
-                         f"database = {quote_str(database)} AND table = {quote_str(name)}")
-        return [Column(r["name"], r["type"], r["default_kind"]) for r in rows] or None
+        where = f"database = {quote_str(database)} AND "
+        rows = self.rows(f"SELECT name, type, default_kind, '' AS engine FROM system.columns "
+                         f"WHERE {where}table = {quote_str(name)} UNION ALL SELECT '', '', "
+                         f"'', engine FROM system.tables WHERE {where}name = {quote_str(name)}")
+        for row in rows:
+            if row["engine"]:
+                self._engines[table] = row["engine"]
+        return [Column(r["name"], r["type"], r["default_kind"]) for r in rows
+                if not r["engine"]] or None
 
     def default_workers(self, files: Sequence[SourceFile]) -> int:
         # A server parses one INSERT on one thread. Measured into 18.16 on 2 cores: two
@@ -473,9 +480,7 @@ class ServerTarget:
             raise
 
     def recover(self, table: str) -> int:
-        settled = self.committer.recover(table, display_table(table))
-        self.committer.drop_orphans()
-        return settled
+        return self.committer.start(table, display_table(table))
 
     def close(self) -> None:
         try:

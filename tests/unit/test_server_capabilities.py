@@ -29,24 +29,46 @@ OLD = Capabilities("18.16.1", types=OLD_TYPES, encodings=frozenset({"gzip", "def
                                        "max_threads"}))
 
 
-def test_probe_reads_one_query_and_tries_each_encoding() -> None:
+def test_probe_reads_one_query_and_asks_about_an_encoding_when_needed() -> None:
     answer = ("version\t18.16.1\ntimezone\tEtc/UTC\nmax_threads\tauto(4)\nformat\tCSV\n"
               "format\tNative\nfunction\turl\nsetting\tmax_threads\ntype\tUInt8\n"
               "ledger\tfiles\n")
     tried: list[str] = []
+    down = True
 
     def post(method: str, body: bytes) -> bool:
         tried.append(method)
+        if down:
+            raise TransientError("server 127.0.0.1:8123 unreachable: connection refused")
         if method not in ("gzip", "deflate"):
-            raise TransientError("Code: 89. Unknown Content-Encoding")
+            raise DataError("Code: 89. Unknown Content-Encoding of HTTP request: " + method)
         return True
 
     caps = probe(lambda sql: answer, post)
     assert (caps.version, caps.version_tuple, caps.timezone, caps.max_threads) == (
         "18.16.1", (18, 16, 1), "Etc/UTC", 4)
-    assert caps.input_formats == {"CSV", "Native"} and caps.encodings == {"gzip", "deflate"}
-    assert set(tried) == {"gzip", "deflate", "zstd", "br", "lz4", "xz", "bz2"}
+    assert caps.input_formats == {"CSV", "Native"}
     assert caps.ledger_tables == {"files"} and not caps.dedup_tokens
+    assert tried == [] and caps.accepts("none")
+    with pytest.raises(TransientError):  # no answer is not "no": nothing is remembered
+        caps.accepts("gzip")
+    down = False
+    assert caps.accepts("gzip") and not caps.accepts("zstd") and caps.accepts("gzip")
+    assert not caps.accepts("snappy")  # no probe for it: never posted as is
+    assert tried == ["gzip", "gzip", "zstd"]
+
+
+def test_probe_bodies_are_select_1_compressed() -> None:
+    import bz2
+    import gzip
+    import lzma
+    import zlib
+
+    from chload.capabilities import _PROBES
+
+    for method, decompress in (("gzip", gzip.decompress), ("deflate", zlib.decompress),
+                               ("xz", lzma.decompress), ("bz2", bz2.decompress)):
+        assert decompress(_PROBES[method]) == b"SELECT 1", method
 
 
 @pytest.mark.parametrize("inferred, stored", [

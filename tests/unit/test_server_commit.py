@@ -36,6 +36,7 @@ class FakeServer:
         self.attached: list[str] = []
         self.age = 0.0
         self.running: list[str] = []
+        self.statements: list[str] = []
 
     def _maybe_fail(self, sql: str, when: str) -> None:
         for prefix, errors in self.fail.items():
@@ -44,6 +45,7 @@ class FakeServer:
 
     def command(self, sql: str, query_id: str = "") -> None:
         self._maybe_fail(sql, "before")
+        self.statements.append(sql)
         if m := re.match(r"CREATE TABLE (IF NOT EXISTS )?chload\.(\w+).*?DEFAULT '([^']*)'",
                          sql, re.S) or re.match(r"CREATE TABLE (IF NOT EXISTS )?chload\.(\w+)",
                                                 sql):
@@ -69,6 +71,12 @@ class FakeServer:
             raise AssertionError(f"unexpected statement {sql}")
 
     def rows(self, sql: str) -> list[dict]:
+        if sql.startswith("SELECT 'dirty' AS k"):  # Committer.start
+            out = [{"k": "dirty", "a": n, "age": 0} for n in self.tables if n.startswith("dirty_")]
+            out += [{"k": "committing", "a": e.uri, "age": 0}
+                    for e in self.latest(DISPLAY, [COMMITTING])]
+            return out + [{"k": "stage", "a": n, "age": self.age} for n in self.tables
+                          if n.startswith(("stage_", "lockbroken_"))]
         if "'holder' AS k" in sql:
             name = re.search(r"table = '(\w+)'", sql).group(1)  # type: ignore[union-attr]
             if name not in self.tables:
@@ -96,6 +104,8 @@ class FakeServer:
             return out
         if "system.processes" in sql:
             return [{"n": 0}]
+        if sql.startswith("SELECT stage FROM"):  # stages of files still committing
+            return [{"stage": e.stage} for e in self.latest(DISPLAY, [COMMITTING])]
         raise AssertionError(f"unexpected query {sql}")
 
     # the ledger, duck-typed
@@ -194,6 +204,27 @@ def test_settling_attaches_only_partitions_without_a_part_above_the_mark() -> No
     assert c.recover(TABLE, DISPLAY) == 1
     assert server.attached == [f"chload.{stage}"] and server.parts[TABLE]["p2"] > 5
     assert server.latest(DISPLAY)[0].state == LOADED
+
+
+def test_a_clean_start_takes_no_lock_and_drops_only_orphaned_stages() -> None:
+    server = FakeServer()
+    c = committer(server)
+    live = stage_with(server, c.holder, {"all": 1})  # this process: in use
+    dead = stage_with(server, Holder(c.holder.machine, 2**22 + 7, 1), {"all": 1})
+    assert c.start(TABLE, DISPLAY) == 0
+    assert server.statements == [f"DROP TABLE IF EXISTS chload.{dead}"]
+    assert live in server.tables and dead not in server.tables
+
+
+def test_a_start_after_a_crash_settles_under_the_lock() -> None:
+    server = FakeServer()
+    c = committer(server)
+    crashed = stage_with(server, Holder(c.holder.machine, 2**22 + 7, 1), {"all": 1})
+    server.events.append(replace(event(), state=COMMITTING, stage=crashed, mark=3))
+    assert c.start(TABLE, DISPLAY) == 1
+    assert server.attached == [f"chload.{crashed}"]
+    assert server.statements[0].startswith(f"CREATE TABLE chload.{_lock_name(TABLE)}")
+    assert server.latest(DISPLAY)[0].state == LOADED and crashed not in server.tables
 
 
 def test_a_file_another_run_committed_meanwhile_is_not_attached_again() -> None:
