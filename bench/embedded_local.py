@@ -21,7 +21,15 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import CACHE, TRIPS_SCHEMA, interleave, make_trips, print_ratios, time_process
+from common import (
+    CACHE,
+    TRIPS_SCHEMA,
+    compile_chload,
+    interleave,
+    make_trips,
+    print_ratios,
+    time_process,
+)
 
 BASELINE = r"""
 import sys, chdb.session
@@ -43,6 +51,7 @@ def main() -> None:
     data = os.path.join(CACHE, f"trips-csvgz-{args.files}x{args.rows}")
     make_trips(data, args.files, args.rows)
     glob = os.path.join(data, "*.csv.gz")
+    compile_chload()
     work = tempfile.mkdtemp(prefix="chload-bench-")
     db = os.path.join(work, "db")
     fresh = lambda: shutil.rmtree(db, ignore_errors=True)  # noqa: E731

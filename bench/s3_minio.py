@@ -39,6 +39,7 @@ import services  # noqa: E402
 from common import (  # noqa: E402
     CACHE,
     TRIPS_SCHEMA,
+    compile_chload,
     interleave,
     make_trips,
     print_ratios,
@@ -97,6 +98,7 @@ def main() -> None:
 
     data = make_trips(os.path.join(CACHE, f"trips-csvgz-{args.files}x{args.rows}"),
                       args.files, args.rows)
+    compile_chload()
     work = tempfile.mkdtemp(prefix="chload-bench-s3-")
     minio = services.start_minio(Path(work))
     try:

@@ -40,7 +40,15 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts",
                                 "services"))
-from common import CACHE, TRIPS_SCHEMA, interleave, make_trips, print_ratios, time_process
+from common import (
+    CACHE,
+    TRIPS_SCHEMA,
+    compile_chload,
+    interleave,
+    make_trips,
+    print_ratios,
+    time_process,
+)
 
 POST = "POST gzip files, 2 at a time (curl)"
 CLIENT = "gunzip | clickhouse-client loop"
@@ -91,6 +99,7 @@ def main() -> None:
     csv = make_trips(base % "csvgz", args.files, args.rows)
     parquet = make_trips(base % "parquet", args.files, args.rows, "Parquet", "parquet")
     jsonl = make_trips(base % "jsonlgz", args.files, args.rows, "JSONEachRow", "jsonl.gz")
+    compile_chload()
     work = tempfile.mkdtemp(prefix="chload-bench-http-")
     server = None
     try:
