@@ -164,6 +164,10 @@ def _load(args: argparse.Namespace) -> int:
         from chload.render import print_summary
 
         print_summary(report)
+    elif not report.ok:
+        from chload.render import print_failures
+
+        print_failures(report)
     return 0 if report.ok else 1
 
 

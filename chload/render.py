@@ -94,6 +94,12 @@ def print_summary(report: LoadReport) -> None:
         cpu = f"{sat['cpu_util_pct']:.0f}%" if sat.get("cpu_util_pct") is not None else "?"
         print(f"  saturation: CPU {cpu} of {sat['cores']} cores{disk}; "
               f"limit: {sat['bottleneck']}")
+    print_failures(report)
+
+
+def print_failures(report: LoadReport) -> None:
+    """One line per failed file on stderr (--quiet too: an exit status alone says not
+    which file, nor what to do)."""
     for result in report.files:
         if result.status == "failed":
             print(f"  failed: {result.error}", file=sys.stderr)

@@ -128,6 +128,10 @@ def test_bad_file_fails_alone(trips: Path, tmp_path: Path, target_dir: str) -> N
     ledger = json.loads(run_chload("files", "--table", "trips", "--target", target_dir,
                                    "--json").stdout)
     assert [r["state"] for r in ledger if r["uri"].endswith("broken.csv.gz")] == ["failed"]
+    quiet = run_chload("load", str(bad), "--table", "trips", "--target", target_dir, "--quiet")
+    assert quiet.returncode == 1 and quiet.stdout == ""  # --quiet still says what failed
+    lines = [line for line in quiet.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "broken.csv.gz" in lines[0]
 
 
 @pytest.mark.parametrize("argv, expected", [
