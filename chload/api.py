@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -132,7 +131,7 @@ def _threads_per_file(workers: int, jobs: int) -> int:
 def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     started_ns, clock = time.time_ns(), time.monotonic()
     table = planner.parse_table(spec.table, _default_database(target))
-    report = LoadReport(table.display, target.display, uuid.uuid4().hex[:12])
+    report = LoadReport(table.display, target.display, os.urandom(6).hex())
     existing = target.table_columns(table.sql)
     files = planner.resolve_format(target, _list_sources(spec, target),
                                    planner.known_names(existing, spec.schema))

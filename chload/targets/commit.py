@@ -48,7 +48,6 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -114,7 +113,7 @@ def _start_time(pid: int) -> int:
 
 
 def stage_name(holder: Holder) -> str:
-    return f"stage_{holder.machine}_{holder.pid}_{uuid.uuid4().hex[:8]}"
+    return f"stage_{holder.machine}_{holder.pid}_{os.urandom(4).hex()}"
 
 
 class Sql:
@@ -290,7 +289,7 @@ class Committer:
         """Take a stale lock away; the next holder settles what it left (rule 3)."""
         self._run(f"CREATE TABLE IF NOT EXISTS {DATABASE}.{_dirty_name(table)} "
                   "(at DateTime DEFAULT now()) ENGINE = Memory")
-        broken = f"lockbroken_{uuid.uuid4().hex[:12]}"
+        broken = f"lockbroken_{os.urandom(6).hex()}"
         try:
             self._run(f"RENAME TABLE {DATABASE}.{lock} TO {DATABASE}.{broken}")
         except EngineError:
@@ -388,7 +387,7 @@ class Committer:
     def _run(self, statement: str, table: str = "") -> None:
         """A statement whose query id says who runs it, for which table (see _wait_idle)."""
         scope = _lock_name(table)[5:13] if table else "x"
-        self.sql.command(statement, f"{self.holder.query_prefix}{scope}-{uuid.uuid4().hex[:8]}")
+        self.sql.command(statement, f"{self.holder.query_prefix}{scope}-{os.urandom(4).hex()}")
 
     # -- orphans ---------------------------------------------------------------------
     def drop_orphans(self, rows: list[dict]) -> int:
