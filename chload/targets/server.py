@@ -130,11 +130,25 @@ class ServerTarget:
         self.client.post(sql, context=self.where, query_id=query_id)
 
     def rows(self, sql: str) -> list[dict]:
-        """Small results as dicts, 64-bit integers as numbers (as chDB gives them)."""
-        text = self.client.post(sql, context=self.where, fmt="JSONEachRow",
-                                params={"output_format_json_quote_64bit_integers": "0"}
-                                ).decode()
-        return [json.loads(line) for line in text.splitlines() if line]
+        """Small results as dicts, 64-bit integers as numbers (as chDB gives them).
+
+        18.16 lists system.parts (and other system tables) over every table and fails
+        the whole query with "Table X doesn't exist" when X, any table, is dropped
+        meanwhile: another stream's stage, after its commit. Asked again, it answers.
+        """
+        for attempt in range(_SYSTEM_RETRIES + 1):
+            try:
+                text = self.client.post(sql, context=self.where, fmt="JSONEachRow",
+                                        params={"output_format_json_quote_64bit_integers": "0"}
+                                        ).decode()
+                return [json.loads(line) for line in text.splitlines() if line]
+            except SchemaError as exc:
+                if not _dropped_meanwhile(sql, str(exc)):
+                    raise
+                if attempt == _SYSTEM_RETRIES:
+                    raise TransientError(str(exc)) from None
+                time.sleep(0.01 * 2 ** attempt)
+        raise AssertionError("unreachable")
 
     def text(self, sql: str, fmt: str) -> str:
         """The user's SQL, in the URL's database; Pretty formats without ANSI colours
@@ -510,6 +524,20 @@ def _width(typ: str) -> int:
     else:
         size = _WIDTHS.get(family, 64)
     return size + nullable
+
+
+_SYSTEM_RETRIES = 5
+_MISSING_TABLE = re.compile(r"Table (\S+?)\.? doesn't exist")
+
+
+def _dropped_meanwhile(sql: str, message: str) -> bool:
+    """A query over system tables failed because a table it does not name was dropped
+    while the server listed them (see ServerTarget.rows)."""
+    missing = _MISSING_TABLE.search(message)
+    if "system." not in sql or missing is None:
+        return False
+    database, _, name = missing.group(1).replace("`", "").rpartition(".")
+    return f"'{name}'" not in sql
 
 
 class BatchOverlap(TerminalError):

@@ -381,3 +381,51 @@ def test_error_budget_keeps_rejects_in_the_server(clickhouse: services.Service,
                                    env=env(clickhouse)).stdout)
     assert [(c["rows"], c["errors"], c["within_budget"]) for c in checks] == [
         (993, 7, False), (1000, 0, True)]
+
+
+def test_system_table_queries_ride_out_tables_dropped_meanwhile(
+        clickhouse: services.Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    """18.16 fails a query over system.tables with "Table X doesn't exist" when any table
+    of the listed database is dropped meanwhile (every commit drops its stage): chload's
+    own system queries ask again. Two threads churn tables while both a plain query and
+    the target's rows() list the database, for at most 30 s."""
+    import threading
+
+    from chload.targets.server import ServerTarget
+
+    monkeypatch.setenv("CLICKHOUSE_PASSWORD", clickhouse.credentials["password"])
+    database = f"churn_{uuid.uuid4().hex[:8]}"
+    q(clickhouse, f"CREATE DATABASE {database}")
+    target = ServerTarget(url(clickhouse))
+    listing = (f"SELECT name FROM system.tables WHERE database = '{database}' "
+               "AND name = 'absent'")
+    stop = threading.Event()
+
+    def churn(k: int) -> None:
+        for i in range(100_000):
+            if stop.is_set():
+                return
+            q(clickhouse, f"CREATE TABLE {database}.s{k}_{i} (x UInt8) ENGINE = TinyLog")
+            q(clickhouse, f"DROP TABLE {database}.s{k}_{i}")
+
+    threads = [threading.Thread(target=churn, args=(k,)) for k in range(2)]
+    for thread in threads:
+        thread.start()
+    plain_failures = answered = 0
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (plain_failures < 3 or answered < 300):
+            try:
+                q(clickhouse, listing)
+            except RuntimeError as exc:
+                assert "doesn't exist" in str(exc), exc
+                plain_failures += 1
+            assert target.rows(listing) == []
+            answered += 1
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        target.close()
+        q(clickhouse, f"DROP DATABASE {database}")
+    assert plain_failures >= 1, "the race did not show in 30 s: nothing was tested"
