@@ -101,9 +101,8 @@ class ServerTarget:
         self.database = self.url.database  # what a bare --table name means
         self.client = HttpClient(self.url)
         self.where = f"server {self.url.host}:{self.url.port}"
-        self.caps: Capabilities = probe(
-            lambda sql: self.client.post(sql, context=self.where, fmt="TSV").decode(),
-            self._accepts_encoding)
+        self.caps: Capabilities = probe(lambda sql: self._ask(sql, "TSV"),
+                                        self._accepts_encoding)
         self.display = f"ClickHouse {self.caps.version} at {self.url.display}"
         self.ledger = Ledger(self)
         if not {"files", "runs", "rejects"} <= self.caps.ledger_tables:
@@ -130,18 +129,21 @@ class ServerTarget:
         self.client.post(sql, context=self.where, query_id=query_id)
 
     def rows(self, sql: str) -> list[dict]:
-        """Small results as dicts, 64-bit integers as numbers (as chDB gives them).
+        """Small results as dicts, 64-bit integers as numbers (as chDB gives them)."""
+        text = self._ask(sql, "JSONEachRow", {"output_format_json_quote_64bit_integers": "0"})
+        return [json.loads(line) for line in text.splitlines() if line]
 
-        18.16 lists system.parts (and other system tables) over every table and fails
-        the whole query with "Table X doesn't exist" when X, any table, is dropped
+    def _ask(self, sql: str, fmt: str, params: dict[str, str] | None = None) -> str:
+        """chload's own query, answered as text.
+
+        18.16 lists system.tables (and parts) by name and fails the whole query with
+        "Table X doesn't exist" when X, any table of a listed database, is dropped
         meanwhile: another stream's stage, after its commit. Asked again, it answers.
         """
         for attempt in range(_SYSTEM_RETRIES + 1):
             try:
-                text = self.client.post(sql, context=self.where, fmt="JSONEachRow",
-                                        params={"output_format_json_quote_64bit_integers": "0"}
-                                        ).decode()
-                return [json.loads(line) for line in text.splitlines() if line]
+                return self.client.post(sql, context=self.where, fmt=fmt,
+                                        params=params).decode()
             except SchemaError as exc:
                 if not _dropped_meanwhile(sql, str(exc)):
                     raise
