@@ -13,7 +13,6 @@ import os
 import socket
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 from chload import planner, runner
@@ -165,13 +164,8 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
 def _finish(target: Target, run: RunRecord) -> None:
     """The last two ledger writes at once: `loaded` events still buffered (flush) and
     the run's record (one round trip less at the end of every load)."""
-    flushing = ThreadPoolExecutor(1)
-    try:
-        flushed = flushing.submit(target.flush)
-        target.ledger.record_run(run)
-        flushed.result()
-    finally:
-        flushing.shutdown()
+    runner.on_threads(lambda write: write(), [target.flush,
+                                              lambda: target.ledger.record_run(run)], 2)
 
 
 def _default_database(target: Target) -> str:

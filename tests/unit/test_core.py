@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from chload.errors import (
@@ -216,3 +218,39 @@ def test_progress_of_a_failed_attempt_is_taken_back() -> None:
     assert progress.attempt(lambda: progress(10, 100) or 7) == 7
     assert [(e.rows, e.bytes) for e in events] == [(10, 100), (-10, -100), (10, 100)]
     assert sum(e.bytes for e in events) == 100
+
+
+def test_on_threads_runs_each_item_once_at_most_n_at_a_time() -> None:
+    import threading
+
+    from chload.runner import on_threads
+
+    running, peak, guard = [0], [0], threading.Lock()
+
+    def work(n: int) -> int:
+        with guard:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.005)
+        with guard:
+            running[0] -= 1
+        return n * n
+
+    assert sorted(on_threads(work, list(range(40)), 3)) == [n * n for n in range(40)]
+    assert peak[0] == 3
+
+
+def test_on_threads_raises_a_bug_and_starts_nothing_after_it() -> None:
+    from chload.runner import on_threads
+
+    started: list[int] = []
+
+    def work(n: int) -> int:
+        started.append(n)
+        if n == 2:
+            raise ValueError("bug")
+        return n
+
+    with pytest.raises(ValueError, match="bug"):
+        on_threads(work, list(range(100)), 1)
+    assert started == [0, 1, 2]
