@@ -1,12 +1,12 @@
 """HTTP to a ClickHouse server: the target URL, one client, and the one error boundary.
 
-Why our own small client (on `http.client`) rather than a library: clickhouse-connect
-fails against 18.16 ("Unknown identifier: readonly"), and a loader needs exactly three
-things from HTTP that are easy to get right here: stream a request body from a file
-(never holding it in memory), keep one keep-alive connection per thread, and turn every
-failure into a chload error in one place:
+Why our own small client rather than a library: clickhouse-connect fails against 18.16
+("Unknown identifier: readonly"), and a loader needs exactly three things from HTTP that
+are easy to get right here: stream a request body from a file (never holding it in
+memory; by os.sendfile where it can), keep one keep-alive connection per thread, and
+turn every failure into a chload error in one place:
 
-    socket / TLS / http.client errors      -> TransientError (retry) or UsageError (TLS, DNS)
+    socket / TLS / protocol errors         -> TransientError (retry) or UsageError (TLS, DNS)
     HTTP 401/403, codes 192-195, 497, 516  -> AuthError (terminal, names the user only)
     5xx with a transient `Code: NNN`       -> TransientError (159, 209, 210, 252, ...)
     anything else the server answers       -> errors.from_engine_message (terminal kinds)
@@ -14,24 +14,31 @@ failure into a chload error in one place:
 18.16 sends no exception headers, so the code comes from the body text
 (`Code: 60, e.displayText() = DB::Exception: ...`). The password never leaves this
 module except as a request header: every message passes through `TargetURL.scrub`.
+
+The wire is HTTP/1.1 POST with a body, the answer read whole (chunked, sized, or to
+the close), on a plain socket: `http.client` would bring the `email` package and `ssl`
+to every start-up (22-30 ms measured here, of a 1.5-2 s load), for a protocol this
+narrow. `ssl` is imported for https targets only.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import http.client
 import os
 import re
 import socket
-import ssl
 import stat
+import sys
 import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, cast
+
+if TYPE_CHECKING:
+    import ssl
 
 from chload.errors import (
     ChloadError,
@@ -156,7 +163,7 @@ class HttpClient:
     def __init__(self, url: TargetURL) -> None:
         self.url = url
         self._local = threading.local()
-        self._all: list[http.client.HTTPConnection] = []
+        self._all: list[_Connection] = []
         self._guard = threading.Lock()
         self._tls = _tls_context(url.ca_file) if url.secure else None
 
@@ -190,17 +197,18 @@ class HttpClient:
             args["query"] = query
         path = "/?" + urllib.parse.urlencode(args)
         head: dict[str, str | bytes] = {k: v.encode() for k, v in self.url.auth_headers().items()}
-        head.update(headers or {})  # (auth as UTF-8 bytes: http.client would try latin-1)
+        head.update(headers or {})  # (auth as UTF-8 bytes: a header is latin-1 otherwise)
         if isinstance(body, bytes):
             head["Content-Length"] = str(len(body))
         elif length is not None:
             head["Content-Length"] = str(length)
         elif body is not None:
             head["Transfer-Encoding"] = "chunked"
+        else:
+            head["Content-Length"] = "0"
         try:
-            status, data = self._send(path, body, head, chunked="Transfer-Encoding" in head,
-                                      length=length)
-        except (OSError, http.client.HTTPException) as exc:
+            status, data = self._send(path, body, head, length)
+        except OSError as exc:
             raise _network_error(exc, self.url, context) from None
         if status != 200:
             error = server_error(status, data.decode(errors="replace"), context)
@@ -208,56 +216,33 @@ class HttpClient:
         return data
 
     def _send(self, path: str, body: Body, headers: dict[str, str | bytes],
-              chunked: bool, length: int | None) -> tuple[int, bytes]:
+              length: int | None) -> tuple[int, bytes]:
         conn = self._connection()
         try:
-            if _sendfile(body, length) and self._tls is None:
-                # A local file of known length: the kernel copies it to the socket
-                # (os.sendfile), no pass through Python's buffers.
-                conn.request("POST", path, body=None, headers=headers)
-                assert conn.sock is not None and length is not None
-                sent = conn.sock.sendfile(body, body.tell(), length)  # type: ignore[arg-type,union-attr]
-                if sent != length:
-                    raise SourceError(f"{body.name}: {sent:,} bytes where {length:,} were "  # type: ignore[union-attr]
-                                      "listed; the file changed while loading")
-            else:
-                conn.request("POST", path, body=body, headers=headers,
-                             encode_chunked=chunked)
-            response = conn.getresponse()
-            data = response.read()
+            status, data, keep = conn.post(path, headers, body, length)
         except BaseException:
             self._drop(conn)
             raise
-        if response.will_close:
+        if not keep:
             self._drop(conn)
         self._local.used = time.monotonic()
-        return response.status, data
+        return status, data
 
     # -- connections -----------------------------------------------------------------
-    def _connection(self) -> http.client.HTTPConnection:
+    def _connection(self) -> _Connection:
         conn = getattr(self._local, "conn", None)
         if conn is not None and time.monotonic() - self._local.used > IDLE_REUSE_SECONDS:
             self._drop(conn)
             conn = None
         if conn is None:
-            if self._tls is not None:
-                conn = http.client.HTTPSConnection(self.url.host, self.url.port,
-                                                   timeout=CONNECT_TIMEOUT, context=self._tls,
-                                                   blocksize=BLOCK_SIZE)
-            else:
-                conn = http.client.HTTPConnection(self.url.host, self.url.port,
-                                                  timeout=CONNECT_TIMEOUT, blocksize=BLOCK_SIZE)
-            conn.connect()
-            if conn.sock is not None:
-                conn.sock.settimeout(READ_TIMEOUT)
-                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Connection(self.url.host, self.url.port, self._tls)
             with self._guard:
                 self._all.append(conn)
             self._local.conn = conn
         self._local.used = time.monotonic()
         return conn
 
-    def _drop(self, conn: http.client.HTTPConnection) -> None:
+    def _drop(self, conn: _Connection) -> None:
         conn.close()
         if getattr(self._local, "conn", None) is conn:
             self._local.conn = None
@@ -270,18 +255,144 @@ class HttpClient:
                 conn.close()
 
 
-def _sendfile(body: Body, length: int | None) -> bool:
-    """A regular file whose `length` bytes from here on can go by os.sendfile."""
-    if length is None or not hasattr(body, "fileno") or not hasattr(body, "tell"):
-        return False
+class ConnectionClosed(ConnectionError):
+    """The server closed the connection before a whole answer (or sent no HTTP)."""
+
+
+class _Connection:
+    """One HTTP/1.1 connection: POST with a body, the answer read whole."""
+
+    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None) -> None:
+        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if tls is not None:
+                sock = tls.wrap_socket(sock, server_hostname=host)
+            sock.settimeout(READ_TIMEOUT)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock, self.tls = sock, tls is not None
+        self.answers = sock.makefile("rb", buffering=1 << 16)
+        self.host = (f"[{host}]" if ":" in host else host) + f":{port}"
+
+    def post(self, path: str, headers: Mapping[str, str | bytes], body: Body,
+             length: int | None) -> tuple[int, bytes, bool]:
+        """Send one request; return (status, answer body, whether the connection stays)."""
+        head = [f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\n".encode()]
+        for name, value in headers.items():
+            head.append(name.encode() + b": " + (value if isinstance(value, bytes)
+                                                 else value.encode("latin-1")) + b"\r\n")
+        head.append(b"\r\n")
+        self._body(b"".join(head), body, length)
+        return self._answer()
+
+    def _body(self, head: bytes, body: Body, length: int | None) -> None:
+        sock = self.sock
+        if body is None or isinstance(body, bytes):
+            sock.sendall(head + body if body and len(body) < 1 << 16 else head)
+            if body and len(body) >= 1 << 16:
+                sock.sendall(body)
+            return
+        sock.sendall(head)
+        if length is not None:  # a file object of known length
+            source = cast(BinaryIO, body)
+            sent = (sock.sendfile(source, source.tell(), length)
+                    if not self.tls and _is_regular(source) else _copy(source, sock, length))
+            if sent != length:
+                raise SourceError(f"{getattr(body, 'name', 'body')}: {sent:,} bytes where "
+                                  f"{length:,} were listed; the file changed while loading")
+            return
+        chunks: Iterable[bytes] = body
+        if hasattr(body, "read"):  # a file object, length unknown
+            chunks = iter(lambda: cast(BinaryIO, body).read(BLOCK_SIZE), b"")
+        for chunk in chunks:
+            if chunk:
+                sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+        sock.sendall(b"0\r\n\r\n")
+
+    def _answer(self) -> tuple[int, bytes, bool]:
+        while True:
+            line = self.answers.readline(1 << 16)
+            if not line:
+                raise ConnectionClosed("connection closed by the server")
+            version, _, rest = line.partition(b" ")
+            if not version.startswith(b"HTTP/") or not rest[:3].isdigit():
+                raise ConnectionClosed(f"not an HTTP answer: {line[:40]!r}")
+            status = int(rest[:3])
+            fields = self._fields()
+            if status >= 200:
+                break  # (1xx: informational, another status line follows)
+        keep = (fields.get("connection", "").lower() != "close"
+                and (version != b"HTTP/1.0" or "keep-alive" in fields.get("connection", "")))
+        if "chunked" in fields.get("transfer-encoding", "").lower():
+            return status, self._chunks(), keep
+        if "content-length" in fields:
+            size = int(fields["content-length"])
+            data = self.answers.read(size)
+            if len(data) != size:
+                raise ConnectionClosed("connection closed by the server mid-answer")
+            return status, data, keep
+        return status, self.answers.read(), False  # to the close
+
+    def _fields(self) -> dict[str, str]:
+        fields: dict[str, str] = {}
+        for _ in range(200):
+            line = self.answers.readline(1 << 16)
+            if line in (b"\r\n", b"\n"):
+                return fields
+            if not line:
+                raise ConnectionClosed("connection closed by the server mid-answer")
+            name, _, value = line.decode("latin-1").partition(":")
+            fields[name.strip().lower()] = value.strip()
+        raise ConnectionClosed("more than 200 header lines in an answer")
+
+    def _chunks(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            line = self.answers.readline(1 << 16)
+            try:
+                size = int(line.split(b";", 1)[0], 16)
+            except ValueError:
+                raise ConnectionClosed("connection closed by the server mid-answer") from None
+            if size == 0:
+                self._fields()  # trailers, up to the blank line
+                return b"".join(parts)
+            part = self.answers.read(size + 2)
+            if len(part) != size + 2:
+                raise ConnectionClosed("connection closed by the server mid-answer")
+            parts.append(part[:size])
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.answers.close()
+        self.sock.close()
+
+
+def _copy(source: BinaryIO, sock: socket.socket, length: int) -> int:
+    """Send `length` bytes of `source` (TLS: no sendfile); return how many there were."""
+    sent = 0
+    while sent < length:
+        block = source.read(min(BLOCK_SIZE, length - sent))
+        if not block:
+            break
+        sock.sendall(block)
+        sent += len(block)
+    return sent
+
+
+def _is_regular(body: object) -> bool:
+    """A regular file (not a pipe): its bytes can go by os.sendfile."""
     try:
-        return stat.S_ISREG(os.fstat(body.fileno()).st_mode)  # type: ignore[union-attr]
-    except (OSError, ValueError):
+        return stat.S_ISREG(os.fstat(body.fileno()).st_mode)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
         return False
 
 
 def _tls_context(ca_file: str | None) -> ssl.SSLContext:
     """Verification on, always; `ca_file` adds a private CA to the system's."""
+    import ssl
+
     context = ssl.create_default_context()
     if ca_file:
         context.load_verify_locations(cafile=ca_file)
@@ -316,16 +427,17 @@ def server_error(status: int, body: str, context: str) -> ChloadError:
 def _network_error(exc: BaseException, url: TargetURL, context: str) -> ChloadError:
     server = f"server {url.host}:{url.port}"
     where = context if context == server else f"{context}: {server}"
-    if isinstance(exc, ssl.SSLCertVerificationError):
+    ssl = sys.modules.get("ssl")  # imported for https targets only
+    if ssl is not None and isinstance(exc, ssl.SSLCertVerificationError):
         return UsageError(f"{where}: TLS certificate not trusted ({exc.verify_message}); "
                           "pass ?ca_file=/path/ca.pem in --target")
     if isinstance(exc, socket.gaierror):
         return UsageError(f"{where}: cannot resolve host name ({exc.strerror})")
-    if isinstance(exc, ssl.SSLError):
+    if ssl is not None and isinstance(exc, ssl.SSLError):
         return UsageError(f"{where}: TLS failed ({exc.reason or exc}); is it an https port?")
     reason = getattr(exc, "strerror", None) or type(exc).__name__
     if isinstance(exc, TimeoutError | socket.timeout):
         reason = "timed out"
-    elif isinstance(exc, http.client.RemoteDisconnected | http.client.IncompleteRead):
-        reason = "connection closed by the server"
+    elif isinstance(exc, ConnectionClosed):
+        reason = str(exc)
     return TransientError(url.scrub(f"{where} unreachable: {reason}"))

@@ -259,4 +259,65 @@ def test_tls_is_verified_and_a_ca_file_makes_it_trusted(
         HttpClient(untrusted).post("SELECT 1", context="q")
     trusted = parse_target_url(f"https://u:pw@127.0.0.1:{port}/db?ca_file={certs}/ca.pem",
                                env={})
-    assert HttpClient(trusted).post("SELECT 1", context="q") == b"ok\n"
+    client = HttpClient(trusted)
+    assert client.post("SELECT 1", context="q") == b"ok\n"
+    data = gzip.compress(b"a,b\n1,2\n" * 50_000)  # over TLS a file is copied, not sendfile'd
+    (certs / "f.csv.gz").write_bytes(data)
+    with open(certs / "f.csv.gz", "rb") as body:
+        client.request("INSERT INTO t FORMAT CSV", body, length=len(data), context="f")
+    assert Script.seen[-1]["body"] == data
+
+
+# -- the wire: answers as servers send them -------------------------------------------
+
+def scripted(answers: list[bytes]) -> tuple[int, list[bytes]]:
+    """A raw TCP server on one connection: reads each request whole, sends the next
+    scripted bytes; returns its port and the requests it read."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    requests: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn, conn.makefile("rb") as reader:
+            for answer in answers:
+                head = b""
+                while not head.endswith(b"\r\n\r\n"):
+                    head += reader.readline()
+                size = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                requests.append(head + reader.read(size))
+                conn.sendall(answer)
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server.getsockname()[1], requests
+
+
+def test_chunked_sized_and_informational_answers_on_one_connection() -> None:
+    port, requests = scripted([
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-ClickHouse-Summary: {}\r\n\r\n"
+        b"3\r\nabc\r\n4;ext=1\r\ndefg\r\n0\r\nTrailer: x\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi",
+        b"HTTP/1.0 200 OK\r\n\r\nto the close",
+    ])
+    client = HttpClient(TargetURL("http", "127.0.0.1", port, "u", "db", password="pw"))
+    assert client.post("SELECT 1", context="q") == b"abcdefg"
+    assert client.post("SELECT 2", context="q") == b"hi"
+    assert client.post("SELECT 3", context="q") == b"to the close"
+    assert len(requests) == 3  # one connection, kept alive until the 1.0 answer
+    assert requests[0].startswith(b"POST /? HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert requests[0].endswith(b"\r\n\r\nSELECT 1")
+
+
+@pytest.mark.parametrize("answer", [
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n10\r\nshort",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+    b"SSH-2.0-OpenSSH\r\n",
+    b"",
+])
+def test_a_cut_or_foreign_answer_is_transient(answer: bytes) -> None:
+    port, _ = scripted([answer])
+    client = HttpClient(TargetURL("http", "127.0.0.1", port, "u", "db", password="pw"))
+    with pytest.raises(TransientError, match=f"server 127.0.0.1:{port} unreachable"):
+        client.post("SELECT 1", context=f"server 127.0.0.1:{port}")
