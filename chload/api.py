@@ -151,8 +151,9 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
                     spec.audit, spec.settings, report.run_id, spec.budget,
                     group if len(group) > 1 else (), threads)
             for group in groups]
+    in_flight = getattr(target, "open_streams", lambda streams: streams)(workers)
     monitor = Monitor(getattr(target, "path", ".")).start()
-    results = runner.run(target, jobs, workers, listener,
+    results = runner.run(target, jobs, in_flight, listener,
                          abort_on_error=spec.on_error == "abort", changed=plan.changed)
     report.saturation = monitor.stop().to_dict() if jobs else {}
     results += [FileResult(f.uri, "skipped") for f in plan.skipped]

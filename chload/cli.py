@@ -111,7 +111,9 @@ def _load_parser(commands: Any) -> None:
     p.add_argument("--audit", action="store_true", help="add _source_file and _loaded_at")
     p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                    help="a ClickHouse setting for the inserts (repeatable)")
-    p.add_argument("--workers", type=int, help="files loaded in parallel (default: automatic)")
+    p.add_argument("--workers", type=int,
+                   help="files loaded in parallel; into a server, data requests at a time "
+                        "(default: automatic)")
     p.add_argument("--force", action="store_true", help="load files already loaded")
     p.add_argument("--on-error", default="continue", choices=["continue", "abort"],
                    help="after a failed file: go on with the others (default) or stop")
