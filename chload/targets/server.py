@@ -87,7 +87,7 @@ from chload.targets.push import (
 RAW, PUSH = "raw", "push"
 JSON_LINES = frozenset({"JSONEachRow", "JSONLines", "NDJSON"})
 _NUMERIC = re.compile(r"^(Nullable\()?(U?Int\d+|Float\d+|Decimal.*)\)?$")
-STAGING = 4  # files in flight beyond the streams (see open_streams)
+STAGING = 2  # files in flight beyond the streams (see open_streams)
 PART_BYTES = 128 << 20  # rows in memory per part the server writes for a stage ...
 DEFAULT_PART_ROWS, MAX_PART_ROWS = 1 << 20, 1 << 26  # ... within these (server default)
 _MERGE_TREE = ("MergeTree", "ReplacingMergeTree", "SummingMergeTree", "AggregatingMergeTree",
@@ -189,10 +189,11 @@ class ServerTarget:
                 if not r["engine"]] or None
 
     def default_workers(self, files: Sequence[SourceFile]) -> int:
-        """Streams: data requests at once. A server parses one INSERT on one thread, so
-        one per server core (its max_threads); more than 8 adds server memory, not
-        speed."""
-        return max(1, min(len(files), self.caps.max_threads, 8))
+        """Streams: data requests at once. A server parses one INSERT on one thread;
+        two per server core (its max_threads) fill the moments one waits on its disk
+        or its client (curl posting 3 at a time into 18.16 on 2 cores was 1.05x as fast
+        as 2 at a time); more than 8 adds server memory, not speed."""
+        return max(1, min(len(files), 2 * self.caps.max_threads, 8))
 
     def open_streams(self, streams: int) -> int:
         """Let `streams` data requests run at once; return how many files to keep in
@@ -200,10 +201,11 @@ class ServerTarget:
         slow while the server is busy) overlap the streams' data instead of leaving a
         stream idle between two files.
 
-        Measured into 18.16 on 2 cores, 10 gzip CSV files of 1M rows, 15-20 alternating
-        runs: 2 streams with 6 files in flight took 0.94-1.04x the time of curl posting
-        two at a time; 4 files in flight each with its own request (the old way) 0.88x,
-        most of it in the tail, where the last file ran alone on one core."""
+        Measured into 18.16 on 2 cores, 10 gzip CSV files of 1M rows, 16-20
+        alternating runs a variant: 2 to 6 streams with 2 to 4 files more in flight
+        took 0.92-0.98x the speed of curl posting two at a time (within the noise of
+        each other); 4 files in flight each holding its own request (the old way)
+        0.86-0.88x, much of it in the tail, where the last file ran alone."""
         self._streams = threading.BoundedSemaphore(streams)
         return streams + STAGING
 
