@@ -290,9 +290,10 @@ class _Connection:
     def _body(self, head: bytes, body: Body, length: int | None) -> None:
         sock = self.sock
         if body is None or isinstance(body, bytes):
-            sock.sendall(head + body if body and len(body) < 1 << 16 else head)
-            if body and len(body) >= 1 << 16:
-                sock.sendall(body)
+            small = body is None or len(body) < 1 << 16  # one packet with the head
+            sock.sendall(head + (body or b"") if small else head)
+            if not small:
+                sock.sendall(body)  # type: ignore[arg-type]
             return
         sock.sendall(head)
         if length is not None:  # a file object of known length
@@ -301,7 +302,8 @@ class _Connection:
                     if not self.tls and _is_regular(source) else _copy(source, sock, length))
             if sent != length:
                 raise SourceError(f"{getattr(body, 'name', 'body')}: {sent:,} bytes where "
-                                  f"{length:,} were listed; the file changed while loading")
+                                  f"{length:,} were listed; the file changed while loading "
+                                  "(load it again once it is complete)")
             return
         chunks: Iterable[bytes] = body
         if hasattr(body, "read"):  # a file object, length unknown

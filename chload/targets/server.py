@@ -142,7 +142,8 @@ class ServerTarget:
         "Table X doesn't exist" when X, any table of a listed database, is dropped
         meanwhile: another stream's stage, after its commit. Asked again, it answers.
         """
-        for attempt in range(_SYSTEM_RETRIES + 1):
+        attempt = 0
+        while True:
             try:
                 return self.client.post(sql, context=self.where, fmt=fmt,
                                         params=params).decode()
@@ -151,8 +152,8 @@ class ServerTarget:
                     raise
                 if attempt == _SYSTEM_RETRIES:
                     raise TransientError(str(exc)) from None
-                time.sleep(0.01 * 2 ** attempt)
-        raise AssertionError("unreachable")
+            time.sleep(0.01 * 2 ** attempt)
+            attempt += 1
 
     def text(self, sql: str, fmt: str) -> str:
         """The user's SQL, in the URL's database; Pretty formats without ANSI colours
@@ -552,11 +553,11 @@ _MISSING_TABLE = re.compile(r"Table (\S+?)\.? doesn't exist")
 
 def _dropped_meanwhile(sql: str, message: str) -> bool:
     """A query over system tables failed because a table it does not name was dropped
-    while the server listed them (see ServerTarget.rows)."""
+    while the server listed them (see ServerTarget._ask)."""
     missing = _MISSING_TABLE.search(message)
     if "system." not in sql or missing is None:
         return False
-    database, _, name = missing.group(1).replace("`", "").rpartition(".")
+    name = missing.group(1).replace("`", "").rpartition(".")[2]
     return f"'{name}'" not in sql
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from chload.errors import DataError, SchemaError, TransientError, UsageError
+from chload.errors import DataError, SchemaError, SourceError, TransientError, UsageError
 from chload.runner import RetryPolicy, call_with_retries
 from chload.targets.http import (
     AuthError,
@@ -166,6 +166,15 @@ def test_a_file_streams_with_its_content_encoding(fake: http.server.ThreadingHTT
     assert "query=INSERT+INTO+t+FORMAT+CSV" in request["path"]
     client.request("INSERT INTO t FORMAT Native", iter([b"ab", b"cd"]), context="push")
     assert Script.seen[1]["body"] == b"abcd"  # chunked
+
+
+def test_a_file_shorter_than_listed_is_a_source_error(fake: http.server.ThreadingHTTPServer,
+                                                     tmp_path: Path) -> None:
+    (tmp_path / "f.csv").write_bytes(b"a,b\n1,2\n")
+    with open(tmp_path / "f.csv", "rb") as body, pytest.raises(SourceError) as info:
+        client_for(fake).request("INSERT INTO t FORMAT CSV", body, length=100, context="f")
+    assert str(info.value).endswith("f.csv: 8 bytes where 100 were listed; the file changed "
+                                    "while loading (load it again once it is complete)")
 
 
 def test_server_errors_are_one_line_and_scrubbed(fake: http.server.ThreadingHTTPServer) -> None:
