@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Protocol
 
 from chload.schema import quote_str
@@ -31,6 +31,7 @@ FILES = f"{DATABASE}.files"
 RUNS = f"{DATABASE}.runs"
 
 LOADING, COMMITTING, LOADED, FAILED = "loading", "committing", "loaded", "failed"
+_INLINE_BYTES = 128 << 10  # the server's max_query_size is 256 KiB
 
 
 class Sql(Protocol):
@@ -112,9 +113,29 @@ class Ledger:
         self._sql.command(_FILES_DDL)
         self._sql.command(_RUNS_DDL)
 
-    def record(self, events: Sequence[FileEvent]) -> None:
-        if events:
+    def record(self, events: Sequence[FileEvent],
+               mark_of: tuple[str, str] | None = None) -> None:
+        """Append events. With `mark_of` (database, table), each event's `mark` is that
+        table's highest block number, read by the server as it appends: in the same
+        statement, so no attach can come between reading it and logging it."""
+        if not events:
+            return
+        if mark_of is None:
             self._insert(FILES, (asdict(e) for e in events))
+            return
+        database, table = mark_of
+        mark = (f"(SELECT toUInt64(max(max_block_number)) FROM system.parts WHERE active "
+                f"AND database = {quote_str(database)} AND table = {quote_str(table)})")
+        selects = " UNION ALL ".join(
+            "SELECT " + ", ".join(mark if k == "mark" else _literal(v)
+                                  for k, v in asdict(e).items())
+            for e in events)
+        if len(selects) > _INLINE_BYTES:  # a big batch: read the mark, then append
+            top = self._sql.rows(f"SELECT {mark} AS mark")[0]["mark"]
+            self._insert(FILES, (asdict(replace(e, mark=int(top))) for e in events))
+            return
+        columns = ", ".join(f.name for f in fields(FileEvent))
+        self._sql.command(f"INSERT INTO {FILES} ({columns}) {selects}")
 
     def record_run(self, run: RunRecord) -> None:
         self._insert(RUNS, [asdict(run)])
@@ -151,6 +172,11 @@ class Ledger:
         return self._sql.rows(
             f"SELECT * FROM {RUNS} {where} ORDER BY started_ns DESC LIMIT {int(limit)}"
         )
+
+
+def _literal(value: object) -> str:
+    """A ledger value as SQL: one type per column in every row of a UNION ALL."""
+    return f"toUInt64({value})" if isinstance(value, int) else quote_str(str(value))
 
 
 _LATEST_FIELDS = ("identity", "size", "mtime_ns", "state", "rows", "bytes", "error", "run_id",

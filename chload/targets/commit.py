@@ -9,9 +9,11 @@ and the block-number proof runs inside it:
     lock    CREATE TABLE chload.lock_<t> (holder String DEFAULT '<machine:pid:start>')
             ENGINE = Memory   -- atomic test-and-set on every version (code 57 if held);
                                  its metadata survives a server restart
-    mark    max(max_block_number) of the table's active parts
-    log     ledger event `committing` (file, stage, mark)
+    log     ledger event `committing` (file, stage, mark), where the mark is
+            max(max_block_number) of the table's active parts, read by the server in
+            the same INSERT ... SELECT that logs it
     attach  ALTER TABLE t ATTACH PARTITION ID 'p' FROM chload.stage_x, per partition
+            (log and attach again for each further stage of a group commit)
     unlock  DROP TABLE chload.lock_<t>; later: ledger `loaded`, DROP the stage
 
 Rules that make a crash at any instant harmless:
@@ -43,13 +45,14 @@ every MergeTree version, so the mark holds for partitioned tables too.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from chload.errors import ChloadError, EngineError, TerminalError, TransientError
 from chload.faults import crash_point
@@ -116,6 +119,33 @@ def stage_name(holder: Holder) -> str:
     return f"stage_{holder.machine}_{holder.pid}_{os.urandom(4).hex()}"
 
 
+@dataclass
+class _Request:
+    """One commit waiting for its turn, and how it ended."""
+
+    stage: str
+    partitions: Sequence[str]
+    events: Sequence[FileEvent]
+    since_ns: int
+    attached: bool | None = None
+    error: BaseException | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.attached is not None or self.error is not None
+
+
+@dataclass
+class _Turn:
+    """This process's commits into one table: those queued, and since when the server
+    lock has been held for them (None: not held)."""
+
+    mutex: threading.Lock = field(default_factory=threading.Lock)
+    queue: list[_Request] = field(default_factory=list)
+    held_since: float | None = None
+    attaching: bool = False  # the group under way may have attached something
+
+
 class Sql:
     """What the committer needs from the server: statements (with a query id) and rows."""
 
@@ -132,7 +162,7 @@ class Committer:
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.sql, self.ledger, self.lease, self.sleep = sql, ledger, lease, sleep
         self.holder = Holder.this_process()
-        self._locals: dict[str, threading.Lock] = {}
+        self._turns: dict[str, _Turn] = {}
         self._guard = threading.Lock()
 
     # -- commit ----------------------------------------------------------------------
@@ -146,65 +176,92 @@ class Committer:
         once. A TransientError means nothing was committed (the lock was not had): the
         caller may drop the stage and try again. Once the lock is had, the commit
         completes or raises CommitInterrupted (terminal: the next holder settles it).
-        """
-        with self._local(table):
-            self._acquire(table, display)
-            deadline = time.monotonic() + self.lease / 2
-            try:
-                mark, taken = self._survey(table, display, stage, events, since_ns)
-            except ChloadError:
-                self._release(table)
-                raise
-            if taken:
-                self._release(table)
-                return False
-            try:
-                self._attach_new(table, stage, partitions, events, mark)
-            except TransientError as exc:
-                self._settle_own(table, display, stage, events, deadline, exc)
-            except ChloadError as exc:  # e.g. the table was altered or dropped meanwhile
-                raise CommitInterrupted(
-                    f"{_files(events)}: commit into {display} failed ({exc}); its stage "
-                    f"{DATABASE}.{stage} is kept and every run retries it until it attaches "
-                    "(fix the table, or drop the stage to give the files up)") from exc
-            with contextlib.suppress(ChloadError):  # a lock left behind is ours: the
-                self._release(table)                 # next holder breaks it (rule 3)
-        return True
 
-    def _survey(self, table: str, display: str, stage: str, events: Sequence[FileEvent],
-                since_ns: int) -> tuple[int, bool]:
-        """Under the lock, in one query: the table's mark, whether a broken lock left
-        commits to settle (then settle them first), and whether another load committed
-        one of these files since we started (its `committing` event means attached:
+        Commits of this process into one table that wait for each other go together
+        (group commit): the first to get its turn takes every one queued, with one lock
+        and one survey, and logs and attaches their stages one after the other.
+        """
+        request = _Request(stage, partitions, events, since_ns)
+        with self._guard:
+            turn = self._turns.setdefault(table, _Turn())
+            turn.queue.append(request)
+        with turn.mutex:
+            if not request.settled:
+                with self._guard:
+                    group, turn.queue = turn.queue, []
+                self._lead(table, display, turn, group, request)
+        if request.error is not None:
+            raise request.error
+        return bool(request.attached)
+
+    def _lead(self, table: str, display: str, turn: _Turn, group: list[_Request],
+              own: _Request) -> None:
+        """Commit `group` in order; each request learns its outcome or error."""
+        current: _Request | None = None
+        try:
+            with self._holding(table, display, turn):
+                deadline = time.monotonic() + self.lease / 2
+                last = self._survey(table, display, [e for r in group for e in r.events])
+                for request in group:
+                    if _taken(last, request):
+                        request.attached = False
+                        continue
+                    current = request
+                    turn.attaching = True
+                    self._attach_one(table, display, request, deadline)
+                    request.attached = True
+        except BaseException as exc:
+            for request in group:
+                if request.settled:
+                    continue
+                if request is current:  # may have attached: only its own error says so
+                    request.error = exc if request is own else copy.copy(exc)
+                elif current is None and request is own:
+                    request.error = exc
+                else:
+                    request.error = _not_committed(request, exc)
+
+    def _attach_one(self, table: str, display: str, request: _Request,
+                    deadline: float) -> None:
+        stage, events = request.stage, request.events
+        try:
+            self._attach_new(table, stage, request.partitions, events)
+        except TransientError as exc:
+            self._settle_own(table, display, stage, events, deadline, exc)
+        except ChloadError as exc:  # e.g. the table was altered or dropped meanwhile
+            raise CommitInterrupted(
+                f"{_files(events)}: commit into {display} failed ({exc}); its stage "
+                f"{DATABASE}.{stage} is kept and every run retries it until it attaches "
+                "(fix the table, or drop the stage to give the files up)") from exc
+
+    def _survey(self, table: str, display: str,
+                events: Sequence[FileEvent]) -> dict[str, dict]:
+        """Under the lock, in one query: whether a broken lock left commits to settle
+        (then settle them first), and each file's last event (to tell whether another
+        load committed it since we started: its `committing` event means attached,
         rule 1; a stage of our own run counts too, e.g. a batch whose commit gave up)."""
-        database, name = split_table(table)
         uris = ", ".join(quote_str(e.uri) for e in events)
         rows = self.sql.rows(
-            f"SELECT 'mark' AS k, toString(max(max_block_number)) AS a, '' AS b, '' AS c, "
-            f"'' AS d, '' AS e FROM system.parts WHERE active AND database = "
-            f"{quote_str(database)} AND table = {quote_str(name)} "
-            f"UNION ALL SELECT 'dirty', name, '', '', '', '' FROM system.tables WHERE "
-            f"database = '{DATABASE}' AND name = {quote_str(_dirty_name(table))} "
+            f"SELECT 'dirty' AS k, name AS a, '' AS b, '' AS c, '' AS d, '' AS e FROM "
+            f"system.tables WHERE database = '{DATABASE}' AND name = "
+            f"{quote_str(_dirty_name(table))} "
             f"UNION ALL SELECT 'last', uri, argMax(state, seq), argMax(stage, seq), "
             f"argMax(identity, seq), toString(max(seq)) FROM {DATABASE}.files WHERE "
             f"target_table = {quote_str(display)} AND uri IN ({uris}) GROUP BY uri")
         if any(row["k"] == "dirty" for row in rows):
             self.settle_all(table, display)
             self._run(f"DROP TABLE IF EXISTS {DATABASE}.{_dirty_name(table)}")
-            return self._survey(table, display, stage, events, since_ns)
-        mark = next((int(row["a"] or 0) for row in rows if row["k"] == "mark"), 0)
-        identity = {e.uri: e.identity for e in events}
-        taken = any(
-            row["k"] == "last" and row["b"] in (COMMITTING, LOADED) and row["c"] != stage
-            and int(row["e"] or 0) > since_ns and row["d"] == identity.get(row["a"])
-            for row in rows)
-        return mark, taken
+            return self._survey(table, display, events)
+        return {row["a"]: row for row in rows if row["k"] == "last"}
 
     def _attach_new(self, table: str, stage: str, partitions: Sequence[str],
-                    events: Sequence[FileEvent], mark: int) -> None:
+                    events: Sequence[FileEvent]) -> None:
+        """Log the files `committing` with the table's mark, read by the server as it
+        writes the log (one round trip: the mark is exact even right after another
+        attach), then attach the stage's partitions."""
         for event in events:
-            event.mark, event.stage, event.state = mark, stage, COMMITTING
-        self.ledger.record(list(events))
+            event.stage, event.state = stage, COMMITTING
+        self.ledger.record(list(events), mark_of=split_table(table))
         crash_point("server-before-attach")
         for partition in partitions:
             self._run(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
@@ -224,8 +281,7 @@ class Committer:
                 if logged:
                     self._settle(table, logged[0])
                 else:
-                    self._attach_new(table, stage, self._partitions(stage), events,
-                                     self._mark(table))
+                    self._attach_new(table, stage, self._partitions(stage), events)
                 return
             except TransientError as exc:
                 error = exc
@@ -234,9 +290,36 @@ class Committer:
             "command again to finish it (no file will be loaded twice)")
 
     # -- the lock --------------------------------------------------------------------
-    def _local(self, table: str) -> threading.Lock:
+    @contextlib.contextmanager
+    def _holding(self, table: str, display: str, turn: _Turn) -> Iterator[None]:
+        """The table's commit lock around one group commit (or settling); the caller
+        holds `turn.mutex`.
+
+        A group that ends while more commits queued meanwhile hands the lock on to them
+        instead of dropping it for them to create again, while the lock is younger than
+        a quarter of the lease: a lock older than the lease may be broken by a chload
+        elsewhere (rule 3). An error before the body sets `turn.attaching` releases the
+        lock; any error after leaves it for the next holder, who settles (rules 1, 4).
+        """
+        if turn.held_since is None:
+            self._acquire(table, display)
+            turn.held_since = time.monotonic()
+        turn.attaching = False
+        try:
+            yield
+        except BaseException as exc:
+            turn.held_since = None
+            if isinstance(exc, ChloadError) and not turn.attaching:
+                with contextlib.suppress(ChloadError):
+                    self._release(table)
+            raise
         with self._guard:
-            return self._locals.setdefault(table, threading.Lock())
+            passed = (bool(turn.queue)
+                      and time.monotonic() - turn.held_since < self.lease / 4)
+        if not passed:
+            turn.held_since = None
+            with contextlib.suppress(ChloadError):  # a lock left behind is ours: the
+                self._release(table)                 # next holder breaks it (rule 3)
 
     def _acquire(self, table: str, display: str) -> None:
         lock = _lock_name(table)
@@ -339,11 +422,12 @@ class Committer:
 
     def recover(self, table: str, display: str) -> int:
         """Settle every `committing` file of `table` (under the lock); return how many."""
-        with self._local(table):
-            self._acquire(table, display)
+        with self._guard:
+            turn = self._turns.setdefault(table, _Turn())
+        with turn.mutex, self._holding(table, display, turn):
+            turn.attaching = True
             settled = self.settle_all(table, display)
             self._run(f"DROP TABLE IF EXISTS {DATABASE}.{_dirty_name(table)}")
-            self._release(table)
         return settled
 
     def settle_all(self, table: str, display: str) -> int:
@@ -363,9 +447,6 @@ class Committer:
         for partition in sorted(set(tops.get(f"{DATABASE}.{event.stage}", {})) - done):
             self._run(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
                       f"FROM {DATABASE}.{event.stage}", table)
-
-    def _mark(self, table: str) -> int:
-        return max(self._tops([table]).get(table, {}).values(), default=0)
 
     def _partitions(self, stage: str) -> list[str]:
         return sorted(self._tops([f"{DATABASE}.{stage}"]).get(f"{DATABASE}.{stage}", {}))
@@ -418,6 +499,23 @@ class Committer:
             f"FROM {DATABASE}.files WHERE uri IN (SELECT uri FROM {DATABASE}.files WHERE "
             f"stage IN ({listed})) GROUP BY target_table, uri) WHERE st = '{COMMITTING}'")
         return {r["stage"] for r in rows}
+
+
+def _taken(last: dict[str, dict], request: _Request) -> bool:
+    """Did another load commit one of the request's files since it started?"""
+    return any(
+        row["b"] in (COMMITTING, LOADED) and row["c"] != request.stage
+        and int(row["e"] or 0) > request.since_ns and row["d"] == event.identity
+        for event in request.events if (row := last.get(event.uri)) is not None)
+
+
+def _not_committed(request: _Request, cause: BaseException) -> BaseException:
+    """What a commit that waited in a group learns when the group stopped before it:
+    nothing of it was logged or attached, so it may be tried again."""
+    if isinstance(cause, TransientError):
+        return TransientError(str(cause))
+    return TransientError(f"{_files(request.events)}: not committed, the commit before it "
+                          f"in its group failed ({cause})")
 
 
 def _files(events: Sequence[FileEvent]) -> str:

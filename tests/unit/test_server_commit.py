@@ -5,6 +5,9 @@ tests/integration/test_server_target.py."""
 from __future__ import annotations
 
 import re
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -17,6 +20,7 @@ from chload.targets.commit import (
     Holder,
     Sql,
     _lock_name,
+    _Turn,
     stage_name,
 )
 
@@ -37,6 +41,8 @@ class FakeServer:
         self.age = 0.0
         self.running: list[str] = []
         self.statements: list[str] = []
+        self.on_attach: Callable[[], None] = lambda: None
+        self.surveys = 0
 
     def _maybe_fail(self, sql: str, when: str) -> None:
         for prefix, errors in self.fail.items():
@@ -64,6 +70,7 @@ class FakeServer:
             self.block += 1
             self.parts.setdefault(m.group(1), {})[m.group(2)] = self.block
             self.attached.append(m.group(3))
+            self.on_attach()
             for prefix, errors in self.fail.items():  # the attach happened, its answer lost
                 if prefix == "LOST " + sql[:20] and errors:
                     raise errors.pop(0)
@@ -71,7 +78,7 @@ class FakeServer:
             raise AssertionError(f"unexpected statement {sql}")
 
     def rows(self, sql: str) -> list[dict]:
-        if sql.startswith("SELECT 'dirty' AS k"):  # Committer.start
+        if sql.startswith("SELECT 'dirty' AS k") and "'last'" not in sql:  # Committer.start
             out = [{"k": "dirty", "a": n, "age": 0} for n in self.tables if n.startswith("dirty_")]
             out += [{"k": "committing", "a": e.uri, "age": 0}
                     for e in self.latest(DISPLAY, [COMMITTING])]
@@ -84,10 +91,9 @@ class FakeServer:
             return [{"k": "holder", "v": f"'{self.tables[name]}'"},
                     {"k": "age", "v": str(self.age)}] + \
                 [{"k": "busy", "v": q} for q in self.running]
-        if sql.startswith("SELECT 'mark' AS k"):
-            top = str(max(self.parts.get(TABLE, {}).values(), default=0))
-            out = [{"k": "mark", "a": top, "b": "", "c": "", "d": "", "e": ""}]
-            out += [{"k": "dirty", "a": n} for n in self.tables if n.startswith("dirty_")]
+        if "UNION ALL SELECT 'last'" in sql:  # the survey under the lock
+            self.surveys += 1
+            out = [{"k": "dirty", "a": n} for n in self.tables if n.startswith("dirty_")]
             for uri in re.search(r"uri IN \(([^)]*)\)", sql).group(1).split(", "):  # type: ignore[union-attr]
                 mine = [e for e in self.events if e.uri == uri.strip("'")]
                 if mine:
@@ -108,12 +114,17 @@ class FakeServer:
             return [{"stage": e.stage} for e in self.latest(DISPLAY, [COMMITTING])]
         raise AssertionError(f"unexpected query {sql}")
 
+    def attached_stages(self) -> list[str]:
+        return [a.removeprefix("chload.") for a in self.attached]
+
     # the ledger, duck-typed
-    def record(self, events: list[FileEvent]) -> None:
+    def record(self, events: list[FileEvent],
+               mark_of: tuple[str, str] | None = None) -> None:
         for prefix, errors in self.fail.items():
             if prefix == "ledger" and errors:
                 raise errors.pop(0)
-        self.events += [replace(e) for e in events]
+        top = max(self.parts.get(TABLE, {}).values(), default=0)
+        self.events += [replace(e, mark=top) if mark_of else replace(e) for e in events]
 
     def latest(self, table: str, states: list[str] | None = None) -> list[FileEvent]:
         last: dict[str, FileEvent] = {}
@@ -237,6 +248,136 @@ def test_a_file_another_run_committed_meanwhile_is_not_attached_again() -> None:
     assert server.attached == [] and _lock_name(TABLE) not in server.tables
     # ... but a load before this run started does not count (that is --force)
     assert c.commit(TABLE, DISPLAY, stage, ["all"], [event()], since_ns=200)
+
+
+def _queue_second_commit(server: FakeServer, c: Committer, stage: str,
+                         outcome: list[object]) -> threading.Thread:
+    """During the first commit's ATTACH, start a second commit of the same process into
+    the same table and wait until it queues for the lock."""
+    def second() -> None:
+        try:
+            outcome.append(c.commit(TABLE, DISPLAY, stage, ["all"], [event("b.csv")], 0))
+        except Exception as exc:  # noqa: BLE001 -- the test inspects it
+            outcome.append(exc)
+
+    thread = threading.Thread(target=second)
+
+    def start_it() -> None:
+        server.on_attach = lambda: None
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not c._turns[TABLE].queue and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    server.on_attach = start_it
+    return thread
+
+
+def _lock_statements(server: FakeServer) -> list[str]:
+    lock = f"chload.{_lock_name(TABLE)}"
+    return [s.split(" (")[0] for s in server.statements if lock in s]
+
+
+def test_a_commit_queued_behind_another_is_handed_the_lock() -> None:
+    server = FakeServer()
+    c = committer(server)
+    first, second = (stage_with(server, c.holder, {"all": 1}) for _ in range(2))
+    outcome: list[object] = []
+    thread = _queue_second_commit(server, c, second, outcome)
+    assert c.commit(TABLE, DISPLAY, first, ["all"], [event("a.csv")], since_ns=0)
+    thread.join(10)
+    assert outcome == [True]
+    assert server.attached == [f"chload.{first}", f"chload.{second}"]
+    lock = f"chload.{_lock_name(TABLE)}"
+    assert _lock_statements(server) == [f"CREATE TABLE {lock}",
+                                        f"DROP TABLE IF EXISTS {lock}"]
+    # the second file's mark is the table after the first's attach: settling stays exact
+    assert [(e.uri, e.mark) for e in server.events] == [("a.csv", 3), ("b.csv", 4)]
+    assert _lock_name(TABLE) not in server.tables
+
+
+def test_a_lock_held_for_a_quarter_of_the_lease_is_released_not_handed_on() -> None:
+    server = FakeServer()
+    c = committer(server)
+    c.lease = 0.0  # every lock is too old to pass on
+    first, second = (stage_with(server, c.holder, {"all": 1}) for _ in range(2))
+    outcome: list[object] = []
+    thread = _queue_second_commit(server, c, second, outcome)
+    assert c.commit(TABLE, DISPLAY, first, ["all"], [event("a.csv")], since_ns=0)
+    thread.join(10)
+    assert outcome == [True]
+    assert [s.split()[0] for s in _lock_statements(server)] == ["CREATE", "DROP"] * 2
+
+
+def test_an_error_before_the_attach_of_a_handed_on_commit_releases_the_lock() -> None:
+    server = FakeServer()
+    c = committer(server)
+    first, second = (stage_with(server, c.holder, {"all": 1}) for _ in range(2))
+    outcome: list[object] = []
+    thread = _queue_second_commit(server, c, second, outcome)
+    surveys = []
+
+    def rows(sql: str) -> list[dict]:  # the second commit's survey fails, once
+        if "UNION ALL SELECT 'last'" in sql:
+            surveys.append(sql)
+            if len(surveys) == 2:
+                raise TransientError("connection reset during the survey")
+        return server.rows(sql)
+
+    c.sql.rows = rows
+    assert c.commit(TABLE, DISPLAY, first, ["all"], [event("a.csv")], since_ns=0)
+    thread.join(10)
+    assert isinstance(outcome[0], TransientError)
+    assert server.attached == [f"chload.{first}"]
+    assert _lock_name(TABLE) not in server.tables  # nothing attached: released
+    assert c.commit(TABLE, DISPLAY, second, ["all"], [event("b.csv")], since_ns=0)
+
+
+def _commit_together(c: Committer, stages: dict[str, str]) -> dict[str, object]:
+    """Commit each uri's stage on its own thread, all queued before the first goes."""
+    outcome: dict[str, object] = {}
+
+    def one(uri: str, stage: str) -> None:
+        try:
+            outcome[uri] = c.commit(TABLE, DISPLAY, stage, ["all"], [event(uri)], 0)
+        except Exception as exc:  # noqa: BLE001 -- the test inspects it
+            outcome[uri] = exc
+
+    turn = c._turns.setdefault(TABLE, _Turn())
+    threads = [threading.Thread(target=one, args=item) for item in stages.items()]
+    with turn.mutex:  # as if another commit of this process were under way
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while len(turn.queue) < len(threads) and time.monotonic() < deadline:
+            time.sleep(0.001)
+    for thread in threads:
+        thread.join(10)
+    return outcome
+
+
+def test_commits_that_queue_together_share_one_lock_and_one_survey() -> None:
+    server = FakeServer()
+    c = committer(server)
+    stages = {uri: stage_with(server, c.holder, {"all": 1}) for uri in ("a", "b", "c")}
+    assert _commit_together(c, stages) == {"a": True, "b": True, "c": True}
+    assert server.surveys == 1
+    assert [s.split()[0] for s in _lock_statements(server)] == ["CREATE", "DROP"]
+    # each file's mark is read as it is logged, after the attaches before it: exact
+    logged = sorted((e.mark, e.stage) for e in server.events)
+    assert logged == sorted(zip([3, 4, 5], [f"{s}" for s in server.attached_stages()]))
+
+
+def test_a_group_stopped_by_a_failed_attach_tells_the_rest_nothing_was_committed() -> None:
+    server = FakeServer()
+    c = committer(server)
+    stages = {uri: stage_with(server, c.holder, {"all": 1}) for uri in ("a", "b")}
+    server.fail["ALTER TABLE"] = [EngineError("Table was altered meanwhile", 47)]
+    outcome = _commit_together(c, stages)
+    failed, waiting = sorted(outcome.values(), key=lambda e: type(e).__name__)
+    assert isinstance(failed, CommitInterrupted)  # logged; may have attached: settle it
+    assert type(waiting) is TransientError and "not committed" in str(waiting)
+    assert len(server.events) == 1 and _lock_name(TABLE) in server.tables
 
 
 @pytest.mark.parametrize("holder, age, running, stale", [
