@@ -13,12 +13,12 @@ import os
 import socket
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
 
 from chload import planner, runner
 from chload.errors import ChloadError, UsageError
 from chload.ledger import FileEvent, RunRecord
 from chload.monitor import Monitor
+from chload.records import asdict, dataclass, field
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
 from chload.schema import Column, settings_sql

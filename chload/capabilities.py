@@ -20,9 +20,9 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from chload.errors import SchemaError, TerminalError
+from chload.records import dataclass, field
 
 # "SELECT 1" compressed by each method (made once with the standard library, or for
 # zstd, br and lz4 with chDB's file() writer): no compression module is imported.

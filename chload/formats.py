@@ -7,9 +7,8 @@ know it to strip it before looking at the format extension, to tell a server wha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from chload.errors import UsageError
+from chload.records import dataclass
 
 # extension -> ClickHouse compression method name (the `compression` argument of file())
 COMPRESSIONS = {

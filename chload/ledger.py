@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Protocol
 
+from chload.records import asdict, dataclass, field, fields, replace
 from chload.schema import quote_str
 
 DATABASE = "chload"

@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 import resource
 import time
-from dataclasses import asdict, dataclass
+
+from chload.records import asdict, dataclass
 
 
 @dataclass

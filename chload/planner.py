@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
 
 from chload import sniff
 from chload.errors import ChloadError, SourceError, UsageError
 from chload.formats import HEADER_FORMATS, FileFormat, check_compression
+from chload.records import dataclass, field, replace
 from chload.rejects import ErrorBudget
 from chload.schema import (
     AUDIT_COLUMNS,

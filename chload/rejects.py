@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from chload.errors import DataError, TerminalError
 from chload.formats import FileFormat
 from chload.ledger import DATABASE, FILES, LOADED, Sql
+from chload.records import dataclass
 from chload.schema import quote_str
 
 REJECTS = f"{DATABASE}.rejects"

@@ -12,10 +12,10 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from chload.errors import ChloadError, TransientError
+from chload.records import dataclass, replace
 from chload.targets import Loaded, LoadJob, Target
 
 
@@ -60,6 +60,9 @@ class RetryPolicy:
         return random.uniform(0, min(self.max_seconds, self.base_seconds * 2 ** attempt))
 
 
+DEFAULT_POLICY = RetryPolicy()
+
+
 def call_with_retries(fn: Callable[[], T], policy: RetryPolicy,
                       sleep: Callable[[float], None] = time.sleep) -> T:
     for attempt in range(policy.attempts):
@@ -97,7 +100,7 @@ class _Progress:
 
 
 def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listener,
-        *, abort_on_error: bool = False, policy: RetryPolicy = RetryPolicy(),
+        *, abort_on_error: bool = False, policy: RetryPolicy = DEFAULT_POLICY,
         changed: set[str] | None = None) -> list[FileResult]:
     """Load every job; a failed file fails alone unless `abort_on_error`."""
     stop = threading.Event()

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 from chload.errors import SchemaError, UsageError
 from chload.formats import HEADER_FORMATS, FileFormat
+from chload.records import dataclass
 
 AUDIT_COLUMNS = {"_source_file": "LowCardinality(String)", "_loaded_at": "DateTime"}
 NULL_SAMPLE_ROWS = 200_000

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from chload.errors import UsageError
 from chload.formats import FileFormat
+from chload.records import dataclass
 
 
 @dataclass(frozen=True)

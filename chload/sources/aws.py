@@ -32,10 +32,10 @@ import hashlib
 import hmac
 import os
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit
 
 from chload.errors import SourceError, UsageError
+from chload.records import dataclass, field
 
 DEFAULT_REGION = "us-east-1"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()

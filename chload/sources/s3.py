@@ -21,12 +21,12 @@ import re
 import ssl
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 from xml.etree import ElementTree
 
 from chload.errors import SourceError, TransientError, UsageError
 from chload.formats import detect
+from chload.records import dataclass
 from chload.schema import quote_str
 from chload.sources import SourceFile, aws, expand_braces
 from chload.sources.remote import brace_list

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from chload.errors import UsageError
 from chload.ledger import Ledger
+from chload.records import dataclass
 from chload.rejects import ErrorBudget
 from chload.schema import Column
 from chload.sources import SourceFile

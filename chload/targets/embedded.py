@@ -25,13 +25,13 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from chload import rejects
 from chload.engine import Engine
 from chload.errors import ChloadError, DataError, locate
 from chload.faults import crash_point
 from chload.ledger import COMMITTING, DATABASE, FAILED, LOADED, FileEvent, Ledger
+from chload.records import replace
 from chload.rejects import ErrorBudget
 from chload.schema import (
     AUDIT_COLUMNS,

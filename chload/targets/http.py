@@ -34,8 +34,9 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO, cast
+
+from chload.records import dataclass, field
 
 if TYPE_CHECKING:
     import ssl

@@ -38,7 +38,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from functools import partial
 
 from chload import rejects
@@ -53,6 +52,7 @@ from chload.errors import (
     UsageError,
 )
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger
+from chload.records import replace
 from chload.rejects import ErrorBudget
 from chload.schema import (
     AUDIT_COLUMNS,

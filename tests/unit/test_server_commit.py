@@ -8,12 +8,12 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 import pytest
 
 from chload.errors import EngineError, TransientError
 from chload.ledger import COMMITTING, LOADED, FileEvent
+from chload.records import replace
 from chload.targets.commit import (
     CommitInterrupted,
     Committer,
@@ -365,7 +365,7 @@ def test_commits_that_queue_together_share_one_lock_and_one_survey() -> None:
     assert [s.split()[0] for s in _lock_statements(server)] == ["CREATE", "DROP"]
     # each file's mark is read as it is logged, after the attaches before it: exact
     logged = sorted((e.mark, e.stage) for e in server.events)
-    assert logged == sorted(zip([3, 4, 5], [f"{s}" for s in server.attached_stages()]))
+    assert logged == sorted(zip([3, 4, 5], server.attached_stages(), strict=True))
 
 
 def test_a_group_stopped_by_a_failed_attach_tells_the_rest_nothing_was_committed() -> None:
