@@ -330,3 +330,15 @@ def test_a_cut_or_foreign_answer_is_transient(answer: bytes) -> None:
     client = HttpClient(TargetURL("http", "127.0.0.1", port, "u", "db", password="pw"))
     with pytest.raises(TransientError, match=f"server 127.0.0.1:{port} unreachable"):
         client.post("SELECT 1", context=f"server 127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("files, cores, streams", [
+    (10, 2, 5),  # two even rounds, not 8 then 2
+    (8, 2, 8), (16, 2, 8), (20, 2, 7), (3, 2, 3), (1, 2, 1), (0, 2, 1),
+    (10, 1, 4),  # 4 per core at most
+    (100, 64, 8),  # 8 in all at most
+])
+def test_streams_fill_the_server_in_even_rounds(files: int, cores: int, streams: int) -> None:
+    from chload.targets.server import streams_for
+
+    assert streams_for(files, cores) == streams
