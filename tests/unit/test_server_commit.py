@@ -340,7 +340,7 @@ def _commit_together(c: Committer, stages: dict[str, str]) -> dict[str, object]:
     def one(uri: str, stage: str) -> None:
         try:
             outcome[uri] = c.commit(TABLE, DISPLAY, stage, ["all"], [event(uri)], 0)
-        except Exception as exc:  # noqa: BLE001 -- the test inspects it
+        except BaseException as exc:  # noqa: BLE001 -- the test inspects it
             outcome[uri] = exc
 
     turn = c._turns.setdefault(TABLE, _Turn())
@@ -412,3 +412,30 @@ def test_orphan_stages() -> None:
     assert c._orphan(f"stage_{me.machine}_{2**22 + 7}_abcd1234", 0)  # dead process here
     assert not c._orphan(f"stage_{'0' * 12}_42_abcd1234", 3600)  # elsewhere, recent
     assert c._orphan(f"stage_{'0' * 12}_42_abcd1234", 2 * 86400)  # elsewhere, a day old
+
+
+class _Killed(BaseException):
+    """The loader dying mid-group (SIGKILL, as seen from inside)."""
+
+
+def test_a_group_killed_between_two_attaches_is_settled_exactly_by_the_next_run() -> None:
+    server = FakeServer()
+    c = committer(server)
+    stages = {uri: stage_with(server, c.holder, {"all": 1}) for uri in ("a", "b", "c")}
+
+    def kill_at_the_second_attach() -> None:
+        server.on_attach = lambda: None
+        server.fail["ALTER TABLE"] = [_Killed()]
+
+    server.on_attach = kill_at_the_second_attach
+    outcome = _commit_together(c, stages)
+    assert sum(isinstance(o, _Killed) for o in outcome.values()) == 1
+    assert len(server.attached) == 1 and len(server.events) == 2  # 2nd logged, not attached
+    assert _lock_name(TABLE) in server.tables
+
+    after = committer(server)  # the next run (this process: its lock counts as given up)
+    assert after.start(TABLE, DISPLAY) == 2
+    first, second = (e.stage for e in sorted(server.events[:2], key=lambda e: e.mark))
+    assert server.attached == [f"chload.{first}", f"chload.{second}"]  # each once
+    assert {e.state for e in server.latest(DISPLAY)} == {LOADED}
+    assert not [t for t in server.tables if t.startswith(("lock_", "dirty_"))]
