@@ -1,5 +1,3 @@
-import sys
+from chload.cli import run
 
-from chload.cli import main
-
-sys.exit(main())
+run()
