@@ -342,3 +342,20 @@ def test_streams_fill_the_server_in_even_rounds(files: int, cores: int, streams:
     from chload.targets.server import streams_for
 
     assert streams_for(files, cores) == streams
+
+
+def test_files_beyond_the_streams_create_their_stage_once_every_stream_has_begun() -> None:
+    from chload.targets.server import _Streams
+
+    streams = _Streams(2)
+    streams.stage_turn()
+    streams.stage_turn()  # the two streams' files: at once
+    staged = threading.Event()
+    extra = threading.Thread(target=lambda: (streams.stage_turn(), staged.set()))
+    extra.start()
+    assert not staged.wait(0.1)  # the third file waits ...
+    with streams.data():
+        assert not staged.wait(0.1)
+        with streams.data():
+            assert staged.wait(5)  # ... until both streams have begun
+    extra.join(5)
