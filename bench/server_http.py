@@ -16,7 +16,7 @@ variant, which creates its own from the inferred schema (timed; chDB infers Int6
 every integer column, so that table is wider and slower to write: its twin baseline
 POSTs into a table of those Int64 columns). Methods alternate (see common.interleave).
 
-    python bench/server_http.py [--files 10] [--rows 1000000] [--repeats 7] [--json OUT]
+    python bench/server_http.py [--files 10] [--rows 1000000] [--repeats 9] [--json OUT]
                                 [--url http://127.0.0.1:8123]   # else a server of its own
 
 Prints median seconds and ratios; "speed x" is baseline time / method time (higher is
@@ -102,7 +102,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=10)
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows per file")
-    parser.add_argument("--repeats", type=int, default=7,
+    parser.add_argument("--repeats", type=int, default=9,
                         help="measured rounds (after one warm-up); this machine swings ±10%%")
     parser.add_argument("--url", help="an existing server (user default, no password)")
     parser.add_argument("--tcp-port", type=int, default=9000, help="its native port")
