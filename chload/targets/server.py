@@ -87,7 +87,7 @@ from chload.targets.push import (
 RAW, PUSH = "raw", "push"
 JSON_LINES = frozenset({"JSONEachRow", "JSONLines", "NDJSON"})
 _NUMERIC = re.compile(r"^(Nullable\()?(U?Int\d+|Float\d+|Decimal.*)\)?$")
-STAGING = 2  # files in flight beyond the streams (see open_streams)
+STAGING = 2  # files in flight beyond the streams, at least (see open_streams)
 PART_BYTES = 128 << 20  # rows in memory per part the server writes for a stage ...
 DEFAULT_PART_ROWS, MAX_PART_ROWS = 1 << 20, 1 << 26  # ... within these (server default)
 _MERGE_TREE = ("MergeTree", "ReplacingMergeTree", "SummingMergeTree", "AggregatingMergeTree",
@@ -194,17 +194,17 @@ class ServerTarget:
 
     def open_streams(self, streams: int) -> int:
         """Let `streams` data requests run at once; return how many files to keep in
-        flight: STAGING more, whose stage creation and commit (a dozen small requests,
-        slow while the server is busy) overlap the streams' data instead of leaving a
-        stream idle between two files.
+        flight: as many again (at least STAGING), each with its stage created and
+        waiting for a stream, so a stream that ends a file starts the next at once
+        while the file it ended commits (a dozen small requests, 100 ms and more while
+        the server is busy).
 
-        Measured into 18.16 on 2 cores, 10 gzip CSV files of 1M rows, 16-20
-        alternating runs a variant: 2 to 6 streams with 2 to 4 files more in flight
-        took 0.92-0.98x the speed of curl posting two at a time (within the noise of
-        each other); 4 files in flight each holding its own request (the old way)
-        0.86-0.88x, much of it in the tail, where the last file ran alone."""
+        Measured into 18.16 on 2 cores, 10 gzip CSV files of 1M rows, 5 streams: with
+        2 files more in flight, two of the second round's files started 37 and 108 ms
+        after their stream was free (their threads were still committing); with 5
+        more, none waits."""
         self._streams = _Streams(streams)
-        return streams + STAGING
+        return streams + max(STAGING, streams)
 
     # -- loading -----------------------------------------------------------------------
     def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
