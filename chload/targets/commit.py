@@ -53,15 +53,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from chload.errors import ChloadError, EngineError, TerminalError, TransientError
+from chload.faults import crash_point
+from chload.ledger import COMMITTING, DATABASE, LOADED, FileEvent, Ledger
+from chload.records import dataclass, field
+from chload.schema import quote_str, split_table
 
 try:  # CPython's own SHA-1: the same digest as hashlib's, without loading OpenSSL (3-4 ms
     from _sha1 import sha1  # of every start); names of locks and machines only
 except ImportError:  # pragma: no cover -- a Python built without it
     from hashlib import sha1
-from chload.faults import crash_point
-from chload.ledger import COMMITTING, DATABASE, LOADED, FileEvent, Ledger
-from chload.records import dataclass, field
-from chload.schema import quote_str, split_table
 
 LEASE_SECONDS = 60.0
 LOCK_WAIT_SECONDS = 600.0
@@ -177,8 +177,9 @@ class Committer:
 
         Returns False, attaching nothing, when another load committed one of the files
         (same identity) since `since_ns`: two runs over the same files at once load each
-        once. A TransientError means nothing was committed (the lock was not had): the
-        caller may drop the stage and try again. Once the lock is had, the commit
+        once. A TransientError means nothing of this commit was logged or attached (the
+        lock was not had, or the group it waited in stopped before it): the caller may
+        drop the stage and try again. Once the lock is had, the commit
         completes or raises CommitInterrupted (terminal: the next holder settles it).
 
         Commits of this process into one table that wait for each other go together
