@@ -439,3 +439,41 @@ def test_a_group_killed_between_two_attaches_is_settled_exactly_by_the_next_run(
     assert server.attached == [f"chload.{first}", f"chload.{second}"]  # each once
     assert {e.state for e in server.latest(DISPLAY)} == {LOADED}
     assert not [t for t in server.tables if t.startswith(("lock_", "dirty_"))]
+
+
+class _Recorder:
+    """The two calls the ledger makes, recorded; the mark query answers 41."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    def command(self, sql: str) -> None:
+        self.statements.append(sql)
+
+    def rows(self, sql: str) -> list[dict]:
+        self.statements.append(sql)
+        return [{"mark": "41"}]
+
+
+def test_the_ledger_logs_the_mark_in_the_statement_that_logs_the_files() -> None:
+    from chload.ledger import Ledger
+
+    sql = _Recorder()
+    Ledger(sql).record([event("a.csv"), event("b.csv")], mark_of=("db", "t"))
+    [insert] = sql.statements
+    assert insert.startswith("INSERT INTO chload.files (target_table, uri, identity")
+    assert insert.count("UNION ALL") == 1
+    assert insert.count("SELECT toUInt64(max(max_block_number)) FROM system.parts WHERE "
+                        "active AND database = 'db' AND table = 't'") == 2
+
+
+def test_a_batch_too_big_for_one_query_reads_the_mark_first() -> None:
+    from chload.ledger import Ledger
+
+    sql = _Recorder()
+    events = [event(f"s3://bucket/{'x' * 900}/{i}.csv") for i in range(256)]
+    Ledger(sql).record(events, mark_of=("db", "t"))
+    ask, insert = sql.statements
+    assert ask.startswith("SELECT (SELECT toUInt64(max(max_block_number))")
+    assert insert.startswith("INSERT INTO chload.files FORMAT JSONEachRow")
+    assert insert.count('"mark": 41') == 256
