@@ -520,7 +520,8 @@ def _not_committed(request: _Request, cause: BaseException) -> BaseException:
     if isinstance(cause, TransientError):
         return TransientError(str(cause))
     return TransientError(f"{_files(request.events)}: not committed, the commit before it "
-                          f"in its group failed ({cause})")
+                          f"in its group failed ({cause}); run the same command again to "
+                          "load it")
 
 
 def _files(events: Sequence[FileEvent]) -> str:

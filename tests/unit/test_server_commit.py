@@ -278,15 +278,21 @@ def _lock_statements(server: FakeServer) -> list[str]:
     return [s.split(" (")[0] for s in server.statements if lock in s]
 
 
-def test_a_commit_queued_behind_another_is_handed_the_lock() -> None:
-    server = FakeServer()
-    c = committer(server)
+def _first_with_a_second_queued(server: FakeServer, c: Committer) -> tuple[str, str, object]:
+    """Commit a.csv while b.csv's commit queues behind it: both stages, b's outcome."""
     first, second = (stage_with(server, c.holder, {"all": 1}) for _ in range(2))
     outcome: list[object] = []
     thread = _queue_second_commit(server, c, second, outcome)
     assert c.commit(TABLE, DISPLAY, first, ["all"], [event("a.csv")], since_ns=0)
     thread.join(10)
-    assert outcome == [True]
+    return first, second, outcome[0]
+
+
+def test_a_commit_queued_behind_another_is_handed_the_lock() -> None:
+    server = FakeServer()
+    c = committer(server)
+    first, second, outcome = _first_with_a_second_queued(server, c)
+    assert outcome is True
     assert server.attached == [f"chload.{first}", f"chload.{second}"]
     lock = f"chload.{_lock_name(TABLE)}"
     assert _lock_statements(server) == [f"CREATE TABLE {lock}",
@@ -300,21 +306,13 @@ def test_a_lock_held_for_a_quarter_of_the_lease_is_released_not_handed_on() -> N
     server = FakeServer()
     c = committer(server)
     c.lease = 0.0  # every lock is too old to pass on
-    first, second = (stage_with(server, c.holder, {"all": 1}) for _ in range(2))
-    outcome: list[object] = []
-    thread = _queue_second_commit(server, c, second, outcome)
-    assert c.commit(TABLE, DISPLAY, first, ["all"], [event("a.csv")], since_ns=0)
-    thread.join(10)
-    assert outcome == [True]
+    assert _first_with_a_second_queued(server, c)[2] is True
     assert [s.split()[0] for s in _lock_statements(server)] == ["CREATE", "DROP"] * 2
 
 
 def test_an_error_before_the_attach_of_a_handed_on_commit_releases_the_lock() -> None:
     server = FakeServer()
     c = committer(server)
-    first, second = (stage_with(server, c.holder, {"all": 1}) for _ in range(2))
-    outcome: list[object] = []
-    thread = _queue_second_commit(server, c, second, outcome)
     surveys = []
 
     def rows(sql: str) -> list[dict]:  # the second commit's survey fails, once
@@ -325,9 +323,8 @@ def test_an_error_before_the_attach_of_a_handed_on_commit_releases_the_lock() ->
         return server.rows(sql)
 
     c.sql.rows = rows
-    assert c.commit(TABLE, DISPLAY, first, ["all"], [event("a.csv")], since_ns=0)
-    thread.join(10)
-    assert isinstance(outcome[0], TransientError)
+    first, second, outcome = _first_with_a_second_queued(server, c)
+    assert isinstance(outcome, TransientError)
     assert server.attached == [f"chload.{first}"]
     assert _lock_name(TABLE) not in server.tables  # nothing attached: released
     assert c.commit(TABLE, DISPLAY, second, ["all"], [event("b.csv")], since_ns=0)
