@@ -7,7 +7,10 @@ real things itself, from the package registries it can reach:
 
 - ClickHouse server 18.16 (Debian's clickhouse-server), alone or as a 2-shard cluster;
 - MinIO (S3-compatible), built with ``go install``;
-- HDFS 3.4.2 (NameNode + DataNode) from Maven Central jars.
+- HDFS 3.4.2 (NameNode + DataNode) from Maven Central jars;
+- for streams and databases (streams.py): Kafka 4.3.1 (KRaft), PostgreSQL 15, MariaDB 10.11;
+- for ClickHouse clusters (clusters.py): ZooKeeper 3.8, a weighted 3-shard cluster and a
+  2-shard x 2-replica ReplicatedMergeTree cluster.
 
 Every service listens on 127.0.0.1 only, on ports picked free at start, keeps all its
 state under the ``base_dir`` given to it (a temp folder), and is stopped by PID:
@@ -18,13 +21,18 @@ killed -9. (Linux sends that signal when the launching *thread* ends, so a proce
 launched from another thread, e.g. a restart from a timer thread mid-load, skips it.)
 
 Standard library only (python3.11), so CI can run it before anything is installed;
-the one exception is ``minio_create_bucket``, which imports boto3 lazily (S3 needs
-SigV4 signing; boto3 is a declared test dependency).
+the exceptions are the client helpers (``minio_create_bucket``: boto3,
+``kafka_create_topic``: confluent-kafka), imported lazily: they are declared test
+dependencies.
 
-CLI::
+CLI (``all`` is what CI installs; ``streams`` is Kafka, PostgreSQL, MariaDB, ZooKeeper
+and, for smoke, the two ZooKeeper-backed ClickHouse clusters)::
 
     python3 scripts/services/services.py install [clickhouse|minio|hdfs|all]
+    python3 scripts/services/services.py install [kafka|postgres|mariadb|zookeeper|streams]
     python3 scripts/services/services.py smoke [clickhouse|minio|hdfs|all]
+    python3 scripts/services/services.py smoke [kafka|postgres|mariadb|zookeeper|streams]
+    python3 scripts/services/services.py smoke [weighted-cluster|replicated-cluster]
 """
 
 from __future__ import annotations
@@ -86,6 +94,70 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
+_PR_SET_KEEPCAPS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 8, 47, 2
+_CAP_DAC_READ_SEARCH = 2
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _become(user: str) -> None:
+    """In a child, before exec: switch to ``user`` keeping one capability, DAC_READ_SEARCH.
+
+    Why: PostgreSQL and MariaDB refuse to run as root, but their data dirs sit under a
+    ``base_dir`` that root created 0700 (pytest's and tempfile's temp dirs). The
+    capability lets them traverse and read those directories (nothing else is widened:
+    writes still need ownership). Ambient, so it survives the exec.
+    """
+    import pwd  # noqa: PLC0415 - only children that change user need it
+
+    entry = pwd.getpwnam(user)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0)
+    os.initgroups(user, entry.pw_gid)
+    os.setgid(entry.pw_gid)
+    os.setuid(entry.pw_uid)
+    bit = 1 << _CAP_DAC_READ_SEARCH
+    data = (_CapData * 2)(_CapData(bit, bit, bit), _CapData(0, 0, 0))
+    version_3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3
+    if libc.capset(ctypes.byref(_CapHeader(version_3, 0)), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    if libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, _CAP_DAC_READ_SEARCH, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAP_AMBIENT)")
+
+
+def _child_setup(user: str | None, die_with_parent: bool) -> Callable[[], None] | None:
+    """The preexec_fn for a service process: change user first (a credential change
+    clears the parent-death signal), then ask for the parent-death signal."""
+    if user is None:
+        return _die_with_parent if die_with_parent else None
+
+    def setup() -> None:
+        _become(user)
+        if die_with_parent:
+            _die_with_parent()
+
+    return setup
+
+
+def run_as(user: str | None, argv: list[str], log: Path, timeout: float = 120.0,
+           what: str = "") -> None:
+    """Run a one-shot command (initdb, install-db) as ``user``; fail with its log tail."""
+    _log("$ " + " ".join(argv) + (f"  (as {user})" if user else ""))
+    with open(log, "ab") as out:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=timeout, check=False,
+                              preexec_fn=_child_setup(user, die_with_parent=False))  # noqa: PLW1509
+    if done.returncode:
+        raise RuntimeError(f"{what or argv[0]} failed (exit {done.returncode}):\n{_tail(log, 30)}")
+
+
 @dataclass
 class Service:
     """A running service: one process (plus ``children``), stopped by PID."""
@@ -101,6 +173,8 @@ class Service:
     extra: dict[str, str] = field(default_factory=dict)
     children: list[Service] = field(default_factory=list)
     ready: Callable[[Service], None] | None = field(default=None, repr=False)
+    user: str | None = None  # run as this user (see _become); None: as ourselves
+    stop_signal: int = signal.SIGTERM  # PostgreSQL: SIGINT, its "fast" shutdown
     pid: int = 0
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -115,8 +189,8 @@ class Service:
         with open(self.log_path, "ab") as out:
             self._proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                cwd=self.data_dir, env={**os.environ, **self.env},
-                start_new_session=True, preexec_fn=_die_with_parent if on_main else None,  # noqa: PLW1509
+                cwd=self.data_dir, env={**os.environ, **self.env}, start_new_session=True,
+                preexec_fn=_child_setup(self.user, die_with_parent=on_main),  # noqa: PLW1509
             )
         self.pid = self._proc.pid
         _RUNNING[self.pid] = self
@@ -142,14 +216,15 @@ class Service:
             os.kill(self.pid, sig)
 
     def stop(self, timeout: float = 20.0) -> None:
-        """Stop children, then this process: SIGTERM, SIGKILL after ``timeout``, reap."""
+        """Stop children, then this process: ``stop_signal`` (SIGTERM), SIGKILL after
+        ``timeout``, reap."""
         for child in reversed(self.children):
             child.stop(timeout)
         proc, self._proc = self._proc, None
         _RUNNING.pop(self.pid, None)
         if proc is None or proc.poll() is not None:
             return
-        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, self.stop_signal)
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -258,14 +333,38 @@ def _heartbeat(what: str, every: float = 15.0) -> Iterator[None]:
 # --------------------------------------------------------------------------- ClickHouse
 
 
+_POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
+
+
+def apt_install(*packages: str, recommends: bool = True) -> None:
+    """``apt-get update`` + ``install -y``, with no service started by the packages.
+
+    A Debian package such as mariadb-server starts its system service on install,
+    listening on the default port for every later boot of this machine; a
+    policy-rc.d that answers 101 ("action forbidden") stops that. One already present
+    (Docker images ship one) is left alone.
+    """
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    ours = not _POLICY_RC_D.exists()
+    if ours:
+        _run([*sudo, "sh", "-c", f"printf '#!/bin/sh\\nexit 101\\n' > {_POLICY_RC_D} && "
+                                 f"chmod 755 {_POLICY_RC_D}"])
+    try:
+        with _heartbeat(f"apt-get install {' '.join(packages)}"):
+            _run([*sudo, "apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
+            extra = [] if recommends else ["--no-install-recommends"]
+            _run([*sudo, "apt-get", "install", "-y", "-q", *extra, *packages], env=env,
+                 stdout=subprocess.DEVNULL)
+    finally:
+        if ours:
+            _run([*sudo, "rm", "-f", str(_POLICY_RC_D)])
+
+
 def install_clickhouse() -> Path:
     """Debian's clickhouse-server/-client (18.16); apt-get update only when missing."""
     if not (shutil.which("clickhouse-server") and shutil.which("clickhouse-client")):
-        sudo = [] if os.geteuid() == 0 else ["sudo"]
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        _run([*sudo, "apt-get", "update"], env=env)
-        _run([*sudo, "apt-get", "install", "-y", "clickhouse-server", "clickhouse-client"],
-             env=env)
+        apt_install("clickhouse-server", "clickhouse-client")
     return Path(shutil.which("clickhouse-server") or "/usr/sbin/clickhouse-server")
 
 
