@@ -405,8 +405,8 @@ def _cluster_xml(tcp_ports: list[int]) -> dict[str, object]:
     return {CLUSTER_NAME: {"shard": shards}}
 
 
-def _server_xml(data: Path, ports: dict[str, int], cluster_tcp_ports: list[int],
-                macros: dict[str, object]) -> ET.Element:
+def _server_xml(data: Path, ports: dict[str, int], remote_servers: dict[str, object],
+                macros: dict[str, object], extra: dict[str, object]) -> ET.Element:
     config: dict[str, object] = {
         "logger": {"level": "information", "log": data / "log" / "server.log",
                    "errorlog": data / "log" / "error.log", "size": "100M", "count": 3},
@@ -421,11 +421,11 @@ def _server_xml(data: Path, ports: dict[str, int], cluster_tcp_ports: list[int],
         "users_config": data / "users.xml", "default_profile": "default",
         "default_database": "default", "timezone": "UTC",
     }
-    if cluster_tcp_ports:
-        config["remote_servers"] = _cluster_xml(cluster_tcp_ports)
+    if remote_servers:
+        config["remote_servers"] = remote_servers
     if macros:
         config["macros"] = macros
-    return _xml("yandex", config)
+    return _xml("yandex", {**config, **extra})
 
 
 def _clickhouse_ready(service: Service) -> None:
@@ -441,16 +441,24 @@ def clickhouse_service(  # noqa: PLR0913 - keyword-only knobs for the cluster
         base_dir: Path, name: str = "clickhouse", *,
         loader_password: str = DEFAULT_LOADER_PASSWORD, ports: dict[str, int] | None = None,
         cluster_tcp_ports: list[int] | None = None,
-        macros: dict[str, object] | None = None) -> Service:
-    """Write the config of one server and return it unstarted (see start_clickhouse_server)."""
+        macros: dict[str, object] | None = None,
+        remote_servers: dict[str, object] | None = None,
+        extra_config: dict[str, object] | None = None) -> Service:
+    """Write the config of one server and return it unstarted (see start_clickhouse_server).
+
+    The cluster: ``cluster_tcp_ports`` (one shard per port, CLUSTER_NAME) or a whole
+    ``remote_servers`` section; ``extra_config`` adds top-level sections (zookeeper...).
+    """
     data = Path(base_dir).resolve() / name
     if ports is None:
         ports = dict(zip(("http", "tcp", "interserver"), free_ports(3), strict=True))
     for sub in ("log", "data", "tmp", "user_files", "format_schemas"):
         (data / sub).mkdir(parents=True, exist_ok=True)
     _write_xml(data / "users.xml", _users_xml(loader_password))
-    config = _write_xml(data / "config.xml",
-                        _server_xml(data, ports, cluster_tcp_ports or [], macros or {}))
+    if remote_servers is None and cluster_tcp_ports:
+        remote_servers = _cluster_xml(cluster_tcp_ports)
+    config = _write_xml(data / "config.xml", _server_xml(
+        data, ports, remote_servers or {}, macros or {}, extra_config or {}))
     return Service(
         name=name, argv=[str(install_clickhouse()), f"--config-file={config}"],
         data_dir=data, ports=ports, url=f"http://{HOST}:{ports['http']}",
@@ -471,14 +479,38 @@ def start_clickhouse_server(base_dir: Path, loader_password: str = DEFAULT_LOADE
 
 @dataclass
 class ClickHouseCluster:
-    """Servers sharing one ``remote_servers`` cluster (CLUSTER_NAME), one shard each."""
+    """Servers sharing one ``remote_servers`` cluster named ``name``.
+
+    Each server is a Service (url: HTTP, endpoint: native TCP; stop/restart/kill it
+    alone); ``helpers`` (a ZooKeeper the cluster started for itself) stop after them.
+    Servers built by clusters.py carry extra['shard'] and extra['replica'] (1-based).
+    """
 
     name: str
     servers: list[Service]
+    helpers: list[Service] = field(default_factory=list)
+
+    @property
+    def urls(self) -> list[str]:
+        return [server.url for server in self.servers]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [server.endpoint for server in self.servers]
+
+    def server(self, shard: int, replica: int = 1) -> Service:
+        """The server of ``shard`` / ``replica`` (both 1-based)."""
+        for server in self.servers:
+            if server.extra.get("shard") == str(shard) and \
+                    server.extra.get("replica", "1") == str(replica):
+                return server
+        raise KeyError(f"{self.name}: no server for shard {shard} replica {replica}")
 
     def stop(self, timeout: float = 20.0) -> None:
         for server in reversed(self.servers):
             server.stop(timeout)
+        for helper in reversed(self.helpers):
+            helper.stop(timeout)
 
 
 def start_clickhouse_cluster(base_dir: Path, shards: int = 2,
@@ -495,6 +527,7 @@ def start_clickhouse_cluster(base_dir: Path, shards: int = 2,
             server = clickhouse_service(
                 base_dir, f"clickhouse-shard{i}", loader_password=loader_password, ports=ports,
                 cluster_tcp_ports=tcp_ports, macros={"shard": i, "replica": f"r{i}"})
+            server.extra.update(shard=str(i), replica="1")
             cluster.servers.append(server.launch())
         for server in cluster.servers:
             _clickhouse_ready(server)
@@ -505,9 +538,12 @@ def start_clickhouse_cluster(base_dir: Path, shards: int = 2,
 
 
 def clickhouse_query(service: Service, sql: str, data: bytes | None = None, *,
-                     user: str = "default", password: str = "") -> str:
-    """Run one statement over HTTP (body ``data`` follows the query, for INSERT)."""
-    params = urllib.parse.urlencode({"query": sql, "user": user, "password": password})
+                     user: str = "default", password: str = "",
+                     settings: dict[str, object] | None = None) -> str:
+    """Run one statement over HTTP (body ``data`` follows the query, for INSERT);
+    ``settings`` go in the URL (18.16 ignores an INSERT ... SELECT's SETTINGS clause)."""
+    params = urllib.parse.urlencode({"query": sql, "user": user, "password": password,
+                                     **(settings or {})})
     is_select = sql.lstrip().upper().startswith("SELECT")
     method = "GET" if data is None and is_select else "POST"
     try:
@@ -758,23 +794,83 @@ def _start_datanode(namenode: Service) -> None:
     _hdfs_ready(namenode)
 
 
+# --------------------------------------------------------------------------- more services
+
+# Kafka, PostgreSQL, MariaDB live in streams.py; ZooKeeper and the weighted and replicated
+# ClickHouse clusters in clusters.py. Both import this module's core, so they are loaded
+# on first use of one of their names here (``services.start_kafka``), in any import order.
+_ELSEWHERE = {
+    "streams": ("install_kafka", "start_kafka", "kafka_create_topic", "kafka_api_versions",
+                "install_postgres", "start_postgres", "postgres_sql",
+                "install_mariadb", "start_mariadb", "mariadb_sql", "chdb_query"),
+    "clusters": ("install_zookeeper", "start_zookeeper", "zookeeper_command",
+                 "start_weighted_cluster", "start_replicated_cluster",
+                 "WEIGHTED_CLUSTER", "REPLICATED_CLUSTER"),
+}
+
+
+def __getattr__(name: str) -> object:
+    import importlib  # noqa: PLC0415
+
+    for module, names in _ELSEWHERE.items():
+        if name in names:
+            return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module 'services' has no attribute {name!r}")
+
+
 # --------------------------------------------------------------------------- CLI
 
 INSTALLERS: dict[str, Callable[[], Path]] = {
     "clickhouse": install_clickhouse, "minio": install_minio, "hdfs": install_hdfs}
+# What CI installs and smokes (``all``), and what the stream/cluster issues will need.
+GROUPS = {"all": ["clickhouse", "minio", "hdfs"],
+          "streams": ["kafka", "postgres", "mariadb", "zookeeper"]}
+SMOKE_GROUPS = {**GROUPS, "streams": [*GROUPS["streams"], "weighted-cluster",
+                                      "replicated-cluster"]}
+
+
+def _registries() -> tuple[dict[str, Callable[[], Path]], dict[str, Callable[[Path], str]],
+                           dict[str, Callable[[], bool]]]:
+    """Installers, smokes and installed-checks of every service, this module's and the others'."""
+    import clusters  # noqa: PLC0415 - they import this module: load them once it is complete
+    import streams  # noqa: PLC0415
+
+    installed: dict[str, Callable[[], bool]] = {
+        "clickhouse": lambda: shutil.which("clickhouse-server") is not None,
+        "minio": lambda: (cache_dir() / "bin" / "minio").exists(),
+        "hdfs": lambda: (_hdfs_home() / "jars" / ".complete").exists(),
+    }
+    return ({**INSTALLERS, **streams.INSTALLERS, **clusters.INSTALLERS},
+            {**SMOKES, **streams.SMOKES, **clusters.SMOKES},
+            {**installed, **streams.INSTALLED, **clusters.INSTALLED})
 
 
 def is_installed(service: str) -> bool:
-    return {
-        "clickhouse": shutil.which("clickhouse-server") is not None,
-        "minio": (cache_dir() / "bin" / "minio").exists(),
-        "hdfs": (_hdfs_home() / "jars" / ".complete").exists(),
-    }[service]
+    """True if ``service`` (or, for a cluster smoke, everything it needs) is installed."""
+    return _registries()[2][service]()
 
 
 def _expect(got: object, want: object) -> None:
     if got != want:
         raise RuntimeError(f"expected {want!r}, got {got!r}")
+
+
+class Phases:
+    """Wall time of each step of a smoke, reported as ``start 2.1s, insert 0.3s``."""
+
+    def __init__(self) -> None:
+        self.times: list[tuple[str, float]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, what: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.times.append((what, time.monotonic() - start))
+
+    def __str__(self) -> str:
+        return ", ".join(f"{what} {seconds:.1f}s" for what, seconds in self.times)
 
 
 def _smoke_clickhouse(base: Path) -> str:
@@ -828,19 +924,20 @@ SMOKES: dict[str, Callable[[Path], str]] = {
 
 
 def _smoke(names: list[str]) -> int:
+    _installers, smokes, installed = _registries()
     failures = 0
     for name in names:
-        if not is_installed(name):
-            print(f"{name:<11} SKIP  not installed (run: install {name})", flush=True)
+        if not installed[name]():
+            print(f"{name:<18} SKIP  not installed (run: install {name})", flush=True)
             continue
         start = time.monotonic()
         try:
             with tempfile.TemporaryDirectory(prefix=f"chload-smoke-{name}-") as base:
-                detail = SMOKES[name](Path(base))
-            print(f"{name:<11} OK    {time.monotonic() - start:5.1f}s  {detail}", flush=True)
+                detail = smokes[name](Path(base))
+            print(f"{name:<18} OK    {time.monotonic() - start:5.1f}s  {detail}", flush=True)
         except Exception as exc:  # noqa: BLE001 - report every service, then fail
             failures += 1
-            print(f"{name:<11} FAIL  {time.monotonic() - start:5.1f}s  {exc}", flush=True)
+            print(f"{name:<18} FAIL  {time.monotonic() - start:5.1f}s  {exc}", flush=True)
     return 1 if failures else 0
 
 
@@ -849,20 +946,23 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] not in ("install", "smoke"):
         print(__doc__.split("CLI::")[1].strip("\n"), file=sys.stderr)
         return 2
-    choice = args[1] if len(args) > 1 else "all"
-    if choice not in (*INSTALLERS, "all"):
-        choices = ", ".join(INSTALLERS)
-        print(f"unknown service {choice!r}: choose {choices} or all", file=sys.stderr)
+    installers, smokes, _installed = _registries()
+    command, choice = args[0], args[1] if len(args) > 1 else "all"
+    singles, groups = (installers, GROUPS) if command == "install" else (smokes, SMOKE_GROUPS)
+    if choice not in (*singles, *groups):
+        print(f"unknown service {choice!r}: choose {', '.join([*singles, *groups])}",
+              file=sys.stderr)
         return 2
-    names = list(INSTALLERS) if choice == "all" else [choice]
-    if args[0] == "smoke":
+    names = groups.get(choice, [choice])
+    if command == "smoke":
         return _smoke(names)
     for name in names:
         start = time.monotonic()
-        path = INSTALLERS[name]()
+        path = installers[name]()
         print(f"{name:<11} installed  {time.monotonic() - start:6.1f}s  {path}", flush=True)
     return 0
 
 
 if __name__ == "__main__":
+    sys.modules.setdefault("services", sys.modules[__name__])  # streams.py imports us by name
     sys.exit(main())

@@ -22,13 +22,17 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from services import (
     HOST,
+    Phases,
     Service,
+    _expect,
     _heartbeat,
     _run,
     apt_install,
@@ -108,12 +112,15 @@ def _kafka_properties(data: Path, ports: dict[str, int]) -> str:
         "share.coordinator.state.topic.replication.factor": 1,
         "share.coordinator.state.topic.min.isr": 1,
         "group.initial.rebalance.delay.ms": 0,
+        # after a SIGKILL the node re-registers once its old session expires (9 s default)
+        "broker.session.timeout.ms": 2000, "broker.heartbeat.interval.ms": 500,
     }
     return "".join(f"{key}={value}\n" for key, value in props.items())
 
 
 def _kafka_java(home: Path, data: Path, main: str, *args: str) -> list[str]:
     return [shutil.which("java") or "java", "-Xmx512m", "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
             "-Djava.net.preferIPv4Stack=true", "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={data / 'log4j2.properties'}",
             "-cp", str(home / "jars" / "*"), main, *args]
@@ -209,16 +216,19 @@ def _postgres_ready(service: Service) -> None:
                f"pg_isready on {HOST}:{port}", timeout=30)
 
 
-def _psql(service: Service, sql: str, database: str = "postgres") -> str:
-    """Run ``sql`` as the superuser over TCP (the server has no Unix socket)."""
+def postgres_sql(service: Service, sql: str, *, admin: bool = False) -> str:
+    """Run ``sql`` with psql over TCP (the server has no Unix socket): as ``loader`` in
+    ``shop``, or (``admin``) as the superuser in ``postgres``. Rows come back as
+    ``a|b`` lines."""
+    user, database, password = (
+        ("postgres", "postgres", service.credentials["admin_password"]) if admin else
+        (service.credentials["user"], DATABASE, service.credentials["password"]))
     argv = [str(PG_BIN / "psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-            "-h", HOST, "-p", str(service.ports["pg"]), "-U", "postgres", "-d", database,
-            "-c", sql]
+            "-h", HOST, "-p", str(service.ports["pg"]), "-U", user, "-d", database, "-c", sql]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60,
-                          env={**os.environ, "PGPASSWORD": service.credentials["admin_password"],
-                               "PGCONNECT_TIMEOUT": "10"})
+                          env={**os.environ, "PGPASSWORD": password, "PGCONNECT_TIMEOUT": "10"})
     if done.returncode:
-        raise RuntimeError(f"{service.name}: psql failed: {done.stderr.strip()}")
+        raise RuntimeError(f"{service.name}: psql as {user} failed: {done.stderr.strip()}")
     return done.stdout
 
 
@@ -258,8 +268,8 @@ def start_postgres(base_dir: Path, password: str = DEFAULT_DB_PASSWORD,
         ready=_postgres_ready,
     ).start()
     if fresh:
-        _psql(service, f"CREATE ROLE loader LOGIN PASSWORD '{password}'")
-        _psql(service, f"CREATE DATABASE {DATABASE} OWNER loader")
+        postgres_sql(service, f"CREATE ROLE loader LOGIN PASSWORD '{password}'", admin=True)
+        postgres_sql(service, f"CREATE DATABASE {DATABASE} OWNER loader", admin=True)
     return service
 
 
@@ -318,11 +328,18 @@ def _mariadb_socket(data: Path, port: int) -> Path:
     return path if len(str(path)) < 100 else Path(f"/tmp/chload-mariadb-{port}.sock")
 
 
-def mariadb_admin_sql(service: Service, sql: str) -> str:
-    """Run ``sql`` as MariaDB's root, over the Unix socket (root logs in by unix_socket)."""
-    argv = ["mariadb", "--no-defaults", f"--socket={service.extra['socket']}", "-u", "root",
-            "--batch", "--skip-column-names", "-e", sql]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
+def mariadb_sql(service: Service, sql: str, *, admin: bool = False) -> str:
+    """Run ``sql`` with the mariadb client: as ``loader`` in ``shop`` over TCP, or
+    (``admin``) as root over the Unix socket (root logs in by unix_socket only).
+    Rows come back tab-separated."""
+    if admin:
+        where, env = [f"--socket={service.extra['socket']}", "-u", "root"], dict(os.environ)
+    else:
+        where = ["-h", HOST, "-P", str(service.ports["mysql"]), "-u",
+                 service.credentials["user"], DATABASE]
+        env = {**os.environ, "MYSQL_PWD": service.credentials["password"]}
+    argv = ["mariadb", "--no-defaults", *where, "--batch", "--skip-column-names", "-e", sql]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60, env=env)
     if done.returncode:
         raise RuntimeError(f"{service.name}: mariadb failed: {done.stderr.strip()}")
     return done.stdout
@@ -362,8 +379,108 @@ def start_mariadb(base_dir: Path, password: str = DEFAULT_DB_PASSWORD,
         extra={"socket": str(sock)}, ready=_mariadb_ready,
     ).start()
     if fresh:
-        mariadb_admin_sql(service, f"CREATE DATABASE IF NOT EXISTS {DATABASE}; "
+        mariadb_sql(service, f"CREATE DATABASE IF NOT EXISTS {DATABASE}; "
                                    f"CREATE USER IF NOT EXISTS 'loader'@'%' "
                                    f"IDENTIFIED BY '{password}'; "
-                                   f"GRANT ALL ON {DATABASE}.* TO 'loader'@'%'")
+                                   f"GRANT ALL ON {DATABASE}.* TO 'loader'@'%'", admin=True)
     return service
+
+
+
+# --------------------------------------------------------------------------- smoke
+
+
+def chdb_query(sql: str, timeout: float = 120.0) -> str:
+    """Run ``sql`` in chDB in a child ``python3 -c`` (one chDB engine per process) -> TSV."""
+    code = "import sys, chdb; print(chdb.query(sys.argv[1], 'TSV'), end='')"
+    done = subprocess.run([sys.executable, "-c", code, sql], capture_output=True, text=True,
+                          check=False, timeout=timeout)
+    if done.returncode:
+        raise RuntimeError(f"chdb: {done.stderr.strip()[-500:]}")
+    return done.stdout
+
+
+def _smoke_kafka(base: Path) -> str:
+    from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: PLC0415
+
+    phases = Phases()
+    with phases("start"):
+        broker = start_kafka(base)
+    try:
+        with phases("topic"):
+            kafka_create_topic(broker, "smoke", partitions=3)
+        with phases("produce+consume"):
+            producer = Producer({"bootstrap.servers": broker.extra["bootstrap"]})
+            producer.produce("smoke", key=b"k", value=b'{"id": 1}')
+            _expect(producer.flush(30), 0)
+            del producer  # its threads would log the broker's stop
+            consumer = Consumer({"bootstrap.servers": broker.extra["bootstrap"],
+                                 "group.id": "smoke", "enable.auto.commit": False})
+            consumer.assign([TopicPartition("smoke", p, -2) for p in range(3)])  # -2: beginning
+            got = _poll_one(consumer, 30.0)
+            consumer.close()
+            _expect(got, b'{"id": 1}')
+    finally:
+        with phases("stop"):
+            broker.stop()
+    return f"{broker.endpoint}: topic of 3 partitions, 1 message produced and read back; {phases}"
+
+
+def _poll_one(consumer: object, timeout: float) -> bytes | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = consumer.poll(0.5)  # type: ignore[attr-defined]
+        if message is not None and not message.error():
+            return message.value()  # type: ignore[no-any-return]
+    return None
+
+
+def _smoke_postgres(base: Path) -> str:
+    phases = Phases()
+    with phases("start"):
+        server = start_postgres(base)
+    try:
+        with phases("create+insert+select"):
+            postgres_sql(server, "CREATE TABLE t (id int PRIMARY KEY, name text, doc jsonb); "
+                                 "INSERT INTO t VALUES (1, 'a', '{\"k\": 1}'), (2, 'b', NULL)")
+            _expect(postgres_sql(server, "SELECT count(*), sum(id) FROM t").strip(), "2|3")
+        with phases("chdb postgresql()"):
+            pw = server.credentials["password"]
+            got = chdb_query(f"SELECT count(), sum(id) FROM postgresql("
+                             f"'{server.endpoint}', 'shop', 't', 'loader', '{pw}')")
+            _expect(got.strip(), "2\t3")
+    finally:
+        with phases("stop"):
+            server.stop()
+    return f"{server.endpoint}: 2 rows in shop.t as loader, read back by chDB; {phases}"
+
+
+def _smoke_mariadb(base: Path) -> str:
+    phases = Phases()
+    with phases("start"):
+        server = start_mariadb(base)
+    try:
+        with phases("create+insert+select"):
+            mariadb_sql(server, "CREATE TABLE t (id INT PRIMARY KEY, name TEXT); "
+                                "INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+            _expect(mariadb_sql(server, "SELECT count(*), sum(id) FROM t").strip(), "2\t3")
+        with phases("chdb mysql()"):
+            pw = server.credentials["password"]
+            got = chdb_query(f"SELECT count(), sum(id) FROM mysql("
+                             f"'{server.endpoint}', 'shop', 't', 'loader', '{pw}')")
+            _expect(got.strip(), "2\t3")
+    finally:
+        with phases("stop"):
+            server.stop()
+    return f"{server.endpoint}: 2 rows in shop.t as loader, read back by chDB; {phases}"
+
+
+INSTALLERS: dict[str, Callable[[], Path]] = {
+    "kafka": install_kafka, "postgres": install_postgres, "mariadb": install_mariadb}
+INSTALLED: dict[str, Callable[[], bool]] = {
+    "kafka": lambda: (_kafka_home() / "jars" / ".complete").exists(),
+    "postgres": lambda: (PG_BIN / "postgres").exists(),
+    "mariadb": lambda: shutil.which("mariadbd") is not None,
+}
+SMOKES: dict[str, Callable[[Path], str]] = {
+    "kafka": _smoke_kafka, "postgres": _smoke_postgres, "mariadb": _smoke_mariadb}
