@@ -42,6 +42,7 @@ import contextlib
 import ctypes
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -107,22 +108,20 @@ class _CapData(ctypes.Structure):
                 ("inheritable", ctypes.c_uint32)]
 
 
-def _become(user: str) -> None:
-    """In a child, before exec: switch to ``user`` keeping one capability, DAC_READ_SEARCH.
+def _become(uid: int, gid: int, groups: list[int]) -> None:
+    """In a child, before exec: switch to ``uid`` keeping one capability, DAC_READ_SEARCH.
 
     Why: PostgreSQL and MariaDB refuse to run as root, but their data dirs sit under a
     ``base_dir`` that root created 0700 (pytest's and tempfile's temp dirs). The
     capability lets them traverse and read those directories (nothing else is widened:
-    writes still need ownership). Ambient, so it survives the exec.
+    writes still need ownership). Ambient, so it survives the exec. Only system calls
+    here: the user was looked up in the parent (no imports or NSS after a fork).
     """
-    import pwd  # noqa: PLC0415 - only children that change user need it
-
-    entry = pwd.getpwnam(user)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0)
-    os.initgroups(user, entry.pw_gid)
-    os.setgid(entry.pw_gid)
-    os.setuid(entry.pw_uid)
+    os.setgroups(groups)
+    os.setgid(gid)
+    os.setuid(uid)
     bit = 1 << _CAP_DAC_READ_SEARCH
     data = (_CapData * 2)(_CapData(bit, bit, bit), _CapData(0, 0, 0))
     version_3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3
@@ -137,9 +136,11 @@ def _child_setup(user: str | None, die_with_parent: bool) -> Callable[[], None] 
     clears the parent-death signal), then ask for the parent-death signal."""
     if user is None:
         return _die_with_parent if die_with_parent else None
+    entry = pwd.getpwnam(user)
+    ids = (entry.pw_uid, entry.pw_gid, os.getgrouplist(user, entry.pw_gid))
 
     def setup() -> None:
-        _become(user)
+        _become(*ids)
         if die_with_parent:
             _die_with_parent()
 

@@ -431,7 +431,7 @@ def _poll_one(consumer: object, timeout: float) -> bytes | None:
     while time.monotonic() < deadline:
         message = consumer.poll(0.5)  # type: ignore[attr-defined]
         if message is not None and not message.error():
-            return message.value()  # type: ignore[no-any-return]
+            return message.value()
     return None
 
 
