@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services import (
+    DEFAULT_LOADER_PASSWORD,
     HOST,
     Phases,
     Service,
@@ -46,7 +47,6 @@ from services import (
 KAFKA_VERSION = "4.3.1"
 LOG4J_VERSION = "2.25.4"
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
-DEFAULT_DB_PASSWORD = "loader-secret"  # services.DEFAULT_LOADER_PASSWORD, for loader
 DATABASE = "shop"
 
 
@@ -232,7 +232,7 @@ def postgres_sql(service: Service, sql: str, *, admin: bool = False) -> str:
     return done.stdout
 
 
-def start_postgres(base_dir: Path, password: str = DEFAULT_DB_PASSWORD,
+def start_postgres(base_dir: Path, password: str = DEFAULT_LOADER_PASSWORD,
                    name: str = "postgres") -> Service:
     """PostgreSQL 15 under ``base_dir/name`` (run as user postgres), TCP on 127.0.0.1 only.
 
@@ -245,7 +245,6 @@ def start_postgres(base_dir: Path, password: str = DEFAULT_DB_PASSWORD,
     pgdata = data / "pgdata"
     (data / "log").mkdir(parents=True, exist_ok=True)
     shutil.chown(data, "postgres", "postgres")
-    shutil.chown(data / "log", "postgres", "postgres")
     admin_password = uuid.uuid4().hex
     fresh = not (pgdata / "PG_VERSION").exists()
     if fresh:
@@ -259,6 +258,8 @@ def start_postgres(base_dir: Path, password: str = DEFAULT_DB_PASSWORD,
         url=f"postgresql://loader:{password}@{HOST}:{port}/{DATABASE}",
         argv=[str(PG_BIN / "postgres"), "-D", str(pgdata), "-p", str(port),
               "-c", f"listen_addresses={HOST}", "-c", "unix_socket_directories=",
+              # no fsync: a killed server loses nothing (the OS keeps its writes), only
+              # a machine crash would; logical WAL for change-data-capture tests
               "-c", "logging_collector=off", "-c", "fsync=off", "-c", "full_page_writes=off",
               "-c", "shared_buffers=64MB", "-c", "max_connections=50",
               "-c", "wal_level=logical", "-c", "max_wal_senders=4",
@@ -288,7 +289,7 @@ def _initdb(data: Path, pgdata: Path, admin_password: str) -> None:
 
 
 def install_mariadb() -> Path:
-    """Debian's ``mariadb-server`` (10.11), its system service neither started nor enabled."""
+    """Debian's ``mariadb-server`` (10.11); its system service is not started."""
     if not shutil.which("mariadbd"):
         apt_install("mariadb-server")
         _stop_system_mariadb()
@@ -345,7 +346,7 @@ def mariadb_sql(service: Service, sql: str, *, admin: bool = False) -> str:
     return done.stdout
 
 
-def start_mariadb(base_dir: Path, password: str = DEFAULT_DB_PASSWORD,
+def start_mariadb(base_dir: Path, password: str = DEFAULT_LOADER_PASSWORD,
                   name: str = "mariadb") -> Service:
     """MariaDB 10.11 under ``base_dir/name`` (run as user mysql), TCP on 127.0.0.1 only.
 
