@@ -7,7 +7,10 @@ real things itself, from the package registries it can reach:
 
 - ClickHouse server 18.16 (Debian's clickhouse-server), alone or as a 2-shard cluster;
 - MinIO (S3-compatible), built with ``go install``;
-- HDFS 3.4.2 (NameNode + DataNode) from Maven Central jars.
+- HDFS 3.4.2 (NameNode + DataNode) from Maven Central jars;
+- for streams and databases (streams.py): Kafka 4.3.1 (KRaft), PostgreSQL 15, MariaDB 10.11;
+- for ClickHouse clusters (clusters.py): ZooKeeper 3.8, a weighted 3-shard cluster and a
+  2-shard x 2-replica ReplicatedMergeTree cluster.
 
 Every service listens on 127.0.0.1 only, on ports picked free at start, keeps all its
 state under the ``base_dir`` given to it (a temp folder), and is stopped by PID:
@@ -18,13 +21,18 @@ killed -9. (Linux sends that signal when the launching *thread* ends, so a proce
 launched from another thread, e.g. a restart from a timer thread mid-load, skips it.)
 
 Standard library only (python3.11), so CI can run it before anything is installed;
-the one exception is ``minio_create_bucket``, which imports boto3 lazily (S3 needs
-SigV4 signing; boto3 is a declared test dependency).
+the exceptions are the client helpers (``minio_create_bucket``: boto3,
+``kafka_create_topic``: confluent-kafka), imported lazily: they are declared test
+dependencies.
 
-CLI::
+CLI (``all`` is what CI installs; ``streams`` is Kafka, PostgreSQL, MariaDB, ZooKeeper
+and, for smoke, the two ZooKeeper-backed ClickHouse clusters)::
 
     python3 scripts/services/services.py install [clickhouse|minio|hdfs|all]
+    python3 scripts/services/services.py install [kafka|postgres|mariadb|zookeeper|streams]
     python3 scripts/services/services.py smoke [clickhouse|minio|hdfs|all]
+    python3 scripts/services/services.py smoke [kafka|postgres|mariadb|zookeeper|streams]
+    python3 scripts/services/services.py smoke [weighted-cluster|replicated-cluster]
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import contextlib
 import ctypes
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -86,6 +95,70 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
+_PR_SET_KEEPCAPS, _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE = 8, 47, 2
+_CAP_DAC_READ_SEARCH = 2
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+def _become(uid: int, gid: int, groups: list[int]) -> None:
+    """In a child, before exec: switch to ``uid`` keeping one capability, DAC_READ_SEARCH.
+
+    Why: PostgreSQL and MariaDB refuse to run as root, but their data dirs sit under a
+    ``base_dir`` that root created 0700 (pytest's and tempfile's temp dirs). The
+    capability lets them traverse and read those directories (nothing else is widened:
+    writes still need ownership). Ambient, so it survives the exec. Only system calls
+    here: the user was looked up in the parent (no imports or NSS after a fork).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_KEEPCAPS, 1, 0, 0, 0)
+    os.setgroups(groups)
+    os.setgid(gid)
+    os.setuid(uid)
+    bit = 1 << _CAP_DAC_READ_SEARCH
+    data = (_CapData * 2)(_CapData(bit, bit, bit), _CapData(0, 0, 0))
+    version_3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3
+    if libc.capset(ctypes.byref(_CapHeader(version_3, 0)), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+    if libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_RAISE, _CAP_DAC_READ_SEARCH, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAP_AMBIENT)")
+
+
+def _child_setup(user: str | None, die_with_parent: bool) -> Callable[[], None] | None:
+    """The preexec_fn for a service process: change user first (a credential change
+    clears the parent-death signal), then ask for the parent-death signal."""
+    if user is None:
+        return _die_with_parent if die_with_parent else None
+    entry = pwd.getpwnam(user)
+    ids = (entry.pw_uid, entry.pw_gid, os.getgrouplist(user, entry.pw_gid))
+
+    def setup() -> None:
+        _become(*ids)
+        if die_with_parent:
+            _die_with_parent()
+
+    return setup
+
+
+def run_as(user: str | None, argv: list[str], log: Path, timeout: float = 120.0,
+           what: str = "") -> None:
+    """Run a one-shot command (initdb, install-db) as ``user``; fail with its log tail."""
+    _log("$ " + " ".join(argv) + (f"  (as {user})" if user else ""))
+    with open(log, "ab") as out:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=timeout, check=False,
+                              preexec_fn=_child_setup(user, die_with_parent=False))  # noqa: PLW1509
+    if done.returncode:
+        raise RuntimeError(f"{what or argv[0]} failed (exit {done.returncode}):\n{_tail(log, 30)}")
+
+
 @dataclass
 class Service:
     """A running service: one process (plus ``children``), stopped by PID."""
@@ -101,6 +174,8 @@ class Service:
     extra: dict[str, str] = field(default_factory=dict)
     children: list[Service] = field(default_factory=list)
     ready: Callable[[Service], None] | None = field(default=None, repr=False)
+    user: str | None = None  # run as this user (see _become); None: as ourselves
+    stop_signal: int = signal.SIGTERM  # PostgreSQL: SIGINT, its "fast" shutdown
     pid: int = 0
     _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -115,8 +190,8 @@ class Service:
         with open(self.log_path, "ab") as out:
             self._proc = subprocess.Popen(
                 self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                cwd=self.data_dir, env={**os.environ, **self.env},
-                start_new_session=True, preexec_fn=_die_with_parent if on_main else None,  # noqa: PLW1509
+                cwd=self.data_dir, env={**os.environ, **self.env}, start_new_session=True,
+                preexec_fn=_child_setup(self.user, die_with_parent=on_main),  # noqa: PLW1509
             )
         self.pid = self._proc.pid
         _RUNNING[self.pid] = self
@@ -142,14 +217,15 @@ class Service:
             os.kill(self.pid, sig)
 
     def stop(self, timeout: float = 20.0) -> None:
-        """Stop children, then this process: SIGTERM, SIGKILL after ``timeout``, reap."""
+        """Stop children, then this process: ``stop_signal`` (SIGTERM), SIGKILL after
+        ``timeout``, reap."""
         for child in reversed(self.children):
             child.stop(timeout)
         proc, self._proc = self._proc, None
         _RUNNING.pop(self.pid, None)
         if proc is None or proc.poll() is not None:
             return
-        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(proc.pid, self.stop_signal)
         try:
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -258,14 +334,38 @@ def _heartbeat(what: str, every: float = 15.0) -> Iterator[None]:
 # --------------------------------------------------------------------------- ClickHouse
 
 
+_POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
+
+
+def apt_install(*packages: str, recommends: bool = True) -> None:
+    """``apt-get update`` + ``install -y``, with no service started by the packages.
+
+    A Debian package such as mariadb-server starts its system service on install,
+    listening on the default port for every later boot of this machine; a
+    policy-rc.d that answers 101 ("action forbidden") stops that. One already present
+    (Docker images ship one) is left alone.
+    """
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    ours = not _POLICY_RC_D.exists()
+    if ours:
+        _run([*sudo, "sh", "-c", f"printf '#!/bin/sh\\nexit 101\\n' > {_POLICY_RC_D} && "
+                                 f"chmod 755 {_POLICY_RC_D}"])
+    try:
+        with _heartbeat(f"apt-get install {' '.join(packages)}"):
+            _run([*sudo, "apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
+            extra = [] if recommends else ["--no-install-recommends"]
+            _run([*sudo, "apt-get", "install", "-y", "-q", *extra, *packages], env=env,
+                 stdout=subprocess.DEVNULL)
+    finally:
+        if ours:
+            _run([*sudo, "rm", "-f", str(_POLICY_RC_D)])
+
+
 def install_clickhouse() -> Path:
     """Debian's clickhouse-server/-client (18.16); apt-get update only when missing."""
     if not (shutil.which("clickhouse-server") and shutil.which("clickhouse-client")):
-        sudo = [] if os.geteuid() == 0 else ["sudo"]
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        _run([*sudo, "apt-get", "update"], env=env)
-        _run([*sudo, "apt-get", "install", "-y", "clickhouse-server", "clickhouse-client"],
-             env=env)
+        apt_install("clickhouse-server", "clickhouse-client")
     return Path(shutil.which("clickhouse-server") or "/usr/sbin/clickhouse-server")
 
 
@@ -306,8 +406,8 @@ def _cluster_xml(tcp_ports: list[int]) -> dict[str, object]:
     return {CLUSTER_NAME: {"shard": shards}}
 
 
-def _server_xml(data: Path, ports: dict[str, int], cluster_tcp_ports: list[int],
-                macros: dict[str, object]) -> ET.Element:
+def _server_xml(data: Path, ports: dict[str, int], remote_servers: dict[str, object],
+                macros: dict[str, object], extra: dict[str, object]) -> ET.Element:
     config: dict[str, object] = {
         "logger": {"level": "information", "log": data / "log" / "server.log",
                    "errorlog": data / "log" / "error.log", "size": "100M", "count": 3},
@@ -322,11 +422,11 @@ def _server_xml(data: Path, ports: dict[str, int], cluster_tcp_ports: list[int],
         "users_config": data / "users.xml", "default_profile": "default",
         "default_database": "default", "timezone": "UTC",
     }
-    if cluster_tcp_ports:
-        config["remote_servers"] = _cluster_xml(cluster_tcp_ports)
+    if remote_servers:
+        config["remote_servers"] = remote_servers
     if macros:
         config["macros"] = macros
-    return _xml("yandex", config)
+    return _xml("yandex", {**config, **extra})
 
 
 def _clickhouse_ready(service: Service) -> None:
@@ -342,16 +442,24 @@ def clickhouse_service(  # noqa: PLR0913 - keyword-only knobs for the cluster
         base_dir: Path, name: str = "clickhouse", *,
         loader_password: str = DEFAULT_LOADER_PASSWORD, ports: dict[str, int] | None = None,
         cluster_tcp_ports: list[int] | None = None,
-        macros: dict[str, object] | None = None) -> Service:
-    """Write the config of one server and return it unstarted (see start_clickhouse_server)."""
+        macros: dict[str, object] | None = None,
+        remote_servers: dict[str, object] | None = None,
+        extra_config: dict[str, object] | None = None) -> Service:
+    """Write the config of one server and return it unstarted (see start_clickhouse_server).
+
+    The cluster: ``cluster_tcp_ports`` (one shard per port, CLUSTER_NAME) or a whole
+    ``remote_servers`` section; ``extra_config`` adds top-level sections (zookeeper...).
+    """
     data = Path(base_dir).resolve() / name
     if ports is None:
         ports = dict(zip(("http", "tcp", "interserver"), free_ports(3), strict=True))
     for sub in ("log", "data", "tmp", "user_files", "format_schemas"):
         (data / sub).mkdir(parents=True, exist_ok=True)
     _write_xml(data / "users.xml", _users_xml(loader_password))
-    config = _write_xml(data / "config.xml",
-                        _server_xml(data, ports, cluster_tcp_ports or [], macros or {}))
+    if remote_servers is None and cluster_tcp_ports:
+        remote_servers = _cluster_xml(cluster_tcp_ports)
+    config = _write_xml(data / "config.xml", _server_xml(
+        data, ports, remote_servers or {}, macros or {}, extra_config or {}))
     return Service(
         name=name, argv=[str(install_clickhouse()), f"--config-file={config}"],
         data_dir=data, ports=ports, url=f"http://{HOST}:{ports['http']}",
@@ -372,14 +480,38 @@ def start_clickhouse_server(base_dir: Path, loader_password: str = DEFAULT_LOADE
 
 @dataclass
 class ClickHouseCluster:
-    """Servers sharing one ``remote_servers`` cluster (CLUSTER_NAME), one shard each."""
+    """Servers sharing one ``remote_servers`` cluster named ``name``.
+
+    Each server is a Service (url: HTTP, endpoint: native TCP; stop/restart/kill it
+    alone); ``helpers`` (a ZooKeeper the cluster started for itself) stop after them.
+    Servers built by clusters.py carry extra['shard'] and extra['replica'] (1-based).
+    """
 
     name: str
     servers: list[Service]
+    helpers: list[Service] = field(default_factory=list)
+
+    @property
+    def urls(self) -> list[str]:
+        return [server.url for server in self.servers]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [server.endpoint for server in self.servers]
+
+    def server(self, shard: int, replica: int = 1) -> Service:
+        """The server of ``shard`` / ``replica`` (both 1-based)."""
+        for server in self.servers:
+            if server.extra.get("shard") == str(shard) and \
+                    server.extra.get("replica", "1") == str(replica):
+                return server
+        raise KeyError(f"{self.name}: no server for shard {shard} replica {replica}")
 
     def stop(self, timeout: float = 20.0) -> None:
         for server in reversed(self.servers):
             server.stop(timeout)
+        for helper in reversed(self.helpers):
+            helper.stop(timeout)
 
 
 def start_clickhouse_cluster(base_dir: Path, shards: int = 2,
@@ -396,6 +528,7 @@ def start_clickhouse_cluster(base_dir: Path, shards: int = 2,
             server = clickhouse_service(
                 base_dir, f"clickhouse-shard{i}", loader_password=loader_password, ports=ports,
                 cluster_tcp_ports=tcp_ports, macros={"shard": i, "replica": f"r{i}"})
+            server.extra.update(shard=str(i), replica="1")
             cluster.servers.append(server.launch())
         for server in cluster.servers:
             _clickhouse_ready(server)
@@ -406,9 +539,12 @@ def start_clickhouse_cluster(base_dir: Path, shards: int = 2,
 
 
 def clickhouse_query(service: Service, sql: str, data: bytes | None = None, *,
-                     user: str = "default", password: str = "") -> str:
-    """Run one statement over HTTP (body ``data`` follows the query, for INSERT)."""
-    params = urllib.parse.urlencode({"query": sql, "user": user, "password": password})
+                     user: str = "default", password: str = "",
+                     settings: dict[str, object] | None = None) -> str:
+    """Run one statement over HTTP (body ``data`` follows the query, for INSERT);
+    ``settings`` go in the URL (18.16 ignores an INSERT ... SELECT's SETTINGS clause)."""
+    params = urllib.parse.urlencode({"query": sql, "user": user, "password": password,
+                                     **(settings or {})})
     is_select = sql.lstrip().upper().startswith("SELECT")
     method = "GET" if data is None and is_select else "POST"
     try:
@@ -659,23 +795,83 @@ def _start_datanode(namenode: Service) -> None:
     _hdfs_ready(namenode)
 
 
+# --------------------------------------------------------------------------- more services
+
+# Kafka, PostgreSQL, MariaDB live in streams.py; ZooKeeper and the weighted and replicated
+# ClickHouse clusters in clusters.py. Both import this module's core, so they are loaded
+# on first use of one of their names here (``services.start_kafka``), in any import order.
+_ELSEWHERE = {
+    "streams": ("install_kafka", "start_kafka", "kafka_create_topic", "kafka_api_versions",
+                "install_postgres", "start_postgres", "postgres_sql",
+                "install_mariadb", "start_mariadb", "mariadb_sql", "chdb_query"),
+    "clusters": ("install_zookeeper", "start_zookeeper", "zookeeper_command",
+                 "start_weighted_cluster", "start_replicated_cluster",
+                 "WEIGHTED_CLUSTER", "REPLICATED_CLUSTER"),
+}
+
+
+def __getattr__(name: str) -> object:
+    import importlib  # noqa: PLC0415
+
+    for module, names in _ELSEWHERE.items():
+        if name in names:
+            return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module 'services' has no attribute {name!r}")
+
+
 # --------------------------------------------------------------------------- CLI
 
 INSTALLERS: dict[str, Callable[[], Path]] = {
     "clickhouse": install_clickhouse, "minio": install_minio, "hdfs": install_hdfs}
+# What CI installs and smokes (``all``), and what the stream/cluster issues will need.
+GROUPS = {"all": ["clickhouse", "minio", "hdfs"],
+          "streams": ["kafka", "postgres", "mariadb", "zookeeper"]}
+SMOKE_GROUPS = {**GROUPS, "streams": [*GROUPS["streams"], "weighted-cluster",
+                                      "replicated-cluster"]}
+
+
+def _registries() -> tuple[dict[str, Callable[[], Path]], dict[str, Callable[[Path], str]],
+                           dict[str, Callable[[], bool]]]:
+    """Installers, smokes and installed-checks of every service, this module's and the others'."""
+    import clusters  # noqa: PLC0415 - they import this module: load them once it is complete
+    import streams  # noqa: PLC0415
+
+    installed: dict[str, Callable[[], bool]] = {
+        "clickhouse": lambda: shutil.which("clickhouse-server") is not None,
+        "minio": lambda: (cache_dir() / "bin" / "minio").exists(),
+        "hdfs": lambda: (_hdfs_home() / "jars" / ".complete").exists(),
+    }
+    return ({**INSTALLERS, **streams.INSTALLERS, **clusters.INSTALLERS},
+            {**SMOKES, **streams.SMOKES, **clusters.SMOKES},
+            {**installed, **streams.INSTALLED, **clusters.INSTALLED})
 
 
 def is_installed(service: str) -> bool:
-    return {
-        "clickhouse": shutil.which("clickhouse-server") is not None,
-        "minio": (cache_dir() / "bin" / "minio").exists(),
-        "hdfs": (_hdfs_home() / "jars" / ".complete").exists(),
-    }[service]
+    """True if ``service`` (or, for a cluster smoke, everything it needs) is installed."""
+    return _registries()[2][service]()
 
 
 def _expect(got: object, want: object) -> None:
     if got != want:
         raise RuntimeError(f"expected {want!r}, got {got!r}")
+
+
+class Phases:
+    """Wall time of each step of a smoke, reported as ``start 2.1s, insert 0.3s``."""
+
+    def __init__(self) -> None:
+        self.times: list[tuple[str, float]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, what: str) -> Iterator[None]:
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.times.append((what, time.monotonic() - start))
+
+    def __str__(self) -> str:
+        return ", ".join(f"{what} {seconds:.1f}s" for what, seconds in self.times)
 
 
 def _smoke_clickhouse(base: Path) -> str:
@@ -729,19 +925,20 @@ SMOKES: dict[str, Callable[[Path], str]] = {
 
 
 def _smoke(names: list[str]) -> int:
+    _installers, smokes, installed = _registries()
     failures = 0
     for name in names:
-        if not is_installed(name):
-            print(f"{name:<11} SKIP  not installed (run: install {name})", flush=True)
+        if not installed[name]():
+            print(f"{name:<18} SKIP  not installed (run: install {name})", flush=True)
             continue
         start = time.monotonic()
         try:
             with tempfile.TemporaryDirectory(prefix=f"chload-smoke-{name}-") as base:
-                detail = SMOKES[name](Path(base))
-            print(f"{name:<11} OK    {time.monotonic() - start:5.1f}s  {detail}", flush=True)
+                detail = smokes[name](Path(base))
+            print(f"{name:<18} OK    {time.monotonic() - start:5.1f}s  {detail}", flush=True)
         except Exception as exc:  # noqa: BLE001 - report every service, then fail
             failures += 1
-            print(f"{name:<11} FAIL  {time.monotonic() - start:5.1f}s  {exc}", flush=True)
+            print(f"{name:<18} FAIL  {time.monotonic() - start:5.1f}s  {exc}", flush=True)
     return 1 if failures else 0
 
 
@@ -750,20 +947,23 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] not in ("install", "smoke"):
         print(__doc__.split("CLI::")[1].strip("\n"), file=sys.stderr)
         return 2
-    choice = args[1] if len(args) > 1 else "all"
-    if choice not in (*INSTALLERS, "all"):
-        choices = ", ".join(INSTALLERS)
-        print(f"unknown service {choice!r}: choose {choices} or all", file=sys.stderr)
+    installers, smokes, _installed = _registries()
+    command, choice = args[0], args[1] if len(args) > 1 else "all"
+    singles, groups = (installers, GROUPS) if command == "install" else (smokes, SMOKE_GROUPS)
+    if choice not in (*singles, *groups):
+        print(f"unknown service {choice!r}: choose {', '.join([*singles, *groups])}",
+              file=sys.stderr)
         return 2
-    names = list(INSTALLERS) if choice == "all" else [choice]
-    if args[0] == "smoke":
+    names = groups.get(choice, [choice])
+    if command == "smoke":
         return _smoke(names)
     for name in names:
         start = time.monotonic()
-        path = INSTALLERS[name]()
+        path = installers[name]()
         print(f"{name:<11} installed  {time.monotonic() - start:6.1f}s  {path}", flush=True)
     return 0
 
 
 if __name__ == "__main__":
+    sys.modules.setdefault("services", sys.modules[__name__])  # streams.py imports us by name
     sys.exit(main())
