@@ -138,6 +138,21 @@ def test_a_file_that_changes_while_read_fails_whole_then_loads_once(
     assert target.count() == 3
 
 
+def test_a_forced_reload_that_fails_leaves_the_file_loaded(target: Target,
+                                                           tmp_path: Path) -> None:
+    log = _write(tmp_path / "app.csv", "id,v\n1,a\n2,b\n")
+    assert target.load(str(log))[0] == 0
+    with log.open("a") as grow:
+        grow.write("3,c\n")
+    _touch_later(log)
+    code, report, _ = target.load(str(log), "--force", grows=str(log))
+    assert (code, report["files_failed"]) == (1, 1) and target.count() == 2
+    # its rows of the first load are still there: changed, so refused (not loaded whole)
+    code, report, _ = target.load(str(log))
+    assert (code, report["files_loaded"], report["files_changed"]) == (1, 0, 1)
+    assert target.count() == 2
+
+
 def test_a_file_that_grows_while_its_batch_is_read_is_loaded_once_as_read(
         target: Target, tmp_path: Path) -> None:
     a = _write(tmp_path / "a.csv", "id,v\n1,a\n2,b\n")
