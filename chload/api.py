@@ -75,7 +75,8 @@ class LoadReport:
     files_loaded: int = 0
     files_skipped: int = 0
     files_failed: int = 0
-    files_changed: int = 0
+    files_changed: int = 0  # loaded before under another identity: failed, or --force
+    table_reset: str = ""  # why the ledger's earlier loads into the table were set aside
     rows_loaded: int = 0
     rows_rejected: int = 0
     bytes_read: int = 0
@@ -135,13 +136,19 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     files = planner.resolve_format(target, _list_sources(spec, target),
                                    planner.known_names(existing, spec.schema))
     report.recovered = target.recover(table.sql)
-    plan = planner.decide(files, target.ledger.loaded_identities(table.display), spec.force)
+    state = target.ledger.table_state(table.database, table.name)
+    loaded, report.table_reset = planner.own_history(state,
+                                                     target.ledger.loaded(table.display))
+    plan = planner.decide(files, loaded, spec.force)
     if plan.to_load:
         plan.columns, plan.read_columns, plan.created_table = planner.prepare_table(
             target, table, plan.to_load, existing=existing, schema=spec.schema,
             order_by=spec.order_by, partition_by=spec.partition_by, audit=spec.audit,
             budget=spec.budget,
         )
+        if not state.exists:
+            state = target.ledger.table_state(table.database, table.name)
+    target.ledger.stamp(table.display, state.uuid)
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load)))
     workers = spec.workers or target.default_workers(plan.to_load)
@@ -157,6 +164,8 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
                          abort_on_error=spec.on_error == "abort", changed=plan.changed)
     report.saturation = monitor.stop().to_dict() if jobs else {}
     results += [FileResult(f.uri, "skipped") for f in plan.skipped]
+    results += [FileResult(uri, "failed", error=why, changed=True)
+                for uri, why in plan.refused.items()]
     _summarize(report, results, plan, time.monotonic() - clock)
     _finish(target, _run_record(spec, report, started_ns))
     return report

@@ -46,7 +46,9 @@ UNION ALL SELECT 'format', name FROM system.formats WHERE is_input
 UNION ALL SELECT 'function', name FROM system.table_functions
 UNION ALL SELECT 'setting', name FROM system.settings
 UNION ALL SELECT 'type', name FROM system.data_type_families
-UNION ALL SELECT 'ledger', name FROM system.tables WHERE database = 'chload'"""
+UNION ALL SELECT 'ledger', name FROM system.tables WHERE database = 'chload'
+UNION ALL SELECT 'ledger', concat(table, '.', name) FROM system.columns
+    WHERE database = 'chload' AND table = 'files' AND name = 'table_uuid'"""
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,22 @@ File states:
 
 `committing` carries the stage table and a `mark` the target needs to tell, after a
 crash, whether the stage was already attached (see targets/embedded.py).
+
+Every event also names the table it went into by its `table_uuid`, where the engine
+has one (chDB 26, Atomic databases; not 18.16): events under another uuid are the
+history of a table that was dropped or renamed away, not of the table of that name now
+(`TableState`, planner.own_history).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from chload.errors import EngineError
 from chload.records import asdict, dataclass, field, fields, replace
 from chload.schema import quote_str
 
@@ -59,6 +66,7 @@ class FileEvent:
     stage: str = ""
     mark: int = 0
     seq: int = field(default_factory=time.time_ns)
+    table_uuid: str = ""  # the target table's uuid when the event was written ('' unknown)
 
     def moved(self, state: str, error: str = "") -> FileEvent:
         """The same file in a later state (a new event, with its own sequence number)."""
@@ -89,7 +97,7 @@ class RunRecord:
 _FILES_DDL = f"""CREATE TABLE IF NOT EXISTS {FILES} (
     target_table String, uri String, identity String, size UInt64, mtime_ns UInt64,
     state String, rows UInt64, bytes UInt64, error String, run_id String,
-    stage String, mark UInt64, seq UInt64,
+    stage String, mark UInt64, seq UInt64, table_uuid String,
     at DateTime MATERIALIZED toDateTime(intDiv(seq, 1000000000))
 ) ENGINE = MergeTree ORDER BY (target_table, uri, seq)"""
 
@@ -102,16 +110,63 @@ _RUNS_DDL = f"""CREATE TABLE IF NOT EXISTS {RUNS} (
 ) ENGINE = MergeTree ORDER BY (target_table, started_ns, run_id)"""
 
 
+_DUPLICATE_COLUMN = 15  # an ADD COLUMN that another chload ran first
+
+
+@dataclass(frozen=True)
+class TableState:
+    """A target table as it is now, to tell whether the ledger's loads are its own."""
+
+    exists: bool
+    uuid: str = ""  # '' where the engine has none (18.16: Ordinary databases)
+    rows: int = 0  # in its active parts
+
+
 class Ledger:
     """Reads and appends file events and run records in the target."""
 
     def __init__(self, sql: Sql) -> None:
         self._sql = sql
+        self._uuids: dict[str, str] = {}  # target_table -> uuid, stamped on events
 
     def ensure(self) -> None:
         self._sql.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
         self._sql.command(_FILES_DDL)
         self._sql.command(_RUNS_DDL)
+        self._add_table_uuid()
+
+    def _add_table_uuid(self) -> None:
+        """A ledger made before events carried `table_uuid` gets the column (18.16 has
+        no ADD COLUMN IF NOT EXISTS: ask first; two chloads may both add it)."""
+        if self._sql.rows(f"SELECT name FROM system.columns WHERE database = '{DATABASE}' "
+                          "AND table = 'files' AND name = 'table_uuid'"):
+            return
+        try:
+            self._sql.command(f"ALTER TABLE {FILES} ADD COLUMN table_uuid String")
+        except EngineError as exc:
+            if exc.code != _DUPLICATE_COLUMN:
+                raise
+
+    def table_state(self, database: str, name: str) -> TableState:
+        """Whether the table exists, its uuid (chDB: also from its data path, as the
+        `default` database there reports none) and the rows it holds, in one query."""
+        where = f"database = {quote_str(database)} AND table = {quote_str(name)}"
+        rows = self._sql.rows(
+            f"SELECT (SELECT toUInt64(sum(rows)) FROM system.parts WHERE active AND {where})"
+            f" AS _chload_rows, * FROM system.tables WHERE database = {quote_str(database)} "
+            f"AND name = {quote_str(name)}")
+        if not rows:
+            return TableState(False)
+        row = rows[0]
+        uuid = str(row.get("uuid") or "")
+        if not uuid.strip("0-"):
+            found = _STORE_UUID.search(str(row.get("data_paths") or ""))
+            uuid = found.group(1) if found else ""
+        return TableState(True, uuid, int(row["_chload_rows"] or 0))
+
+    def stamp(self, target_table: str, uuid: str) -> None:
+        """Events recorded from now on for `target_table` name the table by `uuid`."""
+        self._uuids[target_table] = uuid
 
     def record(self, events: Sequence[FileEvent],
                mark_of: tuple[str, str] | None = None) -> None:
@@ -120,6 +175,8 @@ class Ledger:
         statement, so no attach can come between reading it and logging it."""
         if not events:
             return
+        events = [e if e.table_uuid else replace(e, table_uuid=self._uuids.get(
+            e.target_table, "")) for e in events]
         if mark_of is None:
             self._insert(FILES, (asdict(e) for e in events))
             return
@@ -163,9 +220,16 @@ class Ledger:
         )
         return [_event(r) for r in rows]
 
+    def loaded(self, target_table: str) -> dict[str, FileEvent]:
+        """uri -> the latest `loaded` event of every file ever loaded into the table,
+        whatever came after it: a `--force` reload that failed leaves the rows of the
+        load before it in the table."""
+        return {e.uri: e for e in self._latest(
+            f"target_table = {quote_str(target_table)} AND state = '{LOADED}'")}
+
     def loaded_identities(self, target_table: str) -> dict[str, str]:
-        """uri -> identity of every file whose latest state is `loaded`."""
-        return {e.uri: e.identity for e in self.latest(target_table, [LOADED])}
+        """uri -> identity of every file loaded into the table (see `loaded`)."""
+        return {uri: e.identity for uri, e in self.loaded(target_table).items()}
 
     def runs(self, target_table: str | None, limit: int = 50) -> list[dict]:
         where = f"WHERE target_table = {quote_str(target_table)}" if target_table else ""
@@ -180,7 +244,8 @@ def _literal(value: object) -> str:
 
 
 _LATEST_FIELDS = ("identity", "size", "mtime_ns", "state", "rows", "bytes", "error", "run_id",
-                  "stage", "mark")
+                  "stage", "mark", "table_uuid")
+_STORE_UUID = re.compile(r"/store/[0-9a-f]{3}/([0-9a-f]{8}-[0-9a-f-]{27})/")
 _INTS = {"size", "mtime_ns", "rows", "bytes", "mark", "seq"}
 
 

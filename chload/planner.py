@@ -7,11 +7,13 @@ loaded; the engine infers a schema from one file; the table decides column types
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 
 from chload import sniff
 from chload.errors import ChloadError, SourceError, UsageError
 from chload.formats import HEADER_FORMATS, FileFormat, check_compression
+from chload.ledger import FileEvent, TableState
 from chload.records import dataclass, field, replace
 from chload.rejects import ErrorBudget
 from chload.schema import (
@@ -68,24 +70,71 @@ class Plan:
     to_load: list[SourceFile]
     skipped: list[SourceFile]
     changed: set[str] = field(default_factory=set)  # uris loaded before with another identity
+    refused: dict[str, str] = field(default_factory=dict)  # changed, not loaded: uri -> why
     columns: list[Column] = field(default_factory=list)  # table columns, in data order
     read_columns: list[Column] = field(default_factory=list)  # how the engine reads the data
     created_table: bool = False
 
 
-def decide(files: Sequence[SourceFile], loaded: dict[str, str], force: bool) -> Plan:
-    """Split files into load and skip by the ledger: exactly once per identity."""
-    to_load, skipped, changed = [], [], set()
+def decide(files: Sequence[SourceFile], loaded: Mapping[str, FileEvent], force: bool) -> Plan:
+    """Split files into load, skip and refuse by the ledger: exactly once per file.
+
+    A file loaded before under another identity (a log that grew, a file rewritten) is
+    refused, not loaded again: its earlier rows are still in the table, and loading it
+    whole would double them. `--force` loads it (and every file) again, as asked.
+    """
+    plan = Plan([], [])
     for f in files:
         before = loaded.get(f.uri)
-        if f.is_stream or force or before is None:
-            to_load.append(f)
-        elif before != f.identity:
-            to_load.append(f)
-            changed.add(f.uri)
-        else:
-            skipped.append(f)
-    return Plan(to_load, skipped, changed)
+        if f.is_stream or before is None:
+            plan.to_load.append(f)
+            continue
+        if before.identity != f.identity:
+            plan.changed.add(f.uri)
+            if not force:
+                plan.refused[f.uri] = _changed_message(f, before)
+                continue
+        (plan.to_load if force else plan.skipped).append(f)
+    return plan
+
+
+def _changed_message(f: SourceFile, before: FileEvent) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(before.seq / 1e9))
+    return (f"{f.uri}: changed since it was loaded ({before.rows:,} rows, {when}); not "
+            "loaded again, which would add those rows twice: pass --force to load it whole "
+            "again, after deleting its earlier rows if they must not stay")
+
+
+def own_history(table: TableState, loaded: Mapping[str, FileEvent],
+                ) -> tuple[Mapping[str, FileEvent], str]:
+    """The ledger's loads that are the table's as it is now, and why the others are not
+    (a line for the report; '' when all are).
+
+    - No table: the loads went into a table since dropped (or renamed away).
+    - A uuid (chDB; servers with Atomic databases): loads recorded under another uuid
+      went into another table of that name. Loads recorded without one (older ledgers)
+      count as the table's.
+    - A table with no rows while the ledger says rows went in (TRUNCATE, or re-created
+      empty): loading again cannot double anything.
+
+    What is not detected: on 18.16 (no uuid) a table re-created and given rows before
+    the rerun; and rows deleted from a table that keeps others (DELETE, DROP PARTITION).
+    The ledger keeps those files loaded: a rerun skips them (`--force` loads them).
+    Block numbers and metadata_modification_time were weighed for 18.16 and set aside:
+    an old table that was ALTERed and lost its newest partition looks re-created by
+    both, and taking it for new would load into a table still holding the rows.
+    """
+    if not loaded:
+        return loaded, ""
+    if not table.exists:
+        return {}, "table was dropped since the last load: loading all files again"
+    own = {uri: e for uri, e in loaded.items() if e.table_uuid in ("", table.uuid)}
+    if not own:
+        return own, "table was re-created since the last load: loading all files again"
+    if table.rows == 0 and any(e.rows for e in own.values()):
+        return {}, ("table holds no rows (truncated or re-created since the last load): "
+                    "loading all files again")
+    return own, ""
 
 
 def resolve_format(target: Target, files: Sequence[SourceFile],

@@ -87,6 +87,8 @@ def print_summary(report: LoadReport) -> None:
     print(f"{report.table}: {report.files_total} files: {', '.join(parts)}; "
           f"{report.rows_loaded:,} rows, {_size(report.bytes_read)} in {report.seconds:.2f} s"
           f" ({report.rows_per_second:,.0f} rows/s)")
+    if report.table_reset:
+        print(f"  {report.table_reset}")
     sat = report.saturation
     if sat and report.files_loaded:
         disk = (f", disk {sat['disk']} {sat['disk_util_pct']:.0f}% busy"

@@ -507,10 +507,12 @@ class Committer:
 
 
 def _taken(last: dict[str, dict], request: _Request) -> bool:
-    """Did another load commit one of the request's files since it started?"""
+    """Did another load commit one of the request's files since it started? Under any
+    identity: a file that grew between the two reads is in the table already, and
+    committing it again would double its rows (the next run refuses it as changed)."""
     return any(
         row["b"] in (COMMITTING, LOADED) and row["c"] != request.stage
-        and int(row["e"] or 0) > request.since_ns and row["d"] == event.identity
+        and int(row["e"] or 0) > request.since_ns
         for event in request.events if (row := last.get(event.uri)) is not None)
 
 

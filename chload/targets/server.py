@@ -64,7 +64,7 @@ from chload.schema import (
     split_table,
     structure,
 )
-from chload.sources import SourceFile, table_function
+from chload.sources import SourceFile, identity, table_function
 from chload.targets import (
     BATCH_FILES,
     SMALL_FILE_BYTES,
@@ -106,7 +106,7 @@ class ServerTarget:
                                         self._accepts_encoding)
         self.display = f"ClickHouse {self.caps.version} at {self.url.display}"
         self.ledger = Ledger(self)
-        if not {"files", "runs", "rejects"} <= self.caps.ledger_tables:
+        if not {"files", "runs", "rejects", "files.table_uuid"} <= self.caps.ledger_tables:
             self.ledger.ensure()
             rejects.ensure(self)
         self.committer = Committer(Sql(self._command_id, self.rows), self.ledger)
@@ -213,11 +213,13 @@ class ServerTarget:
         errors_file = (os.path.join(self.path, f"rejects-{stage}.csv")
                        if job.budget.allows_errors else "")
         try:
+            job = identity.as_read(job)
             self._streams.stage_turn()
             self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
             read = self._budgeted(job, stage, errors_file) if errors_file else self._fill(
                 job, stage)
             rows, partitions = self._seal(stage)
+            identity.check_read(job)
             rejected = self.rejects.keep(job, stage, errors_file, rows) if errors_file else 0
         except ChloadError as exc:
             if not isinstance(exc, TransientError):
@@ -275,6 +277,7 @@ class ServerTarget:
         stage = stage_name(self.committer.holder)
         done: list[Loaded] = []
         try:
+            job = identity.as_read(job)
             self._streams.stage_turn()
             self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
             if self._gathers(job):
@@ -287,6 +290,7 @@ class ServerTarget:
                     done.append(Loaded(now - total, read))
                     total = now
             rows, partitions = self._seal(stage)
+            identity.check_read(job)
         except ChloadError:
             self._drop(stage)
             raise

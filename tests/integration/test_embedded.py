@@ -70,13 +70,19 @@ def test_inferred_schema_is_sensible(trips: Path, target_dir: str) -> None:
     assert "ORDER BY id" in ddl.stdout and "MergeTree" in ddl.stdout
 
 
-def test_changed_file_is_loaded_again_and_reported(tmp_path: Path, target_dir: str) -> None:
+def test_changed_file_is_refused_and_reported_until_force(tmp_path: Path,
+                                                         target_dir: str) -> None:
     data = tmp_path / "a.csv"
     data.write_text("id,v\n1,x\n2,y\n")
     load_json(str(data), "--table", "t", "--target", target_dir)
     data.write_text("id,v\n3,z\n")
     os.utime(data, ns=(time.time_ns(), time.time_ns() + 10**9))
     code, report = load_json(str(data), "--table", "t", "--target", target_dir)
+    assert (code, report["files_loaded"], report["files_failed"],
+            report["files_changed"]) == (1, 0, 1, 1)
+    assert report["files"][0]["error"].startswith(f"{data}: changed since it was loaded")
+    assert count(target_dir, "t") == (2, 2)  # its earlier rows, not doubled
+    code, report = load_json(str(data), "--table", "t", "--target", target_dir, "--force")
     assert (code, report["files_loaded"], report["files_changed"]) == (0, 1, 1)
     assert count(target_dir, "t") == (3, 3)
 

@@ -16,7 +16,8 @@ from chload.errors import (
     one_line,
 )
 from chload.formats import FileFormat, detect, split_compression
-from chload.planner import decide, parse_table
+from chload.ledger import FileEvent, TableState
+from chload.planner import decide, own_history, parse_table
 from chload.runner import RetryPolicy, call_with_retries
 from chload.schema import Column, default_order_by, match_columns, parse_structure
 from chload.sources import SourceFile, expand_braces
@@ -108,13 +109,36 @@ def _file(uri: str, size: int = 10, mtime: int = 1, stream: bool = False) -> Sou
     return SourceFile(uri, size, mtime, FileFormat("CSV", "none"), is_stream=stream)
 
 
-def test_decide_skips_loaded_and_reloads_changed() -> None:
+def _loaded(uri: str, identity: str, rows: int = 2, uuid: str = "") -> FileEvent:
+    return FileEvent("default.t", uri, identity, 10, 1, "loaded", rows, table_uuid=uuid)
+
+
+def test_decide_skips_loaded_and_refuses_changed_unless_forced() -> None:
     files = [_file("a"), _file("b", size=11), _file("c"), _file("-", stream=True)]
-    loaded = {"a": "10:1", "b": "10:1", "-": "3:3"}
+    loaded = {u: _loaded(u, i) for u, i in [("a", "10:1"), ("b", "10:1"), ("-", "3:3")]}
     plan = decide(files, loaded, force=False)
-    assert [f.uri for f in plan.to_load] == ["b", "c", "-"]
+    assert [f.uri for f in plan.to_load] == ["c", "-"]
     assert [f.uri for f in plan.skipped] == ["a"] and plan.changed == {"b"}
-    assert len(decide(files, loaded, force=True).to_load) == 4
+    assert list(plan.refused) == ["b"] and "b: changed since it was loaded (2 rows, " in (
+        plan.refused["b"]) and "--force" in plan.refused["b"]
+    forced = decide(files, loaded, force=True)
+    assert len(forced.to_load) == 4 and forced.changed == {"b"} and not forced.refused
+
+
+def test_own_history_sets_aside_loads_of_a_table_that_is_gone() -> None:
+    loaded = {"a": _loaded("a", "1:1", uuid="u1"), "b": _loaded("b", "1:1", uuid="")}
+    assert own_history(TableState(True, "u1", 4), loaded) == (loaded, "")
+    assert own_history(TableState(False), loaded)[0] == {}
+    assert "dropped" in own_history(TableState(False), loaded)[1]
+    assert own_history(TableState(True, "u2", 4), loaded) == ({"b": loaded["b"]}, "")
+    only_a = {"a": loaded["a"]}
+    assert own_history(TableState(True, "u2", 4), only_a)[0] == {}
+    assert "re-created" in own_history(TableState(True, "u2", 4), only_a)[1]
+    emptied = own_history(TableState(True, "u1", 0), loaded)
+    assert emptied[0] == {} and "holds no rows" in emptied[1]
+    no_rows = {"a": _loaded("a", "1:1", rows=0, uuid="u1")}
+    assert own_history(TableState(True, "u1", 0), no_rows) == (no_rows, "")
+    assert own_history(TableState(False), {}) == ({}, "")
 
 
 def test_retries_transient_then_succeeds_and_terminal_fails_fast() -> None:

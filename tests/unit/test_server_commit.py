@@ -20,6 +20,8 @@ from chload.targets.commit import (
     Holder,
     Sql,
     _lock_name,
+    _Request,
+    _taken,
     _Turn,
     stage_name,
 )
@@ -139,6 +141,16 @@ def committer(server: FakeServer) -> Committer:
 
 def event(uri: str = "f.csv", run: str = "run1") -> FileEvent:
     return FileEvent(DISPLAY, uri, "10:1", 10, 1, "", rows=5, run_id=run)
+
+
+def test_a_file_another_run_committed_meanwhile_is_taken_whatever_its_identity() -> None:
+    """Another run read the file before it grew and committed it: committing our read
+    too would put its first rows in the table twice."""
+    request = _Request("stage_mine", ["all"], [event()], since_ns=100)
+    other = {"b": LOADED, "c": "stage_other", "d": "8:1", "e": "200"}
+    assert _taken({"f.csv": other}, request)
+    assert not _taken({"f.csv": {**other, "e": "50"}}, request)  # before we started
+    assert not _taken({"f.csv": {**other, "c": "stage_mine"}}, request)  # our own
 
 
 def stage_with(server: FakeServer, holder: Holder, partitions: dict[str, int]) -> str:

@@ -1,0 +1,70 @@
+"""A file's identity as it is when its bytes are read, not only when it was listed.
+
+Listing takes a local file's size and mtime; a log that grows, or a file rewritten in
+place, may be another file by the time the engine reads it. So a target takes the
+identity again right before the read (`as_read`: the ledger records what was read) and
+checks it right after the INSERT into the stage, before the commit (`check_read`): a
+file that changed in between fails, nothing of it committed, and a rerun loads it once
+it is stable. What this cannot see: a rewrite that keeps the size within one tick of
+the file system's mtime clock.
+
+Remote objects keep their listed identity: an S3 or HTTP object is not stat'ed again
+here. For S3 it would be feasible (a HEAD after the read, comparing the ETag: one request
+per object, not made yet); a single GET sees one version of an object, but the engine
+reads a large one in ranged GETs that could straddle a replacement.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from chload.errors import SourceError
+from chload.records import replace
+from chload.sources import SourceFile
+
+if TYPE_CHECKING:
+    from chload.targets import LoadJob
+
+
+def current(file: SourceFile) -> SourceFile:
+    """`file` with its size and mtime as they are now (local files; others as listed)."""
+    if file.kind != "local" or file.is_stream or not file.local_path:
+        return file
+    try:
+        st = os.stat(file.local_path)
+    except OSError as exc:
+        raise SourceError(f"{file.uri}: cannot read it ({exc.strerror}); it was there when "
+                          "listed") from exc
+    return replace(file, size=st.st_size, mtime_ns=st.st_mtime_ns)
+
+
+def as_read(job: LoadJob) -> LoadJob:
+    """The job with its files' identities taken now, right before their bytes are read."""
+    files = tuple(current(f) for f in job.files)
+    return replace(job, file=files[0], batch=files if job.batch else ())
+
+
+def check_read(job: LoadJob) -> None:
+    """After the INSERT into the stage, before the commit: fail if a file changed since
+    `as_read` (its rows in the stage may be any mix of before and after)."""
+    changed = _changed(job.files)
+    if changed:
+        before, now = changed
+        raise SourceError(f"{before.uri}: changed while being read ({_how(before, now)}); "
+                          "nothing of it was loaded: run again once it is stable")
+
+
+def _changed(files: Sequence[SourceFile]) -> tuple[SourceFile, SourceFile] | None:
+    for f in files:
+        now = current(f)
+        if now.identity != f.identity:
+            return f, now
+    return None
+
+
+def _how(before: SourceFile, now: SourceFile) -> str:
+    if before.size != now.size:
+        return f"{before.size:,} bytes, now {now.size:,}"
+    return "same size, modified meanwhile"
