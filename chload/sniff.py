@@ -97,7 +97,7 @@ def split_line(text: str, format_name: str) -> list[str] | None:
     if sep is None or not text:
         return None
     if sep == ",":  # the engine trims a CSV field's spaces (input_format_csv_trim_whitespaces)
-        return [field.strip(" \t") for field in next(csv.reader([text]))]
+        return [field.strip(" \t") for field in next(csv.reader([text], skipinitialspace=True))]
     return [_unescape_tsv(field) for field in text.split(sep)]
 
 
