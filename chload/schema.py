@@ -1,7 +1,11 @@
 """Table schemas: inference from files, CREATE TABLE, and matching data to a table.
 
 Inference is the engine's (`DESCRIBE file(...)`); we only refine it:
-- CSV/TSV header: the engine's detection decides between `CSV` and `CSVWithNames`.
+- CSV/TSV header: the engine's detection decides between `CSV` and `CSVWithNames`
+  where types tell; where they cannot (all text), the planner judges the first line
+  (planner._decide_header). A header's names become column names (`header_columns`).
+- Names: any text, quoted wherever SQL is written (`quote_ident`); `--schema` and the
+  server's DDL checks parse quoted names (`parse_structure`, `mask_quoted`).
 - Nullability: the engine infers every text column `Nullable` (setting
   `schema_inference_make_columns_nullable`), which makes sorting keys impossible and
   storage larger. We count NULLs over a sample (empty CSV fields are NULL in a Nullable
