@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from chload import planner, runner
 from chload.errors import ChloadError, UsageError
-from chload.ledger import FileEvent, RunRecord
+from chload.ledger import FAILED, FileEvent, RunRecord
 from chload.monitor import Monitor
 from chload.records import asdict, dataclass, field
 from chload.rejects import ErrorBudget
@@ -134,12 +134,15 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     report = LoadReport(table.display, target.display, os.urandom(6).hex())
     existing = target.table_columns(table.sql)
     files = planner.resolve_format(target, _list_sources(spec, target),
-                                   planner.known_names(existing, spec.schema))
+                                   planner.known_names(existing, spec.schema),
+                                   forced=spec.format is not None)
     report.recovered = target.recover(table.sql)
     state = target.ledger.table_state(table.database, table.name)
     loaded, report.table_reset = planner.own_history(state,
                                                      target.ledger.loaded(table.display))
     plan = planner.decide(files, loaded, spec.force)
+    refused: list[FileResult] = []
+    settings = tuple(spec.settings)
     if plan.to_load:
         plan.columns, plan.read_columns, plan.created_table = planner.prepare_table(
             target, table, plan.to_load, existing=existing, schema=spec.schema,
@@ -148,6 +151,13 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
         )
         if not state.exists:
             state = target.ledger.table_state(table.database, table.name)
+        checked = planner.check_headers(target, table, plan.to_load,
+                                        existing or plan.columns, plan.read_columns, spec.audit)
+        plan.to_load, settings = checked.files, (*checked.settings, *settings)
+        refused = _refuse(target, table, checked.refused, report.run_id, listener)
+        if refused and spec.on_error == "abort":
+            refused += [FileResult(f.uri, "not-started") for f in plan.to_load]
+            plan.to_load = []
     target.ledger.stamp(table.display, state.uuid)
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load)))
@@ -155,7 +165,7 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     groups = _groups(target, plan.to_load, spec.budget, workers)
     threads = _threads_per_file(workers, len(groups))
     jobs = [LoadJob(group[0], table.sql, table.display, plan.columns, plan.read_columns,
-                    spec.audit, spec.settings, report.run_id, spec.budget,
+                    spec.audit, settings, report.run_id, spec.budget,
                     group if len(group) > 1 else (), threads)
             for group in groups]
     in_flight = getattr(target, "open_streams", lambda streams: streams)(workers)
@@ -163,12 +173,24 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     results = runner.run(target, jobs, in_flight, listener,
                          abort_on_error=spec.on_error == "abort", changed=plan.changed)
     report.saturation = monitor.stop().to_dict() if jobs else {}
-    results += [FileResult(f.uri, "skipped") for f in plan.skipped]
+    results += refused + [FileResult(f.uri, "skipped") for f in plan.skipped]
     results += [FileResult(uri, "failed", error=why, changed=True)
                 for uri, why in plan.refused.items()]
     _summarize(report, results, plan, time.monotonic() - clock)
     _finish(target, _run_record(spec, report, started_ns))
     return report
+
+
+def _refuse(target: Target, table: planner.TableName,
+            refused: Sequence[tuple[SourceFile, str]], run_id: str,
+            listener: Listener) -> list[FileResult]:
+    """Files refused before loading (planner.check_headers): failed, in the ledger too."""
+    if refused:
+        target.ledger.record([FileEvent(table.display, f.uri, f.identity, f.size, f.mtime_ns,
+                                        FAILED, error=why, run_id=run_id) for f, why in refused])
+    for f, why in refused:
+        listener(Event("fail", f.uri, error=why))
+    return [FileResult(f.uri, "failed", error=why) for f, why in refused]
 
 
 def _finish(target: Target, run: RunRecord) -> None:
@@ -335,17 +357,23 @@ def validate(sources: str | Iterable[str], table: str, *, target: str | None = N
         name = planner.parse_table(table, _default_database(t))
         existing = t.table_columns(name.sql)
         files = planner.resolve_format(t, _list_sources(spec, t),
-                                       planner.known_names(existing, schema))
-        _, read_columns, _ = planner.prepare_table(
+                                       planner.known_names(existing, schema),
+                                       forced=format is not None)
+        columns, read_columns, _ = planner.prepare_table(
             t, name, files, existing=existing, schema=schema, order_by=None,
             partition_by=None, audit=False, create=False, budget=spec.budget)
-        return [_check(t, f, read_columns, spec.budget) for f in files]
+        checked = planner.check_headers(t, name, files, existing or columns, read_columns,
+                                        audit=False)
+        refused = {f.uri: why for f, why in checked.refused}
+        return [FileCheck(f.uri, failure=refused[f.uri], within_budget=False)
+                if f.uri in refused else _check(t, f, read_columns, spec.budget, checked.settings)
+                for f in files]
     finally:
         t.close()
 
 
 def _check(t: Target, f: SourceFile, columns: Sequence[Column],
-           budget: ErrorBudget) -> FileCheck:
+           budget: ErrorBudget, extra: Sequence[tuple[str, str]] = ()) -> FileCheck:
     import tempfile
 
     from chload import rejects
@@ -353,7 +381,7 @@ def _check(t: Target, f: SourceFile, columns: Sequence[Column],
     check = FileCheck(f.uri)
     with tempfile.TemporaryDirectory(prefix="chload-validate-") as tmp:
         errors_file = os.path.join(tmp, "errors.csv")
-        settings = settings_sql(ErrorBudget(None, 1.0).engine_settings(errors_file))
+        settings = settings_sql([*ErrorBudget(None, 1.0).engine_settings(errors_file), *extra])
         try:
             rows = t.infer_rows(f"SELECT count() AS n FROM {t.reader(f, f.format.name, columns)}"
                                 f" WHERE NOT ignore(*) SETTINGS {settings}")

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from chload.errors import SchemaError, TerminalError
 from chload.records import dataclass, field
+from chload.schema import mask_quoted, parse_structure
 
 # "SELECT 1" compressed by each method (made once with the standard library, or for
 # zstd, br and lz4 with chDB's file() writer): no compression module is imported.
@@ -142,15 +143,14 @@ def storable(typ: str, caps: Capabilities) -> str:
 
 def check_create(sql: str, caps: Capabilities) -> None:
     """A CREATE TABLE with a column list: every type storable here, or one clear line."""
-    from chload.schema import parse_structure
-
-    match = re.match(r"\s*CREATE TABLE (IF NOT EXISTS )?(\S+)\s*\(", sql)
-    if not match or match.group(2).startswith("chload."):
+    masked = mask_quoted(sql)  # a name may hold parentheses, commas, spaces
+    match = re.match(r"\s*CREATE TABLE (IF NOT EXISTS )?(\S+)\s*\(", masked)
+    if not match or sql[match.start(2):match.end(2)].startswith(("chload.", "`chload`.")):
         return
-    table = match.group(2).replace("`", "")
+    table = sql[match.start(2):match.end(2)].replace("`", "")
     depth, start = 0, match.end() - 1
     for i in range(start, len(sql)):
-        depth += (sql[i] == "(") - (sql[i] == ")")
+        depth += (masked[i] == "(") - (masked[i] == ")")
         if depth == 0:
             for column in parse_structure(sql[start + 1:i]):
                 typ = re.split(r"\s+(?:DEFAULT|MATERIALIZED|ALIAS|CODEC|COMMENT)\b",
@@ -206,4 +206,8 @@ def downgrade_ddl(sql: str, caps: Capabilities) -> str:
         return sql
     if "LowCardinality" in caps.types and not caps.low_cardinality_experimental:
         return sql
-    return _LOW_CARDINALITY.sub(r"\1", sql)
+    out, last = [], 0
+    for match in _LOW_CARDINALITY.finditer(mask_quoted(sql)):  # types, not quoted names
+        out += [sql[last:match.start()], sql[match.start(1):match.end(1)]]
+        last = match.end()
+    return "".join(out) + sql[last:]

@@ -11,17 +11,21 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 
 from chload import sniff
-from chload.errors import ChloadError, SourceError, UsageError
+from chload.errors import ChloadError, SchemaError, SourceError, UsageError
 from chload.formats import HEADER_FORMATS, FileFormat, check_compression
 from chload.ledger import FileEvent, TableState
 from chload.records import dataclass, field, replace
 from chload.rejects import ErrorBudget
+from chload.runner import on_threads
 from chload.schema import (
     AUDIT_COLUMNS,
+    BY_POSITION,
+    SKIP_HEADER,
     Column,
     Tolerance,
     create_table_sql,
     decide_header,
+    header_columns,
     infer,
     match_columns,
     parse_structure,
@@ -34,6 +38,10 @@ from chload.targets import Target
 POSITIONAL_FORMATS = {"CSV", "TSV", "TabSeparated", "CSVWithNames", "TSVWithNames",
                       "TabSeparatedWithNames", "Values", "RowBinary"}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RESERVED_DATABASES = {  # lower-cased name -> whose it is
+    "system": "the server's own", "information_schema": "the server's own",
+    "chload": "chload's own (its ledger and stage tables)",
+}
 
 
 @dataclass(frozen=True)
@@ -51,16 +59,24 @@ class TableName:
 
 
 def parse_table(value: str, default_database: str = "default") -> TableName:
-    """`trips` or `db.trips`; plain identifiers only, so messages and SQL stay simple."""
+    """`trips` or `db.trips`; plain identifiers only, so messages and SQL stay simple.
+    The server's own databases and chload's (its ledger and stages) are refused: rows
+    written there vanish, or a later load drops them."""
     parts = value.split(".")
     if len(parts) > 2 or not all(_NAME.match(p) for p in parts):
         raise UsageError(
             f"--table {value}: use a plain name like trips or db.trips "
             "(letters, digits and _; not starting with a digit)"
         )
-    if len(parts) == 1:
-        return TableName(default_database, parts[0])
-    return TableName(parts[0], parts[1])
+    table = TableName(default_database, parts[0]) if len(parts) == 1 else TableName(*parts)
+    owner = RESERVED_DATABASES.get(table.database.lower())
+    if owner:
+        raise UsageError(
+            f"--table {value}: database {table.database} is {owner}; load into a database "
+            f"of your own, e.g. --table default.{table.name}"
+            + ("" if len(parts) == 2 else " (a bare name goes to the --target URL's database)")
+        )
+    return table
 
 
 @dataclass
@@ -138,31 +154,70 @@ def own_history(table: TableState, loaded: Mapping[str, FileEvent],
 
 
 def resolve_format(target: Target, files: Sequence[SourceFile],
-                   names: Sequence[str] = ()) -> list[SourceFile]:
-    """Decide CSV/TSV headers once per format, from the first file that can tell, for all.
+                   names: Sequence[str] = (), forced: bool = False) -> list[SourceFile]:
+    """Decide CSV/TSV headers once per format, for all its files (`_decide_header`).
 
-    `names`: the columns the data may have (the table's, or --schema's), if known; a
-    first line of just those names is a header, no engine needed (sniff.py).
-    A file that cannot tell (empty, corrupt) does not stop the run: the next one is
-    asked, and if none can, files keep their format and fail or load on their own.
+    `names`: the columns the data may have (the table's, or --schema's), if known.
+    `forced`: the user named the format (--format), which then stands as ClickHouse
+    reads it: `CSV` has no header line, `CSVWithNames` has one.
     """
     decided: dict[FileFormat, FileFormat] = {}
     for fmt in dict.fromkeys(f.format for f in files):
         decided[fmt] = fmt
-        named = HEADER_FORMATS.get(fmt.name)
-        first = samples(f for f in files if f.format == fmt)[:1]
-        if named and names and first and sniff.starts_with_names(first[0], names):
-            decided[fmt] = FileFormat(named, fmt.compression)
-            continue
-        for sample in samples(f for f in files if f.format == fmt):
-            def reader(x: FileFormat, s: SourceFile = sample) -> str:
-                return target.reader(s, x.name, None)
-            try:
-                decided[fmt] = decide_header(target.infer_rows, reader, fmt)
-                break
-            except ChloadError:
-                continue
+        if not forced and fmt.name in HEADER_FORMATS:
+            decided[fmt] = _decide_header(target, [f for f in files if f.format == fmt], names)
     return [replace(f, format=decided[f.format]) for f in files]
+
+
+def _decide_header(target: Target, files: Sequence[SourceFile],
+                   names: Sequence[str]) -> FileFormat:
+    """Whether these CSV/TSV files start with a header line (README: Tables chload creates):
+
+    1. a first line of just known names (`names`) is one, no engine needed;
+    2. else the engine's detection: the first line's types differ from the rest's;
+    3. else (every column text, or the engine could not tell) a first line that looks
+       like names (sniff.looks_like_names) is one; into a table that exists, only when
+       it names one of its columns. A text file without a header whose first line reads
+       as names (`Paris,France`) is taken as having one: the table's columns show it,
+       any other file of the run fails, naming `--format CSV`, which says "no header".
+
+    A file that cannot tell (empty, corrupt) does not stop the run: the next one is
+    asked, and if none can, files keep their format and fail or load on their own.
+    """
+    fmt = files[0].format
+    named = FileFormat(HEADER_FORMATS[fmt.name], fmt.compression)
+    candidates = samples(files)
+    first = first_line(target, candidates[0]) if candidates else None
+    if first and names and set(header_columns(first)) <= set(names):
+        return named
+    engine_said_no = False
+    for sample in candidates:
+        def reader(x: FileFormat, s: SourceFile = sample) -> str:
+            return target.reader(s, x.name, None)
+        try:
+            if decide_header(target.infer_rows, reader, fmt) == named:
+                return named
+            engine_said_no = True
+            break
+        except ChloadError:
+            continue
+    if not first or not sniff.looks_like_names(first, unique=engine_said_no):
+        return fmt
+    return named if not names or set(first) & set(names) else fmt
+
+
+def first_line(target: Target, file: SourceFile) -> list[str] | None:
+    """The fields of a CSV/TSV file's first line: read here for a local file (sniff.py),
+    else by the engine (one `LIMIT 1` read); None when it has none or cannot be read."""
+    fields = sniff.header_names(file)
+    if fields is not None or sniff.delimiter(file.format.name) is None:
+        return fields
+    try:
+        rows = target.infer_rows(f"SELECT line FROM {target.reader(file, 'LineAsString', None)}"
+                                 " LIMIT 1")
+    except ChloadError:
+        return None
+    return sniff.split_line(rows[0]["line"], file.format.name) if rows else None
 
 
 def samples(files: Iterable[SourceFile], limit: int = 3) -> list[SourceFile]:
@@ -206,23 +261,23 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
     the rows are read as.
 
     For an existing table the table's types decide; the data only has to name its
-    columns. Self-describing formats (JSON, Parquet, ...) fall back to the table's own
-    columns when a sample cannot be inferred (a broken line must not block a load with
-    an error budget).
+    columns (the first sampled file whose header names only table columns; the others
+    are checked file by file: check_headers). Self-describing formats (JSON, Parquet,
+    ...) fall back to the table's own columns when a sample cannot be inferred (a
+    broken line must not block a load with an error budget).
     """
     failure: ChloadError | None = None
     candidates = samples(files) or list(files[:1])
     if existing is not None and candidates[0].format.has_header:
-        header = sniff.header_names(candidates[0])  # the names are all that matter
         by_name = {c.name: c for c in existing}
-        if header and len(set(header)) == len(header) and set(header) <= set(by_name):
-            return [by_name[n] for n in header]
+        for sample in candidates:
+            fields = first_line(target, sample)  # the names are all that matter
+            header = header_columns(fields) if fields else []
+            if header and set(header) <= set(by_name):
+                return [by_name[n] for n in header]
     for sample in candidates:
-        def reader(structure: str | None, s: SourceFile = sample) -> str:
-            return target.reader(s, s.format.name, parse_structure(structure) if structure
-                                 else None)
         try:
-            return infer(target.infer_rows, reader, nulls=existing is None, tolerate=tolerate)
+            return _infer(target, sample, existing is None, tolerate)
         except ChloadError as exc:
             failure = exc
     if existing is not None and candidates[0].format.name not in POSITIONAL_FORMATS:
@@ -230,6 +285,113 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
     reason = str(failure).split(": ", 1)[-1]
     raise SourceError(f"{candidates[0].uri}: cannot infer its columns ({reason}); check "
                       "--format, or pass --schema 'name Type, ...'") from failure
+
+
+def _infer(target: Target, sample: SourceFile, nulls: bool,
+           tolerate: Tolerance | None) -> list[Column]:
+    """One file's columns, as the engine infers them. A CSV/TSV header with an empty or
+    repeated name is read by position (schema.SKIP_HEADER) and named by header_columns;
+    a file of just a header has String columns of its names."""
+    fmt, settings, names = sample.format.name, "", list[str]()
+    fields = first_line(target, sample) if sample.format.has_header else None
+    if fields:
+        names = header_columns(fields)
+        if names != fields and fmt.endswith("WithNames"):
+            fmt, settings = fmt.removesuffix("WithNames"), SKIP_HEADER
+
+    def reader(structure: str | None) -> str:
+        return target.reader(sample, fmt, parse_structure(structure) if structure else None)
+    try:
+        return infer(target.infer_rows, reader, nulls=nulls, tolerate=tolerate,
+                     settings=settings, names=names if settings else ())
+    except ChloadError:
+        if names and _just_a_header(target, sample):
+            return [Column(name, "String") for name in names]
+        raise
+
+
+def _just_a_header(target: Target, file: SourceFile) -> bool:
+    """True when the file's only line is its header (no rows to infer types from)."""
+    lines = target.infer_rows(f"SELECT count() AS n FROM (SELECT line FROM "
+                              f"{target.reader(file, 'LineAsString', None)} WHERE line != '' "
+                              "LIMIT 2)")
+    return bool(lines) and int(lines[0]["n"]) == 1
+
+
+@dataclass
+class HeaderCheck:
+    """The files whose header fits the run, those refused (with why), and the settings
+    every load of the run needs (schema.BY_POSITION, or none)."""
+
+    files: list[SourceFile]
+    refused: list[tuple[SourceFile, str]] = field(default_factory=list)
+    settings: tuple[tuple[str, str], ...] = ()
+
+
+def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
+                  table_columns: Sequence[Column], read_columns: Sequence[Column],
+                  audit: bool) -> HeaderCheck:
+    """Every CSV/TSV file's own header matched against the columns the run reads.
+
+    The engine would read a file whose header names other columns as defaults (chDB
+    fills missing columns and skips unknown ones) or by position (18.16 ignores header
+    names): such a file fails alone, its message listing the missing and unknown
+    columns. If no file fits, that is an error before loading (SchemaError). A local
+    file's header costs one short read (sniff.py); a remote file's, one engine query,
+    eight at a time.
+    """
+    headers = _headers(target, [f for f in files if f.format.has_header
+                                and sniff.delimiter(f.format.name)])
+    by_position = any(header_columns(h) != h for h in headers.values())
+    read = [c.name for c in read_columns]
+    checked = HeaderCheck([], settings=BY_POSITION if by_position else ())
+    for f in files:
+        fields = headers.get(f.uri)
+        problem = fields and _mismatch(header_columns(fields), read, table_columns, audit,
+                                       by_position)
+        if problem:
+            base = f.format.name.removesuffix("WithNames")
+            checked.refused.append((f, f"{f.uri}: its header does not fit table "
+                                       f"{table.display}: {problem}. Fix the header or the "
+                                       f"table; if its first line is data, pass --format "
+                                       f"{base}"))
+        else:
+            checked.files.append(f)
+    if checked.refused and not checked.files:
+        raise SchemaError(checked.refused[0][1])
+    return checked
+
+
+def _headers(target: Target, files: Sequence[SourceFile]) -> dict[str, list[str]]:
+    """uri -> the fields of its first line, for those that have one."""
+    found = {f.uri: sniff.header_names(f) for f in files}
+    rest = [f for f in files if found[f.uri] is None]
+    for uri, fields in on_threads(lambda f: (f.uri, first_line(target, f)), rest, 8):
+        found[uri] = fields
+    return {uri: fields for uri, fields in found.items() if fields}
+
+
+def _mismatch(names: Sequence[str], read: Sequence[str], table_columns: Sequence[Column],
+              audit: bool, by_position: bool) -> str:
+    """Why a file with these header `names` cannot load with the run ('' if it can)."""
+    table = {c.name: c for c in table_columns}
+    optional = {c.name for c in table_columns if c.default_kind}
+    optional |= set(AUDIT_COLUMNS) if audit else set()
+    unknown = [n for n in names if n not in table]
+    unread = [n for n in names if n in table and n not in read]
+    missing = [n for n in read if n not in names and n not in optional]
+    parts = []
+    if unknown:
+        parts.append(f"columns in the data but not in the table: {', '.join(unknown)}")
+    if missing:
+        parts.append(f"columns in the table but not in the data: {', '.join(missing)}")
+    if unread:
+        parts.append(f"columns the run's other files lack: {', '.join(unread)} (load it on "
+                     "its own)")
+    if not parts and by_position and list(names) != list(read):
+        parts.append(f"columns {', '.join(names)} in another order than {', '.join(read)} "
+                     "(a header with an empty or repeated name is read by position)")
+    return "; ".join(parts)
 
 
 def known_names(existing: list[Column] | None, schema: str | None) -> list[str]:

@@ -1,7 +1,11 @@
 """Table schemas: inference from files, CREATE TABLE, and matching data to a table.
 
 Inference is the engine's (`DESCRIBE file(...)`); we only refine it:
-- CSV/TSV header: the engine's detection decides between `CSV` and `CSVWithNames`.
+- CSV/TSV header: the engine's detection decides between `CSV` and `CSVWithNames`
+  where types tell; where they cannot (all text), the planner judges the first line
+  (planner._decide_header). A header's names become column names (`header_columns`).
+- Names: any text, quoted wherever SQL is written (`quote_ident`); `--schema` and the
+  server's DDL checks parse quoted names (`parse_structure`, `mask_quoted`).
 - Nullability: the engine infers every text column `Nullable` (setting
   `schema_inference_make_columns_nullable`), which makes sorting keys impossible and
   storage larger. We count NULLs over a sample (empty CSV fields are NULL in a Nullable
@@ -30,6 +34,12 @@ _UNSORTABLE = re.compile(
     r"^(Nullable|Array|Map|Tuple|JSON|Object|Dynamic|Variant|AggregateFunction)"
 )
 _POSITIONAL = re.compile(r"^c\d+$")
+# A header with an empty or repeated name cannot be read by name: such files are read
+# by position. Inference reads the rows after the header line as headerless CSV/TSV ...
+SKIP_HEADER = ("input_format_csv_skip_first_lines = 1, input_format_tsv_skip_first_lines = 1, "
+               "input_format_csv_detect_header = 0, input_format_tsv_detect_header = 0")
+# ... and loading reads a WithNames file's columns in the order the header has them.
+BY_POSITION = (("input_format_with_names_use_header", "0"),)
 
 Query = Callable[[str], list[dict]]  # runs SQL, returns small result rows as dicts
 
@@ -59,23 +69,89 @@ def structure(columns: Sequence[Column]) -> str:
 
 
 def parse_structure(text: str) -> list[Column]:
-    """Parse a --schema value ('a UInt32, b Nullable(String)'), respecting parentheses."""
-    columns, depth, start = [], 0, 0
-    for i, ch in enumerate(text + ","):
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            part = text[start:i].strip()
-            start = i + 1
-            if not part:
-                continue
-            name, _, typ = part.partition(" ")
-            if not typ.strip():
-                raise UsageError(f"--schema: column '{name}' has no type (write 'name Type')")
-            columns.append(Column(name.strip("`\""), typ.strip()))
+    """Parse a --schema value ('a UInt32, b Nullable(String)', '`Order ID` UInt32'),
+    respecting parentheses and quotes: a name with a space, comma or parenthesis is
+    written in backquotes (or double quotes), as in ClickHouse."""
+    columns = []
+    for part in split_top_level(text):
+        name, typ = _name_and_type(part)
+        if not typ:
+            raise UsageError(f"--schema: column '{name}' has no type (write 'name Type'; "
+                             "quote a name with spaces in backquotes: `Order ID` UInt32)")
+        columns.append(Column(name, typ))
     if not columns:
         raise UsageError("--schema is empty; write e.g. --schema 'id UInt64, name String'")
     return columns
+
+
+def split_top_level(text: str) -> list[str]:
+    """`text` split at the commas outside parentheses and quotes, parts stripped."""
+    masked = mask_quoted(text)
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(masked + ","):
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [p for p in parts if p]
+
+
+def mask_quoted(text: str) -> str:
+    """`text` with what is inside quotes ('...', `...`, "...") replaced by `_`, same
+    length: structure (commas, parentheses, spaces) can then be found by position."""
+    out, quote, i = list(text), "", 0
+    while i < len(text):
+        ch = text[i]
+        if quote:
+            if ch == "\\" and i + 1 < len(text):
+                out[i] = out[i + 1] = "_"
+                i += 2
+                continue
+            if ch == quote and text[i + 1:i + 2] == quote:  # a doubled quote
+                out[i] = out[i + 1] = "_"
+                i += 2
+                continue
+            if ch == quote:
+                quote = ""
+            else:
+                out[i] = "_"
+        elif ch in "'`\"":
+            quote = ch
+        i += 1
+    return "".join(out)
+
+
+def _name_and_type(part: str) -> tuple[str, str]:
+    """'`Order ID` UInt32' -> ('Order ID', 'UInt32'); 'a String' -> ('a', 'String')."""
+    if part[:1] in "`\"":
+        end = mask_quoted(part).find(part[0], 1)
+        if end > 0:
+            return unquote_ident(part[:end + 1]), part[end + 1:].strip()
+    name, *typ = re.split(r"\s+", part, maxsplit=1)
+    return name.strip("`\""), "".join(typ).strip()
+
+
+def unquote_ident(text: str) -> str:
+    """`a\\`b` or "a""b" -> the name itself (quote_ident's inverse)."""
+    quote, body = text[0], text[1:-1]
+    body = body.replace(quote * 2, quote)
+    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(1)), body)
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "b": "\b", "f": "\f"}
+
+
+def header_columns(fields: Sequence[str]) -> list[str]:
+    """A header's fields as column names: an empty one is `c<position>` (as the engine
+    names unnamed columns) and a repeated one `<name>_<position>`, so every column has
+    a name of its own."""
+    names: list[str] = []
+    for position, field in enumerate(fields, 1):
+        name = field or f"c{position}"
+        if name in names or (not field and name in fields):
+            name = f"{name}_{position}"
+        names.append(name)
+    return names
 
 
 def decide_header(query: Query, reader: Callable[[FileFormat], str], fmt: FileFormat) -> FileFormat:
@@ -90,24 +166,33 @@ def decide_header(query: Query, reader: Callable[[FileFormat], str], fmt: FileFo
 
 
 def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
-          tolerate: Tolerance | None = None) -> list[Column]:
+          tolerate: Tolerance | None = None, settings: str = "",
+          names: Sequence[str] = ()) -> list[Column]:
     """Columns of a source: the engine's inference, Nullable only where NULLs appear.
 
     `reader(structure)` returns the table-function SQL reading the sample file. With
     `nulls=False` (only the names matter: the table exists) the sample is not read.
     `tolerate(bad, values)`: with an error budget, whether `bad` of a text column's
     `values` may be bad rows rather than a reason to make the column String
-    (numeric_type below).
+    (numeric_type below). `settings` (`name = value, ...`) go with every query;
+    `names`, if given, name the inferred columns in order (a header the engine cannot
+    read by name: SKIP_HEADER).
     """
+    extra = f", {settings}" if settings else ""
     described = query(
-        f"DESCRIBE {reader(None)} SETTINGS schema_inference_make_columns_nullable = 1"
+        f"DESCRIBE {reader(None)} SETTINGS schema_inference_make_columns_nullable = 1{extra}"
     )
     columns = [Column(row["name"], row["type"]) for row in described]
+    if names:
+        if len(names) != len(columns):
+            raise SchemaError(f"the header names {len(names)} columns, the rows have "
+                              f"{len(columns)}")
+        columns = [Column(name, c.type) for name, c in zip(names, columns, strict=True)]
     nullable = [c for c in columns if c.type.startswith("Nullable(")]
     textual = [c for c in columns if tolerate and _base(c.type) == "String"]
     if not nulls or not (nullable or textual):
         return columns
-    stats = _sample_stats(query, reader(structure(columns)), nullable, textual)
+    stats = _sample_stats(query, reader(structure(columns)), nullable, textual, settings)
     return [_refine(c, stats, tolerate) for c in columns]
 
 
@@ -146,7 +231,7 @@ def numeric_type(stats: dict[str, int], name: str, tolerate: Tolerance) -> str |
 
 
 def _sample_stats(query: Query, source_sql: str, nullable: Sequence[Column],
-                  textual: Sequence[Column]) -> dict[str, int]:
+                  textual: Sequence[Column], settings: str = "") -> dict[str, int]:
     """NULLs per nullable column; values and non-numbers per text column; one read of
     the first NULL_SAMPLE_ROWS rows. Aliases are positional: a column's own name as
     an alias would shadow the column inside the other aggregates."""
@@ -161,7 +246,8 @@ def _sample_stats(query: Query, source_sql: str, nullable: Sequence[Column],
                 f"countIf(notEmpty(ifNull({name}, '')) AND isNull(to{type_}OrNull({name})))")
     keys = list(exprs)
     select = ", ".join(f"{e} AS __chload_{i}" for i, e in enumerate(exprs.values()))
-    rows = query(f"SELECT {select} FROM (SELECT * FROM {source_sql} LIMIT {NULL_SAMPLE_ROWS})")
+    rows = query(f"SELECT {select} FROM (SELECT * FROM {source_sql} LIMIT {NULL_SAMPLE_ROWS})"
+                 + (f" SETTINGS {settings}" if settings else ""))
     return {key: int(rows[0][f"__chload_{i}"]) for i, key in enumerate(keys)} if rows else {}
 
 

@@ -1,12 +1,16 @@
-"""The first line of a local CSV/TSV file, read without the engine.
+"""The first line of a CSV/TSV file: read cheaply, split into fields, judged as names.
 
-Into a table whose columns are known (it exists, or `--schema` names them), whether a
-file starts with a header needs no engine: a first line made of exactly those column
-names is one. Reading it here (at most 64 KB, decompressed by the standard library)
-spares the ~0.4 s it takes to start chDB, which a server target otherwise needs for
-nothing else on the raw path. Any doubt (another compression, a remote file, a line
-that is not all known names) answers None and the engine decides, as before.
+Whether a file starts with a header, and which columns that header names, is asked of
+every CSV/TSV file a load takes (planner.check_headers): a file whose header names other
+columns than the table's must fail alone, and a server as old as 18.16 reads a
+header's columns by position. For a local file the line is read here (at most 64 KB,
+decompressed by the standard library), which costs microseconds and spares the ~0.4 s
+it takes to start chDB; any doubt (another compression, a remote file, a line longer
+than the limit) answers None and the engine reads the line (planner.first_line).
 Only the header line is read: no data row passes through Python.
+
+What looks like a header when the engine cannot tell (every column text, so types do
+not differ between the first line and the rest) is decided by `looks_like_names`.
 """
 
 from __future__ import annotations
@@ -15,27 +19,64 @@ import bz2
 import csv
 import gzip
 import lzma
+import re
 import zlib
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from chload.sources import SourceFile
 
 LIMIT = 1 << 16
+BOM = "\ufeff"
 _OPENERS: dict[str, Callable[[str], Any]] = {  # path -> a binary file object
     "none": lambda path: open(path, "rb"),
     "gzip": gzip.GzipFile,
     "bz2": bz2.BZ2File,
     "xz": lzma.LZMAFile,
+    "deflate": lambda path: _Inflated(path),
 }
 _DELIMITERS = {"CSV": ",", "TSV": "\t", "TabSeparated": "\t"}
+_TSV_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "\\": "\\", "0": "\0", "b": "\b",
+                "f": "\f", "'": "'", '"': '"'}
+# Values, not names: numbers, dates and times, booleans, NULL.
+_VALUE = re.compile(
+    r"^[-+]?(\d[\d_]*\.?\d*|\.\d+)([eE][-+]?\d+)?$"  # 12, -3.5, 1e9
+    r"|^(0x[0-9a-f]+|inf|-inf|nan|true|false|null|\\n|none)$"
+    r"|^\d{1,4}[-/.]\d{1,2}[-/.]\d{1,4}([ t]\d{1,2}:\d{2}.*)?$"  # 2024-01-31, 31/01/2024
+    r"|^\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?$",  # 12:30:00
+    re.I,
+)
+MAX_NAME = 128  # a header field longer than this is a value
+
+
+class _Inflated:
+    """The start of a zlib (`deflate`) file, inflated: enough for its first line."""
+
+    def __init__(self, path: str) -> None:
+        with open(path, "rb") as raw:
+            self.data = zlib.decompressobj().decompress(raw.read(LIMIT), LIMIT)
+
+    def __enter__(self) -> _Inflated:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def readline(self, limit: int) -> bytes:
+        end = self.data.find(b"\n", 0, limit)
+        return self.data[:limit] if end < 0 else self.data[:end + 1]
+
+
+def delimiter(format_name: str) -> str | None:
+    """`,` for CSV, a tab for TSV (with or without names), None for other formats."""
+    return _DELIMITERS.get(format_name.removesuffix("WithNamesAndTypes")
+                           .removesuffix("WithNames"))
 
 
 def header_names(file: SourceFile) -> list[str] | None:
-    """The fields of the file's first line, or None when that cannot be read cheaply."""
-    delimiter = _DELIMITERS.get(file.format.name.removesuffix("WithNames"))
+    """The fields of a local file's first line, or None when that cannot be read cheaply."""
     opener = _OPENERS.get(file.format.compression)
-    if delimiter is None or opener is None or not file.local_path or file.is_stream:
+    if delimiter(file.format.name) is None or opener is None or not file.local_path:
         return None
     try:
         with opener(file.local_path) as stream:
@@ -43,12 +84,25 @@ def header_names(file: SourceFile) -> list[str] | None:
         text = line.decode("utf-8")
     except (OSError, EOFError, UnicodeDecodeError, lzma.LZMAError, zlib.error, ValueError):
         return None
-    if not text.endswith("\n"):
-        return None  # longer than the limit, or a file of one line: let the engine say
-    text = text.rstrip("\r\n")
-    if delimiter == ",":
-        return next(csv.reader([text]), None)
-    return None if "\\" in text else text.split(delimiter)
+    if len(line) >= LIMIT and not text.endswith("\n"):
+        return None  # longer than the limit: let the engine say
+    return split_line(text, file.format.name)
+
+
+def split_line(text: str, format_name: str) -> list[str] | None:
+    """A CSV/TSV line (as the file has it) as its fields: quotes and escapes undone, a
+    byte order mark and the line end dropped. None for an empty line or another format."""
+    sep = delimiter(format_name)
+    text = text.removeprefix(BOM).rstrip("\r\n")
+    if sep is None or not text:
+        return None
+    if sep == ",":  # the engine trims a CSV field's spaces (input_format_csv_trim_whitespaces)
+        return [field.strip(" \t") for field in next(csv.reader([text], skipinitialspace=True))]
+    return [_unescape_tsv(field) for field in text.split(sep)]
+
+
+def _unescape_tsv(field: str) -> str:
+    return re.sub(r"\\(.)", lambda m: _TSV_ESCAPES.get(m.group(1), m.group(0)), field)
 
 
 def starts_with_names(file: SourceFile, names: Collection[str]) -> bool | None:
@@ -57,3 +111,19 @@ def starts_with_names(file: SourceFile, names: Collection[str]) -> bool | None:
     if not fields or len(set(fields)) != len(fields):
         return None
     return True if set(fields) <= set(names) else None
+
+
+def looks_like_names(fields: Sequence[str], unique: bool = True) -> bool:
+    """Whether a first line reads as column names rather than values.
+
+    Every field is text that is not a number, a date, a time, a boolean or NULL, at
+    most 128 characters on one line; fewer than half the fields are empty (a header
+    with one empty field is still a header); with `unique`, no name comes twice.
+    A line of words (`Paris,France`) passes: the caller weighs that (planner.py).
+    """
+    named = [f.strip() for f in fields if f.strip()]
+    if not named or (len(fields) - len(named)) * 2 >= len(fields):
+        return False
+    if unique and len(set(named)) != len(named):
+        return False
+    return all(len(f) <= MAX_NAME and "\n" not in f and not _VALUE.match(f) for f in named)

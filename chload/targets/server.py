@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
-from chload import rejects
+from chload import rejects, sniff
 from chload.capabilities import Capabilities, check_create, downgrade_ddl, probe, storable
 from chload.engine import Engine
 from chload.errors import (
@@ -58,6 +58,7 @@ from chload.schema import (
     AUDIT_COLUMNS,
     Column,
     display_table,
+    header_columns,
     quote_ident,
     quote_str,
     settings_sql,
@@ -338,7 +339,7 @@ class ServerTarget:
     def _post_raw(self, job: LoadJob, stage: str) -> int:
         f = job.file
         assert f.local_path is not None
-        names = ", ".join(quote_ident(c.name) for c in job.columns)
+        names = ", ".join(quote_ident(name) for name in _raw_names(job))
         headers = {}
         if f.format.compression != "none":
             headers["Content-Encoding"] = f.format.compression
@@ -527,6 +528,14 @@ class ServerTarget:
             self.engine.close()
             self.client.close()
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _raw_names(job: LoadJob) -> list[str]:
+    """The columns a posted file fills, in the file's order: its header's, as a server
+    as old as 18.16 reads a header's columns by position (the planner checked they are
+    the table's), else the run's."""
+    fields = sniff.header_names(job.file) if job.file.format.has_header else None
+    return header_columns(fields) if fields else [c.name for c in job.columns]
 
 
 _WIDTHS = {"UInt8": 1, "Int8": 1, "Enum8": 1, "UInt16": 2, "Int16": 2, "Enum16": 2, "Date": 2,

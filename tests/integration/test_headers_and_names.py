@@ -1,0 +1,201 @@
+"""Header lines, column names and table names, end to end on both targets: the real
+`chload` command into embedded chDB and into a ClickHouse 18.16 server, results
+checked through `chload sql`."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import services
+from conftest import run_chload
+
+pytestmark = pytest.mark.integration
+
+
+class Where:
+    """A target: --target value and the environment the command needs."""
+
+    def __init__(self, target: str, env: dict[str, str]) -> None:
+        self.target, self.env = target, env
+
+    def load(self, *args: str) -> tuple[int, dict]:
+        out = run_chload("load", *args, "--target", self.target, "--json", env=self.env,
+                         timeout=180)
+        assert "Traceback" not in out.stderr, out.stderr
+        return out.returncode, json.loads(out.stdout) if out.stdout.strip() else {}
+
+    def sql(self, query: str) -> list[list[str]]:
+        out = run_chload("sql", query, "--target", self.target, "--format", "TSV",
+                         env=self.env)
+        assert out.returncode == 0, out.stderr
+        return [line.split("\t") for line in out.stdout.splitlines()]
+
+    def columns(self, table: str) -> list[list[str]]:
+        return [row[:2] for row in self.sql(f"DESCRIBE TABLE {table}")]
+
+
+@pytest.fixture(params=["embedded", "server"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Where:
+    if request.param == "embedded":
+        return Where(str(tmp_path / "target"), {})
+    server: services.Service = request.getfixturevalue("clickhouse")
+    return Where(f"http://loader@127.0.0.1:{server.ports['http']}/default",
+                 {"CLICKHOUSE_PASSWORD": server.credentials["password"]})
+
+
+def statuses(report: dict) -> dict[str, str]:
+    return {Path(f["uri"]).name: f["status"] for f in report["files"]}
+
+
+TEXT_HEADERS = {
+    "plain.csv": b"city,country\nParis,France\nBerlin,Germany\n",
+    "bom_crlf.csv": b"\xef\xbb\xbfcity,country\r\nParis,France\r\nBerlin,Germany\r\n",
+    "quoted.csv": b'"city","country"\n"Paris","France"\n"Berlin","Germany"\n',
+    "tabs.tsv": b"city\tcountry\nParis\tFrance\nBerlin\tGermany\n",
+    "zipped.csv.gz": gzip.compress(b"city,country\nParis,France\nBerlin,Germany\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TEXT_HEADERS))
+def test_a_header_of_text_columns_names_them(where: Where, tmp_path: Path, table_name: str,
+                                             name: str) -> None:
+    (tmp_path / name).write_bytes(TEXT_HEADERS[name])
+    code, report = where.load(str(tmp_path / name), "--table", table_name)
+    assert (code, report["rows_loaded"]) == (0, 2), report
+    assert [c[0] for c in where.columns(table_name)] == ["city", "country"]
+    assert where.sql(f"SELECT * FROM {table_name} ORDER BY city") == [
+        ["Berlin", "Germany"], ["Paris", "France"]]
+
+
+def test_a_header_with_an_empty_or_repeated_name(where: Where, tmp_path: Path,
+                                                 table_name: str) -> None:
+    (tmp_path / "empty.csv").write_text("a,b,\n1,2,3\n4,5,6\n")
+    code, report = where.load(str(tmp_path / "empty.csv"), "--table", table_name)
+    assert (code, report["rows_loaded"]) == (0, 2), report
+    assert [c[0] for c in where.columns(table_name)] == ["a", "b", "c3"]
+    assert where.sql(f"SELECT * FROM {table_name} ORDER BY a") == [["1", "2", "3"],
+                                                                   ["4", "5", "6"]]
+    (tmp_path / "again.csv").write_text("a,b,\n7,8,9\n")  # into the table it made
+    assert where.load(str(tmp_path / "again.csv"), "--table", table_name)[0] == 0
+    assert where.sql(f"SELECT c3 FROM {table_name} WHERE a = 7") == [["9"]]
+
+    (tmp_path / "twice.csv").write_text("a,a,b\n1,2,3\n")
+    code, report = where.load(str(tmp_path / "twice.csv"), "--table", f"{table_name}_2")
+    assert code == 0, report
+    assert where.sql(f"SELECT * FROM {table_name}_2") == [["1", "2", "3"]]
+    assert [c[0] for c in where.columns(f"{table_name}_2")] == ["a", "a_2", "b"]
+
+
+def test_a_file_of_just_a_header_makes_the_table(where: Where, tmp_path: Path,
+                                                 table_name: str) -> None:
+    (tmp_path / "only.csv").write_text("x,y\n")
+    code, report = where.load(str(tmp_path / "only.csv"), "--table", table_name)
+    assert (code, report["files_loaded"], report["rows_loaded"]) == (0, 1, 0), report
+    assert where.columns(table_name) == [["x", "String"], ["y", "String"]]
+    assert where.sql(f"SELECT count() FROM {table_name}") == [["0"]]
+
+
+def test_a_first_line_of_words_is_a_header_unless_format_csv(where: Where, tmp_path: Path,
+                                                             table_name: str) -> None:
+    (tmp_path / "rows.csv").write_text("Paris,France\nRome,Italy\n")
+    code, report = where.load(str(tmp_path / "rows.csv"), "--table", table_name)
+    assert (code, report["rows_loaded"]) == (0, 1), report  # the documented guess
+    assert [c[0] for c in where.columns(table_name)] == ["Paris", "France"]
+    code, report = where.load(str(tmp_path / "rows.csv"), "--table", f"{table_name}_2",
+                              "--format", "CSV")
+    assert (code, report["rows_loaded"]) == (0, 2), report
+    assert where.sql(f"SELECT * FROM {table_name}_2 ORDER BY 1") == [["Paris", "France"],
+                                                                     ["Rome", "Italy"]]
+
+
+def test_each_file_is_matched_by_its_own_header(where: Where, tmp_path: Path,
+                                                table_name: str) -> None:
+    data = tmp_path / "people"
+    data.mkdir()
+    (data / "a.csv").write_text("id,name\n1,alice\n2,bob\n")
+    (data / "b.csv").write_text("id,nmae\n3,carol\n")
+    (data / "c.csv").write_text("customer_id,full_name\n4,dave\n")
+    (data / "d.csv").write_text("name,id\neve,5\n")  # the same names, another order
+    (data / "e.tsv").write_text("id\tfull name\n6\tfrank\n")
+    code, report = where.load(str(data), "--table", table_name)
+    assert code == 1, report
+    assert statuses(report) == {"a.csv": "loaded", "b.csv": "failed", "c.csv": "failed",
+                                "d.csv": "loaded", "e.tsv": "failed"}
+    errors = {Path(f["uri"]).name: f["error"] for f in report["files"]}
+    assert "not in the table: nmae" in errors["b.csv"]
+    assert "not in the data: name" in errors["b.csv"]
+    assert "not in the table: customer_id, full_name" in errors["c.csv"]
+    assert "not in the table: full name" in errors["e.tsv"]
+    assert where.sql(f"SELECT id, name FROM {table_name} ORDER BY id") == [
+        ["1", "alice"], ["2", "bob"], ["5", "eve"]]
+    ledger = run_chload("files", "--table", table_name, "--target", where.target, "--json",
+                        env=where.env)
+    states = {Path(r["uri"]).name: r["state"] for r in json.loads(ledger.stdout)}
+    assert states == {"a.csv": "loaded", "b.csv": "failed", "c.csv": "failed",
+                      "d.csv": "loaded", "e.tsv": "failed"}
+
+
+def test_text_files_with_other_header_names(where: Where, tmp_path: Path,
+                                            table_name: str) -> None:
+    data = tmp_path / "places"
+    data.mkdir()
+    (data / "1.csv").write_text("city,country\nParis,France\n")
+    (data / "2.csv").write_text("town,country\nLyon,France\n")
+    code, report = where.load(str(data), "--table", table_name)
+    assert code == 1 and statuses(report) == {"1.csv": "loaded", "2.csv": "failed"}, report
+    assert where.sql(f"SELECT * FROM {table_name}") == [["Paris", "France"]]
+
+
+def test_names_with_spaces_and_punctuation(where: Where, tmp_path: Path,
+                                           table_name: str) -> None:
+    import chdb
+
+    names = ["Order ID", "a,b", "x(y)", "q`t", "b\\s"]
+    (tmp_path / "odd.csv").write_text(",".join(f'"{n}"' for n in names) + "\n1,2,3,4,5\n")
+    code, report = where.load(str(tmp_path / "odd.csv"), "--table", table_name)
+    assert code == 0, report
+    assert [c[0] for c in where.columns(table_name)] == ["Order ID", "a,b", "x(y)", "q`t",
+                                                         "b\\\\s"]  # TSV escapes \
+    assert where.sql(f"SELECT `Order ID`, `x(y)` FROM {table_name}") == [["1", "3"]]
+
+    (tmp_path / "odd.json").write_text('{"Order ID": 7, "the (name)": "x"}\n')
+    code, report = where.load(str(tmp_path / "odd.json"), "--table", f"{table_name}_j")
+    assert code == 0, report
+    assert where.sql(f"SELECT `Order ID`, `the (name)` FROM {table_name}_j") == [["7", "x"]]
+
+    (tmp_path / "rows.csv").write_text("8,y\n")
+    code, report = where.load(str(tmp_path / "rows.csv"), "--table", f"{table_name}_s",
+                              "--schema", "`Order ID` UInt32, `the, name` String")
+    assert code == 0, report
+    assert where.columns(f"{table_name}_s") == [["Order ID", "UInt32"],
+                                                ["the, name", "String"]]
+
+    parquet = tmp_path / "odd.parquet"
+    chdb.query(f"INSERT INTO FUNCTION file('{parquet}', 'Parquet') SELECT number AS "
+               "`Order ID`, toString(number) AS `the name` FROM numbers(3)")
+    code, report = where.load(str(parquet), "--table", f"{table_name}_p")
+    assert (code, report["rows_loaded"]) == (0, 3), report
+    assert where.sql(f"SELECT sum(`Order ID`) FROM {table_name}_p") == [["3"]]
+
+
+@pytest.mark.parametrize("table", ["system.t", "INFORMATION_SCHEMA.t", "information_schema.t",
+                                   "chload.stage_abc", "chload.t"])
+def test_reserved_databases_are_refused(where: Where, tmp_path: Path, table: str) -> None:
+    (tmp_path / "a.csv").write_text("id\n1\n")
+    out = run_chload("load", str(tmp_path / "a.csv"), "--table", table, "--target",
+                     where.target, env=where.env)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert f"--table {table}: database" in out.stderr
+
+
+@pytest.mark.parametrize("database", ["system", "chload"])
+def test_a_server_url_naming_a_reserved_database(clickhouse: services.Service,
+                                                 tmp_path: Path, database: str) -> None:
+    (tmp_path / "a.csv").write_text("id\n1\n")
+    out = run_chload("load", str(tmp_path / "a.csv"), "--table", "t", "--target",
+                     f"http://loader@127.0.0.1:{clickhouse.ports['http']}/{database}",
+                     env={"CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]})
+    assert out.returncode == 2 and f"database {database} is" in out.stderr, out.stderr
