@@ -53,12 +53,16 @@ def list_local(pattern: str, fmt: str | None, compression: str | None) -> list[S
     found = _find(pattern)
     listing = _Listing()
     files: dict[str, SourceFile] = {}
-    for path, named in found:
-        real = os.path.realpath(path)
-        if real not in files:
-            file = _describe(path, real, named, fmt, compression, listing)
-            if file is not None:
-                files[real] = file
+    try:
+        for path, named in found:
+            real = os.path.realpath(path)
+            if real not in files:
+                file = _describe(path, real, named, fmt, compression, listing)
+                if file is not None:
+                    files[real] = file
+    except BaseException:
+        release(files.values())
+        raise
     if not files:
         raise SourceError(f"{display(pattern)}: no such file, or the pattern matches nothing")
     return sorted(files.values(), key=lambda f: f.uri)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import services
 from conftest import run_chload
 
 pytestmark = pytest.mark.integration
@@ -168,3 +169,26 @@ def test_brace_alternatives_match_what_exists_and_empty_patterns_fail_first(
     assert code == 2 and f"{d}/none*.csv: " in err
     assert "u" not in run_chload("sql", "SHOW TABLES", "--target", target_dir,
                                  "--format", "TSV").stdout.split()
+
+
+def test_odd_names_and_stdin_into_a_server(clickhouse: services.Service, tmp_path: Path,
+                                           table_name: str) -> None:
+    """Into 18.16: raw posts read the file from Python, --audit pushes it through the
+    loader's chDB file(); either way one file, its own rows, its real path."""
+    star = csv(tmp_path / "data_*.csv", 1)
+    csv(tmp_path / "data_a.csv", 2)
+    target = f"http://loader@127.0.0.1:{clickhouse.ports['http']}/default"
+    secret = {"CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]}
+    for n, extra in enumerate([[], ["--audit"]]):
+        out = run_chload("load", str(star), "--table", f"{table_name}_{n}", "--target",
+                         target, *extra, env=secret, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert services.clickhouse_query(
+            clickhouse, f"SELECT groupArray(id) FROM {table_name}_{n}").strip() == "[1]"
+    assert services.clickhouse_query(
+        clickhouse, f"SELECT DISTINCT _source_file FROM {table_name}_1").strip() == str(star)
+    out = run_chload("load", "-", "--table", f"{table_name}_0", "--format", "CSVWithNames",
+                     "--target", target, env=secret, stdin=b"id\n3\n", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert services.clickhouse_query(
+        clickhouse, f"SELECT count() FROM {table_name}_0").strip() == "2"

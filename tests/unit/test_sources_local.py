@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -126,3 +127,14 @@ def test_brace_list_refuses_a_directory_the_engine_would_expand() -> None:
     assert brace_list(files("/d/a.csv", "/d/b.csv")) == "/d/{a.csv,b.csv}"
     assert brace_list(files("/d*x/a.csv", "/d*x/b.csv")) is None
     assert brace_list(files("/d{1}/a.csv", "/d{1}/b.csv")) is None
+
+
+def test_a_failed_listing_leaves_no_link(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    csv(tmp_path / "data" / "a*.csv")
+    os.mkfifo(tmp_path / "data" / "b.csv")
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    with pytest.raises(SourceError, match="not a regular file"):
+        list_local(f"{tmp_path}/data/{{a*,b}}.csv", None, None)
+    assert os.listdir(tmp_path / "tmp") == []
