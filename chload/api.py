@@ -111,9 +111,15 @@ def load(sources: str | Iterable[str] | LoadSpec, table: str | None = None, *,
             raise UsageError("load() needs table=")
         names = (sources,) if isinstance(sources, str) else tuple(sources)
         spec = LoadSpec(sources=names, table=table, **options)  # type: ignore[arg-type]
+    from chload.sources.local import release
+
     target = open_target(spec.target)
     try:
-        return _load(spec, target, listener or (lambda event: None))
+        listed = _list_sources(spec, target)
+        try:
+            return _load(spec, target, listed, listener or (lambda event: None))
+        finally:
+            release(listed)
     finally:
         target.close()
 
@@ -128,13 +134,13 @@ def _threads_per_file(workers: int, jobs: int) -> int:
     return max(1, (os.cpu_count() or 2) // max(1, min(workers, jobs)))
 
 
-def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
+def _load(spec: LoadSpec, target: Target, listed: list[SourceFile],
+          listener: Listener) -> LoadReport:
     started_ns, clock = time.time_ns(), time.monotonic()
     table = planner.parse_table(spec.table, _default_database(target))
     report = LoadReport(table.display, target.display, os.urandom(6).hex())
     existing = target.table_columns(table.sql)
-    files = planner.resolve_format(target, _list_sources(spec, target),
-                                   planner.known_names(existing, spec.schema),
+    files = planner.resolve_format(target, listed, planner.known_names(existing, spec.schema),
                                    forced=spec.format is not None)
     report.recovered = target.recover(table.sql)
     state = target.ledger.table_state(table.database, table.name)
@@ -213,19 +219,32 @@ def _groups(target: Target, files: Sequence[SourceFile], budget: ErrorBudget,
 
 
 def _list_sources(spec: LoadSpec, target: Target) -> list[SourceFile]:
-    from chload.sources.local import list_local, spool_stdin
+    """Every file the sources name, each once (by uri), in the order named; all of
+    them listed before anything loads, so a pattern that matches nothing stops the run.
+    What listing made (stdin's spool, links) is the caller's to `release()`."""
+    from chload.sources.local import list_local, release, spool_stdin
 
-    files: list[SourceFile] = []
-    for source in spec.sources:
-        if source == "-":
-            workdir = os.path.join(getattr(target, "path", "."), "tmp")
-            files.append(spool_stdin(spec.format, spec.compression, workdir))
-        elif "://" in source and not source.startswith("file://"):
-            files.extend(_list_remote(source, spec, target))
-        else:
-            files.extend(list_local(source.removeprefix("file://"), spec.format,
-                                    spec.compression))
-    return files
+    if spec.sources.count("-") > 1:
+        raise UsageError("-: standard input can be read once; name - once")
+    files: dict[str, SourceFile] = {}
+    try:
+        for source in spec.sources:
+            if source == "-":
+                workdir = os.path.join(getattr(target, "path", "."), "tmp")
+                listed = [spool_stdin(spec.format, spec.compression, workdir)]
+            elif "://" in source and not source.startswith("file://"):
+                listed = _list_remote(source, spec, target)
+            else:
+                listed = list_local(source, spec.format, spec.compression)
+            for f in listed:
+                if f.uri in files:
+                    release([f])  # another spelling of a file named already
+                else:
+                    files[f.uri] = f
+    except BaseException:
+        release(files.values())
+        raise
+    return list(files.values())
 
 
 def _list_remote(source: str, spec: LoadSpec, target: Target) -> list[SourceFile]:
@@ -352,12 +371,15 @@ def validate(sources: str | Iterable[str], table: str, *, target: str | None = N
     spec = LoadSpec(sources=names, table=table, target=target, format=format,
                     compression=compression, schema=schema, max_errors=max_errors,
                     max_error_ratio=max_error_ratio, s3_endpoint=s3_endpoint)
+    from chload.sources.local import release
+
     t = open_target(spec.target, create=False)
+    listed: list[SourceFile] = []
     try:
         name = planner.parse_table(table, _default_database(t))
         existing = t.table_columns(name.sql)
-        files = planner.resolve_format(t, _list_sources(spec, t),
-                                       planner.known_names(existing, schema),
+        listed = _list_sources(spec, t)
+        files = planner.resolve_format(t, listed, planner.known_names(existing, schema),
                                        forced=format is not None)
         columns, read_columns, _ = planner.prepare_table(
             t, name, files, existing=existing, schema=schema, order_by=None,
@@ -369,6 +391,7 @@ def validate(sources: str | Iterable[str], table: str, *, target: str | None = N
                 if f.uri in refused else _check(t, f, read_columns, spec.budget, checked.settings)
                 for f in files]
     finally:
+        release(listed)
         t.close()
 
 

@@ -29,7 +29,8 @@ class SourceFile:
     mtime_ns: int
     format: FileFormat
     etag: str = ""
-    local_path: str | None = None  # set for files on this machine (and spooled stdin)
+    local_path: str | None = None  # files on this machine: the path the engine reads (the
+    # file itself, a plain-named link to it, or stdin's spool); `uri` when it is the file
     is_stream: bool = False  # stdin: no identity, never skipped
     kind: str = "local"  # which module of chload.sources reads it: local, s3, hdfs, http
     location: str = ""  # remote kinds: the URL the engine reads, if not `uri` (never a secret)

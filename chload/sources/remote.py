@@ -14,12 +14,14 @@ from collections.abc import Sequence
 from chload.sources import SourceFile
 
 _NOT_IN_A_LIST = re.compile(r"[,{}*?\[\]'\\]")  # would change the meaning of the list
+_GLOB = re.compile(r"[*?{}]")  # the engine would expand it in the common prefix too
 
 
 def brace_list(files: Sequence[SourceFile]) -> str | None:
     """`http://h/bucket/dir/{a.csv,b/c.csv}` over the files' locations, or None.
 
-    None when a name holds a character that means something in a glob, or the files
+    None when a name or the directory holds a character that means something in a glob
+    (`s3://b/dir*x/` would be expanded too), or the files
     differ in how they are read (compression, anonymous access).
     """
     if len({(f.format.compression, f.anonymous) for f in files}) != 1:
@@ -28,6 +30,8 @@ def brace_list(files: Sequence[SourceFile]) -> str | None:
     prefix = os.path.commonprefix(locations)
     prefix = prefix[: prefix.rfind("/") + 1]
     rests = [loc[len(prefix):] for loc in locations]
-    if not prefix or any(not r or _NOT_IN_A_LIST.search(r) for r in rests):
+    if not prefix or _GLOB.search(prefix.split("://", 1)[-1]):
+        return None
+    if any(not r or _NOT_IN_A_LIST.search(r) for r in rests):
         return None
     return prefix + "{" + ",".join(rests) + "}"

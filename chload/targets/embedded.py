@@ -341,8 +341,8 @@ def _select_sql(job: LoadJob, file: SourceFile, reader: Callable[..., str],
     """SELECT the data of one file, with audit columns and (tag) the file's uri."""
     exprs = [quote_ident(c.name) for c in job.columns]
     if job.audit:
-        exprs += ["_path" if file.kind == "local" and not file.is_stream
-                  else quote_str(file.uri), "now()"]
+        exprs += ["_path" if file.kind == "local" and file.local_path == file.uri
+                  else quote_str(file.uri), "now()"]  # not stdin's spool, nor a link
     if tag:
         exprs.append(quote_str(file.uri))
     return (f"SELECT {', '.join(exprs)} "

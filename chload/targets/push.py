@@ -65,7 +65,7 @@ def push_error(message: str, context: str, url: TargetURL | None) -> ChloadError
 def select_sql(file: SourceFile, columns: Sequence[Column], read_columns: Sequence[Column],
                audit_types: dict[str, str] | None) -> str:
     """`SELECT <table columns> FROM <file>`: cast where the read type is not the table's."""
-    source = "_path" if not file.is_stream else quote_str(file.uri)
+    source = "_path" if file.local_path in (None, file.uri) else quote_str(file.uri)
     exprs = _exprs(columns, read_columns, audit_types, source)
     reader = table_function(file, file.format.name, structure(read_columns))
     return f"SELECT {', '.join(exprs)} FROM {reader}"
