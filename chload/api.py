@@ -9,21 +9,23 @@ optional listener as `Event`s.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
-from chload import planner, runner
+from chload import options, planner, runner
 from chload.errors import ChloadError, UsageError
 from chload.ledger import FileEvent, RunRecord
 from chload.monitor import Monitor
-from chload.records import asdict, dataclass, field
+from chload.records import asdict, dataclass, field, fields
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
 from chload.schema import Column, settings_sql
 from chload.sources import SourceFile
-from chload.targets import LoadJob, Target, open_target
+from chload.targets import DEFAULT_TARGET, LoadJob, Target, open_target
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class LoadSpec:
     max_error_ratio: float | None = None  # bad rows / all rows a file may have
 
     def __post_init__(self) -> None:
+        for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
+            object.__setattr__(self, name, convert(name, getattr(self, name)))
         if not self.sources:
             raise UsageError("nothing to load: name at least one file, directory, glob or -")
         if self.on_error not in ("continue", "abort"):
@@ -62,6 +66,31 @@ class LoadSpec:
     @property
     def budget(self) -> ErrorBudget:
         return ErrorBudget(self.max_errors, self.max_error_ratio)
+
+
+# What each LoadSpec field may be given as, and the one type it holds (options.py).
+_SPEC_TYPES = {
+    "sources": options.sources, "table": options.text, "target": options.optional_path,
+    "format": options.optional_text, "compression": options.optional_text,
+    "schema": options.optional_text, "order_by": options.optional_text,
+    "partition_by": options.optional_text, "audit": options.flag,
+    "settings": options.settings, "workers": options.optional_whole, "force": options.flag,
+    "on_error": options.text, "s3_endpoint": options.optional_text,
+    "max_errors": options.optional_whole, "max_error_ratio": options.optional_ratio,
+}
+Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+TargetName = str | os.PathLike[str] | None
+
+
+def _spec(function: str, sources: object, table: object, given: dict[str, Any],
+          valid: Iterable[str] | None = None) -> LoadSpec:
+    """The LoadSpec of a call's arguments; an unknown keyword is a UsageError listing
+    the function's options."""
+    names = [f.name for f in fields(LoadSpec) if f.name not in ("sources", "table")]
+    options.no_unknown(function, given, valid if valid is not None else names)
+    if table is None:
+        raise UsageError(f"{function}() needs table=, e.g. table='trips'")
+    return LoadSpec(sources=sources, table=table, **given)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -100,16 +129,14 @@ class LoadReport:
         return data
 
 
-def load(sources: str | Iterable[str] | LoadSpec, table: str | None = None, *,
+def load(sources: Sources | LoadSpec, table: str | None = None, *,
          listener: Listener | None = None, **options: object) -> LoadReport:
-    """Load files into a table, exactly once per file. See LoadSpec for the options."""
-    if isinstance(sources, LoadSpec):
-        spec = sources
-    else:
-        if table is None:
-            raise UsageError("load() needs table=")
-        names = (sources,) if isinstance(sources, str) else tuple(sources)
-        spec = LoadSpec(sources=names, table=table, **options)  # type: ignore[arg-type]
+    """Load files into a table, exactly once per file. See LoadSpec for the options.
+
+    Sources and target may be str or pathlib.Path; settings a dict or (name, value)
+    pairs. A wrong type or an unknown option is a UsageError naming it.
+    """
+    spec = sources if isinstance(sources, LoadSpec) else _spec("load", sources, table, options)
     target = open_target(spec.target)
     try:
         return _load(spec, target, listener or (lambda event: None))
@@ -240,56 +267,62 @@ def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int) -> RunRecor
     )
 
 
-def files(table: str, target: str | None = None) -> list[FileEvent]:
+def files(table: str, target: TargetName = None, **unknown: object) -> list[FileEvent]:
     """The ledger: each file's latest state for a table."""
-    planner.parse_table(table)
-    t = open_target(target, create=False)
-    try:
-        return t.ledger.latest(planner.parse_table(table, _default_database(t)).display)
-    finally:
-        t.close()
+    options.no_unknown("files", unknown, ["table", "target"])
+    name = options.text("table", table)
+    planner.parse_table(name)
+    with _opened(target) as t:
+        return t.ledger.latest(planner.parse_table(name, _default_database(t)).display)
 
 
-def sql(query: str, target: str | None = None, fmt: str = "TSV") -> str:
+def sql(query: str, target: TargetName = None, fmt: str = "TSV", **unknown: object) -> str:
     """Run SQL against the target and return the engine's formatted answer."""
-    t = open_target(target, create=False)
-    try:
+    options.no_unknown("sql", unknown, ["query", "target", "fmt"])
+    query, fmt = options.text("query", query), options.text("fmt", fmt)
+    with _opened(target) as t:
         return t.text(query, fmt)
-    finally:
-        t.close()
 
 
-def history(table: str | None = None, target: str | None = None,
-            limit: int = 50) -> Sequence[dict]:
+def history(table: str | None = None, target: TargetName = None, limit: int = 50,
+            **unknown: object) -> Sequence[dict]:
     """One entry per run of `load` (newest first)."""
+    options.no_unknown("history", unknown, ["table", "target", "limit"])
+    table, limit = options.optional_text("table", table), options.whole("limit", limit)
     if table:
         planner.parse_table(table)
-    t = open_target(target, create=False)
-    try:
+    with _opened(target) as t:
         name = planner.parse_table(table, _default_database(t)).display if table else None
         return t.ledger.runs(name, limit)
-    finally:
-        t.close()
 
 
-def errors(table: str, target: str | None = None, limit: int = 10_000) -> list[dict]:
+def errors(table: str, target: TargetName = None, limit: int = 10_000,
+           **unknown: object) -> list[dict]:
     """Rejected rows of a table's current loads: file, line, error, raw."""
     from chload import rejects
 
-    planner.parse_table(table)
-    t = open_target(target, create=False)
-    try:
-        return rejects.listing(t, planner.parse_table(table, _default_database(t)).display,
+    options.no_unknown("errors", unknown, ["table", "target", "limit"])
+    name, limit = options.text("table", table), options.whole("limit", limit)
+    planner.parse_table(name)
+    with _opened(target) as t:
+        return rejects.listing(t, planner.parse_table(name, _default_database(t)).display,
                                limit)
-    finally:
-        t.close()
 
 
-def run_files(run_id: str, target: str | None = None) -> list[FileEvent]:
+def run_files(run_id: str, target: TargetName = None, **unknown: object) -> list[FileEvent]:
     """Per-file detail of one run: the final event of each file it touched."""
-    t = open_target(target, create=False)
-    try:
+    options.no_unknown("run_files", unknown, ["run_id", "target"])
+    run_id = options.text("run_id", run_id)
+    with _opened(target) as t:
         return t.ledger.of_run(run_id)
+
+
+@contextlib.contextmanager
+def _opened(target: object) -> Iterator[Target]:
+    """An existing target, for commands that only read; closed after."""
+    t = open_target(options.optional_path("target", target), create=False)
+    try:
+        yield t
     finally:
         t.close()
 
@@ -306,33 +339,60 @@ class FileCheck:
     within_budget: bool = True  # a load with the same error budget would load this file
 
 
-def validate(sources: str | Iterable[str], table: str, *, target: str | None = None,
+_VALIDATE_OPTIONS = ("target", "format", "compression", "schema", "max_errors",
+                     "max_error_ratio", "s3_endpoint")
+
+
+def validate(sources: Sources, table: str, *, target: TargetName = None,
              format: str | None = None, compression: str | None = None,
              schema: str | None = None, max_errors: int | None = None,
-             max_error_ratio: float | None = None,
-             s3_endpoint: str | None = None) -> list[FileCheck]:
+             max_error_ratio: float | None = None, s3_endpoint: str | None = None,
+             **unknown: object) -> list[FileCheck]:
     """Parse every row of every source against the table's (or the inferred) schema.
 
     Writes nothing to the table or the ledger: bad rows are counted by the engine into
     a temporary errors file, outside the target. With an error budget, each file says
-    whether a load with that budget would take it, and inference is the load's.
+    whether a load with that budget would take it, and inference is the load's. Before
+    the first load into an embedded target (no directory yet) the data is checked in a
+    scratch engine, removed after: nothing is left behind.
     """
-    names = (sources,) if isinstance(sources, str) else tuple(sources)
-    spec = LoadSpec(sources=names, table=table, target=target, format=format,
-                    compression=compression, schema=schema, max_errors=max_errors,
-                    max_error_ratio=max_error_ratio, s3_endpoint=s3_endpoint)
-    t = open_target(spec.target, create=False)
-    try:
-        name = planner.parse_table(table, _default_database(t))
+    options.no_unknown("validate", unknown, _VALIDATE_OPTIONS)
+    spec = _spec("validate", sources, table, dict(
+        target=target, format=format, compression=compression, schema=schema,
+        max_errors=max_errors, max_error_ratio=max_error_ratio, s3_endpoint=s3_endpoint))
+    with _validating(spec.target) as t:
+        name = planner.parse_table(spec.table, _default_database(t))
         existing = t.table_columns(name.sql)
         files = planner.resolve_format(t, _list_sources(spec, t),
-                                       planner.known_names(existing, schema))
+                                       planner.known_names(existing, spec.schema))
         _, read_columns, _ = planner.prepare_table(
-            t, name, files, existing=existing, schema=schema, order_by=None,
+            t, name, files, existing=existing, schema=spec.schema, order_by=None,
             partition_by=None, audit=False, create=False, budget=spec.budget)
         return [_check(t, f, read_columns, spec.budget) for f in files]
+
+
+@contextlib.contextmanager
+def _validating(target: str | None) -> Iterator[Target]:
+    """The target to validate against: the named one if it exists; an embedded one not
+    made yet (before the first load) is a scratch directory, removed after (no table
+    there: the data's own columns are checked)."""
+    import shutil
+    import tempfile
+
+    named = target or os.environ.get("CHLOAD_TARGET") or DEFAULT_TARGET
+    if "://" in named or os.path.isdir(named):
+        with _opened(target) as t:
+            yield t
+        return
+    scratch = tempfile.mkdtemp(prefix="chload-validate-")
+    try:
+        t = open_target(scratch)
+        try:
+            yield t
+        finally:
+            t.close()
     finally:
-        t.close()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _check(t: Target, f: SourceFile, columns: Sequence[Column],
