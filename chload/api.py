@@ -144,6 +144,12 @@ def load(sources: Sources | LoadSpec, table: str | None = None, *,
         target.close()
 
 
+# A file whose header (or JSON keys) names a column the table lacks fails, as the
+# sample's columns are checked (schema.match_columns), instead of loading without it:
+# chDB skips unknown fields by default (18.16 does not). A --setting overrides it.
+_READ_STRICT = (("input_format_skip_unknown_fields", "0"),)
+
+
 def _threads_per_file(workers: int, jobs: int) -> int:
     """Engine threads per file: the cores shared among the files loading at once.
 
@@ -175,7 +181,7 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     groups = _groups(target, plan.to_load, spec.budget, workers)
     threads = _threads_per_file(workers, len(groups))
     jobs = [LoadJob(group[0], table.sql, table.display, plan.columns, plan.read_columns,
-                    spec.audit, spec.settings, report.run_id, spec.budget,
+                    spec.audit, (*_READ_STRICT, *spec.settings), report.run_id, spec.budget,
                     group if len(group) > 1 else (), threads)
             for group in groups]
     in_flight = getattr(target, "open_streams", lambda streams: streams)(workers)

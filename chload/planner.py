@@ -101,8 +101,8 @@ def resolve_format(target: Target, files: Sequence[SourceFile],
     for fmt in dict.fromkeys(f.format for f in files):
         decided[fmt] = fmt
         named = HEADER_FORMATS.get(fmt.name)
-        first = samples(f for f in files if f.format == fmt)[:1]
-        if named and names and first and sniff.starts_with_names(first[0], names):
+        asked = samples(f for f in files if f.format == fmt)  # a garbage first file must
+        if named and names and any(sniff.starts_with_names(s, names) for s in asked):  # not decide
             decided[fmt] = FileFormat(named, fmt.compression)
             continue
         for sample in samples(f for f in files if f.format == fmt):
@@ -161,8 +161,11 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
     columns when a sample cannot be inferred (a broken line must not block a load with
     an error budget).
     """
-    failure: ChloadError | None = None
-    candidates = samples(files) or list(files[:1])
+    failed: tuple[SourceFile, ChloadError] | None = None
+    misfit: list[Column] = []
+    candidates = samples(files)
+    if not candidates:  # every file is empty (0 bytes): nothing to infer from
+        return _empty_files(files, existing)
     if existing is not None and candidates[0].format.has_header:
         header = sniff.header_names(candidates[0])  # the names are all that matter
         by_name = {c.name: c for c in existing}
@@ -173,14 +176,37 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
             return target.reader(s, s.format.name, parse_structure(structure) if structure
                                  else None)
         try:
-            return infer(target.infer_rows, reader, nulls=existing is None, tolerate=tolerate)
-        except ChloadError as exc:
-            failure = exc
+            columns = infer(target.infer_rows, reader, nulls=existing is None,
+                            tolerate=tolerate)
+        except ChloadError as exc:  # this file fails alone when loaded; ask the next
+            failed = failed or (sample, exc)
+            continue
+        if existing is None or {c.name for c in columns} <= {c.name for c in existing}:
+            return columns
+        misfit = misfit or columns  # a garbage file's columns do not decide either
+    if misfit:
+        return misfit  # no sample fits: the table's SchemaError says which columns differ
     if existing is not None and candidates[0].format.name not in POSITIONAL_FORMATS:
-        return [c for c in existing if not c.default_kind and c.name not in AUDIT_COLUMNS]
-    reason = str(failure).split(": ", 1)[-1]
-    raise SourceError(f"{candidates[0].uri}: cannot infer its columns ({reason}); check "
-                      "--format, or pass --schema 'name Type, ...'") from failure
+        return _table_columns(existing)
+    assert failed is not None
+    sample, exc = failed
+    reason = str(exc).split(": ", 1)[-1]
+    raise SourceError(f"{sample.uri}: cannot infer its columns ({reason}); check --format, "
+                      "or pass --schema 'name Type, ...'") from exc
+
+
+def _table_columns(existing: list[Column]) -> list[Column]:
+    """What the data is read as when only the table can say: its own columns."""
+    return [c for c in existing if not c.default_kind and c.name not in AUDIT_COLUMNS]
+
+
+def _empty_files(files: Sequence[SourceFile], existing: list[Column] | None) -> list[Column]:
+    """Empty files load 0 rows into an existing table; a new one needs --schema."""
+    if existing is not None:
+        return _table_columns(existing)
+    raise SourceError(f"{files[0].uri}: the file is empty, so it has no columns to infer; "
+                      "pass --schema 'name Type, ...' to create the table (or load it into "
+                      "an existing table)")
 
 
 def known_names(existing: list[Column] | None, schema: str | None) -> list[str]:
