@@ -17,13 +17,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from chload import options, planner, runner
-from chload.errors import ChloadError, UsageError
+from chload.errors import ChloadError, TerminalError, UsageError
 from chload.ledger import FileEvent, RunRecord
 from chload.monitor import Monitor
 from chload.records import asdict, dataclass, field, fields
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
-from chload.schema import Column, settings_sql
+from chload.schema import Column, quote_str, settings_sql
 from chload.sources import SourceFile
 from chload.targets import DEFAULT_TARGET, LoadJob, Target, open_target
 
@@ -163,6 +163,7 @@ def _threads_per_file(workers: int, jobs: int) -> int:
 def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     started_ns, clock = time.time_ns(), time.monotonic()
     table = planner.parse_table(spec.table, _default_database(target))
+    _check_settings(target, spec.settings)
     report = LoadReport(table.display, target.display, os.urandom(6).hex())
     existing = target.table_columns(table.sql)
     files = planner.resolve_format(target, _list_sources(spec, target),
@@ -193,6 +194,37 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     _summarize(report, results, plan, time.monotonic() - clock)
     _finish(target, _run_record(spec, report, started_ns))
     return report
+
+
+def _check_settings(target: Target, settings: Sequence[tuple[str, str]]) -> None:
+    """Each --setting a name the engine knows, with a value it takes, before any table
+    is created (else every file failed on it, after an empty table was made).
+
+    A server target applies a setting on the server if the server knows it, else in the
+    loader's engine (a push): either may know it, and the one that does checks the value.
+    """
+    if not settings:
+        return
+    names = {name for name, _ in settings}
+    engines = [target.rows]
+    if target.infer_rows != target.rows:  # a server: then its loader's engine (chDB)
+        engines.append(target.infer_rows)
+    known: dict[str, Any] = {}
+    for ask in engines:
+        wanted = sorted(names - set(known))
+        if wanted:
+            listed = ", ".join(quote_str(n) for n in wanted)
+            known.update((row["name"], ask) for row in ask(
+                f"SELECT name FROM system.settings WHERE name IN ({listed})"))
+    for name, value in settings:
+        if name not in known:
+            raise UsageError(f"--setting {name}: {target.display} has no such setting (see "
+                             "SELECT name FROM system.settings); nothing was loaded")
+        try:
+            known[name](f"SELECT 1 AS ok SETTINGS {settings_sql([(name, value)])}")
+        except TerminalError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            raise UsageError(f"--setting {name}={value}: {reason}; nothing was loaded") from exc
 
 
 def _finish(target: Target, run: RunRecord) -> None:

@@ -81,7 +81,8 @@ _HINTS = {
     432: " (the compressed stream is truncated or corrupt)",
 }
 _CODE = re.compile(r"Code:\s*(\d+)")
-_EXCEPTION_PREFIX = re.compile(r"^(Code:\s*\d+\.\s*)?(e\.displayText\(\) = )?DB::\w*Exception:\s*")
+_EXCEPTION_PREFIX = re.compile(  # chDB may repeat it: "Code: 27. DB::Exception: Code: 27. ..."
+    r"^(?:(Code:\s*\d+\.\s*)?(e\.displayText\(\) = )?DB::\w*Exception:\s*)+")
 
 
 def engine_code(message: str) -> int | None:
@@ -104,12 +105,12 @@ def one_line(message: str, limit: int = 400) -> str:
     row = re.search(r"\(at row (\d+)\)", first + rest[:200])
     line = re.sub(r"\s*\((in file/uri|at row)[^)]*\)", "", first).strip(" :.")
     line = re.sub(r": While executing \w+.*$", "", line)
-    line = re.sub(r"\s*\([A-Z_]+\)$", "", line)  # the (ERROR_NAME) suffix
+    line = re.sub(r"(\s*\(([A-Z_]+|version [^)]*)\)\.?)+$", "", line)  # (ERROR_NAME) (version)
     if row and "row" not in line:
         line += f" (at row {row.group(1)})"
     line = _BEFORE.sub(_shorten, line)  # the engine quotes what follows in the data, at length
     line = re.sub(r":?\s*While reading from: .*$", "", line)
-    line = re.sub(r":?\s*\(while reading header\):?$", "", line).strip(" :")
+    line = re.sub(r":?\s*\(while reading header\):?$", "", line).strip(" :").rstrip(".")
     line = line.replace("\t", " ") + (f" ({cause_name})" if cause_name else "")
     return line if len(line) <= limit else line[: limit - 3] + "..."
 

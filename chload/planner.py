@@ -189,10 +189,10 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
     if existing is not None and candidates[0].format.name not in POSITIONAL_FORMATS:
         return _table_columns(existing)
     assert failed is not None
-    sample, exc = failed
-    reason = str(exc).split(": ", 1)[-1]
-    raise SourceError(f"{sample.uri}: cannot infer its columns ({reason}); check --format, "
-                      "or pass --schema 'name Type, ...'") from exc
+    first, error = failed
+    reason = str(error).split(": ", 1)[-1]
+    raise SourceError(f"{first.uri}: cannot infer its columns ({reason}); check --format, "
+                      "or pass --schema 'name Type, ...'") from error
 
 
 def _table_columns(existing: list[Column]) -> list[Column]:
