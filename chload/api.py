@@ -82,12 +82,11 @@ Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 TargetName = str | os.PathLike[str] | None
 
 
-def _spec(function: str, sources: object, table: object, given: dict[str, Any],
-          valid: Iterable[str] | None = None) -> LoadSpec:
+def _spec(function: str, sources: object, table: object, given: dict[str, Any]) -> LoadSpec:
     """The LoadSpec of a call's arguments; an unknown keyword is a UsageError listing
-    the function's options."""
+    the options."""
     names = [f.name for f in fields(LoadSpec) if f.name not in ("sources", "table")]
-    options.no_unknown(function, given, valid if valid is not None else names)
+    options.no_unknown(function, given, names)
     if table is None:
         raise UsageError(f"{function}() needs table=, e.g. table='trips'")
     return LoadSpec(sources=sources, table=table, **given)  # type: ignore[arg-type]

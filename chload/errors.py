@@ -159,7 +159,11 @@ def from_engine_message(message: str, context: str) -> ChloadError:
     """
     code = engine_code(message)
     innermost = int(_CODE.findall(message)[-1]) if code is not None else 0  # a nested cause's
-    text = f"{context}: {one_line(message)}{_HINTS.get(innermost, '')}"
+    hint = _HINTS.get(innermost, "")
+    if "Unknown field found" in message:  # chload sets input_format_skip_unknown_fields=0
+        hint = (" (the table has no such column: add it with ALTER TABLE ... ADD COLUMN, or "
+                "pass --setting input_format_skip_unknown_fields=1 to drop it)")
+    text = f"{context}: {one_line(message)}{hint}"
     if code in _TRANSIENT_CODES and code != 236:
         return TransientError(text)
     if _ERRNO_SOURCE.search(message) or code in _SOURCE_CODES:

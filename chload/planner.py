@@ -101,8 +101,8 @@ def resolve_format(target: Target, files: Sequence[SourceFile],
     for fmt in dict.fromkeys(f.format for f in files):
         decided[fmt] = fmt
         named = HEADER_FORMATS.get(fmt.name)
-        asked = samples(f for f in files if f.format == fmt)  # a garbage first file must
-        if named and names and any(sniff.starts_with_names(s, names) for s in asked):  # not decide
+        asked = samples(f for f in files if f.format == fmt)  # any: a garbage first file
+        if named and names and any(sniff.starts_with_names(s, names) for s in asked):
             decided[fmt] = FileFormat(named, fmt.compression)
             continue
         for sample in samples(f for f in files if f.format == fmt):
