@@ -149,6 +149,13 @@ def load(sources: Sources | LoadSpec, table: str | None = None, *,
 _READ_STRICT = (("input_format_skip_unknown_fields", "0"),)
 
 
+def _job_settings(spec: LoadSpec) -> tuple[tuple[str, str], ...]:
+    """The user's settings and chload's read defaults they do not set (no name twice:
+    in one SETTINGS clause the engine keeps the first)."""
+    given = {name for name, _ in spec.settings}
+    return (*spec.settings, *(s for s in _READ_STRICT if s[0] not in given))
+
+
 def _threads_per_file(workers: int, jobs: int) -> int:
     """Engine threads per file: the cores shared among the files loading at once.
 
@@ -181,7 +188,7 @@ def _load(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     groups = _groups(target, plan.to_load, spec.budget, workers)
     threads = _threads_per_file(workers, len(groups))
     jobs = [LoadJob(group[0], table.sql, table.display, plan.columns, plan.read_columns,
-                    spec.audit, (*_READ_STRICT, *spec.settings), report.run_id, spec.budget,
+                    spec.audit, _job_settings(spec), report.run_id, spec.budget,
                     group if len(group) > 1 else (), threads)
             for group in groups]
     in_flight = getattr(target, "open_streams", lambda streams: streams)(workers)
