@@ -4,22 +4,31 @@
     report = chload.load(["data/*.csv.gz"], table="trips")
 
 Imports are lazy: `chload --help` and the CLI start without loading the engine.
+
+`chload.errors(...)` is a function, although `chload.errors` is also a module: Python
+sets a package's attribute to a submodule when the submodule is first imported, so the
+module is imported here first (it is small) and the function defined after it, and no
+later import can replace it. Import the exceptions with `from chload.errors import ...`
+(`import chload.errors as m` binds the function).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import chload.errors as _errors_module  # before `def errors` below: see the docstring
+
 __version__ = "0.1.0"
 __all__ = ["load", "files", "sql", "history", "errors", "validate", "run_files", "LoadSpec",
            "LoadReport", "FileCheck", "ChloadError"]
+
+ChloadError = _errors_module.ChloadError
 
 if TYPE_CHECKING:
     from chload.api import (
         FileCheck,
         LoadReport,
         LoadSpec,
-        errors,
         files,
         history,
         load,
@@ -27,14 +36,16 @@ if TYPE_CHECKING:
         sql,
         validate,
     )
-    from chload.errors import ChloadError
+
+
+def errors(table: str, target: Any = None, limit: int = 10_000) -> list[dict]:
+    """Rejected rows of a table's current loads: file, line, error, raw (api.errors)."""
+    from chload import api
+
+    return api.errors(table, target, limit)
 
 
 def __getattr__(name: str) -> Any:
-    if name == "ChloadError":
-        from chload import errors
-
-        return errors.ChloadError
     if name in __all__:
         from chload import api
 

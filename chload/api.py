@@ -9,21 +9,23 @@ optional listener as `Event`s.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
-from chload import planner, runner
-from chload.errors import ChloadError, UsageError
+from chload import options, planner, runner
+from chload.errors import ChloadError, TerminalError, UsageError
 from chload.ledger import FAILED, FileEvent, RunRecord
 from chload.monitor import Monitor
-from chload.records import asdict, dataclass, field
+from chload.records import asdict, dataclass, field, fields
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
-from chload.schema import Column, settings_sql
+from chload.schema import Column, quote_str, settings_sql
 from chload.sources import SourceFile
-from chload.targets import LoadJob, Target, open_target
+from chload.targets import DEFAULT_TARGET, LoadJob, Target, open_target
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class LoadSpec:
     max_error_ratio: float | None = None  # bad rows / all rows a file may have
 
     def __post_init__(self) -> None:
+        for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
+            object.__setattr__(self, name, convert(name, getattr(self, name)))
         if not self.sources:
             raise UsageError("nothing to load: name at least one file, directory, glob or -")
         if self.on_error not in ("continue", "abort"):
@@ -62,6 +66,30 @@ class LoadSpec:
     @property
     def budget(self) -> ErrorBudget:
         return ErrorBudget(self.max_errors, self.max_error_ratio)
+
+
+# What each LoadSpec field may be given as, and the one type it holds (options.py).
+_SPEC_TYPES = {
+    "sources": options.sources, "table": options.text, "target": options.optional_path,
+    "format": options.optional_text, "compression": options.optional_text,
+    "schema": options.optional_text, "order_by": options.optional_text,
+    "partition_by": options.optional_text, "audit": options.flag,
+    "settings": options.settings, "workers": options.optional_whole, "force": options.flag,
+    "on_error": options.text, "s3_endpoint": options.optional_text,
+    "max_errors": options.optional_whole, "max_error_ratio": options.optional_ratio,
+}
+Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
+TargetName = str | os.PathLike[str] | None
+
+
+def _spec(function: str, sources: object, table: object, given: dict[str, Any]) -> LoadSpec:
+    """The LoadSpec of a call's arguments; an unknown keyword is a UsageError listing
+    the options."""
+    names = [f.name for f in fields(LoadSpec) if f.name not in ("sources", "table")]
+    options.no_unknown(function, given, names)
+    if table is None:
+        raise UsageError(f"{function}() needs table=, e.g. table='trips'")
+    return LoadSpec(sources=sources, table=table, **given)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -101,16 +129,14 @@ class LoadReport:
         return data
 
 
-def load(sources: str | Iterable[str] | LoadSpec, table: str | None = None, *,
+def load(sources: Sources | LoadSpec, table: str | None = None, *,
          listener: Listener | None = None, **options: object) -> LoadReport:
-    """Load files into a table, exactly once per file. See LoadSpec for the options."""
-    if isinstance(sources, LoadSpec):
-        spec = sources
-    else:
-        if table is None:
-            raise UsageError("load() needs table=")
-        names = (sources,) if isinstance(sources, str) else tuple(sources)
-        spec = LoadSpec(sources=names, table=table, **options)  # type: ignore[arg-type]
+    """Load files into a table, exactly once per file. See LoadSpec for the options.
+
+    Sources and target may be str or pathlib.Path; settings a dict or (name, value)
+    pairs. A wrong type or an unknown option is a UsageError naming it.
+    """
+    spec = sources if isinstance(sources, LoadSpec) else _spec("load", sources, table, options)
     from chload.sources.local import release
 
     target = open_target(spec.target)
@@ -122,6 +148,19 @@ def load(sources: str | Iterable[str] | LoadSpec, table: str | None = None, *,
             release(listed)
     finally:
         target.close()
+
+
+# A file whose header (or JSON keys) names a column the table lacks fails, as the
+# sample's columns are checked (schema.match_columns), instead of loading without it:
+# chDB skips unknown fields by default (18.16 does not). A --setting overrides it.
+_READ_STRICT = (("input_format_skip_unknown_fields", "0"),)
+
+
+def _job_settings(spec: LoadSpec) -> tuple[tuple[str, str], ...]:
+    """The user's settings and chload's read defaults they do not set (no name twice:
+    in one SETTINGS clause the engine keeps the first)."""
+    given = {name for name, _ in spec.settings}
+    return (*spec.settings, *(s for s in _READ_STRICT if s[0] not in given))
 
 
 def _threads_per_file(workers: int, jobs: int) -> int:
@@ -138,6 +177,7 @@ def _load(spec: LoadSpec, target: Target, listed: list[SourceFile],
           listener: Listener) -> LoadReport:
     started_ns, clock = time.time_ns(), time.monotonic()
     table = planner.parse_table(spec.table, _default_database(target))
+    _check_settings(target, spec.settings)
     report = LoadReport(table.display, target.display, os.urandom(6).hex())
     existing = target.table_columns(table.sql)
     files = planner.resolve_format(target, listed, planner.known_names(existing, spec.schema),
@@ -148,7 +188,7 @@ def _load(spec: LoadSpec, target: Target, listed: list[SourceFile],
                                                      target.ledger.loaded(table.display))
     plan = planner.decide(files, loaded, spec.force)
     refused: list[FileResult] = []
-    settings = tuple(spec.settings)
+    settings = _job_settings(spec)
     if plan.to_load:
         plan.columns, plan.read_columns, plan.created_table = planner.prepare_table(
             target, table, plan.to_load, existing=existing, schema=spec.schema,
@@ -197,6 +237,37 @@ def _refuse(target: Target, table: planner.TableName,
     for f, why in refused:
         listener(Event("fail", f.uri, error=why))
     return [FileResult(f.uri, "failed", error=why) for f, why in refused]
+
+
+def _check_settings(target: Target, settings: Sequence[tuple[str, str]]) -> None:
+    """Each --setting a name the engine knows, with a value it takes, before any table
+    is created (else every file failed on it, after an empty table was made).
+
+    A server target applies a setting on the server if the server knows it, else in the
+    loader's engine (a push): either may know it, and the one that does checks the value.
+    """
+    if not settings:
+        return
+    names = {name for name, _ in settings}
+    engines = [target.rows]
+    if target.infer_rows != target.rows:  # a server: then its loader's engine (chDB)
+        engines.append(target.infer_rows)
+    known: dict[str, Any] = {}
+    for ask in engines:
+        wanted = sorted(names - set(known))
+        if wanted:
+            listed = ", ".join(quote_str(n) for n in wanted)
+            known.update((row["name"], ask) for row in ask(
+                f"SELECT name FROM system.settings WHERE name IN ({listed})"))
+    for name, value in settings:
+        if name not in known:
+            raise UsageError(f"--setting {name}: {target.display} has no such setting (see "
+                             "SELECT name FROM system.settings); nothing was loaded")
+        try:
+            known[name](f"SELECT 1 AS ok SETTINGS {settings_sql([(name, value)])}")
+        except TerminalError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            raise UsageError(f"--setting {name}={value}: {reason}; nothing was loaded") from exc
 
 
 def _finish(target: Target, run: RunRecord) -> None:
@@ -290,56 +361,62 @@ def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int) -> RunRecor
     )
 
 
-def files(table: str, target: str | None = None) -> list[FileEvent]:
+def files(table: str, target: TargetName = None, **unknown: object) -> list[FileEvent]:
     """The ledger: each file's latest state for a table."""
-    planner.parse_table(table)
-    t = open_target(target, create=False)
-    try:
-        return t.ledger.latest(planner.parse_table(table, _default_database(t)).display)
-    finally:
-        t.close()
+    options.no_unknown("files", unknown, ["table", "target"])
+    name = options.text("table", table)
+    planner.parse_table(name)
+    with _opened(target) as t:
+        return t.ledger.latest(planner.parse_table(name, _default_database(t)).display)
 
 
-def sql(query: str, target: str | None = None, fmt: str = "TSV") -> str:
+def sql(query: str, target: TargetName = None, fmt: str = "TSV", **unknown: object) -> str:
     """Run SQL against the target and return the engine's formatted answer."""
-    t = open_target(target, create=False)
-    try:
+    options.no_unknown("sql", unknown, ["query", "target", "fmt"])
+    query, fmt = options.text("query", query), options.text("fmt", fmt)
+    with _opened(target) as t:
         return t.text(query, fmt)
-    finally:
-        t.close()
 
 
-def history(table: str | None = None, target: str | None = None,
-            limit: int = 50) -> Sequence[dict]:
+def history(table: str | None = None, target: TargetName = None, limit: int = 50,
+            **unknown: object) -> Sequence[dict]:
     """One entry per run of `load` (newest first)."""
+    options.no_unknown("history", unknown, ["table", "target", "limit"])
+    table, limit = options.optional_text("table", table), options.whole("limit", limit)
     if table:
         planner.parse_table(table)
-    t = open_target(target, create=False)
-    try:
+    with _opened(target) as t:
         name = planner.parse_table(table, _default_database(t)).display if table else None
         return t.ledger.runs(name, limit)
-    finally:
-        t.close()
 
 
-def errors(table: str, target: str | None = None, limit: int = 10_000) -> list[dict]:
+def errors(table: str, target: TargetName = None, limit: int = 10_000,
+           **unknown: object) -> list[dict]:
     """Rejected rows of a table's current loads: file, line, error, raw."""
     from chload import rejects
 
-    planner.parse_table(table)
-    t = open_target(target, create=False)
-    try:
-        return rejects.listing(t, planner.parse_table(table, _default_database(t)).display,
+    options.no_unknown("errors", unknown, ["table", "target", "limit"])
+    name, limit = options.text("table", table), options.whole("limit", limit)
+    planner.parse_table(name)
+    with _opened(target) as t:
+        return rejects.listing(t, planner.parse_table(name, _default_database(t)).display,
                                limit)
-    finally:
-        t.close()
 
 
-def run_files(run_id: str, target: str | None = None) -> list[FileEvent]:
+def run_files(run_id: str, target: TargetName = None, **unknown: object) -> list[FileEvent]:
     """Per-file detail of one run: the final event of each file it touched."""
-    t = open_target(target, create=False)
-    try:
+    options.no_unknown("run_files", unknown, ["run_id", "target"])
+    run_id = options.text("run_id", run_id)
+    with _opened(target) as t:
         return t.ledger.of_run(run_id)
+
+
+@contextlib.contextmanager
+def _opened(target: object) -> Iterator[Target]:
+    """An existing target, for commands that only read; closed after."""
+    t = open_target(options.optional_path("target", target), create=False)
+    try:
+        yield t
     finally:
         t.close()
 
@@ -356,43 +433,73 @@ class FileCheck:
     within_budget: bool = True  # a load with the same error budget would load this file
 
 
-def validate(sources: str | Iterable[str], table: str, *, target: str | None = None,
+_VALIDATE_OPTIONS = ("target", "format", "compression", "schema", "max_errors",
+                     "max_error_ratio", "s3_endpoint")
+
+
+def validate(sources: Sources, table: str, *, target: TargetName = None,
              format: str | None = None, compression: str | None = None,
              schema: str | None = None, max_errors: int | None = None,
-             max_error_ratio: float | None = None,
-             s3_endpoint: str | None = None) -> list[FileCheck]:
+             max_error_ratio: float | None = None, s3_endpoint: str | None = None,
+             **unknown: object) -> list[FileCheck]:
     """Parse every row of every source against the table's (or the inferred) schema.
 
     Writes nothing to the table or the ledger: bad rows are counted by the engine into
     a temporary errors file, outside the target. With an error budget, each file says
-    whether a load with that budget would take it, and inference is the load's.
+    whether a load with that budget would take it, and inference is the load's. Before
+    the first load into an embedded target (no directory yet) the data is checked in a
+    scratch engine, removed after: nothing is left behind.
     """
-    names = (sources,) if isinstance(sources, str) else tuple(sources)
-    spec = LoadSpec(sources=names, table=table, target=target, format=format,
-                    compression=compression, schema=schema, max_errors=max_errors,
-                    max_error_ratio=max_error_ratio, s3_endpoint=s3_endpoint)
+    options.no_unknown("validate", unknown, _VALIDATE_OPTIONS)
+    spec = _spec("validate", sources, table, dict(
+        target=target, format=format, compression=compression, schema=schema,
+        max_errors=max_errors, max_error_ratio=max_error_ratio, s3_endpoint=s3_endpoint))
     from chload.sources.local import release
 
-    t = open_target(spec.target, create=False)
-    listed: list[SourceFile] = []
+    with _validating(spec.target) as t:
+        listed: list[SourceFile] = []
+        try:
+            name = planner.parse_table(spec.table, _default_database(t))
+            existing = t.table_columns(name.sql)
+            listed = _list_sources(spec, t)
+            files = planner.resolve_format(t, listed, planner.known_names(existing, spec.schema),
+                                           forced=spec.format is not None)
+            columns, read_columns, _ = planner.prepare_table(
+                t, name, files, existing=existing, schema=spec.schema, order_by=None,
+                partition_by=None, audit=False, create=False, budget=spec.budget)
+            checked = planner.check_headers(t, name, files, existing or columns, read_columns,
+                                            audit=False)
+            refused = {f.uri: why for f, why in checked.refused}
+            return [FileCheck(f.uri, failure=refused[f.uri], within_budget=False)
+                    if f.uri in refused
+                    else _check(t, f, read_columns, spec.budget, checked.settings)
+                    for f in files]
+        finally:
+            release(listed)
+
+
+@contextlib.contextmanager
+def _validating(target: str | None) -> Iterator[Target]:
+    """The target to validate against: the named one if it exists; an embedded one not
+    made yet (before the first load) is a scratch directory, removed after (no table
+    there: the data's own columns are checked)."""
+    import shutil
+    import tempfile
+
+    named = target or os.environ.get("CHLOAD_TARGET") or DEFAULT_TARGET
+    if "://" in named or os.path.isdir(named):
+        with _opened(target) as t:
+            yield t
+        return
+    scratch = tempfile.mkdtemp(prefix="chload-validate-")
     try:
-        name = planner.parse_table(table, _default_database(t))
-        existing = t.table_columns(name.sql)
-        listed = _list_sources(spec, t)
-        files = planner.resolve_format(t, listed, planner.known_names(existing, schema),
-                                       forced=format is not None)
-        columns, read_columns, _ = planner.prepare_table(
-            t, name, files, existing=existing, schema=schema, order_by=None,
-            partition_by=None, audit=False, create=False, budget=spec.budget)
-        checked = planner.check_headers(t, name, files, existing or columns, read_columns,
-                                        audit=False)
-        refused = {f.uri: why for f, why in checked.refused}
-        return [FileCheck(f.uri, failure=refused[f.uri], within_budget=False)
-                if f.uri in refused else _check(t, f, read_columns, spec.budget, checked.settings)
-                for f in files]
+        t = open_target(scratch)
+        try:
+            yield t
+        finally:
+            t.close()
     finally:
-        release(listed)
-        t.close()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _check(t: Target, f: SourceFile, columns: Sequence[Column],

@@ -45,8 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ChloadError as exc:
-        if getattr(args, "debug", False):
-            raise
+        if getattr(args, "debug", False):  # the traceback, and the same exit code
+            import traceback
+
+            traceback.print_exc()
         print(f"chload: {exc}", file=sys.stderr)
         if getattr(args, "json", False):  # a script reading stdout gets an answer too
             print(json.dumps({"error": str(exc), "kind": type(exc).__name__}))

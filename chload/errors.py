@@ -81,7 +81,8 @@ _HINTS = {
     432: " (the compressed stream is truncated or corrupt)",
 }
 _CODE = re.compile(r"Code:\s*(\d+)")
-_EXCEPTION_PREFIX = re.compile(r"^(Code:\s*\d+\.\s*)?(e\.displayText\(\) = )?DB::\w*Exception:\s*")
+_EXCEPTION_PREFIX = re.compile(  # chDB may repeat it: "Code: 27. DB::Exception: Code: 27. ..."
+    r"^(?:(Code:\s*\d+\.\s*)?(e\.displayText\(\) = )?DB::\w*Exception:\s*)+")
 
 
 def engine_code(message: str) -> int | None:
@@ -98,17 +99,40 @@ def one_line(message: str, limit: int = 400) -> str:
     """
     text = _EXCEPTION_PREFIX.sub("", message.strip())
     first, _, rest = text.partition("\n")
+    cause_name = ""
+    if first.rstrip().endswith("Error:") and rest:  # the cause is on the next line
+        first, rest, cause_name = _with_cause(first, rest)
     row = re.search(r"\(at row (\d+)\)", first + rest[:200])
     line = re.sub(r"\s*\((in file/uri|at row)[^)]*\)", "", first).strip(" :.")
     line = re.sub(r": While executing \w+.*$", "", line)
-    line = re.sub(r"\s*\([A-Z_]+\)$", "", line)  # the (ERROR_NAME) suffix
+    line = re.sub(r"(\s*\(([A-Z_]+|version [^)]*)\)\.?)+$", "", line)  # (ERROR_NAME) (version)
     if row and "row" not in line:
         line += f" (at row {row.group(1)})"
     line = _BEFORE.sub(_shorten, line)  # the engine quotes what follows in the data, at length
     line = re.sub(r":?\s*While reading from: .*$", "", line)
-    line = re.sub(r":?\s*\(while reading header\):?$", "", line).strip(" :")
-    line = line.replace("\t", " ")
+    line = re.sub(r":?\s*\(while reading header\):?$", "", line).strip(" :").rstrip(".")
+    line = line.replace("\t", " ") + (f" ({cause_name})" if cause_name else "")
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _with_cause(head: str, rest: str) -> tuple[str, str, str]:
+    """`X. Error:` + the nested error's first line -> (`X: <cause>`, the lines after,
+    the cause's ERROR_NAME).
+
+    Schema inference wraps the real reason ("inflate failed: data error
+    (ZLIB_INFLATE_FAILED)", "the file is empty") in CANNOT_EXTRACT_TABLE_STRUCTURE,
+    one line down, and then says "You can specify the structure manually".
+    """
+    cause, _, after = rest.partition("\n")
+    name = re.search(r"\(([A-Z][A-Z0-9_]+)\)\s*(\(version [^)]*\))?\.?\s*$", cause)
+    cause = _EXCEPTION_PREFIX.sub("", cause.strip())
+    cause = re.sub(r"\s*\(version [^)]*\)\.?$", "", cause)
+    cause = re.sub(r"\s*\([A-Z][A-Z0-9_]+\)\.?$", "", cause)
+    cause = re.sub(r":?\s*While reading from: .*$", "", cause).strip(" :.")
+    head = re.sub(r"\W*Error:\s*$", "", head)
+    if cause.startswith(head):  # "X: the file is empty" under "X. Error:"
+        head, cause = cause, ""
+    return (f"{head}: {cause}" if cause else head), after, name.group(1) if name else ""
 
 
 _COLUMN = re.compile(r"name:\s*([^,]+),[^\n]*?ERROR")
@@ -134,7 +158,12 @@ def from_engine_message(message: str, context: str) -> ChloadError:
     starts the message, so every error says what it was about.
     """
     code = engine_code(message)
-    text = f"{context}: {one_line(message)}{_HINTS.get(code or 0, '')}"
+    innermost = int(_CODE.findall(message)[-1]) if code is not None else 0  # a nested cause's
+    hint = _HINTS.get(innermost, "")
+    if "Unknown field found" in message:  # chload sets input_format_skip_unknown_fields=0
+        hint = (" (the table has no such column: add it with ALTER TABLE ... ADD COLUMN, or "
+                "pass --setting input_format_skip_unknown_fields=1 to drop it)")
+    text = f"{context}: {one_line(message)}{hint}"
     if code in _TRANSIENT_CODES and code != 236:
         return TransientError(text)
     if _ERRNO_SOURCE.search(message) or code in _SOURCE_CODES:

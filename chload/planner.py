@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
 
 from chload import sniff
 from chload.errors import ChloadError, SchemaError, SourceError, UsageError
@@ -188,8 +189,9 @@ def _decide_header(target: Target, files: Sequence[SourceFile],
     named = FileFormat(HEADER_FORMATS[fmt.name], fmt.compression)
     candidates = samples(files)
     first = first_line(target, candidates[0]) if candidates else None
-    if first and names and set(header_columns(first)) <= set(names):
-        return named
+    firsts = chain([first], (first_line(target, s) for s in candidates[1:]))
+    if names and any(f and set(header_columns(f)) <= set(names) for f in firsts):
+        return named  # any sample, not just the first: a garbage first file must not decide
     engine_said_no = False
     for sample in candidates:
         def reader(x: FileFormat, s: SourceFile = sample) -> str:
@@ -266,8 +268,11 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
     ...) fall back to the table's own columns when a sample cannot be inferred (a
     broken line must not block a load with an error budget).
     """
-    failure: ChloadError | None = None
-    candidates = samples(files) or list(files[:1])
+    failed: tuple[SourceFile, ChloadError] | None = None
+    misfit: list[Column] = []
+    candidates = samples(files)
+    if not candidates:  # every file is empty (0 bytes): nothing to infer from
+        return _empty_files(files, existing)
     if existing is not None and candidates[0].format.has_header:
         by_name = {c.name: c for c in existing}
         for sample in candidates:
@@ -277,14 +282,36 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
                 return [by_name[n] for n in header]
     for sample in candidates:
         try:
-            return _infer(target, sample, existing is None, tolerate)
-        except ChloadError as exc:
-            failure = exc
+            columns = _infer(target, sample, existing is None, tolerate)
+        except ChloadError as exc:  # this file fails alone when loaded; ask the next
+            failed = failed or (sample, exc)
+            continue
+        if existing is None or {c.name for c in columns} <= {c.name for c in existing}:
+            return columns
+        misfit = misfit or columns  # a garbage file's columns do not decide either
+    if misfit:
+        return misfit  # no sample fits: the table's SchemaError says which columns differ
     if existing is not None and candidates[0].format.name not in POSITIONAL_FORMATS:
-        return [c for c in existing if not c.default_kind and c.name not in AUDIT_COLUMNS]
-    reason = str(failure).split(": ", 1)[-1]
-    raise SourceError(f"{candidates[0].uri}: cannot infer its columns ({reason}); check "
-                      "--format, or pass --schema 'name Type, ...'") from failure
+        return _table_columns(existing)
+    assert failed is not None
+    first, error = failed
+    reason = str(error).split(": ", 1)[-1]
+    raise SourceError(f"{first.uri}: cannot infer its columns ({reason}); check --format, "
+                      "or pass --schema 'name Type, ...'") from error
+
+
+def _table_columns(existing: list[Column]) -> list[Column]:
+    """What the data is read as when only the table can say: its own columns."""
+    return [c for c in existing if not c.default_kind and c.name not in AUDIT_COLUMNS]
+
+
+def _empty_files(files: Sequence[SourceFile], existing: list[Column] | None) -> list[Column]:
+    """Empty files load 0 rows into an existing table; a new one needs --schema."""
+    if existing is not None:
+        return _table_columns(existing)
+    raise SourceError(f"{files[0].uri}: the file is empty, so it has no columns to infer; "
+                      "pass --schema 'name Type, ...' to create the table (or load it into "
+                      "an existing table)")
 
 
 def _infer(target: Target, sample: SourceFile, nulls: bool,

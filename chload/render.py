@@ -63,7 +63,7 @@ class ProgressView:
         elif event.kind == "progress":  # parsed (not yet committed): moves the bar
             self._rows += event.rows
             self._progress.advance(self._task, event.bytes)
-        elif event.kind == "done":
+        elif event.kind in ("done", "skip"):
             self._files_done += 1
         elif event.kind == "fail":
             self._files_done += 1

@@ -22,7 +22,8 @@ from chload.targets import Loaded, LoadJob, Target
 @dataclass(frozen=True)
 class Event:
     """A progress event: kind is plan, start, progress (rows and bytes parsed, negative
-    when taken back), done (a file committed), fail."""
+    when taken back), done (a file committed), skip (another run committed the file
+    meanwhile), fail."""
 
     kind: str
     uri: str = ""
@@ -47,6 +48,7 @@ class FileResult:
     error: str = ""
     changed: bool = False
     rejected: int = 0
+    note: str = ""  # e.g. why a file planned for loading was skipped after all
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class RetryPolicy:
 
 
 DEFAULT_POLICY = RetryPolicy()
+LOADED_ELSEWHERE = "loaded by another run meanwhile"
 
 
 def call_with_retries(fn: Callable[[], T], policy: RetryPolicy,
@@ -93,10 +96,13 @@ class _Progress:
         try:
             return fn()
         except ChloadError:
-            if self.rows or self.bytes:
-                self.listener(Event("progress", self.uri, -self.rows, -self.bytes))
-            self.rows = self.bytes = 0
+            self.take_back()
             raise
+
+    def take_back(self) -> None:
+        if self.rows or self.bytes:
+            self.listener(Event("progress", self.uri, -self.rows, -self.bytes))
+        self.rows = self.bytes = 0
 
 
 def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listener,
@@ -113,7 +119,7 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         started = time.monotonic()
         progress = _Progress(listener, job.file.uri)
         try:
-            done = Loaded(*call_with_retries(
+            done = _as_loaded(call_with_retries(
                 lambda: progress.attempt(lambda: target.load_file(job, progress)), policy))
         except ChloadError as exc:
             if abort_on_error:
@@ -121,6 +127,11 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
             listener(Event("fail", job.file.uri, error=str(exc)))
             return FileResult(job.file.uri, "failed", seconds=time.monotonic() - started,
                               error=str(exc))
+        if done.elsewhere:  # its rows were not attached: another run's are there
+            progress.take_back()
+            listener(Event("skip", job.file.uri))
+            return FileResult(job.file.uri, "skipped", seconds=time.monotonic() - started,
+                              note=LOADED_ELSEWHERE)
         listener(Event("done", job.file.uri, done.rows, done.bytes))
         return FileResult(job.file.uri, "loaded", done.rows, done.bytes,
                           time.monotonic() - started, changed=job.file.uri in changed,
@@ -149,6 +160,14 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
     results = [r for done in on_threads(batch, jobs, workers) for r in done]
     order = {f.uri: i for i, f in enumerate(f for j in jobs for f in j.files)}
     return sorted(results, key=lambda r: order.get(r.uri, 0))
+
+
+def _as_loaded(result: tuple[int, ...]) -> Loaded:
+    """A target's answer as Loaded (a target may return a plain (rows, bytes))."""
+    if isinstance(result, Loaded):
+        return result
+    rows, read, *rest = result
+    return Loaded(rows, read, rest[0] if rest else 0)
 
 
 R = TypeVar("R")

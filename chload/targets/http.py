@@ -299,8 +299,9 @@ class _Connection:
         sock.sendall(head)
         if length is not None:  # a file object of known length
             source = cast(BinaryIO, body)
-            sent = (sock.sendfile(source, source.tell(), length)
-                    if not self.tls and _is_regular(source) else _copy(source, sock, length))
+            sent = (sock.sendfile(source, source.tell(), length)  # (sendfile refuses 0)
+                    if length and not self.tls and _is_regular(source)
+                    else _copy(source, sock, length))
             if sent != length:
                 raise SourceError(f"{getattr(body, 'name', 'body')}: {sent:,} bytes where "
                                   f"{length:,} were listed; the file changed while loading "

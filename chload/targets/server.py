@@ -241,7 +241,7 @@ class ServerTarget:
         if done:
             self._loaded(event.moved(LOADED))
         self._drop(stage)
-        return Loaded(rows, read, rejected) if done else Loaded(0, read)  # loaded meanwhile
+        return Loaded(rows, read, rejected) if done else Loaded(0, read, elsewhere=True)
 
     def _budgeted(self, job: LoadJob, stage: str, errors_file: str) -> int:
         """With an error budget the loader's engine parses (push): it skips bad rows

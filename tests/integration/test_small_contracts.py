@@ -1,0 +1,168 @@
+"""Small contracts of the real `chload` command (issue 12, "smaller, same spirit"):
+validate before any load, --debug's exit code, --setting checked before anything is
+created, inference errors that keep their cause, a garbage or empty file, and two
+server loads of the same files at once. Results checked through SQL."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import services
+from common import make_trips
+from conftest import run_chload
+
+pytestmark = pytest.mark.integration
+
+
+def server_url(server: services.Service) -> str:
+    return f"http://loader@127.0.0.1:{server.ports['http']}/default"
+
+
+def server_env(server: services.Service) -> dict[str, str]:
+    return {"CLICKHOUSE_PASSWORD": server.credentials["password"]}
+
+
+@pytest.fixture(params=["embedded", "server"])
+def target(request: pytest.FixtureRequest, target_dir: str) -> Iterator[tuple[str, dict]]:
+    """(--target value, environment) of each kind of target."""
+    if request.param == "embedded":
+        yield target_dir, {}
+    else:
+        server = request.getfixturevalue("clickhouse")
+        yield server_url(server), server_env(server)
+
+
+def sql(target: tuple[str, dict], query: str) -> str:
+    out = run_chload("sql", query, "--target", target[0], "--format", "TSV", env=target[1])
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def load(target: tuple[str, dict], *args: str) -> tuple[int, dict, str]:
+    out = run_chload("load", *args, "--target", target[0], "--json", env=target[1])
+    assert "Traceback" not in out.stderr, out.stderr
+    return out.returncode, json.loads(out.stdout) if out.stdout.strip() else {}, out.stderr
+
+
+@pytest.fixture
+def good(tmp_path: Path) -> Path:
+    path = tmp_path / "good.csv"
+    path.write_text("id,name\n1,a\n2,b\n")
+    return path
+
+
+# -- validate, --debug ------------------------------------------------------------------
+
+def test_validate_before_the_first_load_leaves_nothing(tmp_path: Path, good: Path) -> None:
+    fresh = tmp_path / "fresh"
+    out = run_chload("validate", str(good), "-t", "t", "--target", str(fresh), "--json")
+    assert out.returncode == 0, out.stderr
+    [check] = json.loads(out.stdout)
+    assert (check["rows"], check["errors"], check["failure"]) == (2, 0, "")
+    assert not fresh.exists()
+
+
+def test_debug_shows_the_traceback_and_keeps_exit_2(tmp_path: Path, target_dir: str) -> None:
+    args = ["load", str(tmp_path / "missing.csv"), "-t", "t", "--target", target_dir]
+    plain, debug = run_chload(*args), run_chload(*args, "--debug")
+    assert plain.returncode == debug.returncode == 2
+    assert "Traceback" in debug.stderr and "missing.csv: no such file" in debug.stderr
+
+
+# -- --setting -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("setting, said", [
+    ("no_such_setting_x=1", "--setting no_such_setting_x: "),
+    ("input_format_allow_errors_num=lots", "--setting input_format_allow_errors_num=lots: "),
+])
+def test_a_bad_setting_stops_before_a_table_is_made(target: tuple[str, dict], good: Path,
+                                                   table_name: str, setting: str,
+                                                   said: str) -> None:
+    code, report, err = load(target, str(good), "-t", table_name, "--setting", setting)
+    assert code == 2 and report["kind"] == "UsageError"
+    assert said in err and len(err.strip().splitlines()) == 1
+    assert sql(target, f"EXISTS TABLE {table_name}") == "0"
+    code, report, _ = load(target, str(good), "-t", table_name, "--setting", "max_threads=2",
+                           "--setting", "input_format_allow_errors_num=0")  # good ones pass
+    assert (code, report["files_loaded"], report["rows_loaded"]) == (0, 1, 2)
+
+
+# -- inference, garbage, empty files ---------------------------------------------------
+
+def test_inference_error_keeps_the_engines_cause(tmp_path: Path, target_dir: str) -> None:
+    bad = tmp_path / "bad.csv.gz"
+    bad.write_bytes(os.urandom(3000))
+    out = run_chload("load", str(bad), "-t", "t", "--target", target_dir)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "bad.csv.gz: cannot infer its columns" in out.stderr
+    assert "inflate failed" in out.stderr and "ZLIB_INFLATE_FAILED" in out.stderr
+
+
+@pytest.mark.parametrize("junk", [b"this is not a csv file\n", b"oops\nnot,data,at,all\n"])
+def test_a_garbage_first_file_fails_alone(target: tuple[str, dict], tmp_path: Path,
+                                          good: Path, table_name: str, junk: bytes) -> None:
+    assert load(target, str(good), "-t", table_name)[0] == 0  # the table exists
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "000_garbage.csv.gz").write_bytes(gzip.compress(junk))
+    (tmp_path / "in" / "001_more.csv.gz").write_bytes(gzip.compress(b"id,name\n3,c\n4,d\n"))
+    code, report, _ = load(target, str(tmp_path / "in"), "-t", table_name)
+    assert code == 1, report
+    status = {Path(f["uri"]).name: (f["status"], f["error"]) for f in report["files"]}
+    assert status["001_more.csv.gz"][0] == "loaded"
+    assert status["000_garbage.csv.gz"][0] == "failed"
+    assert "000_garbage.csv.gz" in status["000_garbage.csv.gz"][1]
+    assert sql(target, f"SELECT count(), sum(id) FROM {table_name}") == "4\t10"
+
+
+def test_an_empty_file_loads_no_rows_into_an_existing_table(
+        target: tuple[str, dict], tmp_path: Path, good: Path, table_name: str) -> None:
+    assert load(target, str(good), "-t", table_name)[0] == 0
+    empty = tmp_path / "empty.csv"
+    empty.write_bytes(b"")
+    code, report, _ = load(target, str(empty), "-t", table_name)
+    assert (code, report["files_loaded"], report["rows_loaded"]) == (0, 1, 0), report
+    ledger = run_chload("files", "-t", table_name, "--target", target[0], "--json",
+                        env=target[1])
+    states = {Path(r["uri"]).name: (r["state"], r["rows"]) for r in json.loads(ledger.stdout)}
+    assert states["empty.csv"] == ("loaded", 0)
+    assert sql(target, f"SELECT count() FROM {table_name}") == "2"
+
+
+def test_an_empty_file_into_a_new_table_says_schema(tmp_path: Path, target_dir: str) -> None:
+    empty = tmp_path / "empty.csv"
+    empty.write_bytes(b"")
+    out = run_chload("load", str(empty), "-t", "t", "--target", target_dir)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "empty.csv: the file is empty" in out.stderr and "--schema" in out.stderr
+
+
+# -- two server loads of the same files at once ----------------------------------------
+
+def test_the_losing_concurrent_load_reports_skipped(
+        clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:
+    files = make_trips(str(tmp_path / "trips"), 8, 200_000)
+    target = (server_url(clickhouse), server_env(clickhouse))
+    assert load(target, files[0], "-t", table_name)[0] == 0  # the table exists
+    argv = [sys.executable, "-m", "chload", "load", str(tmp_path / "trips"), "-t",
+            table_name, "--target", target[0], "--json"]
+    procs = [subprocess.Popen(argv, env={**os.environ, **target[1]}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    reports = [json.loads(out) for out, _ in outs]
+    assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
+    loaded = [f for r in reports for f in r["files"] if f["status"] == "loaded"]
+    assert all(f["rows"] == 200_000 for f in loaded), loaded  # never "loaded, 0 rows"
+    assert sorted(f["uri"] for f in loaded) == sorted(files[1:])  # each file once
+    raced = [f for r in reports for f in r["files"] if f.get("note")]
+    assert raced and {f["status"] for f in raced} == {"skipped"}
+    assert {f["note"] for f in raced} == {"loaded by another run meanwhile"}
+    assert sum(r["rows_loaded"] for r in reports) == 7 * 200_000
+    assert sql(target, f"SELECT count(), uniqExact(id) FROM {table_name}") == \
+        f"{8 * 200_000}\t{8 * 200_000}"
