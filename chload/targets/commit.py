@@ -1,40 +1,60 @@
-"""Exactly once into a server table: attach a loaded stage under a commit lock.
+"""Exactly once into a table, for both targets: attach a loaded stage under a commit lock.
 
-The embedded target proves an attach happened by block numbers: MergeTree numbers every
-new part above all existing ones, so a part above the `mark` noted before the attach
-can only be the attach's. That holds only while nobody else writes, and on a server
-several loader hosts may load into one table. So each table gets a **commit lock**,
-and the block-number proof runs inside it:
+A load fills a fresh stage table (`chload.stage_<machine>_<pid>_<id>`, shaped like the
+table) and commits it here. The proof that an attach happened is the block number:
+MergeTree numbers every new part above all existing ones (and merges keep the range),
+so a part above the `mark` noted before the attach can only be the attach's. That
+holds only while nobody else writes, so each table's commits run inside a **commit
+lock** (locks.py), the one thing in which the targets differ:
 
-    lock    CREATE TABLE chload.lock_<t> (holder String DEFAULT '<machine:pid:start>')
-            ENGINE = Memory   -- atomic test-and-set on every version (code 57 if held);
-                                 its metadata survives a server restart
+- a server (several loader hosts may load into one table): the table
+  `chload.lock_<t>` (`CREATE TABLE` is an atomic test-and-set on every version, code 57
+  if held; its metadata survives a server restart): `locks.TableLock`;
+- the embedded target: engine.py's `flock` keeps every other process out of the
+  directory, and within the process one commit per table runs at a time (the per-table
+  turn below): `locks.ProcessLock`. Every stage not of this process is an orphan.
+
+The protocol, the same for both:
+
+    lock    acquire the table's lock (a server: CREATE TABLE chload.lock_<t> (holder
+            String DEFAULT '<machine:pid:start>') ENGINE = Memory)
     log     ledger event `committing` (file, stage, mark), where the mark is
-            max(max_block_number) of the table's active parts, read by the server in
+            max(max_block_number) of the table's active parts, read by the engine in
             the same INSERT ... SELECT that logs it
     attach  ALTER TABLE t ATTACH PARTITION ID 'p' FROM chload.stage_x, per partition
             (log and attach again for each further stage of a group commit)
-    unlock  DROP TABLE chload.lock_<t>; later: ledger `loaded`, DROP the stage
+    unlock  release the lock; later: ledger `loaded` (in batches, ledger.LoadedEvents),
+            DROP the stage
 
 Rules that make a crash at any instant harmless:
 
 1. The lock is released only after every partition is attached. So whoever finds a
    file still `committing` with no lock held knows it was attached; and nobody attaches
    into the table while a crashed commit is unsettled.
-2. A stage holds one part per partition (OPTIMIZE ... FINAL first, if not): attaching
-   one partition renames one part directory, so a server killed mid-attach leaves that
-   partition all there or not there at all.
-3. A lock whose holder is gone is broken, never ignored: holder on this machine with a
-   dead pid (pid + start time, so a reused pid is not mistaken), or our own process
-   (a commit that gave up), or on another machine: older than the lease and no commit
-   query of the holder still running (`system.processes`, by query_id prefix). The
-   breaker first creates `chload.dirty_<t>`, then renames the lock away; the next
-   holder settles every `committing` file of the table (mark rule: attach each stage
-   partition with no part above the mark), then drops the marker.
+2. On a server, a stage holds one part per partition (OPTIMIZE ... FINAL first, if
+   not): attaching one partition renames one part directory, so a server killed
+   mid-attach leaves that partition all there or not there at all. (The embedded
+   target attaches its stages' parts as they are.)
+3. A lock whose holder is gone is broken, never ignored: on a server, a holder on this
+   machine with a dead pid (pid + start time, so a reused pid is not mistaken), or our
+   own process (a commit that gave up), or on another machine: older than the lease
+   and no commit query of the holder still running (`system.processes`, by query_id
+   prefix); embedded, a commit of ours that gave up (a crashed process holds nothing).
+   The breaker first creates `chload.dirty_<t>`, then takes the lock; the next holder
+   settles every `committing` file of the table (mark rule: attach each stage partition
+   with no part above the mark), then drops the marker. A run's first step (`start`)
+   settles the table's `committing` files the same way, under the lock.
 4. Inside the lock, an error of unknown outcome (connection dropped during the ledger
    insert or the ATTACH) is settled by the same rule, retried until half the lease is
    spent; then the commit gives up (`CommitInterrupted`) and leaves the lock for the
    next holder -- it never writes `failed` over a commit that may have happened.
+5. Under the lock, a commit first looks at each of its files' last event: one that
+   another load (or an earlier attempt of this run) committed since this run started
+   attaches nothing, so a file-by-file retry of a batch that may have committed loads
+   nothing twice.
+6. A stage is dropped only when no file of any table, still `committing`, names it,
+   and its process is gone (`drop_orphans`): a crashed commit into one table keeps
+   its stage through loads into other tables until its own table settles it.
 
 What it assumes: during an unsettled crashed commit, only chload writes into the
 table (another program's INSERT into the same partition would look like the attach;

@@ -115,7 +115,7 @@ class EmbeddedTarget:
         errors_file = self._errors_file(stage) if job.budget.allows_errors else ""
         try:
             self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
-            rows, rejected = self._insert(f"{DATABASE}.{stage}", job, errors_file)
+            rows, rejected = self._insert(stage, job, errors_file)
         except ChloadError as exc:
             error = explain_gone(job.file, exc)
             self.ledger.record([_event(job, FAILED, stage, error=str(error))])
@@ -155,11 +155,12 @@ class EmbeddedTarget:
         self.command(f"DROP TABLE IF EXISTS {DATABASE}.{stage}")
 
     def _insert(self, stage: str, job: LoadJob, errors_file: str) -> tuple[int, int]:
-        """Parse the file into the stage; keep rejected rows within the budget."""
+        """Parse the file into the stage (chload.<stage>); keep rejected rows within the
+        budget, under the stage's name (as the ledger logs it)."""
         extra = job.budget.engine_settings(errors_file) if errors_file else []
         try:
-            rows, _ = self.engine.execute(_insert_sql(stage, job, self.reader, extra),
-                                          job.file.uri)
+            sql = _insert_sql(f"{DATABASE}.{stage}", job, self.reader, extra)
+            rows, _ = self.engine.execute(sql, job.file.uri)
         except DataError as exc:
             if errors_file and rejects.budget_spent(self.rows, job.budget, errors_file):
                 raise rejects.over_budget(self.rows, job.file.uri, job.file.format, job.budget,
