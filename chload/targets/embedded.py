@@ -19,6 +19,7 @@ holds a `flock`), so the lock is in-process (locks.ProcessLock).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -140,8 +141,7 @@ class EmbeddedTarget:
         stage for the committer to settle (some partitions may be attached already).
         """
         try:
-            done = self.committer.commit(job.table, job.table_display, stage,
-                                         self.committer.partitions(stage), events,
+            done = self.committer.commit(job.table, job.table_display, stage, None, events,
                                          self._started_ns)
         except TransientError:
             self._drop(stage)
@@ -152,7 +152,10 @@ class EmbeddedTarget:
         return done
 
     def _drop(self, stage: str) -> None:
-        self.command(f"DROP TABLE IF EXISTS {DATABASE}.{stage}")
+        """Drop a stage. Never raises: after its commit, an error must not make the
+        runner load its files again; a stage left behind is the next run's orphan."""
+        with contextlib.suppress(ChloadError):
+            self.command(f"DROP TABLE IF EXISTS {DATABASE}.{stage}")
 
     def _insert(self, stage: str, job: LoadJob, errors_file: str) -> tuple[int, int]:
         """Parse the file into the stage (chload.<stage>); keep rejected rows within the
