@@ -11,10 +11,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import services
+from common import make_trips
 from conftest import run_chload
 
 pytestmark = pytest.mark.integration
@@ -106,6 +108,31 @@ def test_a_crash_after_the_attach_survives_a_load_into_another_table(
     assert place.load(glob, "-t", ta).returncode == 0
     assert place.count(ta) == FILES_A * ROWS_A
     assert set(place.ledger(ta).values()) == {("loaded", ROWS_A)}
+
+
+def test_kill_9_in_loads_of_a_between_loads_of_b_then_exactly_once(
+        tmp_path: Path, target_dir: str) -> None:
+    """Real kills at three moments of a load into A, each followed by a load into B;
+    the last load of A has every row exactly once."""
+    make_trips(str(tmp_path / "a"), 12, 1_000_000)  # 5 MB files: several to a stage
+    (tmp_path / "b.csv").write_text("id,w\n1,q\n")
+    args = [sys.executable, "-m", "chload", "load", str(tmp_path / "a"), "--table", "ta",
+            "--target", target_dir, "--quiet", "--workers", "1"]
+    killed = 0
+    for delay in (1.2, 1.0, 0.8):
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            killed += 1
+        proc.wait(timeout=120)
+        assert run_chload("load", str(tmp_path / "b.csv"), "-t", "tb", "--target",
+                          target_dir).returncode == 0
+    assert killed >= 2  # the kills really interrupted loads
+    assert subprocess.run(args, timeout=180).returncode == 0
+    place = Place(target_dir, {}, "t")
+    assert place.count("ta") == 12_000_000
+    assert set(place.ledger("ta").values()) == {("loaded", 1_000_000)}
 
 
 # -- issue 12, item 2: a batched file gone between listing and loading ---------------
