@@ -82,7 +82,7 @@ from chload.targets.push import (
     select_sql,
     stream_push,
 )
-from chload.targets.vanished import check_present, explain_gone, open_listed
+from chload.targets.vanished import check_present, explain_gone, open_listed, reading
 
 RAW, PUSH = "raw", "push"
 JSON_LINES = frozenset({"JSONEachRow", "JSONLines", "NDJSON"})
@@ -386,17 +386,13 @@ class ServerTarget:
                                 f"{settings_sql(self._push_settings(job))}", context)
             counts = {r["f"]: int(r["n"]) for r in self.engine.rows(
                 f"SELECT _chload_file AS f, count() AS n FROM {memory} GROUP BY f", context)}
-            check_present(job.files, counts, lambda f: self._probe(job, f))
+            check_present(job.files, counts, reading(self.engine, self.reader, job.read_columns))
             names = ", ".join(quote_ident(c.name) for c in columns)
             self._push(job, stage, f"SELECT {names} FROM {memory}")
         finally:
             self.engine.query(f"DROP TABLE IF EXISTS {memory}", "TSV", context)
         return [Loaded(counts.get(f.uri, 0), f.size) for f in job.files]
 
-    def _probe(self, job: LoadJob, file: SourceFile) -> None:
-        """Read one file of a batch alone in the loader's engine (vanished.py)."""
-        self.engine.query(f"SELECT 1 FROM {self.reader(file, file.format.name, job.read_columns)}"
-                          " LIMIT 1", "TSV", file.uri)
 
     def _push_columns(self, job: LoadJob) -> tuple[list[Column], dict[str, str] | None]:
         """The stage's columns a push fills, with the audit columns' types (if any)."""

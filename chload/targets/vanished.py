@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 
+from chload.engine import Engine
 from chload.errors import ChloadError, SourceError
+from chload.schema import Column
 from chload.sources import SourceFile
 
 
@@ -34,6 +36,15 @@ def check_present(files: Sequence[SourceFile], counts: Mapping[str, int],
     for f in files:
         if counts.get(f.uri, 0) == 0 and _gone(f, probe):
             raise vanished(f)
+
+
+def reading(engine: Engine, reader: Callable[..., str],
+            columns: Sequence[Column]) -> Callable[[SourceFile], None]:
+    """A probe for check_present: `engine` reads a file alone, through `reader`."""
+    def probe(file: SourceFile) -> None:
+        source = reader(file, file.format.name, columns)
+        engine.query(f"SELECT 1 FROM {source} LIMIT 1", "TSV", file.uri)
+    return probe
 
 
 def explain_gone(file: SourceFile, error: ChloadError) -> ChloadError:

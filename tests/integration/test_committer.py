@@ -193,3 +193,20 @@ def test_a_batched_file_deleted_after_listing_fails_alone(
     rerun = place.load(str(source), "-t", table, "--json")
     assert json.loads(rerun.stdout)["files_loaded"] == 0
     assert place.count(table) == 70
+
+
+def test_a_medium_file_deleted_after_listing_fails_alone(tmp_path: Path,
+                                                         target_dir: str) -> None:
+    """Files of 1-16 MB share a stage (embedded): one gone fails the group before it
+    commits, then fails alone; the others load once."""
+    source = tmp_path / "medium"
+    make_trips(str(source), 4, 300_000)  # ~1.6 MB each
+    victim = source / "trips_002.csv.gz"
+    report = _load_deleting(Place(target_dir, {}, "t"), source, "m", victim)
+    status = {Path(f["uri"]).name: (f["status"], f["rows"]) for f in report["files"]}
+    assert status.pop(victim.name) == ("failed", 0)
+    assert set(status.values()) == {("loaded", 300_000)} and len(status) == 3
+    assert [f["error"] for f in report["files"] if f["status"] == "failed"] == [
+        f"{victim}: vanished after listing; it was not loaded (put it back and run the "
+        "same command again to load it)"]
+    assert Place(target_dir, {}, "t").count("m") == 900_000
