@@ -13,7 +13,8 @@ File states:
          `-> failed    `-> (crash) recovery decides: loaded, or loading again
 
 `committing` carries the stage table and a `mark` the target needs to tell, after a
-crash, whether the stage was already attached (see targets/embedded.py).
+crash, whether the stage was already attached (see targets/commit.py). So `loaded`
+events may wait a little and go in batches (`LoadedEvents`).
 
 Every event also names the table it went into by its `table_uuid`, where the engine
 has one (chDB 26, Atomic databases; not 18.16): events under another uuid are the
@@ -23,13 +24,15 @@ history of a table that was dropped or renamed away, not of the table of that na
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from chload.errors import EngineError
+from chload.errors import ChloadError, EngineError
 from chload.records import asdict, dataclass, field, fields, replace
 from chload.schema import quote_str
 
@@ -236,6 +239,43 @@ class Ledger:
         return self._sql.rows(
             f"SELECT * FROM {RUNS} {where} ORDER BY started_ns DESC LIMIT {int(limit)}"
         )
+
+
+class LoadedEvents:
+    """`loaded` events waiting to be written: every second or so, and at flush().
+
+    After a commit, `committing` (with the stage and mark) already settles a crash
+    (targets/commit.py), so `loaded` may wait and share one INSERT with others; on a
+    server that is a round trip less per file. `add` never raises: the file is
+    committed, and an error here must not make the runner load it again (events that
+    could not be written are tried again by the next write).
+    """
+
+    def __init__(self, ledger: Ledger, every: float = 1.0) -> None:
+        self.ledger, self.every = ledger, every
+        self._events: list[FileEvent] = []
+        self._guard = threading.Lock()
+        self._written = time.monotonic()
+
+    def add(self, events: Iterable[FileEvent]) -> None:
+        with self._guard:
+            self._events.extend(events)
+            due = time.monotonic() - self._written > self.every
+        if due:
+            with contextlib.suppress(ChloadError):
+                self.flush()
+
+    def flush(self) -> None:
+        """Write every waiting event; on an error they wait for the next write."""
+        with self._guard:
+            events, self._events = self._events, []
+            self._written = time.monotonic()
+        try:
+            self.ledger.record(events)
+        except ChloadError:
+            with self._guard:
+                self._events[:0] = events
+            raise
 
 
 def _literal(value: object) -> str:

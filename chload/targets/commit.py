@@ -1,40 +1,60 @@
-"""Exactly once into a server table: attach a loaded stage under a commit lock.
+"""Exactly once into a table, for both targets: attach a loaded stage under a commit lock.
 
-The embedded target proves an attach happened by block numbers: MergeTree numbers every
-new part above all existing ones, so a part above the `mark` noted before the attach
-can only be the attach's. That holds only while nobody else writes, and on a server
-several loader hosts may load into one table. So each table gets a **commit lock**,
-and the block-number proof runs inside it:
+A load fills a fresh stage table (`chload.stage_<machine>_<pid>_<id>`, shaped like the
+table) and commits it here. The proof that an attach happened is the block number:
+MergeTree numbers every new part above all existing ones (and merges keep the range),
+so a part above the `mark` noted before the attach can only be the attach's. That
+holds only while nobody else writes, so each table's commits run inside a **commit
+lock** (locks.py), the one thing in which the targets differ:
 
-    lock    CREATE TABLE chload.lock_<t> (holder String DEFAULT '<machine:pid:start>')
-            ENGINE = Memory   -- atomic test-and-set on every version (code 57 if held);
-                                 its metadata survives a server restart
+- a server (several loader hosts may load into one table): the table
+  `chload.lock_<t>` (`CREATE TABLE` is an atomic test-and-set on every version, code 57
+  if held; its metadata survives a server restart): `locks.TableLock`;
+- the embedded target: engine.py's `flock` keeps every other process out of the
+  directory, and within the process one commit per table runs at a time (the per-table
+  turn below): `locks.ProcessLock`. Every stage not of this process is an orphan.
+
+The protocol, the same for both:
+
+    lock    acquire the table's lock (a server: CREATE TABLE chload.lock_<t> (holder
+            String DEFAULT '<machine:pid:start>') ENGINE = Memory)
     log     ledger event `committing` (file, stage, mark), where the mark is
-            max(max_block_number) of the table's active parts, read by the server in
+            max(max_block_number) of the table's active parts, read by the engine in
             the same INSERT ... SELECT that logs it
     attach  ALTER TABLE t ATTACH PARTITION ID 'p' FROM chload.stage_x, per partition
             (log and attach again for each further stage of a group commit)
-    unlock  DROP TABLE chload.lock_<t>; later: ledger `loaded`, DROP the stage
+    unlock  release the lock; later: ledger `loaded` (in batches, ledger.LoadedEvents),
+            DROP the stage
 
 Rules that make a crash at any instant harmless:
 
 1. The lock is released only after every partition is attached. So whoever finds a
    file still `committing` with no lock held knows it was attached; and nobody attaches
    into the table while a crashed commit is unsettled.
-2. A stage holds one part per partition (OPTIMIZE ... FINAL first, if not): attaching
-   one partition renames one part directory, so a server killed mid-attach leaves that
-   partition all there or not there at all.
-3. A lock whose holder is gone is broken, never ignored: holder on this machine with a
-   dead pid (pid + start time, so a reused pid is not mistaken), or our own process
-   (a commit that gave up), or on another machine: older than the lease and no commit
-   query of the holder still running (`system.processes`, by query_id prefix). The
-   breaker first creates `chload.dirty_<t>`, then renames the lock away; the next
-   holder settles every `committing` file of the table (mark rule: attach each stage
-   partition with no part above the mark), then drops the marker.
+2. On a server, a stage holds one part per partition (OPTIMIZE ... FINAL first, if
+   not): attaching one partition renames one part directory, so a server killed
+   mid-attach leaves that partition all there or not there at all. (The embedded
+   target attaches its stages' parts as they are.)
+3. A lock whose holder is gone is broken, never ignored: on a server, a holder on this
+   machine with a dead pid (pid + start time, so a reused pid is not mistaken), or our
+   own process (a commit that gave up), or on another machine: older than the lease
+   and no commit query of the holder still running (`system.processes`, by query_id
+   prefix); embedded, a commit of ours that gave up (a crashed process holds nothing).
+   The breaker first creates `chload.dirty_<t>`, then takes the lock; the next holder
+   settles every `committing` file of the table (mark rule: attach each stage partition
+   with no part above the mark), then drops the marker. A run's first step (`start`)
+   settles the table's `committing` files the same way, under the lock.
 4. Inside the lock, an error of unknown outcome (connection dropped during the ledger
    insert or the ATTACH) is settled by the same rule, retried until half the lease is
    spent; then the commit gives up (`CommitInterrupted`) and leaves the lock for the
    next holder -- it never writes `failed` over a commit that may have happened.
+5. Under the lock, a commit first looks at each of its files' last event: one that
+   another load (or an earlier attempt of this run) committed since this run started
+   attaches nothing, so a file-by-file retry of a batch that may have committed loads
+   nothing twice.
+6. A stage is dropped only when no file of any table, still `committing`, names it,
+   and its process is gone (`drop_orphans`): a crashed commit into one table keeps
+   its stage through loads into other tables until its own table settles it.
 
 What it assumes: during an unsettled crashed commit, only chload writes into the
 table (another program's INSERT into the same partition would look like the attach;
@@ -47,76 +67,36 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from chload.errors import ChloadError, EngineError, TerminalError, TransientError
+from chload.errors import ChloadError, TerminalError, TransientError
 from chload.faults import crash_point
 from chload.ledger import COMMITTING, DATABASE, LOADED, FileEvent, Ledger
 from chload.records import dataclass, field
 from chload.schema import quote_str, split_table
+from chload.targets.locks import (
+    LEASE_SECONDS,
+    CommitLock,
+    Holder,
+    Sql,
+    TableLock,
+    _start_time,
+    dirty_name,
+    lock_name,
+)
 
-try:  # CPython's own SHA-1: the same digest as hashlib's, without loading OpenSSL (3-4 ms
-    from _sha1 import sha1  # of every start); names of locks and machines only
-except ImportError:  # pragma: no cover -- a Python built without it
-    from hashlib import sha1
-
-LEASE_SECONDS = 60.0
-LOCK_WAIT_SECONDS = 600.0
 ORPHAN_STAGE_SECONDS = 24 * 3600  # a stage of another machine untouched this long is dropped
-_TABLE_EXISTS = 57
+_lock_name, _dirty_name = lock_name, dirty_name
 
 
 class CommitInterrupted(TerminalError):
     """A commit whose outcome this process could not settle; the next holder settles it."""
 
 
-@dataclass(frozen=True)
-class Holder:
-    """A process, recognizable across machines and pid reuse."""
-
-    machine: str
-    pid: int
-    start: int
-
-    @classmethod
-    def this_process(cls) -> Holder:
-        return cls(machine_id(), os.getpid(), _start_time(os.getpid()))
-
-    @classmethod
-    def decode(cls, text: str) -> Holder | None:
-        parts = text.strip("'").split(":")
-        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
-            return None
-        return cls(parts[0], int(parts[1]), int(parts[2]))
-
-    def encode(self) -> str:
-        return f"{self.machine}:{self.pid}:{self.start}"
-
-    @property
-    def query_prefix(self) -> str:
-        return f"chload-commit-{self.machine}-{self.pid}-{self.start}-"
-
-    def alive_here(self) -> bool:
-        """On this machine: is the process still running (same pid and start time)?"""
-        return _start_time(self.pid) == self.start
-
-
-def machine_id() -> str:
-    boot = ""
-    with contextlib.suppress(OSError):
-        boot = open("/proc/sys/kernel/random/boot_id").read().strip()
-    return sha1(f"{socket.gethostname()}:{boot}".encode()).hexdigest()[:12]
-
-
-def _start_time(pid: int) -> int:
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return -1
-    return int(stat.rsplit(")", 1)[1].split()[19])
+class BatchOverlap(TerminalError):
+    """Some files of a batch were committed by another load: load them one by one."""
 
 
 def stage_name(holder: Holder) -> str:
@@ -128,7 +108,7 @@ class _Request:
     """One commit waiting for its turn, and how it ended."""
 
     stage: str
-    partitions: Sequence[str]
+    partitions: Sequence[str] | None
     events: Sequence[FileEvent]
     since_ns: int
     attached: bool | None = None
@@ -150,30 +130,27 @@ class _Turn:
     attaching: bool = False  # the group under way may have attached something
 
 
-class Sql:
-    """What the committer needs from the server: statements (with a query id) and rows."""
-
-    def __init__(self, command: Callable[[str, str], None],
-                 rows: Callable[[str], list[dict]]) -> None:
-        self.command = command
-        self.rows = rows
-
-
 class Committer:
-    """Attaches stages into tables, exactly once, across processes and machines."""
+    """Attaches stages into tables, exactly once, across processes and machines.
+
+    `lock` decides who may commit into a table (locks.py); by default a server's lock
+    table."""
 
     def __init__(self, sql: Sql, ledger: Ledger, lease: float = LEASE_SECONDS,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 lock: CommitLock | None = None) -> None:
         self.sql, self.ledger, self.lease, self.sleep = sql, ledger, lease, sleep
         self.holder = Holder.this_process()
+        self.lock: CommitLock = lock or TableLock(sql, self.holder, lease, sleep)
         self._turns: dict[str, _Turn] = {}
         self._guard = threading.Lock()
 
     # -- commit ----------------------------------------------------------------------
-    def commit(self, table: str, display: str, stage: str, partitions: Sequence[str],
+    def commit(self, table: str, display: str, stage: str, partitions: Sequence[str] | None,
                events: Sequence[FileEvent], since_ns: int) -> bool:
         """Attach `stage` into `table`; `events` (one per file the stage holds, state
-        committing) are logged first.
+        committing) are logged first. `partitions`: the stage's, or None to read them
+        with the mark.
 
         Returns False, attaching nothing, when another load committed one of the files
         (same identity) since `since_ns`: two runs over the same files at once load each
@@ -259,19 +236,39 @@ class Committer:
             return self._survey(table, display, events)
         return {row["a"]: row for row in rows if row["k"] == "last"}
 
-    def _attach_new(self, table: str, stage: str, partitions: Sequence[str],
+    def _attach_new(self, table: str, stage: str, partitions: Sequence[str] | None,
                     events: Sequence[FileEvent]) -> None:
-        """Log the files `committing` with the table's mark, read by the server as it
-        writes the log (one round trip: the mark is exact even right after another
-        attach), then attach the stage's partitions."""
-        for event in events:
-            event.stage, event.state = stage, COMMITTING
-        self.ledger.record(list(events), mark_of=split_table(table))
-        crash_point("server-before-attach")
+        """Log the files `committing` with the table's mark, then attach the stage's
+        partitions."""
+        partitions = self._log_committing(table, stage, partitions, events)
+        _crash_point("before-attach")
         for partition in partitions:
             self._run(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
                       f"FROM {DATABASE}.{stage}", table)
-        crash_point("server-after-attach")
+            crash_point("attach-partition")
+        _crash_point("after-attach")
+
+    def _log_committing(self, table: str, stage: str, partitions: Sequence[str] | None,
+                        events: Sequence[FileEvent]) -> Sequence[str]:
+        """Log the events `committing`, with the mark; return the stage's partitions.
+
+        A server reads the mark as it writes the log (one round trip: the mark is exact
+        even right after another attach). In-process (an exclusive lock) a round trip
+        costs little, and a statement reading the mark once per file cost chDB 1-2 ms a
+        file (0.36 s for a batch of 200 small files), so the mark is read first, with
+        the stage's partitions, in one query."""
+        for event in events:
+            event.stage, event.state = stage, COMMITTING
+        if not self.lock.exclusive:
+            partitions = partitions if partitions is not None else self.partitions(stage)
+            self.ledger.record(list(events), mark_of=split_table(table))
+            return partitions
+        tops = self._tops([table, f"{DATABASE}.{stage}"])
+        for event in events:
+            event.mark = max(tops.get(table, {}).values(), default=0)
+        self.ledger.record(list(events))
+        return partitions if partitions is not None else sorted(
+            tops.get(f"{DATABASE}.{stage}", {}))
 
     def _settle_own(self, table: str, display: str, stage: str, events: Sequence[FileEvent],
                     deadline: float, error: TransientError) -> None:
@@ -286,7 +283,7 @@ class Committer:
                 if logged:
                     self._settle(table, logged[0])
                 else:
-                    self._attach_new(table, stage, self._partitions(stage), events)
+                    self._attach_new(table, stage, None, events)
                 return
             except TransientError as exc:
                 error = exc
@@ -307,7 +304,7 @@ class Committer:
         lock; any error after leaves it for the next holder, who settles (rules 1, 4).
         """
         if turn.held_since is None:
-            self._acquire(table, display)
+            self.lock.acquire(table, display)
             turn.held_since = time.monotonic()
         turn.attaching = False
         try:
@@ -316,7 +313,7 @@ class Committer:
             turn.held_since = None
             if isinstance(exc, ChloadError) and not turn.attaching:
                 with contextlib.suppress(ChloadError):
-                    self._release(table)
+                    self.lock.release(table)
             raise
         with self._guard:
             passed = (bool(turn.queue)
@@ -324,72 +321,7 @@ class Committer:
         if not passed:
             turn.held_since = None
             with contextlib.suppress(ChloadError):  # a lock left behind is ours: the
-                self._release(table)                 # next holder breaks it (rule 3)
-
-    def _acquire(self, table: str, display: str) -> None:
-        lock = _lock_name(table)
-        started, pause = time.monotonic(), 0.02
-        while True:
-            try:
-                self._run(f"CREATE TABLE {DATABASE}.{lock} (holder String DEFAULT "
-                          f"{quote_str(self.holder.encode())}) ENGINE = Memory")
-                break
-            except EngineError as exc:
-                if exc.code != _TABLE_EXISTS:
-                    raise
-            holder, age, busy = self._lock_state(lock)
-            if age is not None and self._stale(holder, age, busy):
-                self._break(table, lock, holder)
-                continue
-            if time.monotonic() - started > LOCK_WAIT_SECONDS:
-                raise TransientError(f"table {display}: another chload has been committing "
-                                     f"for {LOCK_WAIT_SECONDS:.0f} s (lock {DATABASE}.{lock})")
-            self.sleep(pause)
-            pause = min(pause * 2, 0.5)
-
-    def _lock_state(self, lock: str) -> tuple[str, float | None, list[str]]:
-        """(holder text, age in seconds by the server's clock, running commit query ids)."""
-        rows = self.sql.rows(
-            f"SELECT 'holder' AS k, default_expression AS v FROM system.columns WHERE "
-            f"database = '{DATABASE}' AND table = {quote_str(lock)} "
-            f"UNION ALL SELECT 'age', toString(now() - metadata_modification_time) FROM "
-            f"system.tables WHERE database = '{DATABASE}' AND name = {quote_str(lock)} "
-            f"UNION ALL SELECT 'busy', query_id FROM system.processes "
-            f"WHERE startsWith(query_id, 'chload-commit-')")
-        found: dict[str, list[str]] = {}
-        for row in rows:
-            found.setdefault(row["k"], []).append(row["v"])
-        age = float(found["age"][0]) if found.get("age") else None
-        return (found.get("holder") or [""])[0], age, found.get("busy", [])
-
-    def _stale(self, holder_text: str, age: float, busy: list[str]) -> bool:
-        holder = Holder.decode(holder_text)
-        if holder is None:
-            return age > self.lease
-        if holder == self.holder:
-            return True  # a commit of ours that gave up: no thread of ours is inside
-        if holder.machine == self.holder.machine and not holder.alive_here():
-            return True
-        running = any(q.startswith(holder.query_prefix) for q in busy)
-        return age > self.lease and not running
-
-    def _break(self, table: str, lock: str, holder_text: str) -> None:
-        """Take a stale lock away; the next holder settles what it left (rule 3)."""
-        self._run(f"CREATE TABLE IF NOT EXISTS {DATABASE}.{_dirty_name(table)} "
-                  "(at DateTime DEFAULT now()) ENGINE = Memory")
-        broken = f"lockbroken_{os.urandom(6).hex()}"
-        try:
-            self._run(f"RENAME TABLE {DATABASE}.{lock} TO {DATABASE}.{broken}")
-        except EngineError:
-            return  # someone else broke or released it first
-        if self._lock_state(broken)[0] != holder_text:  # a fresh lock came in between: undo
-            with contextlib.suppress(EngineError):
-                self._run(f"RENAME TABLE {DATABASE}.{broken} TO {DATABASE}.{lock}")
-                return
-        self._run(f"DROP TABLE IF EXISTS {DATABASE}.{broken}")
-
-    def _release(self, table: str) -> None:
-        self._run(f"DROP TABLE IF EXISTS {DATABASE}.{_lock_name(table)}")
+                self.lock.release(table)             # next holder breaks it (rule 3)
 
     def _wait_idle(self, table: str, deadline: float) -> None:
         """Wait until no commit query of ours on `table` runs (an ATTACH whose answer was
@@ -440,20 +372,23 @@ class Committer:
         for event in pending:
             self._settle(table, event)
             self.ledger.record([event.moved(LOADED)])
-            self._run(f"DROP TABLE IF EXISTS {DATABASE}.{event.stage}")
+            if event.stage:
+                self._run(f"DROP TABLE IF EXISTS {DATABASE}.{_bare(event.stage)}")
         return len(pending)
 
     def _settle(self, table: str, event: FileEvent) -> None:
         """Attach the stage partitions that have no part above the event's mark."""
         if not event.stage:
             return
-        tops = self._tops([table, f"{DATABASE}.{event.stage}"])
+        stage = f"{DATABASE}.{_bare(event.stage)}"
+        tops = self._tops([table, stage])
         done = {p for p, top in tops.get(table, {}).items() if top > event.mark}
-        for partition in sorted(set(tops.get(f"{DATABASE}.{event.stage}", {})) - done):
+        for partition in sorted(set(tops.get(stage, {})) - done):
             self._run(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
-                      f"FROM {DATABASE}.{event.stage}", table)
+                      f"FROM {stage}", table)
 
-    def _partitions(self, stage: str) -> list[str]:
+    def partitions(self, stage: str) -> list[str]:
+        """The partition ids of a stage (chload.<stage>) that hold rows."""
         return sorted(self._tops([f"{DATABASE}.{stage}"]).get(f"{DATABASE}.{stage}", {}))
 
     def _tops(self, tables: list[str]) -> dict[str, dict[str, int]]:
@@ -488,9 +423,14 @@ class Committer:
         return dropped
 
     def _orphan(self, name: str, age: int) -> bool:
+        """Is this stage (or broken lock) of nobody? Under an exclusive lock (embedded),
+        every stage not of this process; else those of a dead process on this machine,
+        and any untouched for a day (ORPHAN_STAGE_SECONDS) elsewhere."""
         if name.startswith("lockbroken_"):
             return age > self.lease
         parts = name.split("_")
+        if self.lock.exclusive:
+            return parts[1:3] != [self.holder.machine, str(self.holder.pid)]
         if len(parts) != 4 or not parts[2].isdigit():
             return age > ORPHAN_STAGE_SECONDS
         if parts[1] == self.holder.machine:
@@ -498,12 +438,25 @@ class Committer:
         return age > ORPHAN_STAGE_SECONDS
 
     def _committing_stages(self, names: list[str]) -> set[str]:
-        listed = ", ".join(quote_str(n) for n in names)
+        """Those of `names` that a file of any table, still `committing`, needs."""
+        listed = ", ".join(quote_str(s) for n in names for s in (n, f"{DATABASE}.{n}"))
         rows = self.sql.rows(
             f"SELECT stage FROM (SELECT argMax(state, seq) AS st, argMax(stage, seq) AS stage "
             f"FROM {DATABASE}.files WHERE uri IN (SELECT uri FROM {DATABASE}.files WHERE "
             f"stage IN ({listed})) GROUP BY target_table, uri) WHERE st = '{COMMITTING}'")
-        return {r["stage"] for r in rows}
+        return {_bare(r["stage"]) for r in rows}
+
+
+def _crash_point(name: str) -> None:
+    """A crash point of the commit, under its name and its older server- name."""
+    crash_point(name)
+    crash_point(f"server-{name}")
+
+
+def _bare(stage: str) -> str:
+    """A stage's name in the chload database (before the committer, the embedded
+    target logged it qualified: chload.stage_x)."""
+    return stage.removeprefix(f"{DATABASE}.")
 
 
 def _taken(last: dict[str, dict], request: _Request) -> bool:
@@ -529,12 +482,4 @@ def _not_committed(request: _Request, cause: BaseException) -> BaseException:
 def _files(events: Sequence[FileEvent]) -> str:
     first = events[0].uri
     return first if len(events) == 1 else f"{first} and {len(events) - 1} more files"
-
-
-def _lock_name(table: str) -> str:
-    return f"lock_{sha1(table.encode()).hexdigest()[:16]}"
-
-
-def _dirty_name(table: str) -> str:
-    return f"dirty_{sha1(table.encode()).hexdigest()[:16]}"
 

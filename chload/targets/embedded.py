@@ -2,35 +2,33 @@
 
 Exactly once per file, without a column of ours in the user's table:
 
-1. `INSERT INTO chload.stage_X SELECT ... FROM file(...)`: the engine parses and writes
-   into a fresh table shaped like the target (`CREATE TABLE ... AS`);
-2. under one lock: note the target's highest block number (`mark`), ledger
-   `committing` (with the mark and the stage's name), then `ALTER TABLE t ATTACH
-   PARTITION ... FROM chload.stage_X` (hard links, milliseconds);
+1. `INSERT INTO chload.stage_<machine>_<pid>_<id> SELECT ... FROM file(...)`: the engine
+   parses and writes into a fresh table shaped like the target (`CREATE TABLE ... AS`);
+2. the committer (commit.py, the same as a server's) logs `committing` with the
+   table's `mark` and the stage's name, then attaches the stage (`ALTER TABLE t ATTACH
+   PARTITION ... FROM chload.stage_...`, hard links, milliseconds);
 3. ledger `loaded` (written in batches: the `committing` event already settles a crash)
    and drop the stage.
 
-A crash before 2 leaves only a stage, which recovery drops by its name. A crash after
-the `committing` event is settled by the block numbers: MergeTree numbers every
-attached part above every existing one and merges keep the range, so a part whose
-`max_block_number` exceeds the mark can only come from this attach (this process is
-the directory's only writer: engine.py holds a lock). Recovery attaches whatever
-partition is not yet there.
+A crash before 2 leaves only a stage, which the next run drops (it is not of that run's
+process, and no `committing` file of any table needs it). A crash after the
+`committing` event is settled by the mark rule (commit.py). The commit lock is the
+one difference from a server: this process is the directory's only writer (engine.py
+holds a `flock`), so the lock is in-process (locks.ProcessLock).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import threading
 import time
 from collections.abc import Callable, Sequence
 
 from chload import rejects
 from chload.engine import Engine
-from chload.errors import ChloadError, DataError, locate
-from chload.faults import crash_point
-from chload.ledger import COMMITTING, DATABASE, FAILED, LOADED, FileEvent, Ledger
+from chload.errors import ChloadError, DataError, TransientError, locate
+from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, LoadedEvents
 from chload.records import replace
 from chload.rejects import ErrorBudget
 from chload.schema import (
@@ -45,6 +43,9 @@ from chload.schema import (
 )
 from chload.sources import SourceFile, identity, table_function, table_function_many
 from chload.targets import Loaded, LoadJob, group_small_files
+from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
+from chload.targets.locks import ProcessLock
+from chload.targets.vanished import check_present, explain_gone, reading
 
 # Files below this are batched. Measured on 2 cores, gzip CSV of 4 narrow columns,
 # batched vs one by one: 40 x 260 KB 0.88 s vs 1.2-1.6 s, 20 x 680 KB 0.95 s vs 1.17 s,
@@ -76,10 +77,10 @@ class EmbeddedTarget:
         self.ledger = Ledger(self)
         self.ledger.ensure()
         rejects.ensure(self)
-        self._commit = threading.Lock()
-        self._pending: list[FileEvent] = []
-        self._pending_lock = threading.Lock()
-        self._flushed = time.monotonic()
+        sql = Sql(lambda statement, _query_id: self.command(statement), self.rows)
+        self.committer = Committer(sql, self.ledger, lock=ProcessLock(sql))
+        self.loaded = LoadedEvents(self.ledger)
+        self._started_ns = time.time_ns()  # files committed by other runs after this count
 
     # -- SQL ---------------------------------------------------------------------------
     def command(self, sql: str) -> None:
@@ -111,35 +112,60 @@ class EmbeddedTarget:
 
     # -- loading -----------------------------------------------------------------------
     def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
-        stage = f"{DATABASE}.stage_{os.urandom(8).hex()}"
+        stage = stage_name(self.committer.holder)
         errors_file = self._errors_file(stage) if job.budget.allows_errors else ""
         try:
             job = identity.as_read(job)
-            self.command(f"CREATE TABLE {stage} AS {job.table}")
+            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
             rows, rejected = self._insert(stage, job, errors_file)
             identity.check_read(job)
         except ChloadError as exc:
-            self.ledger.record([_event(job, FAILED, stage, error=str(exc))])
-            self.command(f"DROP TABLE IF EXISTS {stage}")
-            raise
+            error = explain_gone(job.file, exc)
+            self.ledger.record([_event(job, FAILED, stage, error=str(error))])
+            self._drop(stage)
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             if errors_file and os.path.exists(errors_file):
                 os.remove(errors_file)
         progress(rows, job.file.size)
-        with self._commit:
-            # An error from here on leaves the `committing` event and the stage for the
-            # next run's recovery to finish: some partitions may be attached already.
-            self._attach(job.table, stage, _event(job, COMMITTING, stage, rows, job.file.size))
-        self._loaded([_event(job, LOADED, stage, rows, job.file.size)])
-        self.command(f"DROP TABLE IF EXISTS {stage}")
-        return Loaded(rows, job.file.size, rejected)  # bytes: as stored (compressed)
+        done = self._commit(job, stage, [_event(job, "", rows=rows, read=job.file.size)])
+        # bytes: as stored (compressed); no rows when another load committed it meanwhile
+        return Loaded(rows, job.file.size, rejected) if done else Loaded(0, job.file.size)
+
+    def _commit(self, job: LoadJob, stage: str, events: Sequence[FileEvent]) -> bool:
+        """Attach the stage through the committer (commit.py), then queue `loaded` and
+        drop it; False when another load committed one of the files meanwhile.
+
+        A TransientError means nothing was committed: the stage is dropped and the
+        runner may try again. Any other error leaves the `committing` event and the
+        stage for the committer to settle (some partitions may be attached already).
+        """
+        try:
+            done = self.committer.commit(job.table, job.table_display, stage, None, events,
+                                         self._started_ns)
+        except TransientError:
+            self._drop(stage)
+            raise
+        if done:
+            self.loaded.add(e.moved(LOADED) for e in events)
+        self._drop(stage)
+        return done
+
+    def _drop(self, stage: str) -> None:
+        """Drop a stage. Never raises: after its commit, an error must not make the
+        runner load its files again; a stage left behind is the next run's orphan."""
+        with contextlib.suppress(ChloadError):
+            self.command(f"DROP TABLE IF EXISTS {DATABASE}.{stage}")
 
     def _insert(self, stage: str, job: LoadJob, errors_file: str) -> tuple[int, int]:
-        """Parse the file into the stage; keep rejected rows within the budget."""
+        """Parse the file into the stage (chload.<stage>); keep rejected rows within the
+        budget, under the stage's name (as the ledger logs it)."""
         extra = job.budget.engine_settings(errors_file) if errors_file else []
         try:
-            rows, _ = self.engine.execute(_insert_sql(stage, job, self.reader, extra),
-                                          job.file.uri)
+            sql = _insert_sql(f"{DATABASE}.{stage}", job, self.reader, extra)
+            rows, _ = self.engine.execute(sql, job.file.uri)
         except DataError as exc:
             if errors_file and rejects.budget_spent(self.rows, job.budget, errors_file):
                 raise rejects.over_budget(self.rows, job.file.uri, job.file.format, job.budget,
@@ -203,30 +229,30 @@ class EmbeddedTarget:
         Measured on 2 cores, 16 gzip CSV files of 1.3 MB (4M rows): a stage and commit
         per file cost ~45 ms each (CREATE, survey, ledger, ATTACH, DROP).
         """
-        stage = f"{DATABASE}.stage_{os.urandom(8).hex()}"
+        stage = stage_name(self.committer.holder)
         done: list[Loaded] = []
         try:
             job = identity.as_read(job)
-            self.command(f"CREATE TABLE {stage} AS {job.table}")
+            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
             for f in job.files:
                 one = replace(job, file=f, batch=())
-                rows, _ = self.engine.execute(_insert_sql(stage, one, self.reader), f.uri)
+                rows, _ = self.engine.execute(
+                    _insert_sql(f"{DATABASE}.{stage}", one, self.reader), f.uri)
                 done.append(Loaded(rows, f.size))
                 progress(rows, f.size)
             identity.check_read(job)
         except ChloadError:
-            self.command(f"DROP TABLE IF EXISTS {stage}")
+            self._drop(stage)
             raise
         self._commit_group(job, stage, done)
         return done
 
     def _commit_group(self, job: LoadJob, stage: str, done: Sequence[Loaded]) -> None:
-        events = [_event(replace(job, file=f), COMMITTING, stage, d.rows, d.bytes)
+        events = [_event(replace(job, file=f), "", rows=d.rows, read=d.bytes)
                   for f, d in zip(job.files, done, strict=True)]
-        with self._commit:
-            self._attach(job.table, stage, *events)
-        self._loaded([e.moved(LOADED) for e in events])
-        self.command(f"DROP TABLE IF EXISTS {stage}")
+        if not self._commit(job, stage, events):
+            raise BatchOverlap(f"{job.file.uri}: another load committed some files of this "
+                               "batch meanwhile; loading them one by one")
 
     def _load_small(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
         """Load several small files as one: one parse, one stage, one attach.
@@ -234,96 +260,47 @@ class EmbeddedTarget:
         The engine parses every file in one query into a Memory table that keeps each
         row's file (so per-file row counts are exact from one read), then copies into a
         stage shaped like the target. Either all files of the batch are committed or
-        none is; a batch that fails is retried file by file by the runner.
+        none is; a batch that fails is retried file by file by the runner. The engine
+        reads a file gone since listing as empty, so a file without rows is looked at
+        again before the commit (vanished.py).
         """
-        token = os.urandom(8).hex()
-        raw, stage = f"{DATABASE}.stage_{token}_raw", f"{DATABASE}.stage_{token}"
+        raw, stage = stage_name(self.committer.holder), stage_name(self.committer.holder)
         names = _names(job)
         try:
             job = identity.as_read(job)
-            self.command(f"CREATE TABLE {raw} ENGINE = Memory AS SELECT {', '.join(names)}, "
-                         f"'' AS _chload_file FROM {job.table} LIMIT 0")
-            self.engine.execute(f"INSERT INTO {raw} {_batch_select_sql(job, self.reader)} "
+            self.command(f"CREATE TABLE {DATABASE}.{raw} ENGINE = Memory AS SELECT "
+                         f"{', '.join(names)}, '' AS _chload_file FROM {job.table} LIMIT 0")
+            self.engine.execute(f"INSERT INTO {DATABASE}.{raw} "
+                                f"{_batch_select_sql(job, self.reader)} "
                                 f"SETTINGS {_settings_sql(job)}",
                                 f"batch of {len(job.files)} files from {job.file.uri}")
             counts = {r["f"]: int(r["n"]) for r in self.rows(
-                f"SELECT _chload_file AS f, count() AS n FROM {raw} GROUP BY f")}
+                f"SELECT _chload_file AS f, count() AS n FROM {DATABASE}.{raw} GROUP BY f")}
+            check_present(job.files, counts, reading(self.engine, self.reader, job.read_columns))
             identity.check_read(job)
-            self.command(f"CREATE TABLE {stage} AS {job.table}")
-            self.command(f"INSERT INTO {stage} ({', '.join(names)}) SELECT {', '.join(names)}"
-                         f" FROM {raw} SETTINGS {_settings_sql(job)}")
+            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
+            self.command(f"INSERT INTO {DATABASE}.{stage} ({', '.join(names)}) SELECT "
+                         f"{', '.join(names)} FROM {DATABASE}.{raw} "
+                         f"SETTINGS {_settings_sql(job)}")
         except ChloadError:
-            self.command(f"DROP TABLE IF EXISTS {stage}")
+            self._drop(stage)
             raise
         finally:
-            self.command(f"DROP TABLE IF EXISTS {raw}")
+            self._drop(raw)
         done = [Loaded(counts.get(f.uri, 0), f.size) for f in job.files]
         progress(sum(d.rows for d in done), sum(d.bytes for d in done))
         self._commit_group(job, stage, done)
         return done
 
-    def _attach(self, table: str, stage: str, *committing: FileEvent) -> None:
-        blocks = self._blocks([table, stage])
-        mark = max(blocks.get(table, {0: 0}).values(), default=0)
-        for event in committing:
-            event.mark = mark
-        self.ledger.record(committing)
-        crash_point("before-attach")
-        for partition in sorted(blocks.get(stage, {})):
-            self.command(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
-                         f"FROM {stage}")
-            crash_point("attach-partition")
-        crash_point("after-attach")
-
-    def _loaded(self, events: list[FileEvent]) -> None:
-        """Queue `loaded` events; write them every second or so, and at flush()."""
-        with self._pending_lock:
-            self._pending.extend(events)
-            due = time.monotonic() - self._flushed > 1.0
-        if due:
-            self.flush()
-
-    def flush(self) -> None:
-        with self._pending_lock:
-            events, self._pending = self._pending, []
-            self._flushed = time.monotonic()
-        self.ledger.record(events)
-
-    def _blocks(self, tables: list[str]) -> dict[str, dict[str, int]]:
-        """table -> partition id -> highest block number, over active parts."""
-        pairs = [split_table(t) for t in tables]
-        where = " OR ".join(f"(database = {quote_str(d)} AND table = {quote_str(n)})"
-                            for d, n in pairs)
-        found: dict[str, dict[str, int]] = {}
-        for row in self.rows(f"SELECT database, table, partition_id, max(max_block_number) "
-                             f"AS m FROM system.parts WHERE active AND ({where}) "
-                             f"GROUP BY database, table, partition_id"):
-            name = tables[pairs.index((row["database"], row["table"]))]
-            found.setdefault(name, {})[row["partition_id"]] = int(row["m"])
-        return found
 
     # -- recovery ----------------------------------------------------------------------
     def recover(self, table: str) -> int:
-        """Settle files an interrupted run left `loading` or `committing`."""
-        pending = self.ledger.latest(display_table(table), [COMMITTING])
-        for event in pending:
-            self._finish_attach(table, event)
-            self.ledger.record([event.moved(LOADED)])
-        self._drop_orphan_stages()
-        return len(pending)
+        """Settle what interrupted commits left (commit.py); return how many files."""
+        return self.committer.start(table, display_table(table))
 
-    def _finish_attach(self, table: str, event: FileEvent) -> None:
-        """Attach the stage's partitions that have no part above the mark yet."""
-        blocks = self._blocks([table, event.stage])
-        done = {p for p, top in blocks.get(table, {}).items() if top > event.mark}
-        for partition in sorted(set(blocks.get(event.stage, {})) - done):
-            self.command(f"ALTER TABLE {table} ATTACH PARTITION ID "
-                         f"{quote_str(partition)} FROM {event.stage}")
-
-    def _drop_orphan_stages(self) -> None:
-        for row in self.rows(f"SELECT name FROM system.tables WHERE database = "
-                             f"'{DATABASE}' AND startsWith(name, 'stage_')"):
-            self.command(f"DROP TABLE IF EXISTS {DATABASE}.{quote_ident(row['name'])}")
+    def flush(self) -> None:
+        """Write the `loaded` events still waiting (ledger.LoadedEvents)."""
+        self.loaded.flush()
 
     def close(self) -> None:
         self.flush()

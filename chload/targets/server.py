@@ -47,11 +47,10 @@ from chload.errors import (
     ChloadError,
     DataError,
     SchemaError,
-    TerminalError,
     TransientError,
     UsageError,
 )
-from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger
+from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, LoadedEvents
 from chload.records import replace
 from chload.rejects import ErrorBudget
 from chload.schema import (
@@ -73,7 +72,7 @@ from chload.targets import (
     LoadJob,
     group_small_files,
 )
-from chload.targets.commit import Committer, Sql, stage_name
+from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
 from chload.targets.http import HttpClient, parse_target_url
 from chload.targets.loader_rejects import LoaderRejects
 from chload.targets.push import (
@@ -84,6 +83,7 @@ from chload.targets.push import (
     select_sql,
     stream_push,
 )
+from chload.targets.vanished import check_present, explain_gone, open_listed, reading
 
 RAW, PUSH = "raw", "push"
 JSON_LINES = frozenset({"JSONEachRow", "JSONLines", "NDJSON"})
@@ -113,9 +113,7 @@ class ServerTarget:
         self.committer = Committer(Sql(self._command_id, self.rows), self.ledger)
         self.engine = Engine(None)  # chDB in memory, started on first use
         self.path = tempfile.mkdtemp(prefix="chload-server-")  # spooled stdin lives here
-        self._pending: list[FileEvent] = []
-        self._pending_lock = threading.Lock()
-        self._flushed = time.monotonic()
+        self.loaded = LoadedEvents(self.ledger)
         self._engines: dict[str, str] = {}
         self._undropped: set[str] = set()
         self._started_ns = time.time_ns()  # files committed by other runs after this count
@@ -223,10 +221,13 @@ class ServerTarget:
             identity.check_read(job)
             rejected = self.rejects.keep(job, stage, errors_file, rows) if errors_file else 0
         except ChloadError as exc:
-            if not isinstance(exc, TransientError):
-                self.ledger.record([_event(job, FAILED, error=str(exc))])
+            error = explain_gone(job.file, exc)
+            if not isinstance(error, TransientError):
+                self.ledger.record([_event(job, FAILED, error=str(error))])
             self._drop(stage)
-            raise
+            if error is exc:
+                raise
+            raise error from exc
         finally:
             if errors_file and os.path.exists(errors_file):
                 os.remove(errors_file)
@@ -239,7 +240,7 @@ class ServerTarget:
             self._drop(stage)  # nothing was committed; the runner may try again
             raise
         if done:
-            self._loaded(event.moved(LOADED))
+            self.loaded.add([event.moved(LOADED)])
         self._drop(stage)
         return Loaded(rows, read, rejected) if done else Loaded(0, read, elsewhere=True)
 
@@ -308,8 +309,7 @@ class ServerTarget:
             self._drop(stage)
             raise BatchOverlap(f"{job.file.uri}: another load committed some files of this "
                                "batch meanwhile; loading them one by one")
-        for event in events:
-            self._loaded(event.moved(LOADED))
+        self.loaded.add(e.moved(LOADED) for e in events)
         self._drop(stage)
         return done
 
@@ -344,10 +344,13 @@ class ServerTarget:
         if f.format.compression != "none":
             headers["Content-Encoding"] = f.format.compression
         params = {"max_insert_block_size": str(self._part_rows(job)), **dict(job.settings)}
-        with self._streams.data(), open(f.local_path, "rb") as body:
-            self.client.request(f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT "
-                                f"{f.format.name}", body, length=f.size, headers=headers,
-                                params=params, context=f.uri)
+        with os.fdopen(open_listed(f), "rb") as body:
+            if not f.size:  # no rows to post (and sendfile refuses a length of 0)
+                return 0
+            with self._streams.data():
+                self.client.request(f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT "
+                                    f"{f.format.name}", body, length=f.size,
+                                    headers=headers, params=params, context=f.uri)
         return f.size
 
     def _part_rows(self, job: LoadJob) -> int:
@@ -388,11 +391,13 @@ class ServerTarget:
                                 f"{settings_sql(self._push_settings(job))}", context)
             counts = {r["f"]: int(r["n"]) for r in self.engine.rows(
                 f"SELECT _chload_file AS f, count() AS n FROM {memory} GROUP BY f", context)}
+            check_present(job.files, counts, reading(self.engine, self.reader, job.read_columns))
             names = ", ".join(quote_ident(c.name) for c in columns)
             self._push(job, stage, f"SELECT {names} FROM {memory}")
         finally:
             self.engine.query(f"DROP TABLE IF EXISTS {memory}", "TSV", context)
         return [Loaded(counts.get(f.uri, 0), f.size) for f in job.files]
+
 
     def _push_columns(self, job: LoadJob) -> tuple[list[Column], dict[str, str] | None]:
         """The stage's columns a push fills, with the audit columns' types (if any)."""
@@ -491,30 +496,9 @@ class ServerTarget:
             self._undropped.add(stage)
 
     # -- ledger ------------------------------------------------------------------------
-    def _loaded(self, event: FileEvent) -> None:
-        """Queue `loaded` events; write them every second or so, and at flush(): the
-        `committing` event and the released lock already settle a crash (commit.py).
-
-        Never raises: the file is committed, and an error here must not make the runner
-        load it again (a server restarting now is answered by the next flush).
-        """
-        with self._pending_lock:
-            self._pending.append(event)
-            due = time.monotonic() - self._flushed > 1.0
-        if due:
-            with contextlib.suppress(ChloadError):
-                self.flush()
-
     def flush(self) -> None:
-        with self._pending_lock:
-            events, self._pending = self._pending, []
-            self._flushed = time.monotonic()
-        try:
-            self.ledger.record(events)
-        except ChloadError:
-            with self._pending_lock:
-                self._pending[:0] = events
-            raise
+        """Write the `loaded` events still waiting (ledger.LoadedEvents)."""
+        self.loaded.flush()
 
     def recover(self, table: str) -> int:
         return self.committer.start(table, display_table(table))
@@ -570,10 +554,6 @@ def _dropped_meanwhile(sql: str, message: str) -> bool:
         return False
     name = missing.group(1).replace("`", "").rpartition(".")[2]
     return f"'{name}'" not in sql
-
-
-class BatchOverlap(TerminalError):
-    """Some files of a batch were committed by another load: load them one by one."""
 
 
 def _event(job: LoadJob, state: str, rows: int = 0, read: int = 0,

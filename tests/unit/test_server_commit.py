@@ -25,6 +25,7 @@ from chload.targets.commit import (
     _Turn,
     stage_name,
 )
+from chload.targets.locks import TableLock
 
 TABLE, DISPLAY = "`db`.`t`", "db.t"
 
@@ -404,7 +405,8 @@ def test_which_locks_are_stale(holder: str, age: float, running: list[str], stal
     text = {"mine": me.encode(), "dead-here": Holder(me.machine, 2**22 + 7, 1).encode(),
             "elsewhere": Holder("0" * 12, 42, 1).encode(), "garbage": "x"}[holder]
     busy = [Holder("0" * 12, 42, 1).query_prefix + "abc"] if running else []
-    assert c._stale(text, age, busy) is stale
+    assert isinstance(c.lock, TableLock)  # a server's lock (locks.py)
+    assert c.lock.stale(text, age, busy) is stale
 
 
 def test_holder_round_trip_and_liveness() -> None:

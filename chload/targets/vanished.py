@@ -1,0 +1,86 @@
+"""Files gone between listing and loading: they fail, alone, and are never `loaded`.
+
+A batch reads many small files with one table function (`file('dir/{a,b,c}')`, and the
+same for s3 and hdfs), and the engine passes over a file of the list that is no longer
+there as if it were empty. So a file with no rows in a batch's result is looked at
+again before the batch commits: a local file must still be there and readable, any
+other is read once more, alone. One that is gone fails the batch, which the runner then
+loads file by file, where it fails alone with `VanishedFile`. A file that is there and
+holds no rows loads, with 0 rows. Only files with no rows pay for the look.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+
+from chload.engine import Engine
+from chload.errors import ChloadError, SourceError
+from chload.schema import Column
+from chload.sources import SourceFile
+
+
+class VanishedFile(SourceError):
+    """A file listed for loading that was gone (or unreadable) when it was read."""
+
+
+def vanished(file: SourceFile) -> VanishedFile:
+    return VanishedFile(f"{file.uri}: vanished after listing; it was not loaded (put it "
+                        "back and run the same command again to load it)")
+
+
+def check_present(files: Sequence[SourceFile], counts: Mapping[str, int],
+                  probe: Callable[[SourceFile], None]) -> None:
+    """Raise VanishedFile for the first of `files` without rows in `counts` that is gone;
+    `probe` reads a file that is not local alone (it raises SourceError if it cannot)."""
+    for f in files:
+        if counts.get(f.uri, 0) == 0 and _gone(f, probe):
+            raise vanished(f)
+
+
+def reading(engine: Engine, reader: Callable[..., str],
+            columns: Sequence[Column]) -> Callable[[SourceFile], None]:
+    """A probe for check_present: `engine` reads a file alone, through `reader`."""
+    def probe(file: SourceFile) -> None:
+        source = reader(file, file.format.name, columns)
+        engine.query(f"SELECT 1 FROM {source} LIMIT 1", "TSV", file.uri)
+    return probe
+
+
+def explain_gone(file: SourceFile, error: ChloadError) -> ChloadError:
+    """The error a load of `file` failed with, or VanishedFile if the file is gone (a
+    local file; the engine's own error names any other)."""
+    if isinstance(error, VanishedFile) or not _local(file) or _readable(file):
+        return error
+    return vanished(file)
+
+
+def open_listed(file: SourceFile) -> int:
+    """Open a local file listed for loading, as a file descriptor; VanishedFile if it
+    is gone, SourceError if it cannot be read."""
+    assert file.local_path is not None
+    try:
+        return os.open(file.local_path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise vanished(file) from None
+    except OSError as exc:
+        raise SourceError(f"{file.uri}: cannot read it ({exc.strerror})") from None
+
+
+def _gone(file: SourceFile, probe: Callable[[SourceFile], None]) -> bool:
+    if _local(file):
+        return not _readable(file)
+    try:
+        probe(file)
+    except SourceError:
+        return True
+    return False
+
+
+def _local(file: SourceFile) -> bool:
+    return file.kind == "local" and bool(file.local_path) and not file.is_stream
+
+
+def _readable(file: SourceFile) -> bool:
+    path = file.local_path or ""
+    return os.path.isfile(path) and os.access(path, os.R_OK)
