@@ -20,9 +20,16 @@ from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
 from chload.records import FrozenInstanceError
 from chload.schema import Column
-from chload.sources import SCHEMES, SourceContext, SourceFile, identity, source_for
+from chload.sources import (
+    SCHEMES,
+    SourceContext,
+    SourceFile,
+    identity,
+    source_for,
+    table_function,
+    table_function_many,
+)
 from chload.sources import release as release_files
-from chload.sources import table_function, table_function_many
 from chload.targets import LoadJob
 from chload.targets.embedded import _select_sql
 from chload.targets.vanished import VanishedFile, check_present, explain_gone
