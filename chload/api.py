@@ -20,11 +20,11 @@ from chload import options, planner, runner
 from chload.errors import ChloadError, TerminalError, UsageError
 from chload.ledger import FAILED, FileEvent, RunRecord
 from chload.monitor import Monitor
-from chload.records import asdict, dataclass, field, fields
+from chload.records import asdict, dataclass, field, fields, replace
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
 from chload.schema import Column, quote_str, settings_sql
-from chload.sources import SourceFile
+from chload.sources import SourceContext, SourceFile, kind_of, release, source_for
 from chload.targets import DEFAULT_TARGET, LoadJob, Target, open_target
 
 
@@ -137,13 +137,13 @@ def load(sources: Sources | LoadSpec, table: str | None = None, *,
     pairs. A wrong type or an unknown option is a UsageError naming it.
     """
     spec = sources if isinstance(sources, LoadSpec) else _spec("load", sources, table, options)
-    from chload.sources.local import release
-
     target = open_target(spec.target)
     try:
-        listed = _list_sources(spec, target)
+        context = _source_context(spec, target)
+        listed = _list_sources(spec, context)
         try:
-            return _load(spec, target, listed, listener or (lambda event: None))
+            with _engine_credentials(context):
+                return _load(spec, target, listed, listener or (lambda event: None))
         finally:
             release(listed)
     finally:
@@ -190,7 +190,7 @@ def _load(spec: LoadSpec, target: Target, listed: list[SourceFile],
     refused: list[FileResult] = []
     settings = _job_settings(spec)
     if plan.to_load:
-        plan.columns, plan.read_columns, plan.created_table = planner.prepare_table(
+        columns, read_columns, created = planner.prepare_table(
             target, table, plan.to_load, existing=existing, schema=spec.schema,
             order_by=spec.order_by, partition_by=spec.partition_by, audit=spec.audit,
             budget=spec.budget,
@@ -198,21 +198,24 @@ def _load(spec: LoadSpec, target: Target, listed: list[SourceFile],
         if not state.exists:
             state = target.ledger.table_state(table.database, table.name)
         checked = planner.check_headers(target, table, plan.to_load,
-                                        existing or plan.columns, plan.read_columns, spec.audit)
-        plan.to_load, settings = checked.files, (*checked.settings, *settings)
+                                        existing or columns, read_columns, spec.audit)
+        to_load, settings = checked.files, (*checked.settings, *settings)
         refused = _refuse(target, table, checked.refused, report.run_id, listener)
         if refused and spec.on_error == "abort":
-            refused += [FileResult(f.uri, "not-started") for f in plan.to_load]
-            plan.to_load = []
+            refused += [FileResult(f.uri, "not-started") for f in to_load]
+            to_load = []
+        plan = replace(plan, to_load=to_load, columns=columns, read_columns=read_columns,
+                       created_table=created)
     target.ledger.stamp(table.display, state.uuid)
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load)))
     workers = spec.workers or target.default_workers(plan.to_load)
     groups = _groups(target, plan.to_load, spec.budget, workers)
     threads = _threads_per_file(workers, len(groups))
-    jobs = [LoadJob(group[0], table.sql, table.display, plan.columns, plan.read_columns,
-                    spec.audit, settings, report.run_id, spec.budget,
-                    group if len(group) > 1 else (), threads)
+    jobs = [LoadJob(file=group[0], table=table.sql, table_display=table.display,
+                    columns=plan.columns, read_columns=plan.read_columns, audit=spec.audit,
+                    settings=settings, run_id=report.run_id, budget=spec.budget,
+                    batch=group if len(group) > 1 else (), threads=threads)
             for group in groups]
     in_flight = getattr(target, "open_streams", lambda streams: streams)(workers)
     monitor = Monitor(getattr(target, "path", ".")).start()
@@ -289,25 +292,41 @@ def _groups(target: Target, files: Sequence[SourceFile], budget: ErrorBudget,
     return plan_batches(files, budget, workers) if plan_batches else [(f,) for f in files]
 
 
-def _list_sources(spec: LoadSpec, target: Target) -> list[SourceFile]:
+def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
+    """What listing needs, resolved here once: S3 settings from the environment and
+    --s3-endpoint (only when a source is s3://: resolving reads ~/.aws, may import
+    botocore), and the engine that lists HDFS: the target's, as chDB allows one engine
+    path per process (hdfs.py)."""
+    s3 = None
+    if any(kind_of(s) == "s3" for s in spec.sources):
+        from chload.sources import aws
+
+        s3 = aws.resolve(os.environ, spec.s3_endpoint)
+    return SourceContext(format=spec.format, compression=spec.compression,
+                         workdir=os.path.join(getattr(target, "path", "."), "tmp"),
+                         s3=s3, query=target.infer_rows)
+
+
+def _engine_credentials(context: SourceContext) -> contextlib.AbstractContextManager[None]:
+    """The S3 credentials handed to the engine while it reads (aws.hand_to_engine)."""
+    if context.s3 is None:
+        return contextlib.nullcontext()
+    from chload.sources import aws
+
+    return aws.hand_to_engine(context.s3.credentials, os.environ)
+
+
+def _list_sources(spec: LoadSpec, context: SourceContext) -> list[SourceFile]:
     """Every file the sources name, each once (by uri), in the order named; all of
     them listed before anything loads, so a pattern that matches nothing stops the run.
+    Each source is listed by the kind of source its scheme names (sources.source_for).
     What listing made (stdin's spool, links) is the caller's to `release()`."""
-    from chload.sources.local import list_local, release, spool_stdin
-
     if spec.sources.count("-") > 1:
         raise UsageError("-: standard input can be read once; name - once")
     files: dict[str, SourceFile] = {}
     try:
-        for source in spec.sources:
-            if source == "-":
-                workdir = os.path.join(getattr(target, "path", "."), "tmp")
-                listed = [spool_stdin(spec.format, spec.compression, workdir)]
-            elif "://" in source and not source.startswith("file://"):
-                listed = _list_remote(source, spec, target)
-            else:
-                listed = list_local(source, spec.format, spec.compression)
-            for f in listed:
+        for pattern in spec.sources:
+            for f in source_for(pattern).list(pattern, context):
                 if f.uri in files:
                     release([f])  # another spelling of a file named already
                 else:
@@ -316,24 +335,6 @@ def _list_sources(spec: LoadSpec, target: Target) -> list[SourceFile]:
         release(files.values())
         raise
     return list(files.values())
-
-
-def _list_remote(source: str, spec: LoadSpec, target: Target) -> list[SourceFile]:
-    scheme = source.split("://")[0].lower()
-    if scheme == "s3":
-        from chload.sources.s3 import list_s3
-
-        return list_s3(source, spec.format, spec.compression, spec.s3_endpoint)
-    if scheme == "hdfs":
-        from chload.sources.hdfs import list_hdfs
-
-        return list_hdfs(source, spec.format, spec.compression, target.infer_rows)
-    if scheme in ("http", "https"):
-        from chload.sources.http import list_http
-
-        return list_http(source, spec.format, spec.compression)
-    raise UsageError(f"{source.split('@')[-1]}: {scheme}:// is not a source chload reads; "
-                     "use a path, s3://, hdfs://, http:// or https://")
 
 
 def _summarize(report: LoadReport, results: list[FileResult], plan: planner.Plan,
@@ -437,12 +438,16 @@ _VALIDATE_OPTIONS = ("target", "format", "compression", "schema", "max_errors",
                      "max_error_ratio", "s3_endpoint")
 
 
-def validate(sources: Sources, table: str, *, target: TargetName = None,
-             format: str | None = None, compression: str | None = None,
-             schema: str | None = None, max_errors: int | None = None,
-             max_error_ratio: float | None = None, s3_endpoint: str | None = None,
-             **unknown: object) -> list[FileCheck]:
+def validate(sources: Sources | LoadSpec, table: str | None = None, *,
+             target: TargetName = None, format: str | None = None,
+             compression: str | None = None, schema: str | None = None,
+             max_errors: int | None = None, max_error_ratio: float | None = None,
+             s3_endpoint: str | None = None, **unknown: object) -> list[FileCheck]:
     """Parse every row of every source against the table's (or the inferred) schema.
+
+    Takes what load() takes: sources and table= with options, or the LoadSpec a load
+    would be given (its options that only shape a load, such as order_by, workers or
+    settings, change nothing here).
 
     Writes nothing to the table or the ledger: bad rows are counted by the engine into
     a temporary errors file, outside the target. With an error budget, each file says
@@ -451,31 +456,43 @@ def validate(sources: Sources, table: str, *, target: TargetName = None,
     scratch engine, removed after: nothing is left behind.
     """
     options.no_unknown("validate", unknown, _VALIDATE_OPTIONS)
-    spec = _spec("validate", sources, table, dict(
-        target=target, format=format, compression=compression, schema=schema,
-        max_errors=max_errors, max_error_ratio=max_error_ratio, s3_endpoint=s3_endpoint))
-    from chload.sources.local import release
-
+    given = dict(target=target, format=format, compression=compression, schema=schema,
+                 max_errors=max_errors, max_error_ratio=max_error_ratio,
+                 s3_endpoint=s3_endpoint)
+    if isinstance(sources, LoadSpec):
+        if table is not None or any(v is not None for v in given.values()):
+            raise UsageError("validate(): given a LoadSpec, put the table and options in it")
+        spec = sources
+    else:
+        spec = _spec("validate", sources, table, given)
     with _validating(spec.target) as t:
         listed: list[SourceFile] = []
         try:
             name = planner.parse_table(spec.table, _default_database(t))
             existing = t.table_columns(name.sql)
-            listed = _list_sources(spec, t)
-            files = planner.resolve_format(t, listed, planner.known_names(existing, spec.schema),
-                                           forced=spec.format is not None)
-            columns, read_columns, _ = planner.prepare_table(
-                t, name, files, existing=existing, schema=spec.schema, order_by=None,
-                partition_by=None, audit=False, create=False, budget=spec.budget)
-            checked = planner.check_headers(t, name, files, existing or columns, read_columns,
-                                            audit=False)
-            refused = {f.uri: why for f, why in checked.refused}
-            return [FileCheck(f.uri, failure=refused[f.uri], within_budget=False)
-                    if f.uri in refused
-                    else _check(t, f, read_columns, spec.budget, checked.settings)
-                    for f in files]
+            context = _source_context(spec, t)
+            listed = _list_sources(spec, context)
+            with _engine_credentials(context):
+                return _check_files(t, spec, name, existing, listed)
         finally:
             release(listed)
+
+
+def _check_files(t: Target, spec: LoadSpec, name: planner.TableName,
+                 existing: list[Column] | None, listed: list[SourceFile]) -> list[FileCheck]:
+    """validate()'s checks of the listed files, as a load would read them."""
+    files = planner.resolve_format(t, listed, planner.known_names(existing, spec.schema),
+                                   forced=spec.format is not None)
+    columns, read_columns, _ = planner.prepare_table(
+        t, name, files, existing=existing, schema=spec.schema, order_by=None,
+        partition_by=None, audit=False, create=False, budget=spec.budget)
+    checked = planner.check_headers(t, name, files, existing or columns, read_columns,
+                                    audit=False)
+    refused = {f.uri: why for f, why in checked.refused}
+    return [FileCheck(f.uri, failure=refused[f.uri], within_budget=False)
+            if f.uri in refused
+            else _check(t, f, read_columns, spec.budget, checked.settings)
+            for f in files]
 
 
 @contextlib.contextmanager

@@ -92,23 +92,10 @@ def _parser() -> argparse.ArgumentParser:
     errs.add_argument("--json", action="store_true", help="print JSON (a list of objects)")
     errs.set_defaults(func=_errors)
     check = commands.add_parser("validate", help="parse sources against a table's schema; "
-                                "writes nothing")
+                                "writes nothing", description="Parse every row of the "
+                                "sources as `load` with the same flags would; writes nothing.")
     _common(check)
-    check.add_argument("sources", nargs="+", metavar="SOURCE")
-    check.add_argument("--table", "-t", required=True,
-                       help="table whose columns the data must fit (or the name a load "
-                       "would create)")
-    check.add_argument("--format", "-f", help="ClickHouse input format (default: from "
-                       "the name)")
-    check.add_argument("--compression", help="gzip, zstd, ... (default: from the name)")
-    check.add_argument("--schema", help="'a UInt32, b String': how to read the data")
-    check.add_argument("--s3-endpoint", metavar="URL", help="S3-compatible endpoint, as for "
-                       "load")
-    check.add_argument("--max-errors", type=int, metavar="N",
-                       help="bad rows a file may have, as for load (default 0)")
-    check.add_argument("--max-error-ratio", type=float, metavar="R",
-                       help="bad rows / all rows a file may have, as for load")
-    check.add_argument("--json", action="store_true")
+    _spec_flags(check)
     check.set_defaults(func=_validate)
     return parser
 
@@ -124,11 +111,7 @@ def _load_parser(commands: Any) -> None:
                             description="Load files, directories, globs or - (stdin) into "
                             "a table. Files already loaded are skipped.")
     _common(p)
-    p.add_argument("sources", nargs="+", metavar="SOURCE")
-    p.add_argument("--table", "-t", required=True, help="table name, or db.table")
-    p.add_argument("--format", "-f", help="ClickHouse input format (default: from the name)")
-    p.add_argument("--compression", help="gzip, zstd, bz2, xz, lz4, none (default: from name)")
-    p.add_argument("--schema", help="'a UInt32, b String': how to read the data")
+    _spec_flags(p)
     p.add_argument("--order-by", help="ORDER BY of a table chload creates")
     p.add_argument("--partition-by", help="PARTITION BY of a table chload creates")
     p.add_argument("--audit", action="store_true", help="add _source_file and _loaded_at")
@@ -140,15 +123,44 @@ def _load_parser(commands: Any) -> None:
     p.add_argument("--force", action="store_true", help="load files already loaded")
     p.add_argument("--on-error", default="continue", choices=["continue", "abort"],
                    help="after a failed file: go on with the others (default) or stop")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
+    p.set_defaults(func=_load)
+
+
+def _spec_flags(p: argparse.ArgumentParser) -> None:
+    """The flags `load` and `validate` share: what to read, into which table, with which
+    error budget (a validate says what a load with the same flags would do)."""
+    p.add_argument("sources", nargs="+", metavar="SOURCE")
+    p.add_argument("--table", "-t", required=True, help="table name, or db.table")
+    p.add_argument("--format", "-f", help="ClickHouse input format (default: from the name)")
+    p.add_argument("--compression", help="gzip, zstd, bz2, xz, lz4, none (default: from name)")
+    p.add_argument("--schema", help="'a UInt32, b String': how to read the data")
     p.add_argument("--max-errors", type=int, metavar="N",
-                   help="bad rows a file may have (default 0); kept in chload.rejects")
+                   help="bad rows a file may have (default 0); a load keeps them in "
+                   "chload.rejects")
     p.add_argument("--max-error-ratio", type=float, metavar="R",
                    help="bad rows / all rows a file may have, e.g. 0.01")
     p.add_argument("--s3-endpoint", metavar="URL", help="S3-compatible endpoint, e.g. "
                    "http://127.0.0.1:9000 (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, AWS)")
-    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
-    p.set_defaults(func=_load)
+    p.add_argument("--json", action="store_true", help="print the answer as JSON")
+
+
+# Flags only `load` has (its parser adds them), with what a LoadSpec takes when absent.
+_LOAD_ONLY: dict[str, Any] = {"order_by": None, "partition_by": None, "audit": False,
+                               "workers": None, "force": False, "on_error": "continue"}
+
+
+def _spec(args: argparse.Namespace) -> Any:
+    """The LoadSpec of a `load` or `validate` command line: one mapping of flags."""
+    from chload.api import LoadSpec
+
+    return LoadSpec(
+        sources=tuple(args.sources), table=args.table, target=args.target, format=args.format,
+        compression=args.compression, schema=args.schema, s3_endpoint=args.s3_endpoint,
+        max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
+        settings=_settings(getattr(args, "setting", [])),
+        **{name: getattr(args, name, default) for name, default in _LOAD_ONLY.items()},
+    )
 
 
 def _settings(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -162,16 +174,9 @@ def _settings(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
 
 
 def _load(args: argparse.Namespace) -> int:
-    from chload.api import LoadSpec, load
+    from chload.api import load
 
-    spec = LoadSpec(
-        sources=tuple(args.sources), table=args.table, target=args.target, format=args.format,
-        compression=args.compression, schema=args.schema, order_by=args.order_by,
-        partition_by=args.partition_by, audit=args.audit, settings=_settings(args.setting),
-        workers=args.workers, force=args.force, on_error=args.on_error,
-        max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
-        s3_endpoint=args.s3_endpoint,
-    )
+    spec = _spec(args)
     show = not args.quiet and not args.json and sys.stdout.isatty()
     if show:
         from chload.render import ProgressView
@@ -264,10 +269,7 @@ def _validate(args: argparse.Namespace) -> int:
     from chload.api import validate
     from chload.records import asdict
 
-    checks = validate(args.sources, args.table, target=args.target, format=args.format,
-                      compression=args.compression, schema=args.schema,
-                      max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
-                      s3_endpoint=args.s3_endpoint)
+    checks = validate(_spec(args))
     if args.json:
         print(json.dumps([asdict(c) for c in checks]))
     else:

@@ -32,7 +32,7 @@ from chload.schema import (
     parse_structure,
     quote_ident,
 )
-from chload.sources import SourceFile
+from chload.sources import SourceFile, source_for
 from chload.targets import Target
 
 # Formats whose rows carry no column names, so a table's columns cannot stand in.
@@ -80,9 +80,13 @@ def parse_table(value: str, default_database: str = "default") -> TableName:
     return table
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    """What a run will do: which files to load, which to skip, how to read them."""
+    """What a run will do: which files to load, which to skip, how to read them.
+
+    Built whole: `decide` splits the files; once the table is prepared, the caller
+    makes the complete plan with `replace(plan, to_load=..., columns=..., ...)`.
+    """
 
     to_load: list[SourceFile]
     skipped: list[SourceFile]
@@ -100,19 +104,22 @@ def decide(files: Sequence[SourceFile], loaded: Mapping[str, FileEvent], force: 
     refused, not loaded again: its earlier rows are still in the table, and loading it
     whole would double them. `--force` loads it (and every file) again, as asked.
     """
-    plan = Plan([], [])
+    to_load: list[SourceFile] = []
+    skipped: list[SourceFile] = []
+    changed: set[str] = set()
+    refused: dict[str, str] = {}
     for f in files:
         before = loaded.get(f.uri)
         if f.is_stream or before is None:
-            plan.to_load.append(f)
+            to_load.append(f)
             continue
         if before.identity != f.identity:
-            plan.changed.add(f.uri)
+            changed.add(f.uri)
             if not force:
-                plan.refused[f.uri] = _changed_message(f, before)
+                refused[f.uri] = _changed_message(f, before)
                 continue
-        (plan.to_load if force else plan.skipped).append(f)
-    return plan
+        (to_load if force else skipped).append(f)
+    return Plan(to_load, skipped, changed, refused)
 
 
 def _changed_message(f: SourceFile, before: FileEvent) -> str:
@@ -223,9 +230,9 @@ def first_line(target: Target, file: SourceFile) -> list[str] | None:
 
 
 def samples(files: Iterable[SourceFile], limit: int = 3) -> list[SourceFile]:
-    """The files worth asking about a schema: the first few that are not empty (a remote
-    object of size 0 may just not have said its size)."""
-    return [f for f in files if f.size > 0 or f.kind != "local"][:limit]
+    """The files worth asking about a schema: the first few not known to be empty (a
+    remote object of size 0 may just not have said its size: Source.known_empty)."""
+    return [f for f in files if not source_for(f).known_empty(f)][:limit]
 
 
 def prepare_table(

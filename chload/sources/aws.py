@@ -16,22 +16,31 @@ Why not boto3 for listing: importing boto3 and building a client costs ~0.4 s on
 these machines, about a fifth of loading 10M rows; SigV4 for one GET is 40 lines of
 hashlib. botocore is imported only for the credential sources that need it.
 
-How the engine gets the credentials without storing them: never in SQL. chDB's S3
-client reads AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN from the
-process environment on each query, so credentials that are not already there (from a
-profile or botocore) are put into this process's environment (`hand_to_engine`);
-nothing reaches a table definition, named collection, log or the ledger. `Credentials`
-hides its secrets from repr(), so no message or traceback can show them.
+Resolved once: the caller (api) calls `resolve` with the environment and the
+--s3-endpoint flag at the top of a run and passes the `S3Settings` down; nothing else
+under chload.sources reads the environment (AWS_CA_BUNDLE included: `ca_bundle`).
+
+How the engine gets the credentials without storing them: never in SQL (SQL text
+reaches error messages and the engine's logs). chDB's S3 client reads
+AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN from the process
+environment on each query, and that is the one channel it offers that is not SQL text.
+So the caller hands credentials that are not already there (from a profile or
+botocore) to the engine explicitly, for the time the engine reads (`hand_to_engine`,
+a context manager given the environment to use), and the environment is as it was
+afterwards: no module state remembers them, and a later `resolve` sees only the
+user's own. Nothing reaches a table definition, named collection, log or the ledger.
+`Credentials` hides its secrets from repr(), so no message or traceback can show them.
 """
 
 from __future__ import annotations
 
 import configparser
+import contextlib
 import datetime as dt
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from urllib.parse import quote, urlsplit
 
 from chload.errors import SourceError, UsageError
@@ -55,13 +64,15 @@ class Credentials:
 
 
 @dataclass(frozen=True)
-class S3Config:
-    """How to reach S3: endpoint URL (no trailing /), region, credentials or None."""
+class S3Settings:
+    """How to reach S3: endpoint URL (no trailing /), region, credentials (None:
+    anonymous), and the CA bundle for https (None: the system's)."""
 
     endpoint: str
     region: str
     credentials: Credentials | None
     custom_endpoint: bool  # True: path-style URLs on this endpoint (MinIO, Ceph, ...)
+    ca_bundle: str | None = None  # AWS_CA_BUNDLE, as the AWS tools honour it
 
     @property
     def anonymous(self) -> bool:
@@ -79,8 +90,12 @@ class S3Config:
         return f"{self.bucket_url(bucket)}/{quote(key, safe='/~!$&()+,;=:@-._')}"
 
 
-def resolve(env: Mapping[str, str], endpoint_flag: str | None = None) -> S3Config:
-    """Endpoint, region and credentials by the AWS conventions (module docstring)."""
+S3Config = S3Settings  # the earlier name (s3.Lister's region redirect still says it)
+
+
+def resolve(env: Mapping[str, str], endpoint_flag: str | None = None) -> S3Settings:
+    """Endpoint, region and credentials by the AWS conventions (module docstring): the
+    one place S3 settings are read from the environment, called once by the caller."""
     profile_name = env.get("AWS_PROFILE") or env.get("AWS_DEFAULT_PROFILE") or ""
     profile = read_profile(env, profile_name or "default", required=bool(profile_name))
     region = (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or profile.get("region")
@@ -95,7 +110,7 @@ def resolve(env: Mapping[str, str], endpoint_flag: str | None = None) -> S3Confi
     endpoint = check_endpoint(endpoint, source) if custom else \
         f"https://s3.{region}.amazonaws.com"
     creds = _credentials(env, profile, profile_name or "default")
-    return S3Config(endpoint, region, creds, custom)
+    return S3Settings(endpoint, region, creds, custom, env.get("AWS_CA_BUNDLE") or None)
 
 
 def check_endpoint(value: str, source: str = "--s3-endpoint") -> str:
@@ -139,7 +154,7 @@ def _section(path: str, section: str) -> dict[str, str]:
 def _credentials(env: Mapping[str, str], profile: dict[str, str],
                  name: str) -> Credentials | None:
     key, secret = env.get("AWS_ACCESS_KEY_ID", ""), env.get("AWS_SECRET_ACCESS_KEY", "")
-    if key and secret and not _exported_by_us(env):
+    if key and secret:
         return Credentials(key, secret, env.get("AWS_SESSION_TOKEN", ""), "environment")
     if profile.get("aws_access_key_id") and profile.get("aws_secret_access_key"):
         return Credentials(profile["aws_access_key_id"], profile["aws_secret_access_key"],
@@ -179,33 +194,39 @@ def _botocore_credentials(profile: str | None) -> Credentials:
                        f"{where} (via botocore)")
 
 
-# Credentials this process put into its environment for the engine; a later resolve()
-# must not mistake them for the user's own environment.
-_exported: dict[str, str] = {}
-
-
-def _exported_by_us(env: Mapping[str, str]) -> bool:
-    return bool(_exported) and all(env.get(k, "") == v for k, v in _exported.items())
-
-
+@contextlib.contextmanager
 def hand_to_engine(creds: Credentials | None,
-                   environ: MutableMapping[str, str] = os.environ) -> None:
-    """Make the engine's S3 client use `creds` (it reads the process environment).
+                   environ: MutableMapping[str, str]) -> Iterator[None]:
+    """Make the engine's S3 client use `creds` while the block runs (it reads them from
+    `environ`, the process environment: the caller passes os.environ explicitly).
 
-    Credentials from the environment are there already; others are set in this
-    process only (children are never started with them). Anonymous: s3() gets NOSIGN.
+    Credentials from the environment are there already, and anonymous reads use NOSIGN:
+    `environ` is not touched. Others are set for the block only, in this process only
+    (children are never started with them), and the earlier values put back after.
+    Two blocks at once with different credentials would see each other's: a process
+    loads from one set of S3 credentials at a time.
     """
     if creds is None or creds.source == "environment":
+        yield
         return
     values = {"AWS_ACCESS_KEY_ID": creds.access_key, "AWS_SECRET_ACCESS_KEY": creds.secret_key,
               "AWS_SESSION_TOKEN": creds.token}
+    before = {name: environ.get(name) for name in _ENV_KEYS}
     for name in _ENV_KEYS:
-        if values[name]:
-            environ[name] = values[name]
-        else:
-            environ.pop(name, None)
-    _exported.clear()
-    _exported.update({k: v for k, v in values.items() if v})
+        _put(environ, name, values[name] or None)
+    try:
+        yield
+    finally:
+        for name in _ENV_KEYS:
+            if environ.get(name) == (values[name] or None):  # unless changed meanwhile
+                _put(environ, name, before[name])
+
+
+def _put(environ: MutableMapping[str, str], name: str, value: str | None) -> None:
+    if value:
+        environ[name] = value
+    else:
+        environ.pop(name, None)
 
 
 def sign(method: str, url: str, region: str, creds: Credentials | None,

@@ -9,20 +9,23 @@ load can connect. A path without glob characters is one file or a directory (eve
 file below it, except hidden names: `.x`, `_SUCCESS`).
 
 Identity: size and modification time (the NameNode's, in whole seconds).
+
+The listing query runs in the engine the caller passes (`SourceContext.query`): the
+target's own, since chDB allows one engine path per process and that engine is the one
+that reads the files.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from chload.errors import ChloadError, SourceError, UsageError
 from chload.formats import detect
 from chload.schema import quote_str
-from chload.sources import SourceFile
-from chload.sources.remote import brace_list
+from chload.sources import Query, SourceContext, SourceFile
+from chload.sources.remote import RemoteSource, brace_list
 
-Query = Callable[[str], list[dict]]  # runs SQL in the engine, returns small rows
 _GLOB = re.compile(r"[*?{]")
 _HIDDEN = (".", "_")
 
@@ -97,3 +100,25 @@ def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
     """`hdfs('hdfs://host:port/path', 'Format', 'structure', 'compression')`."""
     args = [file.location or file.uri, fmt, structure or "auto", file.format.compression]
     return f"hdfs({', '.join(quote_str(a) for a in args)})"
+
+
+class HdfsSource(RemoteSource):
+    """hdfs://namenode:port/path: listed and read by the engine's hdfs()."""
+
+    kind = "hdfs"
+    schemes = ("hdfs",)
+
+    def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
+        if context.query is None:
+            raise UsageError(f"{pattern}: listing HDFS needs an engine (SourceContext.query)")
+        return list_hdfs(pattern, context.format, context.compression, context.query)
+
+    def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
+        return table_function(file, fmt, structure)
+
+    def table_function_many(self, files: Sequence[SourceFile], fmt: str,
+                            structure: str | None) -> tuple[str, str] | None:
+        return table_function_many(files, fmt, structure)
+
+
+SOURCE = HdfsSource()

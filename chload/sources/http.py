@@ -23,7 +23,8 @@ from urllib.parse import urlsplit, urlunsplit
 from chload.errors import SourceError, TransientError, UsageError
 from chload.formats import detect
 from chload.schema import quote_str
-from chload.sources import SourceFile, expand_braces
+from chload.sources import SourceContext, SourceFile, expand_braces
+from chload.sources.remote import RemoteSource
 
 Head = Callable[[str], tuple[int, Mapping[str, str]]]  # url -> (status, headers)
 PARALLEL = 16
@@ -129,3 +130,19 @@ def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
     args = [file.location or file.uri, fmt, structure or "auto", file.format.compression]
     return f"url({', '.join(quote_str(a) for a in args)})"
 
+
+
+class HttpSource(RemoteSource):
+    """http(s):// URLs, named (HTTP cannot list), read by the engine's url()."""
+
+    kind = "http"
+    schemes = ("http", "https")
+
+    def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
+        return list_http(pattern, context.format, context.compression)
+
+    def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
+        return table_function(file, fmt, structure)
+
+
+SOURCE = HttpSource()

@@ -8,36 +8,30 @@ file that changed in between fails, nothing of it committed, and a rerun loads i
 it is stable. What this cannot see: a rewrite that keeps the size within one tick of
 the file system's mtime clock.
 
-Remote objects keep their listed identity: an S3 or HTTP object is not stat'ed again
-here. For S3 it would be feasible (a HEAD after the read, comparing the ETag: one request
-per object, not made yet); a single GET sees one version of an object, but the engine
-reads a large one in ranged GETs that could straddle a replacement.
+Each source says how (`Source.current`). Remote objects keep their listed identity: an
+S3 or HTTP object is not stat'ed again here. For S3 it would be feasible (a HEAD after
+the read, comparing the ETag: one request per object, not made yet); a single GET sees
+one version of an object, but the engine reads a large one in ranged GETs that could
+straddle a replacement.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from chload.errors import SourceError
 from chload.records import replace
-from chload.sources import SourceFile
+from chload.sources import SourceFile, source_for
 
 if TYPE_CHECKING:
     from chload.targets import LoadJob
 
 
 def current(file: SourceFile) -> SourceFile:
-    """`file` with its size and mtime as they are now (local files; others as listed)."""
-    if file.kind != "local" or file.is_stream or not file.local_path:
-        return file
-    try:
-        st = os.stat(file.local_path)
-    except OSError as exc:
-        raise SourceError(f"{file.uri}: cannot read it ({exc.strerror}); it was there when "
-                          "listed") from exc
-    return replace(file, size=st.st_size, mtime_ns=st.st_mtime_ns)
+    """`file` with its identity as it is now, as its source can tell (Source.current:
+    local files are stat'ed again; others keep their listed identity)."""
+    return source_for(file).current(file)
 
 
 def as_read(job: LoadJob) -> LoadJob:

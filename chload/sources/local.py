@@ -34,8 +34,9 @@ from urllib.parse import unquote
 from chload.engine import LOCK_NAME
 from chload.errors import SourceError, UsageError
 from chload.formats import detect
+from chload.records import replace
 from chload.schema import quote_str
-from chload.sources import SourceFile, expand_braces
+from chload.sources import SourceContext, SourceFile, expand_braces
 from chload.sources.remote import brace_list
 
 _PATTERN_CHARS = set("*?[{")
@@ -298,3 +299,52 @@ def table_function_many(files: Sequence[SourceFile], fmt: str,
         return None  # the engine matches a list within one directory only
     one = SourceFile(listed, 0, 0, files[0].format, local_path=listed)
     return table_function(one, fmt, structure), f"concat({quote_str(directory)}, _file)"
+
+
+class LocalSource:
+    """Paths, directories, globs and `file://` on this machine, and `-` (standard input,
+    spooled): read by the engine's file(). The one kind whose identity can be taken
+    again at the read (a stat) and whose presence is known without reading."""
+
+    kind = "local"
+    schemes = ("file",)
+
+    def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
+        if pattern == "-":
+            return [spool_stdin(context.format, context.compression, context.workdir)]
+        return list_local(pattern, context.format, context.compression)
+
+    def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
+        return table_function(file, fmt, structure)
+
+    def table_function_many(self, files: Sequence[SourceFile], fmt: str,
+                            structure: str | None) -> tuple[str, str] | None:
+        return table_function_many(files, fmt, structure)
+
+    def release(self, files: Iterable[SourceFile]) -> None:
+        release(files)
+
+    def current(self, file: SourceFile) -> SourceFile:
+        """The file's size and mtime as they are now (stdin's spool: as spooled)."""
+        if file.is_stream or not file.local_path:
+            return file
+        try:
+            st = os.stat(file.local_path)
+        except OSError as exc:
+            raise SourceError(f"{file.uri}: cannot read it ({exc.strerror}); it was there "
+                              "when listed") from exc
+        return replace(file, size=st.st_size, mtime_ns=st.st_mtime_ns)
+
+    def still_there(self, file: SourceFile) -> bool | None:
+        if file.is_stream or not file.local_path:
+            return None
+        return os.path.isfile(file.local_path) and os.access(file.local_path, os.R_OK)
+
+    def reads_at_uri(self, file: SourceFile) -> bool:
+        return file.local_path == file.uri  # not stdin's spool, nor a plain-named link
+
+    def known_empty(self, file: SourceFile) -> bool:
+        return file.size == 0
+
+
+SOURCE = LocalSource()

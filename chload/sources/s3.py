@@ -8,15 +8,15 @@ without glob characters names one object or, failing that, a "directory": every
 object under `key/`, except hidden names (`.x`, `_SUCCESS`) and folder markers.
 
 Each object's identity is its ETag with its size; its `uri` (ledger, messages) is
-`s3://bucket/key`, its `location` the HTTP URL the engine reads. Credentials: see
-aws.py; they appear in no SQL text.
+`s3://bucket/key`, its `location` the HTTP URL the engine reads. Endpoint, region and
+credentials: see aws.py (resolved once by the caller, in `SourceContext.s3`); they
+appear in no SQL text.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import http.client
-import os
 import re
 import ssl
 import time
@@ -28,8 +28,8 @@ from chload.errors import SourceError, TransientError, UsageError
 from chload.formats import detect
 from chload.records import dataclass
 from chload.schema import quote_str
-from chload.sources import SourceFile, aws, expand_braces
-from chload.sources.remote import brace_list
+from chload.sources import SourceContext, SourceFile, aws, expand_braces
+from chload.sources.remote import RemoteSource, brace_list
 
 _GLOB = re.compile(r"[*?\[]")
 _HIDDEN = (".", "_")
@@ -55,17 +55,16 @@ def parse_uri(uri: str) -> tuple[str, str]:
 
 
 def list_s3(pattern: str, fmt: str | None, compression: str | None,
-            endpoint: str | None = None) -> list[SourceFile]:
-    """Every object the pattern names, sorted by key, each with its identity."""
+            config: aws.S3Settings) -> list[SourceFile]:
+    """Every object the pattern names, sorted by key, each with its identity.
+    `config`: endpoint, region and credentials, resolved once by the caller (aws.py)."""
     bucket, key_pattern = parse_uri(pattern)
-    config = aws.resolve(os.environ, endpoint)
     objects = find_objects(Lister(config), bucket, key_pattern)
     if not objects:
         what = "no object matches" if _GLOB.search(key_pattern) or "{" in key_pattern else \
             "no such object, nor objects under it"
         raise SourceError(f"{pattern}: {what} at {config.endpoint}; check the bucket, "
                           "key and pattern (or the endpoint: --s3-endpoint, AWS_ENDPOINT_URL)")
-    aws.hand_to_engine(config.credentials)
     return [describe(config, bucket, o, fmt, compression) for o in objects]
 
 
@@ -152,7 +151,7 @@ def glob_regex(pattern: str) -> str:
     return "".join(out)
 
 
-def describe(config: aws.S3Config, bucket: str, obj: S3Object, fmt: str | None,
+def describe(config: aws.S3Settings, bucket: str, obj: S3Object, fmt: str | None,
              compression: str | None) -> SourceFile:
     return SourceFile(
         uri=f"s3://{bucket}/{obj.key}", size=obj.size, mtime_ns=obj.modified_ns,
@@ -189,8 +188,9 @@ def table_function_many(files: Sequence[SourceFile], fmt: str,
 class Lister:
     """ListObjectsV2 over one keep-alive connection, signed with SigV4 (aws.py)."""
 
-    def __init__(self, config: aws.S3Config, timeout: float = 30.0) -> None:
+    def __init__(self, config: aws.S3Settings, timeout: float = 30.0) -> None:
         self.config = config
+        self.ca_bundle = config.ca_bundle
         self.timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
         self._host = ""
@@ -239,7 +239,7 @@ class Lister:
         if self._conn is None or self._host != parts.netloc:
             self._close()
             if parts.scheme == "https":  # AWS_CA_BUNDLE as the AWS tools honour it
-                context = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE"))
+                context = ssl.create_default_context(cafile=self.ca_bundle)
                 self._conn = http.client.HTTPSConnection(parts.netloc, timeout=self.timeout,
                                                          context=context)
             else:
@@ -266,7 +266,7 @@ def parse_listing(root: ElementTree.Element) -> Iterator[S3Object]:
                        fields.get("ETag", "").strip('"'), _parse_time(fields.get("LastModified")))
 
 
-def listing_error(where: str, config: aws.S3Config, status: int, body: bytes) -> SourceError:
+def listing_error(where: str, config: aws.S3Settings, status: int, body: bytes) -> SourceError:
     """One line for an S3 error answer; the server's message text is not echoed."""
     code = ""
     try:
@@ -307,3 +307,26 @@ def _parse_time(value: str | None) -> int:
 def _reason(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or type(exc).__name__
 
+
+
+class S3Source(RemoteSource):
+    """s3://bucket/prefix/pattern: listed here (ListObjectsV2), read by the engine's s3()."""
+
+    kind = "s3"
+    schemes = ("s3",)
+
+    def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
+        if context.s3 is None:
+            raise UsageError(f"{pattern}: listing S3 needs its settings (SourceContext.s3: "
+                             "aws.resolve)")
+        return list_s3(pattern, context.format, context.compression, context.s3)
+
+    def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
+        return table_function(file, fmt, structure)
+
+    def table_function_many(self, files: Sequence[SourceFile], fmt: str,
+                            structure: str | None) -> tuple[str, str] | None:
+        return table_function_many(files, fmt, structure)
+
+
+SOURCE = S3Source()

@@ -41,7 +41,13 @@ from chload.schema import (
     split_table,
     structure,
 )
-from chload.sources import SourceFile, identity, table_function, table_function_many
+from chload.sources import (
+    SourceFile,
+    identity,
+    source_for,
+    table_function,
+    table_function_many,
+)
 from chload.targets import Loaded, LoadJob, group_small_files
 from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
 from chload.targets.locks import ProcessLock
@@ -318,8 +324,8 @@ def _select_sql(job: LoadJob, file: SourceFile, reader: Callable[..., str],
     """SELECT the data of one file, with audit columns and (tag) the file's uri."""
     exprs = [quote_ident(c.name) for c in job.columns]
     if job.audit:
-        exprs += ["_path" if file.kind == "local" and file.local_path == file.uri
-                  else quote_str(file.uri), "now()"]  # not stdin's spool, nor a link
+        exprs += ["_path" if source_for(file).reads_at_uri(file)
+                  else quote_str(file.uri), "now()"]  # not stdin's spool, a link, an object
     if tag:
         exprs.append(quote_str(file.uri))
     return (f"SELECT {', '.join(exprs)} "

@@ -3,8 +3,9 @@
 A batch reads many small files with one table function (`file('dir/{a,b,c}')`, and the
 same for s3 and hdfs), and the engine passes over a file of the list that is no longer
 there as if it were empty. So a file with no rows in a batch's result is looked at
-again before the batch commits: a local file must still be there and readable, any
-other is read once more, alone. One that is gone fails the batch, which the runner then
+again before the batch commits: where its source can tell cheaply (a local file: still
+there and readable; `Source.still_there`) it is asked, any other is read once more,
+alone. One that is gone fails the batch, which the runner then
 loads file by file, where it fails alone with `VanishedFile`. A file that is there and
 holds no rows loads, with 0 rows. Only files with no rows pay for the look.
 """
@@ -17,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from chload.engine import Engine
 from chload.errors import ChloadError, SourceError
 from chload.schema import Column
-from chload.sources import SourceFile
+from chload.sources import SourceFile, source_for
 
 
 class VanishedFile(SourceError):
@@ -48,9 +49,9 @@ def reading(engine: Engine, reader: Callable[..., str],
 
 
 def explain_gone(file: SourceFile, error: ChloadError) -> ChloadError:
-    """The error a load of `file` failed with, or VanishedFile if the file is gone (a
-    local file; the engine's own error names any other)."""
-    if isinstance(error, VanishedFile) or not _local(file) or _readable(file):
+    """The error a load of `file` failed with, or VanishedFile if the file is gone (as
+    its source can tell cheaply: a local file; the engine's own error names any other)."""
+    if isinstance(error, VanishedFile) or source_for(file).still_there(file) is not False:
         return error
     return vanished(file)
 
@@ -68,19 +69,12 @@ def open_listed(file: SourceFile) -> int:
 
 
 def _gone(file: SourceFile, probe: Callable[[SourceFile], None]) -> bool:
-    if _local(file):
-        return not _readable(file)
+    there = source_for(file).still_there(file)
+    if there is not None:
+        return not there
     try:
         probe(file)
     except SourceError:
         return True
     return False
 
-
-def _local(file: SourceFile) -> bool:
-    return file.kind == "local" and bool(file.local_path) and not file.is_stream
-
-
-def _readable(file: SourceFile) -> bool:
-    path = file.local_path or ""
-    return os.path.isfile(path) and os.access(path, os.R_OK)

@@ -267,13 +267,14 @@ def test_http_loads_exactly(http_server: str, tmp_path: Path) -> None:
 def test_many_objects_in_one_read(minio: services.Service, bucket: str, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine reads a `{a,b,c}` list of keys with exact per-object rows (for batches)."""
-    from chload.sources import table_function_many
+    from chload.sources import aws, table_function_many
     from chload.sources.s3 import list_s3
 
     env = s3_env(minio, tmp_path)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    files = list_s3(f"s3://{bucket}/trips/trips_00{{1,3,5}}.csv.gz", "CSVWithNames", None)
+    files = list_s3(f"s3://{bucket}/trips/trips_00{{1,3,5}}.csv.gz", "CSVWithNames", None,
+                    aws.resolve(env))
     sql, uri = table_function_many(files, "CSVWithNames", "id UInt64") or ("", "")
     seed = tmp_path / "seed.csv"
     seed.write_text("id\n1\n")  # `chload sql` reads an existing target, never creates one

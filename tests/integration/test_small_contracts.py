@@ -69,6 +69,25 @@ def test_validate_before_the_first_load_leaves_nothing(tmp_path: Path, good: Pat
     assert not fresh.exists()
 
 
+def test_validate_takes_the_loadspec_a_load_takes(tmp_path: Path, good: Path) -> None:
+    """validate(LoadSpec) answers as validate(sources, table, ...) with the same options."""
+    fresh = tmp_path / "fresh"
+    script = (
+        "import chload\nfrom chload.api import LoadSpec\n"
+        f"spec = LoadSpec(sources=[{str(good)!r}], table='t', target={str(fresh)!r}, "
+        "max_errors=1, order_by='id')\n"
+        "by_spec = chload.validate(spec)\n"
+        f"by_words = chload.validate({str(good)!r}, 't', target={str(fresh)!r}, max_errors=1)\n"
+        "assert by_spec == by_words, (by_spec, by_words)\n"
+        "print(by_spec[0].rows, by_spec[0].within_budget)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=os.environ, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "True"]
+    assert not fresh.exists()
+
+
 def test_debug_shows_the_traceback_and_keeps_exit_2(tmp_path: Path, target_dir: str) -> None:
     args = ["load", str(tmp_path / "missing.csv"), "-t", "t", "--target", target_dir]
     plain, debug = run_chload(*args), run_chload(*args, "--debug")

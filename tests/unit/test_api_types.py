@@ -137,7 +137,8 @@ class CommittedElsewhere:
 
 def test_a_file_committed_by_another_run_meanwhile_is_skipped() -> None:
     f = SourceFile("/d/a.csv", 100, 1, FileFormat("CSV", "none"))
-    job = LoadJob(f, "`default`.`t`", "default.t", [], [], False, (), "run")
+    job = LoadJob(file=f, table="`default`.`t`", table_display="default.t", columns=[],
+                  read_columns=[], audit=False, settings=(), run_id="run")
     events: list[Event] = []
     [result] = run(CommittedElsewhere(), [job], 1, events.append)  # type: ignore[arg-type]
     assert (result.status, result.rows, result.note) == (

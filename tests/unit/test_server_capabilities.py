@@ -172,8 +172,9 @@ def test_raw_when_the_server_reads_the_bytes_else_push() -> None:
 
     def job(name: str, fmt: str, compression: str, **kw: object) -> LoadJob:
         f = SourceFile(name, 1, 1, FileFormat(fmt, compression), local_path=name)
-        return LoadJob(f, "`db`.`t`", "db.t", [], [], kw.get("audit", False),  # type: ignore[arg-type]
-                       kw.get("settings", ()), "r")  # type: ignore[arg-type]
+        return LoadJob(file=f, table="`db`.`t`", table_display="db.t", columns=[],
+                       read_columns=[], audit=kw.get("audit", False),  # type: ignore[arg-type]
+                       settings=kw.get("settings", ()), run_id="r")  # type: ignore[arg-type]
 
     assert target.path_for(job("a.csv.gz", "CSVWithNames", "gzip")) == RAW
     assert target.path_for(job("a.csv", "CSV", "none")) == RAW

@@ -241,17 +241,28 @@ def test_sigv4_matches_the_aws_documentation_example() -> None:
 
 def test_hand_to_engine_sets_only_what_the_environment_lacks(tmp_path: Path) -> None:
     environ: dict[str, str] = {"AWS_ACCESS_KEY_ID": "USER", "AWS_SECRET_ACCESS_KEY": "S"}
-    aws.hand_to_engine(aws.Credentials("USER", "S", source="environment"), environ)
-    assert environ == {"AWS_ACCESS_KEY_ID": "USER", "AWS_SECRET_ACCESS_KEY": "S"}
+    with aws.hand_to_engine(aws.Credentials("USER", "S", source="environment"), environ):
+        assert environ == {"AWS_ACCESS_KEY_ID": "USER", "AWS_SECRET_ACCESS_KEY": "S"}
     environ = {"AWS_SESSION_TOKEN": "stale"}
-    aws.hand_to_engine(aws.Credentials("P1", SECRET, source="profile p1"), environ)
-    assert environ == {"AWS_ACCESS_KEY_ID": "P1", "AWS_SECRET_ACCESS_KEY": SECRET}
-    # A later resolve() must not take what we exported for the user's own environment.
-    files = _profiles(tmp_path)
-    later = aws.resolve({**files, **environ})
+    with aws.hand_to_engine(aws.Credentials("P1", SECRET, source="profile p1"), environ):
+        assert environ == {"AWS_ACCESS_KEY_ID": "P1", "AWS_SECRET_ACCESS_KEY": SECRET}
+    # Only while the engine reads: after, the environment is the user's own again, so a
+    # later resolve() cannot take what was handed to the engine for the user's.
+    assert environ == {"AWS_SESSION_TOKEN": "stale"}
+    later = aws.resolve({**_profiles(tmp_path), **environ})
     assert later.credentials and later.credentials.access_key == "DEF"
-    aws.hand_to_engine(None, environ)  # anonymous: NOSIGN, the environment is not touched
-    assert environ["AWS_ACCESS_KEY_ID"] == "P1"
+    with aws.hand_to_engine(None, environ):  # anonymous: NOSIGN, the environment untouched
+        assert environ == {"AWS_SESSION_TOKEN": "stale"}
+
+
+def test_s3_settings_are_resolved_once_from_what_they_are_given(tmp_path: Path) -> None:
+    """Nothing but aws.resolve reads the environment: the CA bundle included, and list_s3
+    takes the settings it is given (the caller resolved them once)."""
+    env = {**_profiles(tmp_path), "AWS_CA_BUNDLE": str(tmp_path / "ca.pem")}
+    settings = aws.resolve(env, "http://127.0.0.1:9")
+    assert settings.ca_bundle == str(tmp_path / "ca.pem")
+    assert Lister(settings).ca_bundle == settings.ca_bundle
+    assert aws.resolve(_profiles(tmp_path)).ca_bundle is None
 
 
 def test_s3_table_function_has_no_keys() -> None:
