@@ -266,8 +266,8 @@ def _check_settings(target: Target, settings: Sequence[tuple[str, str]]) -> None
         try:
             known[name](f"SELECT 1 AS ok SETTINGS {settings_sql([(name, value)])}")
         except TerminalError as exc:
-            raise UsageError(f"--setting {name}={value}: {exc.reason}; nothing was loaded") \
-                from exc
+            reason = exc.reason
+            raise UsageError(f"--setting {name}={value}: {reason}; nothing was loaded") from exc
 
 
 def _finish(target: Target, run: RunRecord) -> None:
