@@ -135,6 +135,7 @@ _SOURCE_CODES = {73, 74, 76, 86, 107, 108, 190, 191, 192, 236, 499, 636, 660, 10
 # FILE_DOESNT_EXIST, 499 S3_ERROR, 636 CANNOT_EXTRACT_TABLE_STRUCTURE, 660 HDFS_ERROR
 _SCHEMA_CODES = {8, 10, 16, 47, 60, 81, 122, 179, 352}
 # 8 THERE_IS_NO_COLUMN, 16 NO_SUCH_COLUMN_IN_TABLE, 47 UNKNOWN_IDENTIFIER, 60 UNKNOWN_TABLE
+
 # The one table of codes a retry can cure (retry.py decides how often and how long):
 _TRANSIENT_CODES = {
     3,    # UNEXPECTED_END_OF_FILE: a stream cut short (a connection dropped mid-body)
@@ -153,10 +154,12 @@ _TRANSIENT_CODES = {
 }
 # Not transient: 164 READONLY (the user's `readonly` profile: no retry changes it) and
 # 236 ABORTED (a remote read aborted: a source error, _SOURCE_CODES, as it always was).
+
 _AUTH_CODES = {192, 193, 194, 195, 497, 516}
 # UNKNOWN_USER, WRONG_PASSWORD, REQUIRED_PASSWORD, IP_ADDRESS_NOT_ALLOWED, ACCESS_DENIED,
 # AUTHENTICATION_FAILED
 PASSWORD_ENV = "CLICKHOUSE_PASSWORD"  # where a server target's password may come from
+
 _ERRNO_SOURCE = re.compile(r"Cannot (stat|open) file|No such file|Permission denied")
 
 _BEFORE = re.compile(r"before: '((?:[^'\\]|\\.)*)'")

@@ -149,6 +149,7 @@ class ServerTarget:
 
         def meanwhile(exc: BaseException) -> bool:
             return isinstance(exc, SchemaError) and _dropped_meanwhile(sql, exc)
+
         try:
             return retry(ask, _SYSTEM_RETRY, retry_if=meanwhile)
         except SchemaError as exc:
