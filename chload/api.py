@@ -269,7 +269,7 @@ def _check_settings(target: Target, settings: Sequence[tuple[str, str]]) -> None
         try:
             known[name](f"SELECT 1 AS ok SETTINGS {settings_sql([(name, value)])}")
         except TerminalError as exc:
-            reason = str(exc).split(": ", 1)[-1]
+            reason = exc.reason
             raise UsageError(f"--setting {name}={value}: {reason}; nothing was loaded") from exc
 
 

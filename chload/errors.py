@@ -4,24 +4,64 @@
     ├── TerminalError                retrying cannot help: fail fast, say what to do
     │   ├── UsageError               a flag, setting or spec that makes no sense
     │   ├── SourceError              a file or object missing, unreadable, wrong format
+    │   │   └── VanishedFile         listed for loading, gone when read (targets/vanished.py)
     │   ├── DataError                rows the engine could not parse or convert
     │   ├── SchemaError              table and data disagree (missing/unknown columns)
     │   ├── TargetInUse              another process holds the embedded target directory
+    │   ├── AuthError                the server refused the user or password
+    │   ├── CommitInterrupted        a commit whose outcome is unsettled (targets/commit.py)
+    │   ├── BatchOverlap             another load committed files of a batch: load one by one
     │   └── EngineError              any other error answered by ClickHouse
     └── TransientError               worth a retry with backoff: network, 5xx, too many parts
 
-Third-party and engine exceptions are converted here, at one boundary
-(`from_engine_message`); the rest of the code never inspects ClickHouse message text.
-Every message is one line that names the file or table and, where it helps, what to do.
+Every error carries what it is about (`context`: a file, table, setting or server),
+the one-line `reason`, and ClickHouse's `code` where the engine answered one; its text is
+`context: reason`, so callers that need the reason alone take `.reason` and never split
+the text again.
+
+Third-party and engine exceptions are converted here, at one boundary: the engine's
+message text (`from_engine_message`), a server's HTTP answer (`server_error`), a push's
+chDB error (`from_push_message`). The rest of the code never inspects ClickHouse message text.
+Which codes are worth a retry is `_TRANSIENT_CODES`, the one table of them; how often
+and how long to retry is retry.py's. Every message is one line that names the file or
+table and, where it helps, what to do.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import TypeVar
+
+E = TypeVar("E", bound="ChloadError")
 
 
 class ChloadError(Exception):
-    """Base of all errors chload raises on purpose."""
+    """Base of all errors chload raises on purpose.
+
+    Made either from its parts (`context=`, `reason=`, and `code=` where ClickHouse
+    answered one) or from a whole message, whose `context: ` head is its context (the
+    text before the first ": "; none if it has no such head).
+    """
+
+    def __init__(self, message: str = "", *, context: str | None = None,
+                 reason: str | None = None, code: int | None = None) -> None:
+        if context is None and reason is None:
+            head, colon, rest = message.partition(": ")
+            context, reason = (head, rest) if colon else ("", message)
+        else:
+            reason = reason or ""
+            message = message or (reason if context is None else f"{context}: {reason}")
+            context = context or ""
+        super().__init__(message)
+        self.context, self.reason, self.code = context, reason, code
+
+    def masked(self: E, mask: Callable[[str], str]) -> E:
+        """The same error (type and fields kept) with `mask` applied to its text, e.g.
+        a password replaced by ***."""
+        self.args = tuple(mask(a) if isinstance(a, str) else a for a in self.args)
+        self.context, self.reason = mask(self.context), mask(self.reason)
+        return self
 
 
 class TerminalError(ChloadError):
@@ -40,8 +80,16 @@ class SourceError(TerminalError):
     """A source that is missing, unreadable or not in the expected format."""
 
 
+class VanishedFile(SourceError):
+    """A file listed for loading that was gone (or unreadable) when it was read."""
+
+
 class DataError(TerminalError):
-    """Rows that the engine could not parse or convert."""
+    """Rows that the engine could not parse or convert; `row` and `column` say where,
+    when the engine says so."""
+
+    row: int | None = None
+    column: str | None = None
 
 
 class SchemaError(TerminalError):
@@ -52,12 +100,29 @@ class TargetInUse(TerminalError):
     """Another process holds the embedded target directory."""
 
 
+class AuthError(TerminalError):
+    """The server refused the user or password."""
+
+
+class CommitInterrupted(TerminalError):
+    """A commit whose outcome this process could not settle; the next holder settles it."""
+
+
+class BatchOverlap(TerminalError):
+    """Some files of a batch were committed by another load: load them one by one."""
+
+
 class EngineError(TerminalError):
     """An error answered by ClickHouse that is none of the above."""
 
-    def __init__(self, message: str, code: int | None = None) -> None:
-        super().__init__(message)
-        self.code = code
+    def __init__(self, message: str = "", code: int | None = None, *,
+                 context: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message, context=context, reason=reason, code=code)
+
+
+def retyped(error: ChloadError, kind: type[E]) -> E:
+    """`error`'s context, reason and code as an error of `kind` (the same text)."""
+    return kind(str(error), context=error.context, reason=error.reason, code=error.code)
 
 
 # ClickHouse error codes, grouped by what they mean for a load.
@@ -70,8 +135,31 @@ _SOURCE_CODES = {73, 74, 76, 86, 107, 108, 190, 191, 192, 236, 499, 636, 660, 10
 # FILE_DOESNT_EXIST, 499 S3_ERROR, 636 CANNOT_EXTRACT_TABLE_STRUCTURE, 660 HDFS_ERROR
 _SCHEMA_CODES = {8, 10, 16, 47, 60, 81, 122, 179, 352}
 # 8 THERE_IS_NO_COLUMN, 16 NO_SUCH_COLUMN_IN_TABLE, 47 UNKNOWN_IDENTIFIER, 60 UNKNOWN_TABLE
-_TRANSIENT_CODES = {3, 159, 164, 202, 203, 209, 210, 236, 241, 242, 252, 285, 319, 394, 425}
-# 159 TIMEOUT_EXCEEDED, 209 SOCKET_TIMEOUT, 210 NETWORK_ERROR, 252 TOO_MANY_PARTS ...
+
+# The one table of codes a retry can cure (retry.py decides how often and how long):
+_TRANSIENT_CODES = {
+    3,    # UNEXPECTED_END_OF_FILE: a stream cut short (a connection dropped mid-body)
+    159,  # TIMEOUT_EXCEEDED
+    202,  # TOO_MANY_SIMULTANEOUS_QUERIES
+    203,  # NO_FREE_CONNECTION
+    209,  # SOCKET_TIMEOUT
+    210,  # NETWORK_ERROR
+    241,  # MEMORY_LIMIT_EXCEEDED: other queries hold the memory, for now
+    242,  # TABLE_IS_READ_ONLY: a replica without its ZooKeeper session, for now
+    252,  # TOO_MANY_PARTS: merges catch up
+    285,  # TOO_FEW_LIVE_REPLICAS
+    319,  # UNKNOWN_STATUS_OF_INSERT
+    394,  # QUERY_WAS_CANCELLED: by a server shutting down, or KILL QUERY
+    425,  # SYSTEM_ERROR: an OS call failed (disk, sockets)
+}
+# Not transient: 164 READONLY (the user's `readonly` profile: no retry changes it) and
+# 236 ABORTED (a remote read aborted: a source error, _SOURCE_CODES, as it always was).
+
+_AUTH_CODES = {192, 193, 194, 195, 497, 516}
+# UNKNOWN_USER, WRONG_PASSWORD, REQUIRED_PASSWORD, IP_ADDRESS_NOT_ALLOWED, ACCESS_DENIED,
+# AUTHENTICATION_FAILED
+PASSWORD_ENV = "CLICKHOUSE_PASSWORD"  # where a server target's password may come from
+
 _ERRNO_SOURCE = re.compile(r"Cannot (stat|open) file|No such file|Permission denied")
 
 _BEFORE = re.compile(r"before: '((?:[^'\\]|\\.)*)'")
@@ -163,13 +251,91 @@ def from_engine_message(message: str, context: str) -> ChloadError:
     if "Unknown field found" in message:  # chload sets input_format_skip_unknown_fields=0
         hint = (" (the table has no such column: add it with ALTER TABLE ... ADD COLUMN, or "
                 "pass --setting input_format_skip_unknown_fields=1 to drop it)")
-    text = f"{context}: {one_line(message)}{hint}"
-    if code in _TRANSIENT_CODES and code != 236:
-        return TransientError(text)
+    kind = _kind(code, message)
+    error = kind(context=context, reason=f"{one_line(message)}{hint}", code=code)
+    if isinstance(error, DataError):
+        error.row, error.column = locate(message)
+    return error
+
+
+def _kind(code: int | None, message: str) -> type[ChloadError]:
+    if code in _TRANSIENT_CODES:
+        return TransientError
     if _ERRNO_SOURCE.search(message) or code in _SOURCE_CODES:
-        return SourceError(text)
+        return SourceError
     if code in _DATA_CODES:
-        return DataError(text)
+        return DataError
     if code in _SCHEMA_CODES:
-        return SchemaError(text)
-    return EngineError(text, code)
+        return SchemaError
+    return EngineError
+
+
+# -- a server's answers (HTTP) ------------------------------------------------------------
+def normalize(text: str) -> str:
+    """An 18.16 error body in the modern shape `one_line` expects.
+
+    18.16 sends no exception headers: the code is in the body text,
+    `Code: 60, e.displayText() = DB::Exception: ..., e.what() = DB::Exception`.
+    """
+    text = text.strip()
+    text = re.sub(r"^Code:\s*(\d+),\s*e\.displayText\(\) = ", r"Code: \1. ", text)
+    text = re.sub(r",\s*e\.what\(\) = DB::\w*Exception\s*$", "", text, flags=re.M)
+    return text
+
+
+def server_error(status: int, body: str, context: str) -> ChloadError:
+    """The chload error for a server's non-200 answer; `context` starts the message.
+
+    HTTP 401/403 and the auth codes are an AuthError (it names the user only); a
+    transient code, or a 5xx without one, a TransientError; the rest as the engine's.
+    """
+    code = engine_code(body)
+    text = normalize(body) or f"HTTP {status}"
+    if status in (401, 403) or code in _AUTH_CODES:
+        return AuthError(context=context, code=code,
+                         reason=f"authentication failed ({one_line(text)}); check the user "
+                                f"and password in --target or ${PASSWORD_ENV}")
+    if code in _TRANSIENT_CODES or (code is None and status >= 500):
+        return TransientError(context=context, reason=one_line(text), code=code)
+    return from_engine_message(text, context)
+
+
+_REMOTE_ERROR = re.compile(r"HTTP status code: (\d+)[^\n]*?body: '(.*)'", re.S)
+_NETWORK = re.compile(r"Connection (refused|reset)|Timeout|timed out|Broken pipe|"
+                      r"Network is unreachable|No route to host", re.I)
+
+
+def from_push_message(message: str, context: str, server: str | None) -> ChloadError:
+    """A chDB error of a push to `server` (host:port), which may carry the server's
+    answer (`HTTP status code: 500 ... body: '...'`) or say the server was unreachable."""
+    remote = _REMOTE_ERROR.search(message)
+    if remote:
+        return server_error(int(remote.group(1)), remote.group(2), context)
+    network = _NETWORK.search(message) if "POCO_EXCEPTION" in message else None
+    if network and server is not None:
+        return TransientError(context=context, reason=f"server {server} unreachable: "
+                                                       f"{network.group(0).lower()}")
+    return from_engine_message(message, context)
+
+
+_MISSING_TABLE = re.compile(r"Table (\S+?)\.? doesn't exist")
+
+
+def missing_table(error: ChloadError) -> str | None:
+    """The bare name of the table an "X doesn't exist" error names (code 60), if any."""
+    missing = _MISSING_TABLE.search(error.reason)
+    return missing.group(1).replace("`", "").rpartition(".")[2] if missing else None
+
+
+# -- a parse error, pinpointed ------------------------------------------------------------
+_AT_ROW = re.compile(r"\s*\(at row \d+\)")
+
+
+def pinpointed(error: DataError, context: str, header_lines: int) -> DataError:
+    """`error` naming the line of the file (its row after `header_lines`) and the column
+    where the engine says so: `f.csv: line 12, column fare: <reason>`."""
+    reason = _AT_ROW.sub("", error.reason)
+    where = f"line {error.row + header_lines}" if error.row else ""
+    where += f", column {error.column}" if error.column else ""
+    return DataError(context=context, reason=f"{where}: {reason}" if where else reason,
+                     code=error.code)

@@ -302,7 +302,7 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
         return _table_columns(existing)
     assert failed is not None
     first, error = failed
-    reason = str(error).split(": ", 1)[-1]
+    reason = error.reason
     raise SourceError(f"{first.uri}: cannot infer its columns ({reason}); check --format, "
                       "or pass --schema 'name Type, ...'") from error
 

@@ -162,7 +162,7 @@ def _row_error(sql: Sql, parse: str) -> str:
     try:
         sql.rows(f"SELECT * FROM {parse}")
     except TerminalError as exc:
-        return str(exc).split(": ", 1)[-1]
+        return exc.reason
     return "row rejected by the engine"
 
 

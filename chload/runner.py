@@ -2,20 +2,20 @@
 
 The runner knows nothing of ClickHouse: it calls `target.load_file` per file on a
 thread pool (chDB sessions and HTTP connections are thread-safe), retries transient
-errors with exponential backoff and jitter, and emits progress events for whoever
-listens (the CLI's progress bar; nothing here prints).
+errors under a `RetryPolicy` (retry.py: exponential backoff and jitter), and emits
+progress events for whoever listens (the CLI's progress bar; nothing here prints).
 """
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from chload.errors import ChloadError, TransientError
+from chload.errors import ChloadError
 from chload.records import dataclass, replace
+from chload.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
 from chload.targets import Loaded, LoadJob, Target
 
 
@@ -51,31 +51,7 @@ class FileResult:
     note: str = ""  # e.g. why a file planned for loading was skipped after all
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    attempts: int = 5
-    base_seconds: float = 0.5
-    max_seconds: float = 20.0
-
-    def delay(self, attempt: int) -> float:
-        """Full jitter: uniform in [0, min(max, base * 2**attempt)]."""
-        return random.uniform(0, min(self.max_seconds, self.base_seconds * 2 ** attempt))
-
-
-DEFAULT_POLICY = RetryPolicy()
 LOADED_ELSEWHERE = "loaded by another run meanwhile"
-
-
-def call_with_retries(fn: Callable[[], T], policy: RetryPolicy,
-                      sleep: Callable[[float], None] = time.sleep) -> T:
-    for attempt in range(policy.attempts):
-        try:
-            return fn()
-        except TransientError:
-            if attempt == policy.attempts - 1:
-                raise
-            sleep(policy.delay(attempt))
-    raise AssertionError("unreachable")
 
 
 class _Progress:

@@ -13,7 +13,6 @@ gets the URL as written, in `location`.
 from __future__ import annotations
 
 import email.utils
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -22,13 +21,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 from chload.errors import SourceError, TransientError, UsageError
 from chload.formats import detect
+from chload.retry import RetryPolicy, retry
 from chload.schema import quote_str
 from chload.sources import SourceContext, SourceFile, expand_braces
 from chload.sources.remote import RemoteSource
 
 Head = Callable[[str], tuple[int, Mapping[str, str]]]  # url -> (status, headers)
 PARALLEL = 16
-ATTEMPTS = 3
+RETRY = RetryPolicy(attempts=3, base_seconds=0.5, jitter=False)  # 0.5 s, then 1 s
 TIMEOUT = 30.0
 _NOT_FOUND = {404, 410}
 
@@ -48,24 +48,15 @@ def list_http(pattern: str, fmt: str | None, compression: str | None,
 
 
 def _identify(url: str, head: Head) -> Mapping[str, str]:
-    for attempt in range(ATTEMPTS):
-        try:
-            status, headers = head(url)
-        except TransientError:
-            if attempt == ATTEMPTS - 1:
-                raise
-            time.sleep(0.5 * 2 ** attempt)
-            continue
-        if status < 300:
-            return headers
-        if status in _NOT_FOUND:
-            raise SourceError(f"{redact(url)}: not found (HTTP {status}); check the URL")
-        if status in (401, 403):
-            raise SourceError(f"{redact(url)}: access denied (HTTP {status})")
-        if status < 500 or attempt == ATTEMPTS - 1:
-            raise SourceError(f"{redact(url)}: the server answered HTTP {status}")
-        time.sleep(0.5 * 2 ** attempt)
-    raise AssertionError("unreachable")
+    """A URL's headers, asked again (RETRY) after a network error or a 5xx."""
+    status, headers = retry(lambda: head(url), RETRY, again_if=lambda answer: answer[0] >= 500)
+    if status < 300:
+        return headers
+    if status in _NOT_FOUND:
+        raise SourceError(f"{redact(url)}: not found (HTTP {status}); check the URL")
+    if status in (401, 403):
+        raise SourceError(f"{redact(url)}: access denied (HTTP {status})")
+    raise SourceError(f"{redact(url)}: the server answered HTTP {status}")
 
 
 def head_request(url: str) -> tuple[int, Mapping[str, str]]:

@@ -19,7 +19,6 @@ import datetime as dt
 import http.client
 import re
 import ssl
-import time
 from collections.abc import Iterator, Sequence
 from urllib.parse import urlsplit
 from xml.etree import ElementTree
@@ -27,6 +26,7 @@ from xml.etree import ElementTree
 from chload.errors import SourceError, TransientError, UsageError
 from chload.formats import detect
 from chload.records import dataclass
+from chload.retry import RetryPolicy, retry
 from chload.schema import quote_str
 from chload.sources import SourceContext, SourceFile, aws, expand_braces
 from chload.sources.remote import RemoteSource, brace_list
@@ -34,7 +34,7 @@ from chload.sources.remote import RemoteSource, brace_list
 _GLOB = re.compile(r"[*?\[]")
 _HIDDEN = (".", "_")
 PAGE_SIZE = 1000
-ATTEMPTS = 3
+RETRY = RetryPolicy(attempts=3, base_seconds=0.5, jitter=False)  # 0.5 s, then 1 s
 
 
 @dataclass(frozen=True)
@@ -208,31 +208,30 @@ class Lister:
                 return
 
     def _get(self, bucket: str, prefix: str, params: dict[str, str]) -> ElementTree.Element:
+        """One page of the listing, asked again (RETRY) after a network error or a 5xx."""
         url = f"{self.config.bucket_url(bucket)}/?{aws.canonical_query(params)}"
         where = f"s3://{bucket}/{prefix}"
-        for attempt in range(ATTEMPTS):
-            try:
-                status, headers, body = self._request(url)
-            except (OSError, http.client.HTTPException) as exc:
-                self._close()
-                if attempt == ATTEMPTS - 1:
-                    raise TransientError(
-                        f"{where}: cannot reach {self.config.endpoint} ({_reason(exc)}); "
-                        "check --s3-endpoint or AWS_ENDPOINT_URL") from None
-                time.sleep(0.5 * 2 ** attempt)
-                continue
-            if status == 200:
-                return ElementTree.fromstring(body)
-            region = headers.get("x-amz-bucket-region")
-            if region and region != self.config.region and status in (301, 400):
-                self.config = aws.S3Config(self.config.endpoint.replace(
-                    self.config.region, region), region, self.config.credentials,
-                    self.config.custom_endpoint)
-                return self._get(bucket, prefix, params)
-            if status < 500 or attempt == ATTEMPTS - 1:
-                raise listing_error(where, self.config, status, body)
-            time.sleep(0.5 * 2 ** attempt)
-        raise AssertionError("unreachable")
+        status, headers, body = retry(lambda: self._exchange(url, where), RETRY,
+                                      again_if=lambda answer: answer[0] >= 500)
+        if status == 200:
+            return ElementTree.fromstring(body)
+        region = headers.get("x-amz-bucket-region")
+        if region and region != self.config.region and status in (301, 400):
+            self.config = aws.S3Config(self.config.endpoint.replace(
+                self.config.region, region), region, self.config.credentials,
+                self.config.custom_endpoint)
+            return self._get(bucket, prefix, params)
+        raise listing_error(where, self.config, status, body)
+
+    def _exchange(self, url: str, where: str) -> tuple[int, dict[str, str], bytes]:
+        """One request; a network failure is a TransientError (the connection closed)."""
+        try:
+            return self._request(url)
+        except (OSError, http.client.HTTPException) as exc:
+            self._close()
+            raise TransientError(
+                f"{where}: cannot reach {self.config.endpoint} ({_reason(exc)}); "
+                "check --s3-endpoint or AWS_ENDPOINT_URL") from None
 
     def _request(self, url: str) -> tuple[int, dict[str, str], bytes]:
         parts = urlsplit(url)

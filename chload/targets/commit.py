@@ -71,10 +71,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from chload.errors import ChloadError, TerminalError, TransientError
+from chload.errors import BatchOverlap as BatchOverlap  # (raised by the targets)
+from chload.errors import ChloadError, CommitInterrupted, TransientError, retyped
 from chload.faults import crash_point
 from chload.ledger import COMMITTING, DATABASE, LOADED, FileEvent, Ledger
 from chload.records import dataclass, field
+from chload.retry import RetryPolicy
 from chload.schema import quote_str, split_table
 from chload.targets.locks import (
     LEASE_SECONDS,
@@ -89,14 +91,9 @@ from chload.targets.locks import (
 
 ORPHAN_STAGE_SECONDS = 24 * 3600  # a stage of another machine untouched this long is dropped
 _lock_name, _dirty_name = lock_name, dirty_name
-
-
-class CommitInterrupted(TerminalError):
-    """A commit whose outcome this process could not settle; the next holder settles it."""
-
-
-class BatchOverlap(TerminalError):
-    """Some files of a batch were committed by another load: load them one by one."""
+# Waits bounded by a deadline (RetryPolicy.tries), not by a number of tries:
+SETTLE_EVERY = RetryPolicy(attempts=0, base_seconds=2.0, max_seconds=2.0, jitter=False)
+IDLE_POLL = RetryPolicy(attempts=0, base_seconds=0.2, max_seconds=0.2, jitter=False)
 
 
 def stage_name(holder: Holder) -> str:
@@ -272,10 +269,10 @@ class Committer:
 
     def _settle_own(self, table: str, display: str, stage: str, events: Sequence[FileEvent],
                     deadline: float, error: TransientError) -> None:
-        """Finish our commit after an error of unknown outcome, by the mark rule."""
+        """Finish our commit after an error of unknown outcome, by the mark rule: tried
+        again every 2 s (SETTLE_EVERY) while `deadline` allows."""
         uris = {e.uri for e in events}
-        while time.monotonic() < deadline:
-            self.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+        for _ in SETTLE_EVERY.tries(self.sleep, until=deadline, wait_first=True):
             try:
                 self._wait_idle(table, deadline)
                 logged = [e for e in self.ledger.latest(display)
@@ -327,12 +324,11 @@ class Committer:
         """Wait until no commit query of ours on `table` runs (an ATTACH whose answer was
         lost may still be running on the server)."""
         prefix = f"{self.holder.query_prefix}{_lock_name(table)[5:13]}-"
-        while time.monotonic() < deadline:
+        for _ in IDLE_POLL.tries(self.sleep, until=deadline):
             rows = self.sql.rows(f"SELECT count() AS n FROM system.processes WHERE "
                                  f"startsWith(query_id, {quote_str(prefix)})")
             if not rows or int(rows[0]["n"]) == 0:
                 return
-            self.sleep(0.2)
 
     # -- settling --------------------------------------------------------------------
     def start(self, table: str, display: str) -> int:
@@ -473,7 +469,7 @@ def _not_committed(request: _Request, cause: BaseException) -> BaseException:
     """What a commit that waited in a group learns when the group stopped before it:
     nothing of it was logged or attached, so it may be tried again."""
     if isinstance(cause, TransientError):
-        return TransientError(str(cause))
+        return retyped(cause, TransientError)
     return TransientError(f"{_files(request.events)}: not committed, the commit before it "
                           f"in its group failed ({cause}); run the same command again to "
                           "load it")

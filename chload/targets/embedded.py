@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 
 from chload import rejects
 from chload.engine import Engine
-from chload.errors import ChloadError, DataError, TransientError, locate
+from chload.errors import ChloadError, DataError, TransientError, pinpointed
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, LoadedEvents
 from chload.records import replace
 from chload.rejects import ErrorBudget
@@ -201,13 +200,7 @@ class EmbeddedTarget:
             self.engine.query(f"SELECT * FROM {source} SETTINGS input_format_parallel_parsing"
                               f" = 0 FORMAT Null", "TSV", job.file.uri)
         except DataError as again:
-            message = getattr(again.__cause__, "args", [""])[0] or str(again)
-            row, column = locate(str(message))
-            reason = str(again).split(": ", 1)[-1]
-            reason = re.sub(r"\s*\(at row \d+\)", "", reason)
-            where = f"line {row + rejects.header_lines(job.file.format)}" if row else ""
-            where += f", column {column}" if column else ""
-            return DataError(f"{job.file.uri}: {where + ': ' if where else ''}{reason}")
+            return pinpointed(again, job.file.uri, rejects.header_lines(job.file.format))
         except ChloadError:
             return exc
         return exc

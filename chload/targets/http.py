@@ -7,13 +7,13 @@ memory; by os.sendfile where it can), keep one keep-alive connection per thread,
 turn every failure into a chload error in one place:
 
     socket / TLS / protocol errors         -> TransientError (retry) or UsageError (TLS, DNS)
-    HTTP 401/403, codes 192-195, 497, 516  -> AuthError (terminal, names the user only)
-    5xx with a transient `Code: NNN`       -> TransientError (159, 209, 210, 252, ...)
-    anything else the server answers       -> errors.from_engine_message (terminal kinds)
+    any non-200 answer                     -> errors.server_error: AuthError (401/403, auth
+                                              codes), TransientError (a transient code, or a
+                                              5xx without one), or the engine's terminal kinds
 
-18.16 sends no exception headers, so the code comes from the body text
-(`Code: 60, e.displayText() = DB::Exception: ...`). The password never leaves this
-module except as a request header: every message passes through `TargetURL.scrub`.
+18.16 sends no exception headers, so the code comes from the body text, which only
+errors.py reads. The password never leaves this module except as a request header:
+every message passes through `TargetURL.scrub`.
 
 The wire is HTTP/1.1 POST with a body, the answer read whole (chunked, sized, or to
 the close), on a plain socket: `http.client` would bring the `email` package and `ssl`
@@ -42,16 +42,14 @@ if TYPE_CHECKING:
     import ssl
 
 from chload.errors import (
+    PASSWORD_ENV,
     ChloadError,
     SourceError,
-    TerminalError,
     TransientError,
     UsageError,
-    from_engine_message,
-    one_line,
+    server_error,
 )
 
-PASSWORD_ENV = "CLICKHOUSE_PASSWORD"
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 900.0  # the server answers an INSERT only once it has parsed the whole body
 BLOCK_SIZE = 1 << 20  # bytes per send() when streaming a file body
@@ -60,16 +58,6 @@ BLOCK_SIZE = 1 << 20  # bytes per send() when streaming a file body
 # with a broken pipe that could not be told from a real failure.
 IDLE_REUSE_SECONDS = 1.0
 
-# ClickHouse codes in a server's answer that a retry can cure.
-_TRANSIENT_CODES = {159, 202, 203, 209, 210, 241, 242, 252, 285, 319, 394, 425}
-# TIMEOUT_EXCEEDED, TOO_MANY_SIMULTANEOUS_QUERIES, NO_FREE_CONNECTION, SOCKET_TIMEOUT,
-# NETWORK_ERROR, MEMORY_LIMIT_EXCEEDED, TABLE_IS_READ_ONLY, TOO_MANY_PARTS, ...
-_AUTH_CODES = {192, 193, 194, 195, 497, 516}  # UNKNOWN_USER, WRONG_PASSWORD, ... ACCESS_DENIED
-_CODE = re.compile(r"Code:\s*(\d+)")
-
-
-class AuthError(TerminalError):
-    """The server refused the user or password."""
 
 
 @dataclass(frozen=True)
@@ -106,9 +94,8 @@ class TargetURL:
         return {"X-ClickHouse-User": self.user, "X-ClickHouse-Key": self.password}
 
     def scrubbed(self, error: ChloadError) -> ChloadError:
-        """The same error (type and attributes kept) with the password masked."""
-        error.args = tuple(self.scrub(a) if isinstance(a, str) else a for a in error.args)
-        return error
+        """The same error (type and fields kept) with the password masked."""
+        return error.masked(self.scrub)
 
     def scrub(self, text: str) -> str:
         """`text` with the password (and its URL-encoded and base64 forms) masked."""
@@ -401,31 +388,6 @@ def _tls_context(ca_file: str | None) -> ssl.SSLContext:
     if ca_file:
         context.load_verify_locations(cafile=ca_file)
     return context
-
-
-def error_code(text: str) -> int | None:
-    match = _CODE.search(text)
-    return int(match.group(1)) if match else None
-
-
-def normalize(text: str) -> str:
-    """An 18.16 error body in the modern shape `errors.one_line` expects."""
-    text = text.strip()
-    text = re.sub(r"^Code:\s*(\d+),\s*e\.displayText\(\) = ", r"Code: \1. ", text)
-    text = re.sub(r",\s*e\.what\(\) = DB::\w*Exception\s*$", "", text, flags=re.M)
-    return text
-
-
-def server_error(status: int, body: str, context: str) -> ChloadError:
-    """The chload error for a non-200 answer; `context` starts the message."""
-    code = error_code(body)
-    text = normalize(body) or f"HTTP {status}"
-    if status in (401, 403) or code in _AUTH_CODES:
-        return AuthError(f"{context}: authentication failed ({one_line(text)}); check the "
-                         f"user and password in --target or ${PASSWORD_ENV}")
-    if code in _TRANSIENT_CODES or (code is None and status >= 500):
-        return TransientError(f"{context}: {one_line(text)}")
-    return from_engine_message(text, context)
 
 
 def _network_error(exc: BaseException, url: TargetURL, context: str) -> ChloadError:

@@ -27,6 +27,7 @@ from typing import Protocol
 from chload.errors import EngineError, TransientError
 from chload.ledger import DATABASE
 from chload.records import dataclass
+from chload.retry import RetryPolicy
 from chload.schema import quote_str
 
 try:  # CPython's own SHA-1: the same digest as hashlib's, without loading OpenSSL (3-4 ms
@@ -36,6 +37,7 @@ except ImportError:  # pragma: no cover -- a Python built without it
 
 LEASE_SECONDS = 60.0
 LOCK_WAIT_SECONDS = 600.0
+LOCK_WAIT = RetryPolicy(attempts=0, base_seconds=0.02, max_seconds=0.5, jitter=False)
 _TABLE_EXISTS = 57
 
 
@@ -158,25 +160,29 @@ class TableLock:
         self.sql, self.holder, self.lease, self.sleep = sql, holder, lease, sleep
 
     def acquire(self, table: str, display: str) -> None:
+        """Try for the lock with backoff (LOCK_WAIT) for up to LOCK_WAIT_SECONDS."""
         lock = lock_name(table)
-        started, pause = time.monotonic(), 0.02
+        for _ in LOCK_WAIT.tries(self.sleep, until=time.monotonic() + LOCK_WAIT_SECONDS):
+            if self._take(table, lock):
+                return
+        raise TransientError(f"table {display}: another chload has been committing "
+                             f"for {LOCK_WAIT_SECONDS:.0f} s (lock {DATABASE}.{lock})")
+
+    def _take(self, table: str, lock: str) -> bool:
+        """One try: create the lock table (code 57 if it exists), breaking the lock
+        first, as often as it is found stale; False if a live holder has it."""
         while True:
             try:
                 self._run(f"CREATE TABLE {DATABASE}.{lock} (holder String DEFAULT "
                           f"{quote_str(self.holder.encode())}) ENGINE = Memory")
-                return
+                return True
             except EngineError as exc:
                 if exc.code != _TABLE_EXISTS:
                     raise
             holder, age, busy = self._state(lock)
-            if age is not None and self.stale(holder, age, busy):
-                self._break(table, lock, holder)
-                continue
-            if time.monotonic() - started > LOCK_WAIT_SECONDS:
-                raise TransientError(f"table {display}: another chload has been committing "
-                                     f"for {LOCK_WAIT_SECONDS:.0f} s (lock {DATABASE}.{lock})")
-            self.sleep(pause)
-            pause = min(pause * 2, 0.5)
+            if age is None or not self.stale(holder, age, busy):
+                return False
+            self._break(table, lock, holder)
 
     def release(self, table: str) -> None:
         self._run(f"DROP TABLE IF EXISTS {DATABASE}.{lock_name(table)}")

@@ -21,12 +21,11 @@ session runs one query at a time; several run in parallel).
 
 from __future__ import annotations
 
-import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
 
 from chload.engine import Engine
-from chload.errors import ChloadError, TransientError, from_engine_message
+from chload.errors import ChloadError, from_push_message
 from chload.schema import (
     AUDIT_COLUMNS,
     Column,
@@ -36,7 +35,7 @@ from chload.schema import (
     structure,
 )
 from chload.sources import SourceFile, table_function, table_function_many
-from chload.targets.http import HttpClient, TargetURL, server_error
+from chload.targets.http import HttpClient, TargetURL
 
 # Settings of every push query (chDB side); user --setting values come after and win.
 PUSH_SETTINGS: tuple[tuple[str, str], ...] = (
@@ -44,21 +43,12 @@ PUSH_SETTINGS: tuple[tuple[str, str], ...] = (
     ("http_receive_timeout", "900"),
     ("http_send_timeout", "900"),
 )
-_REMOTE_ERROR = re.compile(r"HTTP status code: (\d+)[^\n]*?body: '(.*)'", re.S)
-_NETWORK = re.compile(r"Connection (refused|reset)|Timeout|timed out|Broken pipe|"
-                      r"Network is unreachable|No route to host", re.I)
 
 
 def push_error(message: str, context: str, url: TargetURL | None) -> ChloadError:
-    """A chDB error, which may carry the server's answer to the push (`body: '...'`)."""
-    remote = _REMOTE_ERROR.search(message)
-    if remote:
-        error = server_error(int(remote.group(1)), remote.group(2), context)
-    elif "POCO_EXCEPTION" in message and _NETWORK.search(message) and url is not None:
-        reason = _NETWORK.search(message).group(0).lower()  # type: ignore[union-attr]
-        error = TransientError(f"{context}: server {url.host}:{url.port} unreachable: {reason}")
-    else:
-        error = from_engine_message(message, context)
+    """A chDB error, which may carry the server's answer to the push
+    (errors.from_push_message), with the password masked."""
+    error = from_push_message(message, context, f"{url.host}:{url.port}" if url else None)
     return url.scrubbed(error) if url is not None else error
 
 

@@ -49,10 +49,13 @@ from chload.errors import (
     SchemaError,
     TransientError,
     UsageError,
+    missing_table,
+    retyped,
 )
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, LoadedEvents
 from chload.records import replace
 from chload.rejects import ErrorBudget
+from chload.retry import RetryPolicy, retry
 from chload.schema import (
     AUDIT_COLUMNS,
     Column,
@@ -141,18 +144,18 @@ class ServerTarget:
         "Table X doesn't exist" when X, any table of a listed database, is dropped
         meanwhile: another stream's stage, after its commit. Asked again, it answers.
         """
-        attempt = 0
-        while True:
-            try:
-                return self.client.post(sql, context=self.where, fmt=fmt,
-                                        params=params).decode()
-            except SchemaError as exc:
-                if not _dropped_meanwhile(sql, str(exc)):
-                    raise
-                if attempt == _SYSTEM_RETRIES:
-                    raise TransientError(str(exc)) from None
-            time.sleep(0.01 * 2 ** attempt)
-            attempt += 1
+        def ask() -> str:
+            return self.client.post(sql, context=self.where, fmt=fmt, params=params).decode()
+
+        def meanwhile(exc: BaseException) -> bool:
+            return isinstance(exc, SchemaError) and _dropped_meanwhile(sql, exc)
+
+        try:
+            return retry(ask, _SYSTEM_RETRY, retry_if=meanwhile)
+        except SchemaError as exc:
+            if not meanwhile(exc):
+                raise
+            raise retyped(exc, TransientError) from None
 
     def text(self, sql: str, fmt: str) -> str:
         """The user's SQL, in the URL's database; Pretty formats without ANSI colours
@@ -542,18 +545,14 @@ def _width(typ: str) -> int:
     return size + nullable
 
 
-_SYSTEM_RETRIES = 5
-_MISSING_TABLE = re.compile(r"Table (\S+?)\.? doesn't exist")
+_SYSTEM_RETRY = RetryPolicy(attempts=6, base_seconds=0.01, jitter=False)  # 10 ms, 20 ms ...
 
 
-def _dropped_meanwhile(sql: str, message: str) -> bool:
+def _dropped_meanwhile(sql: str, error: ChloadError) -> bool:
     """A query over system tables failed because a table it does not name was dropped
     while the server listed them (see ServerTarget._ask)."""
-    missing = _MISSING_TABLE.search(message)
-    if "system." not in sql or missing is None:
-        return False
-    name = missing.group(1).replace("`", "").rpartition(".")[2]
-    return f"'{name}'" not in sql
+    name = missing_table(error)
+    return "system." in sql and name is not None and f"'{name}'" not in sql
 
 
 def _event(job: LoadJob, state: str, rows: int = 0, read: int = 0,

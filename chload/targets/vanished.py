@@ -16,13 +16,9 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 
 from chload.engine import Engine
-from chload.errors import ChloadError, SourceError
+from chload.errors import ChloadError, SourceError, VanishedFile
 from chload.schema import Column
 from chload.sources import SourceFile, source_for
-
-
-class VanishedFile(SourceError):
-    """A file listed for loading that was gone (or unreadable) when it was read."""
 
 
 def vanished(file: SourceFile) -> VanishedFile:

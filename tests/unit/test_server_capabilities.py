@@ -13,12 +13,12 @@ from chload.capabilities import (
     server_type,
     storable,
 )
-from chload.errors import DataError, SchemaError, SourceError, TransientError
+from chload.errors import AuthError, DataError, SchemaError, SourceError, TransientError
 from chload.formats import FileFormat
 from chload.schema import Column
 from chload.sources import SourceFile
 from chload.targets import LoadJob
-from chload.targets.http import AuthError, TargetURL, parse_target_url
+from chload.targets.http import TargetURL, parse_target_url
 from chload.targets.push import push_error, push_sql, select_sql
 
 OLD_TYPES = frozenset({"UInt8", "UInt64", "Int64", "Float64", "String", "Date", "DateTime",

@@ -15,16 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from chload.errors import DataError, SchemaError, SourceError, TransientError, UsageError
-from chload.runner import RetryPolicy, call_with_retries
-from chload.targets.http import (
+from chload.errors import (
     AuthError,
-    HttpClient,
-    TargetURL,
+    DataError,
+    SchemaError,
+    SourceError,
+    TransientError,
+    UsageError,
     normalize,
-    parse_target_url,
     server_error,
 )
+from chload.retry import RetryPolicy, call_with_retries
+from chload.targets.http import HttpClient, TargetURL, parse_target_url
 
 # -- target URLs ----------------------------------------------------------------------
 
