@@ -16,6 +16,11 @@ fastest correct path into a fresh stage table `chload.stage_<machine>_<pid>_<id>
   read): chDB in this process reads the file and streams `Native` (push.py),
   compressed with gzip when the server is not on this machine.
 
+How each way fills the stage is fill.py's; streams and sealing a stage to one part
+per partition, stages.py's; this module connects, runs SQL and drives each load.
+The table itself is created from structured columns (`create_table`), each type as
+this server stores it (capabilities.server_columns), not from DDL text.
+
 Then the stage is attached into the table under the commit lock (commit.py: the
 exactly-once protocol and why it holds with several loader hosts), and the ledger says
 `loaded`. The ledger is `chload.files` on the server, so any host can resume.
