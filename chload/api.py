@@ -17,15 +17,17 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from chload import options, planner, runner
-from chload.errors import ChloadError, TerminalError, UsageError
+from chload.errors import TerminalError, UsageError
 from chload.ledger import FAILED, FileEvent, RunRecord
 from chload.monitor import Monitor
 from chload.records import asdict, dataclass, field, fields, replace
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
-from chload.schema import Column, quote_str, settings_sql
+from chload.schema import quote_str, settings_sql
 from chload.sources import SourceContext, SourceFile, kind_of, release, source_for
-from chload.targets import DEFAULT_TARGET, LoadJob, Target, open_target
+from chload.targets import LoadJob, Target, TargetSpec, open_target
+from chload.validation import FileCheck as FileCheck
+from chload.validation import validate as validate
 
 
 @dataclass(frozen=True)
@@ -137,17 +139,29 @@ def load(sources: Sources | LoadSpec, table: str | None = None, *,
     pairs. A wrong type or an unknown option is a UsageError naming it.
     """
     spec = sources if isinstance(sources, LoadSpec) else _spec("load", sources, table, options)
-    target = open_target(spec.target)
+    target = open_target(_target_spec(spec.target))
     try:
-        context = _source_context(spec, target)
-        listed = _list_sources(spec, context)
-        try:
-            with _engine_credentials(context):
-                return _load(spec, target, listed, listener or (lambda event: None))
-        finally:
-            release(listed)
+        return _load_into(spec, target, listener)
     finally:
         target.close()
+
+
+def _target_spec(target: str | None, create: bool = True) -> TargetSpec:
+    """--target (else $CHLOAD_TARGET, else the default) and the server password
+    ($CLICKHOUSE_PASSWORD, where the URL has none), read here once for the whole run."""
+    return TargetSpec.resolve(target, os.environ, create)
+
+
+def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None) -> LoadReport:
+    """`load` into a target already open (kept open): any `targets.Target`, e.g. the
+    unit tests' in-memory one. `spec.target` is not looked at."""
+    context = _source_context(spec, target)
+    listed = _list_sources(spec, context)
+    try:
+        with _engine_credentials(context):
+            return _load(spec, target, listed, listener or (lambda event: None))
+    finally:
+        release(listed)
 
 
 # A file whose header (or JSON keys) names a column the table lacks fails, as the
@@ -217,8 +231,8 @@ def _load(spec: LoadSpec, target: Target, listed: list[SourceFile],
                     settings=settings, run_id=report.run_id, budget=spec.budget,
                     batch=group if len(group) > 1 else (), threads=threads)
             for group in groups]
-    in_flight = getattr(target, "open_streams", lambda streams: streams)(workers)
-    monitor = Monitor(getattr(target, "path", ".")).start()
+    in_flight = target.open_streams(workers)
+    monitor = Monitor(target.workdir).start()
     results = runner.run(target, jobs, in_flight, listener,
                          abort_on_error=spec.on_error == "abort", changed=plan.changed)
     report.saturation = monitor.stop().to_dict() if jobs else {}
@@ -282,14 +296,13 @@ def _finish(target: Target, run: RunRecord) -> None:
 
 def _default_database(target: Target) -> str:
     """What a bare table name means: a server target's URL may name a database."""
-    return str(getattr(target, "database", "default"))
+    return target.database
 
 
 def _groups(target: Target, files: Sequence[SourceFile], budget: ErrorBudget,
             workers: int) -> list[tuple[SourceFile, ...]]:
     """Files grouped into batches where the target can load several as one."""
-    plan_batches = getattr(target, "plan_batches", None)
-    return plan_batches(files, budget, workers) if plan_batches else [(f,) for f in files]
+    return target.plan_batches(files, budget, workers)
 
 
 def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
@@ -303,7 +316,7 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
 
         s3 = aws.resolve(os.environ, spec.s3_endpoint)
     return SourceContext(format=spec.format, compression=spec.compression,
-                         workdir=os.path.join(getattr(target, "path", "."), "tmp"),
+                         workdir=os.path.join(target.workdir, "tmp"),
                          s3=s3, query=target.infer_rows)
 
 
@@ -415,132 +428,9 @@ def run_files(run_id: str, target: TargetName = None, **unknown: object) -> list
 @contextlib.contextmanager
 def _opened(target: object) -> Iterator[Target]:
     """An existing target, for commands that only read; closed after."""
-    t = open_target(options.optional_path("target", target), create=False)
+    t = open_target(_target_spec(options.optional_path("target", target), create=False))
     try:
         yield t
     finally:
         t.close()
-
-
-@dataclass
-class FileCheck:
-    """What validation found in one file."""
-
-    uri: str
-    rows: int = 0  # rows that parse
-    errors: int = 0  # rows that do not
-    first_errors: list[dict] = field(default_factory=list)  # line, error, raw
-    failure: str = ""  # the file could not be read at all
-    within_budget: bool = True  # a load with the same error budget would load this file
-
-
-_VALIDATE_OPTIONS = ("target", "format", "compression", "schema", "max_errors",
-                     "max_error_ratio", "s3_endpoint")
-
-
-def validate(sources: Sources | LoadSpec, table: str | None = None, *,
-             target: TargetName = None, format: str | None = None,
-             compression: str | None = None, schema: str | None = None,
-             max_errors: int | None = None, max_error_ratio: float | None = None,
-             s3_endpoint: str | None = None, **unknown: object) -> list[FileCheck]:
-    """Parse every row of every source against the table's (or the inferred) schema.
-
-    Takes what load() takes: sources and table= with options, or the LoadSpec a load
-    would be given (its options that only shape a load, such as order_by, workers or
-    settings, change nothing here).
-
-    Writes nothing to the table or the ledger: bad rows are counted by the engine into
-    a temporary errors file, outside the target. With an error budget, each file says
-    whether a load with that budget would take it, and inference is the load's. Before
-    the first load into an embedded target (no directory yet) the data is checked in a
-    scratch engine, removed after: nothing is left behind.
-    """
-    options.no_unknown("validate", unknown, _VALIDATE_OPTIONS)
-    given = dict(target=target, format=format, compression=compression, schema=schema,
-                 max_errors=max_errors, max_error_ratio=max_error_ratio,
-                 s3_endpoint=s3_endpoint)
-    if isinstance(sources, LoadSpec):
-        if table is not None or any(v is not None for v in given.values()):
-            raise UsageError("validate(): given a LoadSpec, put the table and options in it")
-        spec = sources
-    else:
-        spec = _spec("validate", sources, table, given)
-    with _validating(spec.target) as t:
-        listed: list[SourceFile] = []
-        try:
-            name = planner.parse_table(spec.table, _default_database(t))
-            existing = t.table_columns(name.sql)
-            context = _source_context(spec, t)
-            listed = _list_sources(spec, context)
-            with _engine_credentials(context):
-                return _check_files(t, spec, name, existing, listed)
-        finally:
-            release(listed)
-
-
-def _check_files(t: Target, spec: LoadSpec, name: planner.TableName,
-                 existing: list[Column] | None, listed: list[SourceFile]) -> list[FileCheck]:
-    """validate()'s checks of the listed files, as a load would read them."""
-    files = planner.resolve_format(t, listed, planner.known_names(existing, spec.schema),
-                                   forced=spec.format is not None)
-    columns, read_columns, _ = planner.prepare_table(
-        t, name, files, existing=existing, schema=spec.schema, order_by=None,
-        partition_by=None, audit=False, create=False, budget=spec.budget)
-    checked = planner.check_headers(t, name, files, existing or columns, read_columns,
-                                    audit=False)
-    refused = {f.uri: why for f, why in checked.refused}
-    return [FileCheck(f.uri, failure=refused[f.uri], within_budget=False)
-            if f.uri in refused
-            else _check(t, f, read_columns, spec.budget, checked.settings)
-            for f in files]
-
-
-@contextlib.contextmanager
-def _validating(target: str | None) -> Iterator[Target]:
-    """The target to validate against: the named one if it exists; an embedded one not
-    made yet (before the first load) is a scratch directory, removed after (no table
-    there: the data's own columns are checked)."""
-    import shutil
-    import tempfile
-
-    named = target or os.environ.get("CHLOAD_TARGET") or DEFAULT_TARGET
-    if "://" in named or os.path.isdir(named):
-        with _opened(target) as t:
-            yield t
-        return
-    scratch = tempfile.mkdtemp(prefix="chload-validate-")
-    try:
-        t = open_target(scratch)
-        try:
-            yield t
-        finally:
-            t.close()
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _check(t: Target, f: SourceFile, columns: Sequence[Column],
-           budget: ErrorBudget, extra: Sequence[tuple[str, str]] = ()) -> FileCheck:
-    import tempfile
-
-    from chload import rejects
-
-    check = FileCheck(f.uri)
-    with tempfile.TemporaryDirectory(prefix="chload-validate-") as tmp:
-        errors_file = os.path.join(tmp, "errors.csv")
-        settings = settings_sql([*ErrorBudget(None, 1.0).engine_settings(errors_file), *extra])
-        try:
-            rows = t.infer_rows(f"SELECT count() AS n FROM {t.reader(f, f.format.name, columns)}"
-                                f" WHERE NOT ignore(*) SETTINGS {settings}")
-        except ChloadError as exc:
-            check.failure = str(exc)
-            return check
-        check.rows = int(rows[0]["n"])
-        # the errors file is on this machine: read by the engine that wrote it
-        check.errors = rejects.count_errors(t.infer_rows, errors_file)
-        check.first_errors = rejects.first(t.infer_rows, errors_file,
-                                           rejects.header_lines(f.format))
-    check.within_budget = (budget.allows(check.errors, check.rows + check.errors)
-                           if budget.allows_errors else not check.errors)
-    return check
 

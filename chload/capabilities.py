@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from chload.errors import SchemaError, TerminalError
 from chload.records import dataclass, field
-from chload.schema import mask_quoted, parse_structure
+from chload.schema import Column
 
 # "SELECT 1" compressed by each method (made once with the standard library, or for
 # zstd, br and lz4 with chDB's file() writer): no compression module is imported.
@@ -134,29 +134,26 @@ _DATETIME64 = re.compile(r"^DateTime64\((\d+)(?:,\s*('[^']*'))?\)$")
 
 def storable(typ: str, caps: Capabilities) -> str:
     """`typ` mapped down where that changes no value; unchanged where it cannot be (the
-    table may exist with its own type for it; CREATE TABLE checks with `server_type`)."""
+    table may exist with its own type for it; creating one checks: `server_columns`)."""
     try:
         return server_type(typ, caps, "", "")
     except SchemaError:
         return typ
 
 
-def check_create(sql: str, caps: Capabilities) -> None:
-    """A CREATE TABLE with a column list: every type storable here, or one clear line."""
-    masked = mask_quoted(sql)  # a name may hold parentheses, commas, spaces
-    match = re.match(r"\s*CREATE TABLE (IF NOT EXISTS )?(\S+)\s*\(", masked)
-    if not match or sql[match.start(2):match.end(2)].startswith(("chload.", "`chload`.")):
-        return
-    table = sql[match.start(2):match.end(2)].replace("`", "")
-    depth, start = 0, match.end() - 1
-    for i in range(start, len(sql)):
-        depth += (masked[i] == "(") - (masked[i] == ")")
-        if depth == 0:
-            for column in parse_structure(sql[start + 1:i]):
-                typ = re.split(r"\s+(?:DEFAULT|MATERIALIZED|ALIAS|CODEC|COMMENT)\b",
-                               column.type)[0]
-                server_type(typ, caps, column.name, f"table {table}")
-            return
+_SUFFIX = re.compile(r"\s+(?:DEFAULT|MATERIALIZED|ALIAS|CODEC|COMMENT)\b")
+
+
+def server_columns(columns: Sequence[Column], caps: Capabilities, where: str) -> list[Column]:
+    """Columns for a CREATE TABLE here: each type as `server_type` stores it (a DEFAULT,
+    CODEC, ... after it kept); a type the server cannot store is one clear SchemaError."""
+    stored = []
+    for column in columns:
+        suffix = _SUFFIX.search(column.type)
+        cut = suffix.start() if suffix else len(column.type)
+        typ = server_type(column.type[:cut], caps, column.name, where)
+        stored.append(Column(column.name, typ + column.type[cut:], column.default_kind))
+    return stored
 
 
 def server_type(typ: str, caps: Capabilities, column: str, where: str) -> str:
@@ -195,19 +192,3 @@ def _split(args: str) -> list[str]:
             parts.append(args[start:i].strip())
             start = i + 1
     return [p for p in parts if p]
-
-
-_LOW_CARDINALITY = re.compile(r"LowCardinality\(((?:[^()]|\([^()]*\))*)\)")
-
-
-def downgrade_ddl(sql: str, caps: Capabilities) -> str:
-    """A CREATE TABLE with LowCardinality(T) written as T where the server lacks it stably."""
-    if not sql.lstrip().upper().startswith("CREATE TABLE"):
-        return sql
-    if "LowCardinality" in caps.types and not caps.low_cardinality_experimental:
-        return sql
-    out, last = [], 0
-    for match in _LOW_CARDINALITY.finditer(mask_quoted(sql)):  # types, not quoted names
-        out += [sql[last:match.start()], sql[match.start(1):match.end(1)]]
-        last = match.end()
-    return "".join(out) + sql[last:]

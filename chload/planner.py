@@ -24,7 +24,6 @@ from chload.schema import (
     SKIP_HEADER,
     Column,
     Tolerance,
-    create_table_sql,
     decide_header,
     header_columns,
     infer,
@@ -257,7 +256,7 @@ def prepare_table(
     if existing is None:
         columns = data + ([Column(n, t) for n, t in AUDIT_COLUMNS.items()] if audit else [])
         target.command(f"CREATE DATABASE IF NOT EXISTS {quote_ident(table.database)}")
-        target.command(create_table_sql(table.sql, columns, order_by, partition_by))
+        target.create_table(table.sql, columns, order_by, partition_by)
         existing = target.table_columns(table.sql) or columns
         created = True
     matched = match_columns(table.display, existing, data, audit)

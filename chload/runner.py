@@ -120,9 +120,8 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         started = time.monotonic()
         progress = _Progress(listener, job.file.uri)
         try:
-            load_batch = target.load_batch  # type: ignore[attr-defined]
             loaded: list[Loaded] = call_with_retries(
-                lambda: progress.attempt(lambda: load_batch(job, progress)), policy)
+                lambda: progress.attempt(lambda: target.load_batch(job, progress)), policy)
         except ChloadError:
             return [one(replace(job, file=f, batch=())) for f in job.files]
         seconds = (time.monotonic() - started) / len(job.files)

@@ -9,17 +9,21 @@ ledger, or none are.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
-from typing import NamedTuple, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from chload.errors import UsageError
 from chload.ledger import Ledger
-from chload.records import dataclass
+from chload.records import dataclass, field
 from chload.rejects import ErrorBudget
 from chload.schema import Column
 from chload.sources import SourceFile
 
+if TYPE_CHECKING:
+    from chload.targets.http import TargetURL
+
 DEFAULT_TARGET = "./chload-data"
+TARGET_ENV = "CHLOAD_TARGET"
 
 
 @dataclass(frozen=True)
@@ -55,10 +59,28 @@ class Loaded(NamedTuple):
 
 
 class Target(Protocol):
-    """What the planner and runner need from any target."""
+    """Everything api.py, the planner, the runner, the ledger and rejects.py use of a
+    target. EmbeddedTarget and ServerTarget implement all of it (checked by mypy:
+    `_conforms` below), and so does the unit tests' FakeTarget (tests/unit/fake_target.py)."""
 
-    display: str  # where the data goes, for messages and reports (never a secret)
-    ledger: Ledger
+    @property
+    def display(self) -> str:
+        """Where the data goes, for messages and reports (never a secret)."""
+        ...
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+    @property
+    def database(self) -> str:
+        """What a bare --table name means (a server URL may name a database)."""
+        ...
+
+    @property
+    def workdir(self) -> str:
+        """A directory on this machine for what a run spools (stdin) and whose disk the
+        monitor watches."""
+        ...
 
     def command(self, sql: str) -> None: ...
 
@@ -76,15 +98,37 @@ class Target(Protocol):
 
     def table_columns(self, table: str) -> list[Column] | None: ...
 
+    def create_table(self, table: str, columns: Sequence[Column], order_by: str | None,
+                     partition_by: str | None) -> None:
+        """Create `table` (qualified and quoted: `db`.`t`) if it does not exist, with
+        `columns` as this target can store them (a SchemaError names a column it
+        cannot)."""
+        ...
+
     def recover(self, table: str) -> int:
         """Finish or undo what an interrupted earlier run left; return files settled."""
         ...
 
-    def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> tuple[int, ...]:
+    def default_workers(self, files: Sequence[SourceFile]) -> int: ...
+
+    def open_streams(self, streams: int) -> int:
+        """Let `streams` files load at once; return how many to keep in flight."""
+        ...
+
+    def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,
+                     workers: int) -> list[tuple[SourceFile, ...]]:
+        """The files in groups, each loaded by one `load_batch` (a group of one by
+        `load_file`)."""
+        ...
+
+    def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
         """Load one file atomically; return Loaded(rows, bytes read, rows rejected)."""
         ...
 
-    def default_workers(self, files: Sequence[SourceFile]) -> int: ...
+    def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
+        """Load `job.files` with one commit, all or none; BatchOverlap (or any error)
+        and the runner loads them one by one."""
+        ...
 
     def flush(self) -> None:
         """Write any ledger events still buffered."""
@@ -93,28 +137,65 @@ class Target(Protocol):
     def close(self) -> None: ...
 
 
-def open_target(target: str | None, create: bool = True) -> Target:
-    """The target a --target value (or CHLOAD_TARGET, or the default) names.
+if TYPE_CHECKING:  # both targets are Targets: mypy checks every member above
+    from chload.targets.embedded import EmbeddedTarget
+    from chload.targets.server import ServerTarget
 
-    `create=False` (commands that only read) refuses an embedded directory that does not
-    exist yet, rather than making an empty one.
+    def _conforms(e: EmbeddedTarget, s: ServerTarget) -> tuple[Target, Target]:
+        return e, s
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """Where rows go, resolved once at the top (api.py) from --target and the
+    environment, then passed down: nothing under targets/ reads the environment.
+
+    `where`: a directory (embedded ClickHouse) or the URL as given; `url`: a server's,
+    parsed, with its password (the URL's, else $CLICKHOUSE_PASSWORD). `create=False`
+    (commands that only read): an embedded directory must exist already."""
+
+    where: str = field(repr=False)  # a URL may hold the password
+    url: TargetURL | None = field(default=None, repr=False)
+    create: bool = True
+
+    @property
+    def display(self) -> str:
+        """The target without its password."""
+        return self.url.display if self.url is not None else self.where
+
+    @classmethod
+    def resolve(cls, target: str | None, env: Mapping[str, str],
+                create: bool = True) -> TargetSpec:
+        """A --target value (else env's CHLOAD_TARGET, else the default)."""
+        value = target or env.get(TARGET_ENV) or DEFAULT_TARGET
+        if value.startswith(("http://", "https://")):
+            from chload.targets.http import parse_target_url
+
+            return cls(value, parse_target_url(value, env), create)
+        if "://" in value:
+            raise UsageError(
+                f"--target: '{value.split('://')[0]}://' is not a target; use a directory "
+                "(embedded ClickHouse) or http(s)://host:port/db (a ClickHouse server)"
+            )
+        return cls(value, None, create)
+
+
+def open_target(spec: TargetSpec) -> Target:
+    """The target a TargetSpec names.
+
+    `spec.create=False` (commands that only read) refuses an embedded directory that
+    does not exist yet, rather than making an empty one.
     """
-    value = target or os.environ.get("CHLOAD_TARGET") or DEFAULT_TARGET
-    if value.startswith(("http://", "https://")):
+    if spec.url is not None:
         from chload.targets.server import ServerTarget
 
-        return ServerTarget(value)
-    if "://" in value:
-        raise UsageError(
-            f"--target: '{value.split('://')[0]}://' is not a target; use a directory "
-            "(embedded ClickHouse) or http(s)://host:port/db (a ClickHouse server)"
-        )
-    if not create and not os.path.isdir(value):
-        raise UsageError(f"target {value}: no embedded ClickHouse there yet; load something "
-                         "first, or pass --target DIR (or http(s)://...)")
+        return ServerTarget(spec.url)
+    if not spec.create and not os.path.isdir(spec.where):
+        raise UsageError(f"target {spec.where}: no embedded ClickHouse there yet; load "
+                         "something first, or pass --target DIR (or http(s)://...)")
     from chload.targets.embedded import EmbeddedTarget
 
-    return EmbeddedTarget(value)
+    return EmbeddedTarget(spec.where)
 
 
 SMALL_FILE_BYTES = 4 << 20  # files below this are batched ...

@@ -33,6 +33,7 @@ from chload.rejects import ErrorBudget
 from chload.schema import (
     AUDIT_COLUMNS,
     Column,
+    create_table_sql,
     display_table,
     quote_ident,
     quote_str,
@@ -75,6 +76,8 @@ LOAD_SETTINGS: tuple[tuple[str, str], ...] = (
 class EmbeddedTarget:
     """chDB in a directory; the ledger lives in its `chload` database."""
 
+    database = "default"  # what a bare --table name means
+
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
         self.display = f"embedded ClickHouse in {path}"
@@ -109,6 +112,17 @@ class EmbeddedTarget:
             f"{quote_str(database)} AND table = {quote_str(name)} ORDER BY position"
         )
         return [Column(r["name"], r["type"], r["default_kind"]) for r in rows] or None
+
+    def create_table(self, table: str, columns: Sequence[Column], order_by: str | None,
+                     partition_by: str | None) -> None:
+        self.command(create_table_sql(table, columns, order_by, partition_by))
+
+    @property
+    def workdir(self) -> str:
+        return self.path
+
+    def open_streams(self, streams: int) -> int:
+        return streams  # a file in flight is a file loading: none waits staged
 
     def default_workers(self, files: Sequence[SourceFile]) -> int:
         # Measured on 2 cores, 20 gzip CSV files: 2 parallel per-file inserts beat one

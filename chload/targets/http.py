@@ -110,8 +110,9 @@ class TargetURL:
 
 
 def parse_target_url(value: str, env: Mapping[str, str] | None = None) -> TargetURL:
-    """Parse a --target URL; the password may come from $CLICKHOUSE_PASSWORD instead."""
-    env = os.environ if env is None else env
+    """Parse a --target URL; the password may come from `env`'s CLICKHOUSE_PASSWORD
+    instead (the caller's environment, read once: targets.TargetSpec)."""
+    env = {} if env is None else env
     parts = urllib.parse.urlsplit(value)
     safe = f"{parts.scheme}://{parts.hostname or '?'}"
     if parts.scheme not in ("http", "https") or not parts.hostname:

@@ -384,19 +384,19 @@ def test_error_budget_keeps_rejects_in_the_server(clickhouse: services.Service,
 
 
 def test_system_table_queries_ride_out_tables_dropped_meanwhile(
-        clickhouse: services.Service, monkeypatch: pytest.MonkeyPatch) -> None:
+        clickhouse: services.Service) -> None:
     """18.16 fails a query over system.tables with "Table X doesn't exist" when any table
     of the listed database is dropped meanwhile (every commit drops its stage): chload's
     own system queries ask again. Two threads churn tables while both a plain query and
     the target's rows() list the database, for at most 30 s."""
     import threading
 
-    from chload.targets.server import ServerTarget
+    from chload.targets import TargetSpec, open_target
 
-    monkeypatch.setenv("CLICKHOUSE_PASSWORD", clickhouse.credentials["password"])
     database = f"churn_{uuid.uuid4().hex[:8]}"
     q(clickhouse, f"CREATE DATABASE {database}")
-    target = ServerTarget(url(clickhouse))
+    env = {"CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]}
+    target = open_target(TargetSpec.resolve(url(clickhouse), env))
     listing = (f"SELECT name FROM system.tables WHERE database = '{database}' "
                "AND name = 'absent'")
     stop = threading.Event()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from chload.capabilities import Capabilities, check_create, downgrade_ddl
+from chload.capabilities import Capabilities, server_columns
 from chload.errors import SchemaError, UsageError
 from chload.formats import detect
 from chload.planner import parse_table
@@ -36,10 +36,11 @@ OLD = Capabilities("18.16.1", types=frozenset({"Int64", "String", "Nullable", "U
 def test_server_ddl_with_quoted_names() -> None:
     columns = [Column("LowCardinality(a)", "LowCardinality(String)"), Column("x(", "Int64"),
                Column("b, c", "DateTime64(3)")]
-    sql = create_table_sql("`default`.`t`", columns, None, None)
-    assert "`LowCardinality(a)` String" in downgrade_ddl(sql, OLD)
+    sql = create_table_sql("`default`.`t`", server_columns(columns[:2], OLD, "table t"),
+                           None, None)
+    assert "`LowCardinality(a)` String" in sql
     with pytest.raises(SchemaError, match="column b, c has type DateTime64"):
-        check_create(sql, OLD)
+        server_columns(columns, OLD, "table t")
 
 
 def test_header_columns_name_the_empty_and_the_repeated() -> None:

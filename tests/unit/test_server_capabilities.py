@@ -7,9 +7,8 @@ import pytest
 
 from chload.capabilities import (
     Capabilities,
-    check_create,
-    downgrade_ddl,
     probe,
+    server_columns,
     server_type,
     storable,
 )
@@ -96,12 +95,12 @@ def test_types_the_server_lacks_are_refused_in_one_line(inferred: str, hint: str
 
 
 def test_create_table_is_checked_and_inference_maps_only_what_is_safe() -> None:
-    ok = "CREATE TABLE IF NOT EXISTS `db`.`t` (\n    `id` UInt64,\n    `s` Nullable(String)\n)"
-    check_create(ok + " ENGINE = MergeTree ORDER BY `id`", OLD)
-    check_create("CREATE TABLE chload.lock_x (holder String DEFAULT 'a') ENGINE = Memory", OLD)
+    ok = [Column("id", "UInt64"), Column("s", "Nullable(String)"),
+          Column("n", "UInt8 DEFAULT 1", "DEFAULT")]
+    assert server_columns(ok, OLD, "table db.t") == ok
     with pytest.raises(SchemaError, match="^table db.t: column at has type DateTime64"):
-        check_create("CREATE TABLE `db`.`t` (`id` UInt64, `at` DateTime64(3)) ENGINE = Log",
-                     OLD)
+        server_columns([Column("id", "UInt64"), Column("at", "DateTime64(3)")], OLD,
+                       "table db.t")
     assert storable("DateTime64(3)", OLD) == "DateTime64(3)"  # an existing table decides
     assert storable("Bool", OLD) == "UInt8"
 
@@ -109,9 +108,29 @@ def test_create_table_is_checked_and_inference_maps_only_what_is_safe() -> None:
 def test_low_cardinality_kept_where_it_is_stable() -> None:
     new = Capabilities("24.3", types=OLD_TYPES | {"Bool"})
     assert server_type("LowCardinality(String)", new, "c", "f") == "LowCardinality(String)"
-    ddl = "CREATE TABLE t (a LowCardinality(String), b LowCardinality(Nullable(String)))"
-    assert downgrade_ddl(ddl, OLD) == "CREATE TABLE t (a String, b Nullable(String))"
-    assert downgrade_ddl(ddl, new) == ddl
+    columns = [Column("a", "LowCardinality(String)"),
+               Column("b", "LowCardinality(Nullable(String))")]
+    assert [c.type for c in server_columns(columns, OLD, "t")] == ["String", "Nullable(String)"]
+    assert server_columns(columns, new, "t") == columns
+
+
+def test_the_server_target_creates_tables_with_types_it_stores() -> None:
+    """create_table maps the columns (not the DDL text); the key is the one the given
+    columns make, and chload's own statements go to the server as written."""
+    from chload.targets.server import ServerTarget
+
+    target = ServerTarget.__new__(ServerTarget)
+    target.caps = OLD
+    sent: list[str] = []
+    target.command = sent.append  # type: ignore[method-assign]
+    target.create_table("`db`.`t`", [Column("flag", "Bool"), Column("id", "UInt64"),
+                                     Column("_source_file", "LowCardinality(String)")],
+                        None, "id")
+    assert sent == ["CREATE TABLE IF NOT EXISTS `db`.`t` (\n    `flag` UInt8,\n    `id` UInt64,"
+                    "\n    `_source_file` String\n) ENGINE = MergeTree\nPARTITION BY id\n"
+                    "ORDER BY `id`"]
+    with pytest.raises(SchemaError, match="^table db.t: column at has type DateTime64"):
+        target.create_table("`db`.`t`", [Column("at", "DateTime64(3)")], None, None)
 
 
 # -- the push path ---------------------------------------------------------------------
@@ -165,7 +184,8 @@ def test_push_errors_carry_the_servers_answer(message: str, kind: type, text: st
 
 
 def test_raw_when_the_server_reads_the_bytes_else_push() -> None:
-    from chload.targets.server import PUSH, RAW, ServerTarget
+    from chload.targets.fill import PUSH, RAW
+    from chload.targets.server import ServerTarget
 
     target = ServerTarget.__new__(ServerTarget)
     target.caps, target.url = OLD, URL

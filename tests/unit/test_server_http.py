@@ -341,15 +341,15 @@ def test_a_cut_or_foreign_answer_is_transient(answer: bytes) -> None:
     (100, 64, 8),  # 8 in all at most
 ])
 def test_streams_fill_the_server_in_even_rounds(files: int, cores: int, streams: int) -> None:
-    from chload.targets.server import streams_for
+    from chload.targets.stages import streams_for
 
     assert streams_for(files, cores) == streams
 
 
 def test_files_beyond_the_streams_create_their_stage_once_every_stream_has_begun() -> None:
-    from chload.targets.server import _Streams
+    from chload.targets.stages import Streams
 
-    streams = _Streams(2)
+    streams = Streams(2)
     streams.stage_turn()
     streams.stage_turn()  # the two streams' files: at once
     staged = threading.Event()
