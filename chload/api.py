@@ -14,13 +14,13 @@ import os
 import socket
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from chload import options, planner, runner
 from chload.errors import TerminalError, UsageError
 from chload.ledger import FAILED, FileEvent, RunRecord
 from chload.monitor import Monitor
-from chload.records import asdict, dataclass, field, fields, replace
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
 from chload.schema import quote_str, settings_sql
@@ -30,7 +30,7 @@ from chload.validation import FileCheck as FileCheck
 from chload.validation import validate as validate
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LoadSpec:
     """Everything a load needs, validated once; flags, env and code all end here."""
 
@@ -94,7 +94,7 @@ def _spec(function: str, sources: object, table: object, given: dict[str, Any]) 
     return LoadSpec(sources=sources, table=table, **given)  # type: ignore[arg-type]
 
 
-@dataclass
+@dataclass(slots=True)
 class LoadReport:
     """What a load did. `ok` is False when any file failed."""
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from chload.errors import SchemaError, TerminalError
-from chload.records import dataclass, field
 from chload.schema import Column
 
 # "SELECT 1" compressed by each method (made once with the standard library, or for
@@ -52,7 +52,7 @@ UNION ALL SELECT 'ledger', concat(table, '.', name) FROM system.columns
     WHERE database = 'chload' AND table = 'files' AND name = 'table_uuid'"""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Capabilities:
     version: str
     timezone: str = "UTC"

@@ -202,8 +202,9 @@ def _load(args: argparse.Namespace) -> int:
 
 
 def _files(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     from chload.api import files
-    from chload.records import asdict
 
     events = files(args.table, args.target)
     if args.json:
@@ -230,8 +231,9 @@ def _sql(args: argparse.Namespace) -> int:
 
 
 def _history(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     from chload.api import history, run_files
-    from chload.records import asdict
 
     if args.run:
         events = run_files(args.run, args.target)
@@ -266,8 +268,9 @@ def _errors(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
     from chload.api import validate
-    from chload.records import asdict
 
     checks = validate(_spec(args))
     if args.json:

@@ -7,8 +7,9 @@ know it to strip it before looking at the format extension, to tell a server wha
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from chload.errors import UsageError
-from chload.records import dataclass
 
 # extension -> ClickHouse compression method name (the `compression` argument of file())
 COMPRESSIONS = {
@@ -32,7 +33,7 @@ LINE_FORMATS = {"CSV", "CSVWithNames", "TSV", "TSVWithNames", "TabSeparated",
                 "TabSeparatedWithNames", "JSONEachRow", "JSONLines", "NDJSON"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileFormat:
     """How the engine should read one source: format name and compression method."""
 

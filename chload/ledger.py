@@ -30,10 +30,10 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Protocol
 
 from chload.errors import ChloadError, EngineError
-from chload.records import asdict, dataclass, field, fields, replace
 from chload.schema import quote_str
 
 DATABASE = "chload"
@@ -52,7 +52,7 @@ class Sql(Protocol):
     def rows(self, sql: str) -> list[dict]: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class FileEvent:
     """One transition of one file, as stored in `chload.files`."""
 
@@ -76,7 +76,7 @@ class FileEvent:
         return replace(self, state=state, error=error, seq=time.time_ns())
 
 
-@dataclass
+@dataclass(slots=True)
 class RunRecord:
     """One run of `chload load`, as stored in `chload.runs` (the load history)."""
 
@@ -116,7 +116,7 @@ _RUNS_DDL = f"""CREATE TABLE IF NOT EXISTS {RUNS} (
 _DUPLICATE_COLUMN = 15  # an ADD COLUMN that another chload ran first
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TableState:
     """A target table as it is now, to tell whether the ledger's loads are its own."""
 

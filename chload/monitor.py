@@ -20,11 +20,10 @@ from __future__ import annotations
 import os
 import resource
 import time
+from dataclasses import asdict, dataclass
 
-from chload.records import asdict, dataclass
 
-
-@dataclass
+@dataclass(slots=True)
 class Saturation:
     cpu_util_pct: float | None = None  # machine CPU busy, % of all cores
     process_cpu_s: float | None = None  # this process's user + system seconds
@@ -40,7 +39,7 @@ class Saturation:
         return {k: round(v, 2) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _Snapshot:
     at: float
     cpu: tuple[int, int] | None  # busy, total jiffies

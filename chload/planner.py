@@ -9,13 +9,13 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from itertools import chain
 
 from chload import sniff
 from chload.errors import ChloadError, SchemaError, SourceError, UsageError
 from chload.formats import HEADER_FORMATS, FileFormat, check_compression
 from chload.ledger import FileEvent, TableState
-from chload.records import dataclass, field, replace
 from chload.rejects import ErrorBudget
 from chload.runner import on_threads
 from chload.schema import (
@@ -44,7 +44,7 @@ RESERVED_DATABASES = {  # lower-cased name -> whose it is
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TableName:
     database: str
     name: str
@@ -79,7 +79,7 @@ def parse_table(value: str, default_database: str = "default") -> TableName:
     return table
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Plan:
     """What a run will do: which files to load, which to skip, how to read them.
 
@@ -351,7 +351,7 @@ def _just_a_header(target: Target, file: SourceFile) -> bool:
     return bool(lines) and int(lines[0]["n"]) == 1
 
 
-@dataclass
+@dataclass(slots=True)
 class HeaderCheck:
     """The files whose header fits the run, those refused (with why), and the settings
     every load of the run needs (schema.BY_POSITION, or none)."""

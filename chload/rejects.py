@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from chload.errors import DataError, TerminalError
 from chload.formats import FileFormat
 from chload.ledger import DATABASE, FILES, LOADED, Sql
-from chload.records import dataclass
 from chload.schema import quote_str
 
 REJECTS = f"{DATABASE}.rejects"
@@ -56,7 +56,7 @@ _ERRORS_FILE_STRUCTURE = ("time String, database Nullable(String), table Nullabl
                           "offset UInt64, reason String, raw String")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ErrorBudget:
     """How many bad rows a file may have and still load its good rows."""
 

@@ -21,16 +21,16 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TypeVar
 
 from chload.errors import TransientError
-from chload.records import dataclass
 
 T = TypeVar("T")
 Sleep = Callable[[float], None]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """`attempts` tries in all (0: as many as `until` allows), the pause before try
     n+1 `base_seconds * 2**n` up to `max_seconds`: with `jitter`, uniform in

@@ -11,15 +11,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from chload.errors import ChloadError
-from chload.records import dataclass, replace
 from chload.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
 from chload.targets import Loaded, LoadJob, Target
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Event:
     """A progress event: kind is plan, start, progress (rows and bytes parsed, negative
     when taken back), done (a file committed), skip (another run committed the file
@@ -38,7 +38,7 @@ Listener = Callable[[Event], None]
 T = TypeVar("T")
 
 
-@dataclass
+@dataclass(slots=True)
 class FileResult:
     uri: str
     status: str  # loaded, skipped, failed

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from chload.errors import SchemaError, UsageError
 from chload.formats import HEADER_FORMATS, FileFormat
-from chload.records import dataclass
 
 AUDIT_COLUMNS = {"_source_file": "LowCardinality(String)", "_loaded_at": "DateTime"}
 NULL_SAMPLE_ROWS = 200_000
@@ -44,7 +44,7 @@ BY_POSITION = (("input_format_with_names_use_header", "0"),)
 Query = Callable[[str], list[dict]]  # runs SQL, returns small result rows as dicts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Column:
     name: str
     type: str

@@ -13,11 +13,11 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from chload import options, planner
 from chload.errors import ChloadError, UsageError
-from chload.records import dataclass, field
 from chload.rejects import ErrorBudget
 from chload.schema import Column, settings_sql
 from chload.sources import SourceFile, release
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from chload.api import LoadSpec, Sources, TargetName
 
 
-@dataclass
+@dataclass(slots=True)
 class FileCheck:
     """What validation found in one file."""
 

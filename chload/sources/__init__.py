@@ -12,17 +12,17 @@ from __future__ import annotations
 import importlib
 import re
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from chload.errors import UsageError
 from chload.formats import FileFormat
-from chload.records import dataclass
 
 if TYPE_CHECKING:
     from chload.sources.aws import S3Settings
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceFile:
     """One file or object to load, known by its identity.
 
@@ -55,7 +55,7 @@ class SourceFile:
 Query = Callable[[str], list[dict]]  # runs SQL in an engine, returns small rows
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceContext:
     """What listing needs beyond the pattern, resolved once at the top (api) and passed
     down: no source reads the environment or finds an engine by itself.

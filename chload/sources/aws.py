@@ -41,10 +41,10 @@ import hashlib
 import hmac
 import os
 from collections.abc import Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, field
 from urllib.parse import quote, urlsplit
 
 from chload.errors import SourceError, UsageError
-from chload.records import dataclass, field
 
 DEFAULT_REGION = "us-east-1"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -53,7 +53,7 @@ _NEEDS_BOTOCORE = ("role_arn", "credential_process", "sso_session", "sso_start_u
                    "web_identity_token_file")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Credentials:
     """Keys for signing; `source` says where they came from (for messages)."""
 
@@ -63,7 +63,7 @@ class Credentials:
     source: str = "environment"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class S3Settings:
     """How to reach S3: endpoint URL (no trailing /), region, credentials (None:
     anonymous), and the CA bundle for https (None: the system's)."""

@@ -18,10 +18,10 @@ straddle a replacement.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from chload.errors import SourceError
-from chload.records import replace
 from chload.sources import SourceFile, source_for
 
 if TYPE_CHECKING:

@@ -28,13 +28,13 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from fnmatch import fnmatchcase
 from urllib.parse import unquote
 
 from chload.engine import LOCK_NAME
 from chload.errors import SourceError, UsageError
 from chload.formats import detect
-from chload.records import replace
 from chload.schema import quote_str
 from chload.sources import SourceContext, SourceFile, expand_braces
 from chload.sources.remote import brace_list

@@ -20,12 +20,12 @@ import http.client
 import re
 import ssl
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 from xml.etree import ElementTree
 
 from chload.errors import SourceError, TransientError, UsageError
 from chload.formats import detect
-from chload.records import dataclass
 from chload.retry import RetryPolicy, retry
 from chload.schema import quote_str
 from chload.sources import SourceContext, SourceFile, aws, expand_braces
@@ -37,7 +37,7 @@ PAGE_SIZE = 1000
 RETRY = RetryPolicy(attempts=3, base_seconds=0.5, jitter=False)  # 0.5 s, then 1 s
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class S3Object:
     key: str
     size: int

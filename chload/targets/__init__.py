@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from chload.errors import UsageError
 from chload.ledger import Ledger
-from chload.records import dataclass, field
 from chload.rejects import ErrorBudget
 from chload.schema import Column
 from chload.sources import SourceFile
@@ -26,7 +26,7 @@ DEFAULT_TARGET = "./chload-data"
 TARGET_ENV = "CHLOAD_TARGET"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LoadJob:
     """Everything a target needs to load one file into one table."""
 
@@ -145,7 +145,7 @@ if TYPE_CHECKING:  # both targets are Targets: mypy checks every member above
         return e, s
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TargetSpec:
     """Where rows go, resolved once at the top (api.py) from --target and the
     environment, then passed down: nothing under targets/ reads the environment.

@@ -70,12 +70,12 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 from chload.errors import BatchOverlap as BatchOverlap  # (raised by the targets)
 from chload.errors import ChloadError, CommitInterrupted, TransientError, retyped
 from chload.faults import crash_point
 from chload.ledger import COMMITTING, DATABASE, LOADED, FileEvent, Ledger
-from chload.records import dataclass, field
 from chload.retry import RetryPolicy
 from chload.schema import quote_str, split_table
 from chload.targets.locks import (
@@ -100,7 +100,7 @@ def stage_name(holder: Holder) -> str:
     return f"stage_{holder.machine}_{holder.pid}_{os.urandom(4).hex()}"
 
 
-@dataclass
+@dataclass(slots=True)
 class _Request:
     """One commit waiting for its turn, and how it ended."""
 
@@ -116,7 +116,7 @@ class _Request:
         return self.attached is not None or self.error is not None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Turn:
     """This process's commits into one table: those queued, and since when the server
     lock has been held for them (None: not held)."""

@@ -23,12 +23,12 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from chload import rejects
 from chload.engine import Engine
 from chload.errors import ChloadError, DataError, TransientError, pinpointed
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, LoadedEvents
-from chload.records import replace
 from chload.rejects import ErrorBudget
 from chload.schema import (
     AUDIT_COLUMNS,

@@ -34,9 +34,8 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, BinaryIO, cast
-
-from chload.records import dataclass, field
 
 if TYPE_CHECKING:
     import ssl
@@ -60,7 +59,7 @@ IDLE_REUSE_SECONDS = 1.0
 
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TargetURL:
     """`http(s)://[user[:password]@]host:port[/database][?ca_file=/ca.pem&path=push]`."""
 

@@ -22,11 +22,11 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from chload.errors import EngineError, TransientError
 from chload.ledger import DATABASE
-from chload.records import dataclass
 from chload.retry import RetryPolicy
 from chload.schema import quote_str
 
@@ -65,7 +65,7 @@ class CommitLock(Protocol):
     def release(self, table: str) -> None: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Holder:
     """A process, recognizable across machines and pid reuse."""
 

@@ -41,6 +41,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from chload import rejects
 from chload.capabilities import Capabilities, probe, server_columns, storable
@@ -55,7 +56,6 @@ from chload.errors import (
     retyped,
 )
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, LoadedEvents
-from chload.records import replace
 from chload.rejects import ErrorBudget
 from chload.retry import RetryPolicy, retry
 from chload.schema import (

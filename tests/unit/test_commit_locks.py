@@ -4,12 +4,13 @@ test_server_commit.py. The real thing, with real kills: tests/integration/test_c
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from test_server_commit import DISPLAY, TABLE, FakeServer, event, stage_with
 
 from chload.errors import EngineError, TransientError
 from chload.ledger import COMMITTING, LOADED, LoadedEvents
-from chload.records import replace
 from chload.targets.commit import CommitInterrupted, Committer, Holder, Sql
 from chload.targets.locks import ProcessLock, dirty_name
 

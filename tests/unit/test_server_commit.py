@@ -8,12 +8,12 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
 from chload.errors import EngineError, TransientError
 from chload.ledger import COMMITTING, LOADED, FileEvent
-from chload.records import replace
 from chload.targets.commit import (
     CommitInterrupted,
     Committer,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Iterable, Sequence
+from dataclasses import FrozenInstanceError
 
 import pytest
 
@@ -18,7 +19,6 @@ from chload import cli, planner
 from chload.api import LoadSpec, _list_sources
 from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
-from chload.records import FrozenInstanceError
 from chload.schema import Column
 from chload.sources import (
     SCHEMES,
@@ -151,6 +151,6 @@ def test_load_and_validate_share_flags_and_their_mapping_to_a_loadspec() -> None
 
 
 def _as_dict(spec: LoadSpec) -> dict:
-    from chload.records import asdict
+    from dataclasses import asdict
 
     return asdict(spec)
