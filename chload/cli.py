@@ -146,17 +146,28 @@ def _load_parser(commands: Any) -> None:
                    help="bad rows / all rows a file may have, e.g. 0.01")
     p.add_argument("--s3-endpoint", metavar="URL", help="S3-compatible endpoint, e.g. "
                    "http://127.0.0.1:9000 (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, AWS)")
+    p.add_argument("--kafka-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="a librdkafka setting for kafka:// sources, e.g. security.protocol="
+                   "SASL_SSL (repeatable; ${VAR} takes the value from the environment)")
+    p.add_argument("--follow", action="store_true", help="kafka://: keep loading new "
+                   "messages until SIGINT/SIGTERM (default: up to the end, then exit)")
+    p.add_argument("--batch-rows", type=int, metavar="N",
+                   help="kafka://: messages per commit at most (default 500000)")
+    p.add_argument("--batch-seconds", type=float, metavar="S",
+                   help="kafka:// --follow: commit at least this often (default 5)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
     p.set_defaults(func=_load)
 
 
-def _settings(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
+def _settings(values: Sequence[str], flag: str = "--setting") -> tuple[tuple[str, str], ...]:
     out = []
     for item in values:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise UsageError(f"--setting {item}: write it as name=value, e.g. max_threads=4")
+            raise UsageError(f"{flag} {name.strip() or item}: write it as name=value, e.g. "
+                             + ("max_threads=4" if flag == "--setting"
+                                else "security.protocol=SASL_SSL"))
         out.append((name.strip(), value.strip()))
     return tuple(out)
 
@@ -170,7 +181,8 @@ def _load(args: argparse.Namespace) -> int:
         partition_by=args.partition_by, audit=args.audit, settings=_settings(args.setting),
         workers=args.workers, force=args.force, on_error=args.on_error,
         max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
-        s3_endpoint=args.s3_endpoint,
+        s3_endpoint=args.s3_endpoint, kafka_options=_settings(args.kafka_option, "--kafka-option"),
+        follow=args.follow, batch_rows=args.batch_rows, batch_seconds=args.batch_seconds,
     )
     show = not args.quiet and not args.json and sys.stdout.isatty()
     if show:
