@@ -24,7 +24,7 @@ from chload.monitor import Monitor
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
 from chload.schema import quote_str, settings_sql
-from chload.sources import SourceContext, SourceFile, kind_of, release, source_for
+from chload.sources import SourceContext, SourceFile, kafka, kind_of, release, source_for
 from chload.targets import LoadJob, Target, TargetSpec, open_target
 from chload.validation import FileCheck as FileCheck
 from chload.validation import validate as validate
@@ -50,6 +50,10 @@ class LoadSpec:
     s3_endpoint: str | None = None  # S3-compatible endpoint; None: AWS_ENDPOINT_URL(_S3), AWS
     max_errors: int | None = None  # bad rows a file may have; they go to chload.rejects
     max_error_ratio: float | None = None  # bad rows / all rows a file may have
+    kafka_options: tuple[tuple[str, str], ...] = ()  # librdkafka settings; values may be ${VAR}
+    follow: bool = False  # kafka://: keep loading until SIGINT/SIGTERM
+    batch_rows: int | None = None  # kafka://: messages per unit at most (default 500,000)
+    batch_seconds: float | None = None  # kafka:// --follow: a unit at least this often
 
     def __post_init__(self) -> None:
         for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
@@ -64,6 +68,8 @@ class LoadSpec:
             raise UsageError(f"--max-errors {self.max_errors}: must be 0 or more")
         if self.max_error_ratio is not None and not 0 <= self.max_error_ratio <= 1:
             raise UsageError(f"--max-error-ratio {self.max_error_ratio}: must be in [0, 1]")
+        if self.batch_rows is not None and self.batch_rows < 1:
+            raise UsageError(f"--batch-rows {self.batch_rows}: must be 1 or more")
 
     @property
     def budget(self) -> ErrorBudget:
@@ -79,6 +85,8 @@ _SPEC_TYPES = {
     "settings": options.settings, "workers": options.optional_whole, "force": options.flag,
     "on_error": options.text, "s3_endpoint": options.optional_text,
     "max_errors": options.optional_whole, "max_error_ratio": options.optional_ratio,
+    "kafka_options": options.settings, "follow": options.flag,
+    "batch_rows": options.optional_whole, "batch_seconds": options.optional_seconds,
 }
 Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 TargetName = str | os.PathLike[str] | None
@@ -155,6 +163,8 @@ def _target_spec(target: str | None, create: bool = True) -> TargetSpec:
 def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None) -> LoadReport:
     """`load` into a target already open (kept open): any `targets.Target`, e.g. the
     unit tests' in-memory one. `spec.target` is not looked at."""
+    if kafka.is_kafka(spec.sources):  # a stream: units planned and read round by round
+        return _load_stream(spec, target, listener or (lambda event: None))
     context = _source_context(spec, target)
     listed = _list_sources(spec, context)
     try:
@@ -187,12 +197,28 @@ def _threads_per_file(workers: int, jobs: int) -> int:
     return max(1, (os.cpu_count() or 2) // max(1, min(workers, jobs)))
 
 
+def _load_stream(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
+    """A Kafka load (sources/kafka.py): each round's units through `_load`, one run."""
+    started_ns, clock = time.time_ns(), time.monotonic()
+    table = planner.parse_table(spec.table, _default_database(target))
+    report = LoadReport(table.display, target.display, os.urandom(6).hex())
+    options = kafka.Options(spec.batch_rows or kafka.BATCH_ROWS,
+                            spec.batch_seconds or kafka.BATCH_SECONDS, spec.follow,
+                            spec.kafka_options)
+    kafka.load(spec, target, listener, lambda units: _load(
+        spec, target, units, listener, run_id=report.run_id, record=False),
+        table, report, options)
+    report.seconds = time.monotonic() - clock
+    _finish(target, _run_record(spec, report, started_ns))
+    return report
+
+
 def _load(spec: LoadSpec, target: Target, listed: list[SourceFile],
-          listener: Listener) -> LoadReport:
+          listener: Listener, run_id: str = "", record: bool = True) -> LoadReport:
     started_ns, clock = time.time_ns(), time.monotonic()
     table = planner.parse_table(spec.table, _default_database(target))
     _check_settings(target, spec.settings)
-    report = LoadReport(table.display, target.display, os.urandom(6).hex())
+    report = LoadReport(table.display, target.display, run_id or os.urandom(6).hex())
     existing = target.table_columns(table.sql)
     files = planner.resolve_format(target, listed, planner.known_names(existing, spec.schema),
                                    forced=spec.format is not None)
@@ -240,7 +266,8 @@ def _load(spec: LoadSpec, target: Target, listed: list[SourceFile],
     results += [FileResult(uri, "failed", error=why, changed=True)
                 for uri, why in plan.refused.items()]
     _summarize(report, results, plan, time.monotonic() - clock)
-    _finish(target, _run_record(spec, report, started_ns))
+    if record:
+        _finish(target, _run_record(spec, report, started_ns))
     return report
 
 

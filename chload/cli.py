@@ -123,6 +123,15 @@ def _load_parser(commands: Any) -> None:
     p.add_argument("--force", action="store_true", help="load files already loaded")
     p.add_argument("--on-error", default="continue", choices=["continue", "abort"],
                    help="after a failed file: go on with the others (default) or stop")
+    p.add_argument("--kafka-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="a librdkafka setting for kafka:// sources, e.g. security.protocol="
+                   "SASL_SSL (repeatable; ${VAR} takes the value from the environment)")
+    p.add_argument("--follow", action="store_true", help="kafka://: keep loading new "
+                   "messages until SIGINT/SIGTERM (default: up to the end, then exit)")
+    p.add_argument("--batch-rows", type=int, metavar="N",
+                   help="kafka://: messages per commit at most (default 500000)")
+    p.add_argument("--batch-seconds", type=float, metavar="S",
+                   help="kafka:// --follow: commit at least this often (default 5)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
     p.set_defaults(func=_load)
 
@@ -147,7 +156,8 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
 
 # Flags only `load` has (its parser adds them), with what a LoadSpec takes when absent.
 _LOAD_ONLY: dict[str, Any] = {"order_by": None, "partition_by": None, "audit": False,
-                               "workers": None, "force": False, "on_error": "continue"}
+                               "workers": None, "force": False, "on_error": "continue",
+                               "follow": False, "batch_rows": None, "batch_seconds": None}
 
 
 def _spec(args: argparse.Namespace) -> Any:
@@ -159,16 +169,19 @@ def _spec(args: argparse.Namespace) -> Any:
         compression=args.compression, schema=args.schema, s3_endpoint=args.s3_endpoint,
         max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
         settings=_settings(getattr(args, "setting", [])),
+        kafka_options=_settings(getattr(args, "kafka_option", []), "--kafka-option"),
         **{name: getattr(args, name, default) for name, default in _LOAD_ONLY.items()},
     )
 
 
-def _settings(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
+def _settings(values: Sequence[str], flag: str = "--setting") -> tuple[tuple[str, str], ...]:
     out = []
     for item in values:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise UsageError(f"--setting {item}: write it as name=value, e.g. max_threads=4")
+            raise UsageError(f"{flag} {name.strip() or item}: write it as name=value, e.g. "
+                             + ("max_threads=4" if flag == "--setting"
+                                else "security.protocol=SASL_SSL"))
         out.append((name.strip(), value.strip()))
     return tuple(out)
 

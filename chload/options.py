@@ -80,6 +80,15 @@ def optional_ratio(name: str, value: object) -> float | None:
     raise _got(name, value, f"a number, e.g. {name}=0.01")
 
 
+def optional_seconds(name: str, value: object) -> float | None:
+    """None, or a positive number of seconds."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise _got(name, value, "a positive number of seconds")
+    return float(value)
+
+
 def settings(name: str, value: object) -> tuple[tuple[str, str], ...]:
     """ClickHouse settings: a dict or a list of (name, value) pairs; values str, int,
     float or bool (True is 1), sent as text as the CLI's --setting name=value."""

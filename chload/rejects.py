@@ -116,13 +116,15 @@ def count_errors(rows: Rows, errors_file: str) -> int:
 
 
 def record(sql: Sql, errors_file: str, *, table: str, uri: str, stage: str, run_id: str,
-           fmt: FileFormat, lines_sql: str, parse_sql: Callable[[str], str], seq: int) -> None:
+           fmt: FileFormat, lines_sql: str, parse_sql: Callable[[str], str], seq: int,
+           line_base: int = 0) -> None:
     """Copy the engine's errors file into chload.rejects (the engine reads it).
 
     `lines_sql` reads the source as `LineAsString`; `parse_sql(text)` is SQL that parses
-    one row of text the way the load did.
+    one row of text the way the load did. `line_base` is added to each row's number (a
+    Kafka unit's rows are kept under their offsets: line_base = first offset - 1).
     """
-    skip = header_lines(fmt)
+    skip = header_lines(fmt) + line_base
     sql.command(
         f"INSERT INTO {REJECTS} (target_table, uri, stage, run_id, line, error, raw, seq) "
         f"SELECT {quote_str(table)}, {quote_str(uri)}, {quote_str(stage)}, "
@@ -131,11 +133,11 @@ def record(sql: Sql, errors_file: str, *, table: str, uri: str, stage: str, run_
     )
     if not fmt.name.startswith(("CSV", "TSV", "TabSeparated")):
         _fill_in(sql, table=table, uri=uri, stage=stage, lines_sql=lines_sql,
-                 parse_sql=parse_sql)
+                 parse_sql=parse_sql, line_base=line_base)
 
 
 def _fill_in(sql: Sql, *, table: str, uri: str, stage: str, lines_sql: str,
-             parse_sql: Callable[[str], str]) -> None:
+             parse_sql: Callable[[str], str], line_base: int = 0) -> None:
     """Formats whose errors file lacks raw text and reason: ask the engine per line."""
     where = (f"target_table = {quote_str(table)} AND uri = {quote_str(uri)} "
              f"AND stage = {quote_str(stage)}")
@@ -144,7 +146,7 @@ def _fill_in(sql: Sql, *, table: str, uri: str, stage: str, lines_sql: str,
     if not lines:
         return
     raw = {int(r["n"]): r["line"] for r in sql.rows(
-        f"SELECT n, line FROM (SELECT rowNumberInAllBlocks() + 1 AS n, line FROM "
+        f"SELECT n, line FROM (SELECT rowNumberInAllBlocks() + {1 + line_base} AS n, line FROM "
         f"{lines_sql}) WHERE n IN ({', '.join(map(str, lines))}) "
         f"SETTINGS max_threads = 1, input_format_parallel_parsing = 0")}
     updates: list[tuple[int, str, str]] = []

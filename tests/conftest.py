@@ -59,6 +59,15 @@ def hdfs(services_dir: Path) -> Iterator[services.Service]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def kafka(services_dir: Path) -> Iterator[services.Service]:
+    """A real Kafka 4.3 broker (KRaft) on 127.0.0.1; topics via services.kafka_create_topic."""
+    _require("kafka")
+    broker = services.start_kafka(services_dir)
+    yield broker
+    broker.stop()
+
+
 @pytest.fixture
 def table_name() -> str:
     """A table name of its own for each test."""

@@ -23,6 +23,25 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamPosition:
+    """Where a unit of a stream (a Kafka partition) stands in that stream.
+
+    A stream's units are named `<stream>/<first>-<last>` (offsets, inclusive), and the
+    ledger holds them in order: a unit may commit only while the stream's committed end
+    (last + 1 of its latest committed unit, 0 for none) is still `after`, the end its
+    plan saw (commit.py checks it under the commit lock). Ledger events older than
+    `since_seq` are set aside (a table re-created, a topic re-created with --force).
+    `line_base`: row n of the unit's data is record `line_base + n` of the stream (a
+    Kafka offset), for the rejects' `line`; 0 when rows are not numbered so.
+    """
+
+    stream: str
+    after: int
+    since_seq: int = 0
+    line_base: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class SourceFile:
     """One file or object to load, known by its identity.
 
@@ -42,6 +61,7 @@ class SourceFile:
     kind: str = "local"  # which module of chload.sources reads it: local, s3, hdfs, http
     location: str = ""  # remote kinds: the URL the engine reads, if not `uri` (never a secret)
     anonymous: bool = False  # s3: no credentials, read unsigned (public buckets)
+    position: StreamPosition | None = None  # a unit of a stream (Kafka): see StreamPosition
 
     @property
     def name(self) -> str:

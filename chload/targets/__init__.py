@@ -17,7 +17,7 @@ from chload.errors import UsageError
 from chload.ledger import Ledger
 from chload.rejects import ErrorBudget
 from chload.schema import Column
-from chload.sources import SourceFile
+from chload.sources import SourceFile, StreamPosition
 
 if TYPE_CHECKING:
     from chload.targets.http import TargetURL
@@ -45,6 +45,16 @@ class LoadJob:
     @property
     def files(self) -> tuple[SourceFile, ...]:
         return self.batch or (self.file,)
+
+    @property
+    def follows(self) -> tuple[StreamPosition, ...]:
+        """Where the files that are units of a stream must start (commit.py checks)."""
+        return tuple(f.position for f in self.files if f.position is not None)
+
+    @property
+    def line_base(self) -> int:
+        """What a rejected row's number is offset by (a Kafka unit's first offset - 1)."""
+        return self.file.position.line_base if self.file.position else 0
 
 
 class Loaded(NamedTuple):

@@ -51,7 +51,10 @@ Rules that make a crash at any instant harmless:
 5. Under the lock, a commit first looks at each of its files' last event: one that
    another load (or an earlier attempt of this run) committed since this run started
    attaches nothing, so a file-by-file retry of a batch that may have committed loads
-   nothing twice.
+   nothing twice. A unit of a stream (a Kafka offset range, sources.StreamPosition)
+   attaches only while its stream's committed end, read in the same survey, is still
+   the one its plan started from: two loaders reading one partition at once, or a
+   rebalance, cannot commit overlapping ranges.
 6. A stage is dropped only when no file of any table, still `committing`, names it,
    and its process is gone (`drop_orphans`): a crashed commit into one table keeps
    its stage through loads into other tables until its own table settles it.
@@ -78,6 +81,7 @@ from chload.faults import crash_point
 from chload.ledger import COMMITTING, DATABASE, LOADED, FileEvent, Ledger
 from chload.retry import RetryPolicy
 from chload.schema import quote_str, split_table
+from chload.sources import StreamPosition
 from chload.targets.locks import (
     LEASE_SECONDS,
     CommitLock,
@@ -108,6 +112,7 @@ class _Request:
     partitions: Sequence[str] | None
     events: Sequence[FileEvent]
     since_ns: int
+    follows: Sequence[StreamPosition] = ()
     attached: bool | None = None
     error: BaseException | None = None
 
@@ -144,14 +149,16 @@ class Committer:
 
     # -- commit ----------------------------------------------------------------------
     def commit(self, table: str, display: str, stage: str, partitions: Sequence[str] | None,
-               events: Sequence[FileEvent], since_ns: int) -> bool:
+               events: Sequence[FileEvent], since_ns: int,
+               follows: Sequence[StreamPosition] = ()) -> bool:
         """Attach `stage` into `table`; `events` (one per file the stage holds, state
         committing) are logged first. `partitions`: the stage's, or None to read them
         with the mark.
 
         Returns False, attaching nothing, when another load committed one of the files
         (same identity) since `since_ns`: two runs over the same files at once load each
-        once. A TransientError means nothing of this commit was logged or attached (the
+        once; or when a stream of `follows` has moved past where the unit's plan found it
+        (rule 5). A TransientError means nothing of this commit was logged or attached (the
         lock was not had, or the group it waited in stopped before it): the caller may
         drop the stage and try again. Once the lock is had, the commit
         completes or raises CommitInterrupted (terminal: the next holder settles it).
@@ -160,7 +167,7 @@ class Committer:
         (group commit): the first to get its turn takes every one queued, with one lock
         and one survey, and logs and attaches their stages one after the other.
         """
-        request = _Request(stage, partitions, events, since_ns)
+        request = _Request(stage, partitions, events, since_ns, follows)
         with self._guard:
             turn = self._turns.setdefault(table, _Turn())
             turn.queue.append(request)
@@ -180,15 +187,18 @@ class Committer:
         try:
             with self._holding(table, display, turn):
                 deadline = time.monotonic() + self.lease / 2
-                last = self._survey(table, display, [e for r in group for e in r.events])
+                last, ends = self._survey(table, display,
+                                          [e for r in group for e in r.events],
+                                          [p for r in group for p in r.follows])
                 for request in group:
-                    if _taken(last, request):
+                    if _taken(last, request) or _moved(ends, request):
                         request.attached = False
                         continue
                     current = request
                     turn.attaching = True
                     self._attach_one(table, display, request, deadline)
                     request.attached = True
+                    ends.update(_ends(request))
         except BaseException as exc:
             for request in group:
                 if request.settled:
@@ -213,12 +223,14 @@ class Committer:
                 f"{DATABASE}.{stage} is kept and every run retries it until it attaches "
                 "(fix the table, or drop the stage to give the files up)") from exc
 
-    def _survey(self, table: str, display: str,
-                events: Sequence[FileEvent]) -> dict[str, dict]:
+    def _survey(self, table: str, display: str, events: Sequence[FileEvent],
+                follows: Sequence[StreamPosition] = ()) -> tuple[dict[str, dict],
+                                                                 dict[str, int]]:
         """Under the lock, in one query: whether a broken lock left commits to settle
-        (then settle them first), and each file's last event (to tell whether another
+        (then settle them first), each file's last event (to tell whether another
         load committed it since we started: its `committing` event means attached,
-        rule 1; a stage of our own run counts too, e.g. a batch whose commit gave up)."""
+        rule 1; a stage of our own run counts too, e.g. a batch whose commit gave up),
+        and the committed end of each stream in `follows` (rule 5)."""
         uris = ", ".join(quote_str(e.uri) for e in events)
         rows = self.sql.rows(
             f"SELECT 'dirty' AS k, name AS a, '' AS b, '' AS c, '' AS d, '' AS e FROM "
@@ -226,12 +238,14 @@ class Committer:
             f"{quote_str(_dirty_name(table))} "
             f"UNION ALL SELECT 'last', uri, argMax(state, seq), argMax(stage, seq), "
             f"argMax(identity, seq), toString(max(seq)) FROM {DATABASE}.files WHERE "
-            f"target_table = {quote_str(display)} AND uri IN ({uris}) GROUP BY uri")
+            f"target_table = {quote_str(display)} AND uri IN ({uris}) GROUP BY uri"
+            + _stream_ends_sql(display, follows))
         if any(row["k"] == "dirty" for row in rows):
             self.settle_all(table, display)
             self._run(f"DROP TABLE IF EXISTS {DATABASE}.{_dirty_name(table)}")
-            return self._survey(table, display, events)
-        return {row["a"]: row for row in rows if row["k"] == "last"}
+            return self._survey(table, display, events, follows)
+        return ({row["a"]: row for row in rows if row["k"] == "last"},
+                {row["a"]: int(row["e"]) for row in rows if row["k"] == "end"})
 
     def _attach_new(self, table: str, stage: str, partitions: Sequence[str] | None,
                     events: Sequence[FileEvent]) -> None:
@@ -463,6 +477,41 @@ def _taken(last: dict[str, dict], request: _Request) -> bool:
         row["b"] in (COMMITTING, LOADED) and row["c"] != request.stage
         and int(row["e"] or 0) > request.since_ns
         for event in request.events if (row := last.get(event.uri)) is not None)
+
+
+def _stream_ends_sql(display: str, follows: Sequence[StreamPosition]) -> str:
+    """A UNION ALL arm of the survey: each stream's committed end (its committed units'
+    highest last offset + 1), units named `<stream>/<first>-<last>` (StreamPosition);
+    a unit's latest event `committing` counts (under the lock, with no dirty marker, a
+    `committing` unit was attached: rule 1)."""
+    if not follows:
+        return ""
+    streams = {p.stream: p.since_seq for p in follows}
+    where = " OR ".join(f"(startsWith(uri, {quote_str(s + '/')}) AND seq >= {int(since)})"
+                        for s, since in streams.items())
+    return (f" UNION ALL SELECT 'end', s, '', '', '', toString(max(l) + 1) FROM (SELECT "
+            f"replaceRegexpOne(uri, '/[^/]*$', '') AS s, "
+            f"toUInt64OrZero(replaceRegexpOne(uri, '^.*-', '')) AS l, "
+            f"argMax(state, seq) AS st FROM {DATABASE}.files WHERE target_table = "
+            f"{quote_str(display)} AND ({where}) GROUP BY uri) "
+            f"WHERE st IN ('{COMMITTING}', '{LOADED}') GROUP BY s")
+
+
+def _moved(ends: dict[str, int], request: _Request) -> bool:
+    """Has a stream of the request moved since its plan (another loader committed a
+    range of it, or a unit before it in this run did not commit)?"""
+    return any(ends.get(p.stream, 0) != p.after for p in request.follows)
+
+
+def _ends(request: _Request) -> dict[str, int]:
+    """The stream ends once the request's units are attached (a group may hold the next
+    unit of the same stream)."""
+    ends: dict[str, int] = {}
+    for event in request.events:
+        stream, _, span = event.uri.rpartition("/")
+        if any(p.stream == stream for p in request.follows):
+            ends[stream] = int(span.rpartition("-")[2]) + 1
+    return ends
 
 
 def _not_committed(request: _Request, cause: BaseException) -> BaseException:

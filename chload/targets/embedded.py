@@ -163,7 +163,7 @@ class EmbeddedTarget:
         """
         try:
             done = self.committer.commit(job.table, job.table_display, stage, None, events,
-                                         self._started_ns)
+                                         self._started_ns, job.follows)
         except TransientError:
             self._drop(stage)
             raise
@@ -200,7 +200,7 @@ class EmbeddedTarget:
                            lines_sql=self.reader(job.file, "LineAsString", None),
                            parse_sql=lambda text: rejects.parse_one_sql(
                                job.file.format, structure(job.read_columns), text),
-                           seq=time.time_ns())
+                           seq=time.time_ns(), line_base=job.line_base)
         return rows, rejected
 
     def _diagnose(self, job: LoadJob, exc: DataError) -> DataError:

@@ -68,7 +68,7 @@ class LoaderRejects:
                        lines_sql=table_function(job.file, "LineAsString", None),
                        parse_sql=lambda text: rejects.parse_one_sql(
                            job.file.format, structure(job.read_columns), text),
-                       seq=time.time_ns())
+                       seq=time.time_ns(), line_base=job.line_base)
         columns = [Column(n, t) for n, t in rejects.REJECT_COLUMNS]
         names = ", ".join(quote_ident(c.name) for c in columns)
         where = f"uri = {quote_str(job.file.uri)} AND stage = {quote_str(stage)}"

@@ -238,7 +238,7 @@ class ServerTarget(StageFilling):
         event = _event(job, "", rows=rows, read=read)
         try:
             done = self.committer.commit(job.table, job.table_display, stage, partitions,
-                                         [event], self._started_ns)
+                                         [event], self._started_ns, job.follows)
         except TransientError:
             self._drop(stage)  # nothing was committed; the runner may try again
             raise
@@ -304,7 +304,7 @@ class ServerTarget(StageFilling):
                   for f, d in zip(job.files, done, strict=True)]
         try:
             committed = self.committer.commit(job.table, job.table_display, stage, partitions,
-                                              events, self._started_ns)
+                                              events, self._started_ns, job.follows)
         except TransientError:
             self._drop(stage)
             raise

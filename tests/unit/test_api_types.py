@@ -67,7 +67,7 @@ def test_spec_takes_paths_and_settings_of_any_plain_type() -> None:
     ({"settings": ["max_threads=2"]}, "settings=['max_threads=2']: must be a dict"),
     ({"settings": {"max_threads": None}}, "settings['max_threads']=None"),
     ({"format": 1}, "format=1: must be a str"),
-    ({"bogus": 1}, "load(): unknown option bogus; the options are audit, compression,"),
+    ({"bogus": 1}, "load(): unknown option bogus; the options are audit, batch_rows,"),
 ])
 def test_load_answers_wrong_types_with_a_usage_error(options: dict, said: str) -> None:
     args: dict = {"table": "t", "target": NOWHERE, **options}

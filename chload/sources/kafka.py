@@ -1,0 +1,570 @@
+"""Kafka topics into a table, exactly once: offset ranges as units, loaded like files.
+
+A unit is (topic, partition, first offset, last offset), named in the ledger
+`kafka://<bootstrap>/<topic>/<partition>/<first>-<last>` (never a secret) with the
+topic's id and the range as its identity. Each is read into a spool file in the
+target's tmp directory (values joined by newlines: the engine parses them as a block,
+no row passes through Python) and loaded through the same target paths and the same
+committer as a file: its rows and its ledger entry commit together.
+
+Where a partition stands is the ledger's, not Kafka's: its committed end is the highest
+last offset of its committed units, plus one. Units are planned from there (or the low
+watermark) to the high watermark seen at start, and each commits only while that end
+is still the one its plan saw (commit.py rule 5, sources.StreamPosition). So a kill at
+any instant, two chloads on one topic at once, or a rerun load each offset once:
+consumer-group offsets decide nothing (none are committed). The argument in full, and
+the measurements behind the reader, are in docs/kafka.md.
+
+    plan     recover the table (settle `committing`), read each partition's committed
+             end, its watermarks and the topic's id; report a topic rewound, re-created
+             or cut by retention below the ledger's end
+    read     per round, the next unit of each partition (up to --batch-rows messages)
+             into a spool: consume(5000) + b"\\n".join, bytes only
+    load     the round's spools through api._load (stage, commit, ledger); a unit
+             refused because its partition moved (another loader) is planned again
+             from the new end; a failed unit stops its partition
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from chload.errors import SourceError, UsageError
+from chload.formats import FileFormat
+from chload.ledger import COMMITTING, LOADED
+from chload.runner import LOADED_ELSEWHERE, Event, FileResult, Listener
+from chload.sources import SourceFile, StreamPosition
+
+if TYPE_CHECKING:
+    from chload.api import LoadReport, LoadSpec
+    from chload.targets import Target
+
+SCHEME = "kafka://"
+BATCH_ROWS = 500_000  # messages a unit holds at most (--batch-rows)
+BATCH_SECONDS = 5.0  # --follow: a unit is cut at least this often (--batch-seconds)
+CONSUME_BATCH = 5_000  # messages per consume() call (docs/kafka.md: 100k was slower)
+READ_TIMEOUT = 30.0  # seconds without a message while a unit's offsets are still due
+# Formats whose rows are one message each once joined by newlines.
+LINE_FORMATS = {"JSONEachRow", "JSONLines", "NDJSON", "JSONAsString", "JSONCompactEachRow",
+                "CSV", "TSV", "TabSeparated", "LineAsString", "TSKV", "CustomSeparated"}
+_EXTENSIONS = {"JSONEachRow": "jsonl", "CSV": "csv", "TSV": "tsv", "TabSeparated": "tsv"}
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SECRET_KEYS = ("password", "secret", "key", "token", "jaas")
+
+LoadRound = Callable[[list[SourceFile]], "LoadReport"]
+
+
+def is_kafka(sources: Sequence[str]) -> bool:
+    return any(s.lower().startswith(SCHEME) for s in sources)
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSource:
+    """What `kafka://host:port[,host:port]/topic[,topic]` names."""
+
+    bootstrap: str
+    topics: tuple[str, ...]
+
+
+def parse_uri(sources: Sequence[str]) -> KafkaSource:
+    """The one kafka:// source of a load (several topics comma-separated)."""
+    if len(sources) != 1:
+        raise UsageError("a Kafka load takes one kafka://broker:port/topic source (several "
+                         "topics comma-separated); load files with another command")
+    rest = sources[0][len(SCHEME):]
+    bootstrap, _, path = rest.partition("/")
+    if "@" in bootstrap:
+        raise UsageError("kafka://: no credentials in the URI; pass them with --kafka-option "
+                         "sasl.username=... --kafka-option 'sasl.password=${VAR}'")
+    topics = tuple(t for t in path.strip("/").split(",") if t)
+    if not bootstrap or not topics or any("/" in t for t in topics):
+        raise UsageError(f"{sources[0]}: write kafka://broker:port/topic (several topics "
+                         "comma-separated)")
+    return KafkaSource(bootstrap.lower(), topics)
+
+
+def client_config(bootstrap: str, options: Sequence[tuple[str, str]],
+                  consumer: bool = True) -> dict[str, str]:
+    """librdkafka's settings: ours, then the user's --kafka-option (values may name
+    environment variables, `${VAR}`, so secrets stay out of shell history and logs)."""
+    config = {"bootstrap.servers": bootstrap}
+    if consumer:
+        config.update({"enable.auto.commit": "false", "enable.partition.eof": "true",
+                       "auto.offset.reset": "error", "fetch.max.bytes": str(64 << 20),
+                       "max.partition.fetch.bytes": str(16 << 20)})
+    for name, value in options:
+        config[name] = _expand(name, value)
+    return config
+
+
+def _expand(option: str, value: str) -> str:
+    return _ENV.sub(lambda m: _env(option, m.group(1)), value)
+
+
+def _env(option: str, variable: str) -> str:
+    if variable not in os.environ:
+        raise UsageError(f"--kafka-option {option}: ${{{variable}}} is not set in the "
+                         "environment")
+    return os.environ[variable]
+
+
+def safe_options(options: Sequence[tuple[str, str]]) -> str:
+    """--kafka-option values as they may be shown: secrets masked."""
+    return ", ".join(f"{k}=***" if any(s in k.lower() for s in _SECRET_KEYS) else f"{k}={v}"
+                     for k, v in options)
+
+
+# --------------------------------------------------------------------------- the broker
+
+class Broker:
+    """The one place that talks to Kafka (confluent-kafka); its errors become
+    SourceError here."""
+
+    def __init__(self, config: dict[str, Any], admin: dict[str, Any], group: str) -> None:
+        try:
+            from confluent_kafka import Consumer
+            from confluent_kafka.admin import AdminClient
+        except ImportError as exc:
+            raise UsageError("kafka:// needs confluent-kafka: pip install confluent-kafka"
+                             ) from exc
+        self.config = config
+        self.consumer = Consumer({**config, "group.id": group})
+        self.admin = AdminClient(admin)  # no consumer settings: it warns of each
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def partitions(self, topic: str) -> list[int]:
+        meta = self._call(lambda: self.consumer.list_topics(topic, timeout=15), topic)
+        found = meta.topics.get(topic)
+        if found is None or found.error is not None:
+            raise SourceError(f"kafka topic {topic}: {found.error if found else 'not found'}"
+                              f" at {self.config['bootstrap.servers']}")
+        return sorted(found.partitions)
+
+    def topic_id(self, topic: str) -> str:
+        """The topic's id (a re-created topic has another); '' if the broker has none."""
+        try:
+            from confluent_kafka import TopicCollection
+
+            described = self.admin.describe_topics(TopicCollection([topic]))[topic]
+            return str(described.result(15).topic_id or "")
+        except Exception:  # noqa: BLE001 - an old broker or client: no ids to compare
+            return ""
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        from confluent_kafka import TopicPartition
+
+        low, high = self._call(lambda: self.consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=15, cached=False), f"{topic}/{partition}")
+        return int(low), int(high)
+
+    def _call(self, fn: Callable[[], Any], what: str) -> Any:
+        from confluent_kafka import KafkaException
+
+        try:
+            return fn()
+        except KafkaException as exc:
+            raise SourceError(f"kafka {what} at {self.config['bootstrap.servers']}: "
+                              f"{exc.args[0] if exc.args else exc}") from exc
+
+    def read(self, unit: Unit, out: Any) -> Spooled:
+        """Write the values of the unit's messages to `out`, one per line."""
+        from confluent_kafka import TopicPartition
+
+        self.consumer.assign([TopicPartition(unit.topic, unit.partition, unit.first)])
+        try:
+            return _read(self.consumer, unit, out)
+        finally:
+            self.consumer.unassign()
+
+
+@dataclass(slots=True)
+class Spooled:
+    """What reading a unit wrote: messages, bytes, and whether row n of the spool is
+    offset first + n - 1 (no gaps: compaction, transaction markers, null values)."""
+
+    messages: int = 0
+    bytes: int = 0
+    contiguous: bool = True
+    first_offset: int = -1
+
+
+def _read(consumer: Any, unit: Unit, out: Any) -> Spooled:
+    done = Spooled()
+    expect, quiet_since = unit.first, time.monotonic()
+    while expect <= unit.last:
+        messages = consumer.consume(CONSUME_BATCH, 1.0)
+        if not messages:
+            if time.monotonic() - quiet_since > READ_TIMEOUT:
+                raise SourceError(f"kafka {unit.topic}/{unit.partition}: no message at offset "
+                                  f"{expect} for {READ_TIMEOUT:.0f} s (offsets up to "
+                                  f"{unit.last} were there at start); run again later")
+            continue
+        quiet_since = time.monotonic()
+        values, expect = _values(messages, unit, expect, done)
+        if values:
+            block = b"\n".join(values)
+            out.write(block)
+            out.write(b"\n")
+            done.bytes += len(block) + 1
+            done.messages += len(values)
+    return done
+
+
+def _values(messages: list, unit: Unit, expect: int, done: Spooled) -> tuple[list[bytes], int]:
+    """The values of one consume() batch within the unit, and the next offset due.
+
+    The usual batch (no error, no gap, no null) costs one list comprehension; any other
+    is looked at message by message."""
+    if messages[-1].error() is not None:
+        tail = messages.pop()
+        _check_error(tail, unit)
+        if not messages:
+            return [], max(expect, tail.offset()) if _is_eof(tail) else expect
+    offsets_end = messages[-1].offset()
+    if offsets_end > unit.last:  # offsets rise within a partition: cut by bisection
+        cut = bisect.bisect_right(_Offsets(messages), unit.last)
+        messages = messages[:cut]
+        if not messages:
+            return [], unit.last + 1
+    first, last = messages[0].offset(), messages[-1].offset()
+    if done.first_offset < 0:
+        done.first_offset = first
+    if first != expect or last - first + 1 != len(messages):
+        return _slow(messages, unit, done), last + 1
+    values = [m.value() for m in messages]
+    if None in values:
+        done.contiguous = False
+        values = [v for v in values if v is not None]
+    return values, last + 1
+
+
+def _slow(messages: list, unit: Unit, done: Spooled) -> list[bytes]:
+    values: list[bytes] = []
+    for m in messages:
+        if m.error() is not None:
+            _check_error(m, unit)
+            continue
+        value = m.value()
+        if value is not None:
+            values.append(value)
+    done.contiguous = False
+    return values
+
+
+class _Offsets:
+    """A batch's offsets as a sequence, for bisect (one call per probe, not per message)."""
+
+    def __init__(self, messages: list) -> None:
+        self.messages = messages
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __getitem__(self, i: int) -> int:
+        return int(self.messages[i].offset())
+
+
+def _is_eof(message: Any) -> bool:
+    from confluent_kafka import KafkaError
+
+    return bool(message.error().code() == KafkaError._PARTITION_EOF)
+
+
+def _check_error(message: Any, unit: Unit) -> None:
+    if _is_eof(message):
+        return
+    raise SourceError(f"kafka {unit.topic}/{unit.partition} at offset {unit.first}..."
+                      f"{unit.last}: {message.error().str()}")
+
+
+# --------------------------------------------------------------------------- planning
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    topic: str
+    partition: int
+    first: int
+    last: int  # inclusive
+
+
+@dataclass(slots=True)
+class Partition:
+    """One partition's place: the next offset to load, the committed end the plan
+    started from (`after`), and up to where this run loads (`end`)."""
+
+    topic: str
+    partition: int
+    stream: str
+    topic_id: str
+    next: int
+    after: int
+    end: int
+    since_seq: int = 0
+    stopped: bool = False
+
+    def unit(self, rows: int) -> Unit:
+        return Unit(self.topic, self.partition, self.next, min(self.end, self.next + rows) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    end: int  # last offset of the stream's latest committed unit + 1
+    identity: str  # that unit's identity: '<topic id>:<first>-<last>'
+
+
+def stream_of(source: KafkaSource, topic: str, partition: int) -> str:
+    return f"{SCHEME}{source.bootstrap}/{topic}/{partition}"
+
+
+def committed(target: Target, database: str, name: str, display: str,
+              ) -> tuple[dict[str, Mark], int]:
+    """Each Kafka stream's committed end in the table's own history (planner.own_history:
+    a table dropped, re-created or truncated starts again), and the ledger seq from
+    which events count (events before it were set aside)."""
+    from chload import planner
+
+    live = {e.uri: e for e in target.ledger.latest(display)
+            if e.uri.startswith(SCHEME) and e.state in (COMMITTING, LOADED)}
+    own, _ = planner.own_history(target.ledger.table_state(database, name), live)
+    since = max((e.seq for uri, e in live.items() if uri not in own), default=-1) + 1
+    marks: dict[str, Mark] = {}
+    for uri, event in own.items():
+        stream, _, span = uri.rpartition("/")
+        end = int(span.rpartition("-")[2]) + 1
+        if event.seq >= since and end > marks.get(stream, Mark(0, "")).end:
+            marks[stream] = Mark(end, event.identity)
+    return marks, since
+
+
+def plan(broker: Broker, source: KafkaSource, marks: dict[str, Mark], since: int,
+         force: bool) -> tuple[list[Partition], list[FileResult]]:
+    """Every partition of the source's topics, from its committed end (or low
+    watermark) to its high watermark now; and the partitions refused, with why."""
+    partitions: list[Partition] = []
+    refused: list[FileResult] = []
+    for topic in source.topics:
+        topic_id = broker.topic_id(topic)
+        for number in broker.partitions(topic):
+            low, high = broker.watermarks(topic, number)
+            stream = stream_of(source, topic, number)
+            part = Partition(topic, number, stream, topic_id, low, 0, high, since)
+            problem = _place(part, marks.get(stream), low, high, force)
+            if problem:
+                refused.append(FileResult(stream, "failed", error=problem))
+            else:
+                partitions.append(part)
+    return partitions, refused
+
+
+def _place(part: Partition, mark: Mark | None, low: int, high: int, force: bool) -> str:
+    """Set where the partition starts from its ledger mark; or say why it cannot."""
+    if mark is None:
+        return ""
+    where = f"kafka {part.topic}/{part.partition}"
+    old_id = mark.identity.rpartition(":")[0]
+    if old_id and part.topic_id and old_id != part.topic_id:
+        if force:  # the new topic from its start; the old one's units are set aside
+            part.since_seq = time.time_ns()
+            return ""
+        return (f"{where}: the topic was re-created (id {part.topic_id}, the ledger's "
+                f"loads are of {old_id}); nothing loaded from it: pass --force to load the "
+                "new topic from its start")
+    part.next = part.after = mark.end
+    if mark.end > high:
+        return (f"{where}: offsets end at {high} but the ledger has loaded up to "
+                f"{mark.end - 1} (topic rewound or re-created); nothing loaded from it")
+    if mark.end < low:
+        if force:
+            part.next = low
+            return ""
+        return (f"{where}: offsets {mark.end}..{low - 1} were deleted (retention) before "
+                f"chload loaded them; nothing loaded from it: pass --force to go on from "
+                f"offset {low}, without them")
+    return ""
+
+
+# --------------------------------------------------------------------------- the run
+
+@dataclass(slots=True)
+class Options:
+    batch_rows: int = BATCH_ROWS
+    batch_seconds: float = BATCH_SECONDS
+    follow: bool = False
+    kafka_options: tuple[tuple[str, str], ...] = ()
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRound,
+         table: Any, report: LoadReport, options: Options) -> LoadReport:
+    """Load the spec's topics into `table` (planner.TableName) round by round; each
+    round's results are added to `report`."""
+    source = parse_uri(spec.sources)
+    fmt = FileFormat(spec.format or "JSONEachRow", "none")
+    if fmt.name not in LINE_FORMATS:
+        raise UsageError(f"--format {fmt.name}: a Kafka load joins messages by newlines; use "
+                         f"one of {', '.join(sorted(LINE_FORMATS))}")
+    report.recovered += target.recover(table.sql)
+    group = f"chload-{table.display}"
+    broker = Broker(client_config(source.bootstrap, options.kafka_options),
+                    client_config(source.bootstrap, options.kafka_options, consumer=False), group)
+    try:
+        marks, since = committed(target, table.database, table.name, table.display)
+        partitions, refused = plan(broker, source, marks, since, spec.force)
+        for failed in refused:
+            listener(Event("fail", failed.uri, error=failed.error))
+        _add(report, refused)
+        with _spool_dir(target) as spool, _stopping(options):
+            _rounds(broker, source, fmt, partitions, spool, load_round, report, options,
+                    target, table)
+    finally:
+        broker.close()
+    return report
+
+
+def _rounds(broker: Broker, source: KafkaSource, fmt: FileFormat,
+            partitions: list[Partition], spool: str, load_round: LoadRound,
+            report: LoadReport, options: Options, target: Target, table: Any) -> None:
+    """Per round, the next unit of every partition with offsets due, loaded together;
+    with --follow, watermarks are read again and rounds go on until stopped."""
+    last_cut = time.monotonic()
+    while not options.stop.is_set():
+        due = [p for p in partitions if not p.stopped and p.next < p.end]
+        if not due:
+            if not options.follow:
+                return
+            _wait(options, last_cut)
+            _refresh(broker, partitions)
+            continue
+        files = [_spool(broker, source, p, fmt, spool, options.batch_rows) for p in due]
+        try:
+            done = load_round(files)
+        finally:
+            for f in files:
+                _remove(f.local_path)
+        last_cut = time.monotonic()
+        _advance(due, files, done, target, table)
+        _add(report, done.files, done)
+
+
+def _wait(options: Options, since: float) -> None:
+    options.stop.wait(max(0.2, options.batch_seconds - (time.monotonic() - since)))
+
+
+def _refresh(broker: Broker, partitions: list[Partition]) -> None:
+    for p in partitions:
+        if not p.stopped:
+            p.end = broker.watermarks(p.topic, p.partition)[1]
+
+
+def _spool(broker: Broker, source: KafkaSource, part: Partition, fmt: FileFormat,
+           spool: str, rows: int) -> SourceFile:
+    unit = part.unit(rows)
+    path = os.path.join(spool, f"kafka-{part.partition}-{unit.first}-{unit.last}."
+                        f"{_EXTENSIONS.get(fmt.name, 'txt')}")
+    with open(path, "wb", buffering=1 << 20) as out:
+        read = broker.read(unit, out)
+    base = read.first_offset - 1 if read.contiguous and read.first_offset >= 0 else 0
+    identity = f"{part.topic_id}:{unit.first}-{unit.last}"
+    return SourceFile(f"{part.stream}/{unit.first}-{unit.last}", read.bytes, 0, fmt,
+                      etag=identity, local_path=path,
+                      position=StreamPosition(part.stream, part.after, part.since_seq, base))
+
+
+def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
+             target: Target, table: Any) -> None:
+    """Move each partition on after its unit: loaded, the next offset; refused (another
+    loader moved the partition), from the ledger's end again; failed, stop it."""
+    results = {r.uri: r for r in done.files}
+    moved = False
+    for part, f in zip(due, files, strict=True):
+        result = results.get(f.uri)
+        end = int(f.uri.rpartition("-")[2]) + 1
+        if result is not None and result.status == "loaded":
+            part.next = part.after = end
+        elif result is not None and result.note == LOADED_ELSEWHERE:
+            moved = True
+        else:
+            part.stopped = True
+            if result is not None and result.error:
+                result.error = _offset_error(result.error, f)
+    if moved:
+        marks, _ = committed(target, table.database, table.name, table.display)
+        for part in due:
+            mark = marks.get(part.stream)
+            if mark is not None and mark.end > part.after:
+                part.next = part.after = max(part.next, mark.end)
+
+
+def _offset_error(error: str, f: SourceFile) -> str:
+    """`<unit uri>: line N, ...` (a row of the spool) as the message's offset."""
+    base = f.position.line_base if f.position else 0
+    match = re.match(rf"^{re.escape(f.uri)}: line (\d+)", error)
+    if not match or not base:
+        return error
+    offset = base + int(match.group(1))
+    return f"{f.uri}: offset {offset}{error[match.end():]}"
+
+
+def _add(report: LoadReport, results: Sequence[FileResult],
+         done: LoadReport | None = None) -> None:
+    report.files.extend(results)
+    report.files_total += len(results)
+    report.files_loaded += sum(r.status == "loaded" for r in results)
+    report.files_skipped += sum(r.status == "skipped" for r in results)
+    report.files_failed += sum(r.status == "failed" for r in results)
+    report.rows_loaded += sum(r.rows for r in results if r.status == "loaded")
+    report.rows_rejected += sum(r.rejected for r in results if r.status == "loaded")
+    report.bytes_read += sum(r.bytes for r in results)
+    if done is not None:
+        report.created_table = report.created_table or done.created_table
+        report.table_reset = report.table_reset or done.table_reset
+        report.saturation = done.saturation or report.saturation
+
+
+@contextmanager
+def _spool_dir(target: Target) -> Iterator[str]:
+    """Spools in the target's tmp directory (an embedded target's; else the system's)."""
+    home = str(getattr(target, "path", ""))
+    base = os.path.join(home, "tmp") if home and os.path.isdir(home) else None
+    if base:
+        os.makedirs(base, exist_ok=True)
+    path = tempfile.mkdtemp(prefix="chload-kafka-", dir=base)
+    try:
+        yield path
+    finally:
+        for name in os.listdir(path):
+            _remove(os.path.join(path, name))
+        os.rmdir(path)
+
+
+def _remove(path: str | None) -> None:
+    if path and os.path.exists(path):
+        os.remove(path)
+
+
+@contextmanager
+def _stopping(options: Options) -> Iterator[None]:
+    """With --follow, SIGINT and SIGTERM end the run after the round in flight."""
+    if not options.follow or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in before:
+        signal.signal(s, lambda *_: options.stop.set())
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

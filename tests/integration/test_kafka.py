@@ -1,0 +1,202 @@
+"""Kafka topics into a table exactly once (issue 15), against a real broker.
+
+Every test has its own topic and table; messages are JSON rows `{"id": n, ...}` with ids
+unique across a topic, so `count() = uniqExact(id) = produced` is the exactly-once check.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import services
+from conftest import run_chload
+
+
+def _topic(kafka: services.Service, partitions: int = 4) -> str:
+    name = f"k_{uuid.uuid4().hex[:10]}"
+    services.kafka_create_topic(kafka, name, partitions)
+    return name
+
+
+def _produce(kafka: services.Service, topic: str, ids: range, partitions: int = 4,
+             bad: dict[int, bytes] | None = None) -> None:
+    """Messages {"id": i} round-robin over partitions; `bad` replaces some values."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": kafka.extra["bootstrap"], "linger.ms": 20,
+                         "compression.type": "zstd", "batch.size": 1 << 20})
+    for i in ids:
+        value = (bad or {}).get(i) or b'{"id":%d,"name":"u%d","v":%d.5}' % (i, i % 97, i)
+        while True:
+            try:
+                producer.produce(topic, value, partition=i % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    assert producer.flush(60) == 0
+
+
+def _uri(kafka: services.Service, topic: str) -> str:
+    return f"kafka://{kafka.extra['bootstrap']}/{topic}"
+
+
+def _load(target: str, uri: str, table: str, *args: str,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return run_chload("load", uri, "--table", table, "--target", target, "--json", *args,
+                      env=env, timeout=300)
+
+
+def _report(done: subprocess.CompletedProcess[str]) -> dict:
+    assert done.stdout.strip(), done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _counts(target: str, table: str) -> tuple[int, int]:
+    out = run_chload("sql", f"SELECT count(), uniqExact(id) FROM {table}", "--target", target,
+                     "--format", "TSV")
+    assert out.returncode == 0, out.stderr
+    count, unique = out.stdout.split()
+    return int(count), int(unique)
+
+
+def test_load_then_rerun_loads_only_the_new_messages(kafka, target_dir, table_name):
+    topic = _topic(kafka)
+    _produce(kafka, topic, range(20_000))
+    first = _report(_load(target_dir, _uri(kafka, topic), table_name, "--batch-rows", "3000"))
+    assert first["rows_loaded"] == 20_000 and first["files_failed"] == 0
+    again = _report(_load(target_dir, _uri(kafka, topic), table_name))
+    assert again["rows_loaded"] == 0 and again["files_total"] == 0
+    _produce(kafka, topic, range(20_000, 25_000))
+    more = _report(_load(target_dir, _uri(kafka, topic), table_name))
+    assert more["rows_loaded"] == 5_000
+    assert {f["uri"].rsplit("/", 1)[1] for f in more["files"]} == {"5000-6249"}
+    assert _counts(target_dir, table_name) == (25_000, 25_000)
+    history = run_chload("history", "--table", table_name, "--target", target_dir, "--json")
+    assert len(json.loads(history.stdout)) == 3  # one record per run, not per round
+
+
+@pytest.mark.parametrize("kills", [["after-attach", "before-attach", "after-attach:2"]])
+def test_killed_three_times_mid_load_then_finished_is_exact(kafka, target_dir, table_name,
+                                                            kills):
+    topic = _topic(kafka)
+    _produce(kafka, topic, range(200_000))
+    uri = _uri(kafka, topic)
+    for point in kills:  # SIGKILL at the commit's narrowest windows
+        crash = _load(target_dir, uri, table_name, "--batch-rows", "5000",
+                      env={"CHLOAD_CRASH_AT": point})
+        assert crash.returncode == -9, crash.stderr
+    timed = subprocess.Popen([sys.executable, "-m", "chload", "load", uri, "--table",
+                              table_name, "--target", target_dir, "-q", "--batch-rows",
+                              "10000"])
+    time.sleep(3.0)  # and once at whatever instant
+    timed.kill()
+    timed.wait(30)
+    done = _load(target_dir, uri, table_name, "--batch-rows", "10000")
+    assert done.returncode == 0, done.stderr
+    assert _counts(target_dir, table_name) == (200_000, 200_000)
+
+
+def test_two_loaders_at_once_into_a_server_are_exact(kafka, clickhouse, table_name):
+    topic = _topic(kafka)
+    _produce(kafka, topic, range(100_000))
+    target = clickhouse.url
+    argv = [sys.executable, "-m", "chload", "load", _uri(kafka, topic), "--table", table_name,
+            "--target", target, "--json", "--batch-rows"]
+    # units cut differently (5000 and 7000): only the committed-end check keeps them apart
+    both = [subprocess.Popen([*argv, rows], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for rows in ("5000", "7000")]
+    outs = [p.communicate(timeout=300) for p in both]
+    assert [p.returncode for p in both] == [0, 0], [o[1] for o in outs]
+    loaded = sum(json.loads(o[0].splitlines()[-1])["rows_loaded"] for o in outs)
+    assert loaded == 100_000
+    assert _counts(target, table_name) == (100_000, 100_000)
+    _produce(kafka, topic, range(100_000, 110_000))
+    assert _report(_load(target, _uri(kafka, topic), table_name))["rows_loaded"] == 10_000
+    assert _counts(target, table_name) == (110_000, 110_000)
+
+
+def test_malformed_messages_within_budget_go_to_rejects_with_offsets(kafka, target_dir,
+                                                                     table_name):
+    topic = _topic(kafka, partitions=1)
+    bad_ids = [7, 100, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 9999]
+    bad = {i: (b'not json %d' if i % 2 else b'{"id":%d,"name":"x","v":"NaN?"}') % i
+           for i in bad_ids}
+    _produce(kafka, topic, range(10_000), partitions=1, bad=bad)
+    report = _report(_load(target_dir, _uri(kafka, topic), table_name, "--schema",
+                           "id UInt64, name String, v Float64", "--max-errors", "20"))
+    assert (report["rows_loaded"], report["rows_rejected"]) == (9_990, 10)
+    errors = json.loads(run_chload("errors", "--table", table_name, "--target", target_dir,
+                                   "--json").stdout)
+    assert sorted(e["line"] for e in errors) == bad_ids  # offsets: message i is offset i
+    assert all(e["file"].startswith(_uri(kafka, topic) + "/0/") for e in errors)
+    assert {e["line"]: e["raw"] for e in errors} == {i: v.decode() for i, v in bad.items()}
+
+
+def test_a_bad_message_without_budget_names_its_offset_and_commits_nothing(
+        kafka, target_dir, table_name):
+    topic = _topic(kafka, partitions=1)
+    _produce(kafka, topic, range(1_000), partitions=1, bad={500: b'{"id":500,"name":'})
+    done = _load(target_dir, _uri(kafka, topic), table_name, "--schema",
+                 "id UInt64, name String, v Float64")
+    assert done.returncode == 1
+    failed = [f for f in _report(done)["files"] if f["status"] == "failed"]
+    assert len(failed) == 1 and "offset 500" in failed[0]["error"], failed
+    assert _counts(target_dir, table_name) == (0, 0)
+
+
+def test_a_re_created_topic_is_reported_not_skipped(kafka, target_dir, table_name):
+    from confluent_kafka.admin import AdminClient
+
+    topic = _topic(kafka, partitions=1)
+    _produce(kafka, topic, range(3_000), partitions=1)
+    assert _report(_load(target_dir, _uri(kafka, topic), table_name))["rows_loaded"] == 3_000
+    admin = AdminClient({"bootstrap.servers": kafka.extra["bootstrap"]})
+    admin.delete_topics([topic])[topic].result(30)
+    for _ in range(100):  # the broker forgets it in a moment
+        if topic not in admin.list_topics(timeout=5).topics:
+            break
+        time.sleep(0.1)
+    services.kafka_create_topic(kafka, topic, 1)
+    _produce(kafka, topic, range(10_000, 15_000), partitions=1)  # more than before, too
+    done = _load(target_dir, _uri(kafka, topic), table_name)
+    assert done.returncode == 1
+    failed = [f for f in _report(done)["files"] if f["status"] == "failed"]
+    assert "re-created" in failed[0]["error"], failed
+    assert _counts(target_dir, table_name) == (3_000, 3_000)
+    forced = _report(_load(target_dir, _uri(kafka, topic), table_name, "--force"))
+    assert forced["rows_loaded"] == 5_000
+    assert _counts(target_dir, table_name) == (8_000, 8_000)
+
+
+def test_messages_deleted_before_loading_are_reported(kafka, target_dir, table_name):
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    topic = _topic(kafka, partitions=1)
+    _produce(kafka, topic, range(1_000), partitions=1)
+    assert _report(_load(target_dir, _uri(kafka, topic), table_name))["rows_loaded"] == 1_000
+    _produce(kafka, topic, range(1_000, 2_000), partitions=1)
+    admin = AdminClient({"bootstrap.servers": kafka.extra["bootstrap"]})
+    for future in admin.delete_records([TopicPartition(topic, 0, 1_500)]).values():
+        future.result(30)  # as retention would: offsets 1000..1499 never loaded
+    done = _load(target_dir, _uri(kafka, topic), table_name)
+    assert done.returncode == 1
+    failed = [f for f in _report(done)["files"] if f["status"] == "failed"]
+    assert "1000..1499 were deleted" in failed[0]["error"], failed
+    assert _report(_load(target_dir, _uri(kafka, topic), table_name,
+                         "--force"))["rows_loaded"] == 500
+
+
+def test_kafka_options_reject_credentials_in_the_uri_and_unset_variables(kafka, target_dir):
+    done = run_chload("load", "kafka://user:secret@127.0.0.1:1/t", "--table", "t",
+                      "--target", target_dir)
+    assert done.returncode == 2 and "secret" not in done.stderr + done.stdout
+    topic = _topic(kafka, partitions=1)
+    done = run_chload("load", _uri(kafka, topic), "--table", "t", "--target", target_dir,
+                      "--kafka-option", "sasl.password=${CHLOAD_TEST_UNSET_VAR}")
+    assert done.returncode == 2 and "${CHLOAD_TEST_UNSET_VAR} is not set" in done.stderr
