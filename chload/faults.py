@@ -4,6 +4,9 @@ SIGKILL itself the n-th time (default 1st) it passes the named point.
 Random-delay kills rarely land in the millisecond windows that matter most (between
 the ledger's `committing` event and the attach, and between the attach and `loaded`),
 so the tests also aim at them exactly. Unset, this costs one dict lookup.
+
+`CHLOAD_PAUSE_AT=name:seconds` makes every pass of the named point wait that long
+instead: a test of two loads at once uses it to have both plan before either commits.
 """
 
 from __future__ import annotations
@@ -16,6 +19,11 @@ _lock = threading.Lock()
 
 
 def crash_point(name: str) -> None:
+    pause = os.environ.get("CHLOAD_PAUSE_AT")
+    if pause and pause.partition(":")[0] == name:
+        import time
+
+        time.sleep(float(pause.partition(":")[2] or 1))
     spec = os.environ.get("CHLOAD_CRASH_AT")
     if not spec:
         return

@@ -171,8 +171,12 @@ def test_the_losing_concurrent_load_reports_skipped(
     assert load(target, files[0], "-t", table_name)[0] == 0  # the table exists
     argv = [sys.executable, "-m", "chload", "load", str(tmp_path / "trips"), "-t",
             table_name, "--target", target[0], "--json"]
-    procs = [subprocess.Popen(argv, env={**os.environ, **target[1]}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    # Each commit waits 2 s inside the commit lock: both runs plan every file before
+    # either has committed one, so the race is certain, not a matter of timing.
+    pause = {"CHLOAD_PAUSE_AT": "before-attach:2"}
+    procs = [subprocess.Popen(argv, env={**os.environ, **target[1], **pause},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
     outs = [p.communicate(timeout=240) for p in procs]
     reports = [json.loads(out) for out, _ in outs]
     assert [p.returncode for p in procs] == [0, 0], [err for _, err in outs]
