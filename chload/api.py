@@ -48,6 +48,8 @@ class LoadSpec:
     s3_endpoint: str | None = None  # S3-compatible endpoint; None: AWS_ENDPOINT_URL(_S3), AWS
     max_errors: int | None = None  # bad rows a file may have; they go to chload.rejects
     max_error_ratio: float | None = None  # bad rows / all rows a file may have
+    query: str | None = None  # a database source: load this query's rows (one unit)
+    incremental_by: str | None = None  # a database source: load rows above the ledger's mark
 
     def __post_init__(self) -> None:
         for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
@@ -77,6 +79,7 @@ _SPEC_TYPES = {
     "settings": options.settings, "workers": options.optional_whole, "force": options.flag,
     "on_error": options.text, "s3_endpoint": options.optional_text,
     "max_errors": options.optional_whole, "max_error_ratio": options.optional_ratio,
+    "query": options.optional_text, "incremental_by": options.optional_text,
 }
 Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 TargetName = str | os.PathLike[str] | None
@@ -141,6 +144,9 @@ def load(sources: Sources | LoadSpec, table: str | None = None, *,
 
     target = open_target(spec.target)
     try:
+        from chload.sources.database import open_sources
+
+        spec, target = open_sources(spec, target)  # a database source: snapshot, columns
         listed = _list_sources(spec, target)
         try:
             return _load(spec, target, listed, listener or (lambda event: None))
@@ -332,8 +338,12 @@ def _list_remote(source: str, spec: LoadSpec, target: Target) -> list[SourceFile
         from chload.sources.http import list_http
 
         return list_http(source, spec.format, spec.compression)
+    if scheme in ("postgresql", "postgres", "mysql", "mariadb"):
+        from chload.sources.database import list_units
+
+        return list_units(source, spec, target)
     raise UsageError(f"{source.split('@')[-1]}: {scheme}:// is not a source chload reads; "
-                     "use a path, s3://, hdfs://, http:// or https://")
+                     "use a path, s3://, hdfs://, http://, https://, postgresql:// or mysql://")
 
 
 def _summarize(report: LoadReport, results: list[FileResult], plan: planner.Plan,

@@ -146,6 +146,10 @@ def _load_parser(commands: Any) -> None:
                    help="bad rows / all rows a file may have, e.g. 0.01")
     p.add_argument("--s3-endpoint", metavar="URL", help="S3-compatible endpoint, e.g. "
                    "http://127.0.0.1:9000 (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, AWS)")
+    p.add_argument("--query", help="a postgresql:// or mysql:// source: load the rows of "
+                   "this SELECT (the URL names the database)")
+    p.add_argument("--incremental-by", metavar="COLUMN", help="a database source: load the "
+                   "rows whose COLUMN (one that only grows) is above what was loaded")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
     p.set_defaults(func=_load)
@@ -170,7 +174,7 @@ def _load(args: argparse.Namespace) -> int:
         partition_by=args.partition_by, audit=args.audit, settings=_settings(args.setting),
         workers=args.workers, force=args.force, on_error=args.on_error,
         max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
-        s3_endpoint=args.s3_endpoint,
+        s3_endpoint=args.s3_endpoint, query=args.query, incremental_by=args.incremental_by,
     )
     show = not args.quiet and not args.json and sys.stdout.isatty()
     if show:
