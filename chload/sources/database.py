@@ -81,7 +81,10 @@ class DbUrl:
     @property
     def display(self) -> str:
         where = f"{self.kind}://{self.host}:{self.port}/{self.database}"
-        return f"{where}/{self.schema}.{self.table}" if self.table else where
+        if not self.table:
+            return where
+        return f"{where}/{self.table}" if self.kind == "mysql" else (
+            f"{where}/{self.schema}.{self.table}")
 
     @property
     def with_user(self) -> str:
