@@ -285,7 +285,7 @@ class _Reader:
 
 
 def _base(typ: str) -> str:
-    return re.split(r"[(\s]", typ, 1)[0]
+    return re.split(r"[(\s]", typ, maxsplit=1)[0]
 
 
 def _column(url: DbUrl, name: str, typ: str, nulls: bool) -> DbColumn:
@@ -300,7 +300,8 @@ def _column(url: DbUrl, name: str, typ: str, nulls: bool) -> DbColumn:
         return _field(name, f"Decimal({precision}, {scale or 0})", col, nulls)
     if base in ("datetime", "timestamp"):
         scale = args.group(1) if args else "0"
-        return _field(name, f"DateTime64({scale}, 'UTC')", col, nulls)
+        ch = "DateTime('UTC')" if scale == "0" else f"DateTime64({scale}, 'UTC')"
+        return _field(name, ch, col, nulls)
     if base in _TEXT:
         escaped = col
         for raw, shown in (("CHAR(92)", "'\\\\\\\\'"), ("CHAR(9)", "'\\\\t'"),
@@ -365,9 +366,9 @@ def _pymysql() -> Any:
 
 def _error(url: DbUrl, exc: object, password: str | None) -> ChloadError:
     """A pymysql or client error as one line naming the source (never the password)."""
-    code = exc.args[0] if isinstance(exc, Exception) and exc.args and isinstance(
-        exc.args[0], int) else 0
-    text = str(exc.args[1]) if code and len(getattr(exc, "args", ())) > 1 else str(exc)
+    args = exc.args if isinstance(exc, Exception) else ()
+    code = args[0] if args and isinstance(args[0], int) else 0
+    text = str(args[1]) if code and len(args) > 1 else str(exc)
     text = (text.strip().splitlines() or [type(exc).__name__])[0]
     if password:
         text = text.replace(password, "***")

@@ -88,9 +88,12 @@ class PostgresSession:
         return self._all(sql, params)[0]
 
     def _all(self, sql: str, params: tuple = ()) -> list[tuple]:
+        return list(self._run(sql, params).fetchall())
+
+    def _run(self, sql: str, params: tuple = ()) -> Any:
         psycopg = _psycopg()
         try:
-            return self.conn.execute(sql, params).fetchall()  # type: ignore[no-any-return]
+            return self.conn.execute(sql, params)
         except psycopg.Error as exc:
             raise _error(self.url, exc) from None
 
@@ -101,7 +104,7 @@ class PostgresSession:
         relation = f"{_ident(self.url.schema)}.{_ident(self.url.table)}"
         if self.query:
             relation = "pg_temp.chload_query"
-            self._all(f"CREATE TEMP VIEW chload_query AS {self.query}")
+            self._run(f"CREATE TEMP VIEW chload_query AS {self.query}")
         elif self._one("SELECT to_regclass(%s) IS NULL", (relation,))[0]:
             raise SourceError(f"{self.url.display}: no such table (or no right to see it)")
         rows = self._all(_COLUMNS_SQL, (relation,))
@@ -190,7 +193,7 @@ def _column(url: DbUrl, name: str, typ: str, notnull: bool, typtype: str,
         scale = digits.group(1) if digits else "6"
         zoned = "with time zone" in typ
         select = f"({col} AT TIME ZONE 'UTC')" if zoned else col
-        return DbColumn(name, nullable(f"DateTime64({scale}, 'UTC')", not notnull), select)
+        return DbColumn(name, nullable(_datetime(scale), not notnull), select)
     if base == "boolean":
         return DbColumn(name, nullable("Bool", not notnull), f"{col}::int")
     if base == "bytea":
@@ -205,6 +208,11 @@ def _column(url: DbUrl, name: str, typ: str, notnull: bool, typtype: str,
     if base in TYPES:
         return DbColumn(name, nullable(TYPES[base], not notnull), col)
     raise cannot_carry(url, name, typ)
+
+
+def _datetime(scale: str) -> str:
+    """Whole seconds as DateTime (which an 18.16 server has too), else DateTime64."""
+    return "DateTime('UTC')" if scale == "0" else f"DateTime64({scale}, 'UTC')"
 
 
 def _fixed_time(col: str) -> str:

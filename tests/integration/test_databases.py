@@ -299,10 +299,13 @@ def test_into_the_18_16_server(source: Source, clickhouse: services.Service,
     env = {"CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]}
     schema = ("id Int64, qty Int32, price Decimal(10, 2), created DateTime, "
               "note Nullable(String), status String")
-    refused = run_chload("load", source.url(table_name), "--table", table_name, "--target",
-                         target, env={**source.env, **env})
-    assert refused.returncode == 2 and "--schema" in refused.stderr
-    report = _load(source, table_name, target, "--schema", schema, env=env)
+    given: tuple[str, ...] = ()
+    if source.kind == "postgresql":  # timestamp: microseconds; MariaDB's datetime: seconds
+        refused = run_chload("load", source.url(table_name), "--table", table_name,
+                             "--target", target, env={**source.env, **env})
+        assert refused.returncode == 2 and "--schema" in refused.stderr
+        given = ("--schema", schema)
+    report = _load(source, table_name, target, *given, env=env)
     assert report["rows_loaded"] == 50_000
     got = run_chload("sql", CHECK_CH.format(t=table_name).replace(
         "toDateTime(min(created))", "min(created)").replace(
@@ -313,6 +316,5 @@ def test_into_the_18_16_server(source: Source, clickhouse: services.Service,
     want = source.check(table_name)
     assert fields[:3] + fields[5:] == want[:3] + want[5:]
     source.add(table_name, 50_001, 51_000)
-    more = _load(source, table_name, target, "--schema", schema, "--incremental-by", "id",
-                 env=env)
+    more = _load(source, table_name, target, *given, "--incremental-by", "id", env=env)
     assert more["rows_loaded"] == 1000
