@@ -61,8 +61,9 @@ ANALYZE TABLE orders"""
 def _chdb(work: str, sql: str) -> None:
     """Run `sql` in a fresh chDB process whose engine lives in `work`."""
     code = ("import sys, chdb.session as s; e = s.Session(sys.argv[1]); "
-            f"e.query('CREATE TABLE t {DDL}'); e.query(sys.argv[2])")
-    subprocess.run([sys.executable, "-c", code, work, sql], check=True)
+            "e.query(sys.argv[3]); e.query(sys.argv[2])")
+    subprocess.run([sys.executable, "-c", code, work, sql, f"CREATE TABLE t {DDL}"],
+                   check=True)
 
 
 def methods(kind: str, endpoint: str) -> dict[str, callable]:  # type: ignore[valid-type]
@@ -89,7 +90,8 @@ def methods(kind: str, endpoint: str) -> dict[str, callable]:  # type: ignore[va
                         "SELECT id, qty, price, created, IFNULL(note, '\\\\N'), status "
                         "FROM orders"]
             subprocess.run(argv, stdout=out, env=env, check=True)
-        _chdb(work, f"INSERT INTO t SELECT * FROM file('{spool}', 'TSV', '{STRUCTURE}')")
+        structure = STRUCTURE.replace("'", "\\'")
+        _chdb(work, f"INSERT INTO t SELECT * FROM file('{spool}', 'TSV', '{structure}')")
 
     def chload(workers: int):  # type: ignore[no-untyped-def]
         def run(work: str) -> None:
