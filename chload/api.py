@@ -50,6 +50,8 @@ class LoadSpec:
     s3_endpoint: str | None = None  # S3-compatible endpoint; None: AWS_ENDPOINT_URL(_S3), AWS
     max_errors: int | None = None  # bad rows a file may have; they go to chload.rejects
     max_error_ratio: float | None = None  # bad rows / all rows a file may have
+    query: str | None = None  # a database source: load this query's rows (one unit)
+    incremental_by: str | None = None  # a database source: load rows above the ledger's mark
 
     def __post_init__(self) -> None:
         for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
@@ -79,6 +81,7 @@ _SPEC_TYPES = {
     "settings": options.settings, "workers": options.optional_whole, "force": options.flag,
     "on_error": options.text, "s3_endpoint": options.optional_text,
     "max_errors": options.optional_whole, "max_error_ratio": options.optional_ratio,
+    "query": options.optional_text, "incremental_by": options.optional_text,
 }
 Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 TargetName = str | os.PathLike[str] | None

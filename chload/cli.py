@@ -123,6 +123,10 @@ def _load_parser(commands: Any) -> None:
     p.add_argument("--force", action="store_true", help="load files already loaded")
     p.add_argument("--on-error", default="continue", choices=["continue", "abort"],
                    help="after a failed file: go on with the others (default) or stop")
+    p.add_argument("--query", help="a postgresql:// or mysql:// source: load the rows of "
+                   "this SELECT (the URL names the database)")
+    p.add_argument("--incremental-by", metavar="COLUMN", help="a database source: load the "
+                   "rows whose COLUMN (one that only grows) is above what was loaded")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
     p.set_defaults(func=_load)
 
@@ -147,7 +151,8 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
 
 # Flags only `load` has (its parser adds them), with what a LoadSpec takes when absent.
 _LOAD_ONLY: dict[str, Any] = {"order_by": None, "partition_by": None, "audit": False,
-                               "workers": None, "force": False, "on_error": "continue"}
+                               "workers": None, "force": False, "on_error": "continue",
+                               "query": None, "incremental_by": None}
 
 
 def _spec(args: argparse.Namespace) -> Any:
