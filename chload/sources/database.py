@@ -24,47 +24,52 @@ loads come from its own snapshot.
 What the reading does not see: with `--incremental-by`, rows updated or inserted with an
 axis value at or below the mark, rows whose axis is NULL, and deletes.
 
-How bytes move (no row through Python): the database's own client streams each range
-as tab-separated text (`psql` COPY ... TO STDOUT; the `mariadb`/`mysql` client, the
-line formatted by the server) into a spool file; the target then loads that file as
-any other (`load_file`: the embedded engine reads it, an 18.16 server is posted the
-bytes and parses them). Columns the engine must convert (PostgreSQL bytea and arrays)
-are rewritten to Native by the loader's engine first. The spool is removed after its
-unit is committed or failed.
+How it plugs in: `DatabaseSource` is the `Source` (chload/sources/__init__.py). Each run
+gets its own object (`open`); its `list` takes the snapshot and lists the ranges; the
+source says the table's columns and primary key (`columns`, `sorting_key`: nothing is
+inferred), that a range is committed alone (`loads_alone`), and the URL without its
+password (`display`); `close` ends the snapshot when the run is over.
+
+How bytes move (no row through Python): right before a range loads, the runner asks
+`fetch`: the database's own client streams the range as tab-separated text (`psql`
+COPY ... TO STDOUT; the `mariadb`/`mysql` client, the line formatted by the server)
+into a spool file, which the target loads as any local file (the embedded engine
+reads it, an 18.16 server is posted the bytes and parses them). Columns the engine must
+convert (PostgreSQL bytea and arrays) are rewritten to Native by the engine that reads
+the data (`SourceContext.query`) first. The spool is removed (`release`) after its
+range is committed or failed.
 """
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import hashlib
 import os
 import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
-from chload.errors import SchemaError, UsageError
+from chload.errors import SchemaError, SourceError, UsageError
 from chload.formats import FileFormat
-from dataclasses import dataclass, field, replace
 from chload.schema import Column, quote_ident, quote_str, structure
-from chload.sources import SourceFile
+from chload.sources import Source, SourceContext, SourceFile
 
-SCHEMES = {"postgresql": "postgresql", "postgres": "postgresql", "mysql": "mysql",
-           "mariadb": "mysql"}
+URL_KINDS = {"postgresql": "postgresql", "postgres": "postgresql", "mysql": "mysql",
+             "mariadb": "mysql"}  # a URL's scheme -> DbUrl.kind
 DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
 RANGE_ROWS = 250_000  # rows a range holds, about: a crash redoes at most this many
 TSV = FileFormat("TSV", "none")
 NATIVE = FileFormat("Native", "none")
 
 
-def is_database(source: str) -> bool:
-    return source.split("://", 1)[0].lower() in SCHEMES if "://" in source else False
-
-
 # -- the URL ---------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DbUrl:
     """`postgresql://user[:password]@host:port/db[/schema.table]`; the password is never
     in `display`, `repr` or a message."""
@@ -101,7 +106,7 @@ def redact(url: str) -> str:
 
 
 def parse_url(url: str, query: str | None) -> DbUrl:
-    kind = SCHEMES[url.split("://", 1)[0].lower()]
+    kind = URL_KINDS[url.split("://", 1)[0].lower()]
     parts = urlsplit(url)
     path = [unquote(p) for p in parts.path.split("/") if p]
     shown = redact(url)
@@ -126,7 +131,7 @@ def parse_url(url: str, query: str | None) -> DbUrl:
 
 
 # -- columns ---------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DbColumn:
     """One source column: its ClickHouse type, what the source's client prints for it
     (`select`, in the source's SQL), how the spool is read (`read_type`) and, where the
@@ -143,7 +148,7 @@ class DbColumn:
         return self.read_type or self.type
 
 
-@dataclass
+@dataclass(slots=True)
 class TableInfo:
     columns: list[DbColumn]
     key: list[str]  # primary key columns (ORDER BY of a created table)
@@ -163,7 +168,7 @@ def cannot_carry(url: DbUrl, column: str, source_type: str, hint: str = "String"
 
 
 # -- ranges ----------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Range:
     """Axis values in (lo, hi]; lo None: from the beginning; hi None: no end."""
 
@@ -243,24 +248,8 @@ class Session(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class Unit:
-    where: str
-
-
-def open_session(url: DbUrl, query: str | None, incremental_by: str | None, workers: int,
-                 ) -> Session:
-    if url.kind == "postgresql":
-        from chload.sources.postgres import PostgresSession
-
-        return PostgresSession(url, query, incremental_by)
-    from chload.sources.mysql import MysqlSession
-
-    return MysqlSession(url, query, incremental_by, workers)
-
-
-def plan_units(session: Session, loaded: Sequence[tuple[str, str]], spec_workers: int,
-               incremental: bool, force: bool) -> list[SourceFile]:
+def plan_units(session: Session, kind: str, loaded: Sequence[tuple[str, str]],
+               spec_workers: int, incremental: bool, force: bool) -> list[SourceFile]:
     """The units still to load: the complement of the committed ranges (`loaded`:
     (uri, identity) of every unit committed into the table from this source)."""
     url, info = session.url, session.info
@@ -269,7 +258,7 @@ def plan_units(session: Session, loaded: Sequence[tuple[str, str]], spec_workers
         uri = f"{prefix}#all" if url.table else f"{prefix}-{_digest(session)}"
         if not force and any(u == uri for u, _ in loaded):
             return []
-        return [_unit(uri, session.snapshot, "TRUE")]
+        return [_unit(kind, uri, session.snapshot, "TRUE")]
     low, high, rows = session.bounds(info.axis)
     if high is None:
         return []
@@ -287,7 +276,7 @@ def plan_units(session: Session, loaded: Sequence[tuple[str, str]], spec_workers
         step = max(1, width // max(spec_workers * 2, -(-rows // RANGE_ROWS), 1))
         gaps = [p for g in gaps for p in split_range(g, int(low) - 1, step)]
     identity = f"upto {upper}; snapshot {session.snapshot}"
-    return [_unit(f"{prefix}#{g.label(info.axis)}", identity,
+    return [_unit(kind, f"{prefix}#{g.label(info.axis)}", identity,
                   session.predicate(info.axis, g)) for g in gaps]
 
 
@@ -301,137 +290,141 @@ def _planned_upper(identity: str) -> str | None:
     return found.group(1) if found else None
 
 
-def _unit(uri: str, identity: str, where: str) -> SourceFile:
+def _unit(kind: str, uri: str, identity: str, where: str) -> SourceFile:
+    """A range as listed: `location` is its predicate in the source's SQL (what `fetch`
+    reads), `etag` its identity; no bytes yet (size 0, never `known_empty`)."""
     return SourceFile(uri=uri, size=0, mtime_ns=0, format=TSV, etag=identity,
-                      kind="database", location=where)
+                      kind=kind, location=where)
 
 
-# -- the target wrapper ------------------------------------------------------------------
-class DatabaseTarget:
-    """The target, loading units of a database source: each unit's range is read into a
-    spool file, which the target loads as it loads any local file (the same committer,
-    so a unit's rows and its ledger entry are committed together)."""
+# -- the Source ----------------------------------------------------------------------------
+class DatabaseSource:
+    """A database as a `Source` (postgres.py, mysql.py: `_session`). The module's SOURCE
+    lists nothing itself: each run gets its own object (`open`), whose `list` takes the
+    snapshot that every `fetch` reads from, and whose `close` ends it."""
 
-    def __init__(self, target: Any, session: Session) -> None:
-        self._target, self.session = target, session
-        self.spools = tempfile.mkdtemp(prefix="spool-", dir=_spool_parent(target))
-        self._lock = threading.Lock()
+    kind = ""
+    schemes: tuple[str, ...] = ()
+    options: tuple[str, ...] = ("query", "incremental_by")
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._target, name)
+    def __init__(self) -> None:
+        self.session: Session | None = None
+        self.context = SourceContext()
+        self.spools = ""
+        self._guard = threading.Lock()
 
-    def plan_batches(self, files: Sequence[SourceFile], budget: Any,
-                     workers: int) -> list[tuple[SourceFile, ...]]:
-        return [(f,) for f in files]  # a unit is a commit of its own
+    def _session(self, url: DbUrl, context: SourceContext) -> Session:
+        raise NotImplementedError
 
-    def reader(self, file: SourceFile, fmt: str, columns: Sequence[Column] | None) -> str:
-        raise SchemaError(f"{file.uri}: a database unit is not read by inference")
+    def open(self) -> Source:
+        return type(self)()
 
-    def load_file(self, job: Any, progress: Callable[[int, int], None]) -> Any:
+    def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
+        """Connect, take the snapshot, map the columns; the ranges still to load."""
+        if len(context.patterns) > 1 or self.session is not None:
+            raise UsageError(f"{redact(pattern)}: a database source loads alone; name it as "
+                             "the only source")
+        self.context = context
+        self.session = self._session(parse_url(pattern, context.select), context)
+        committed = context.committed() if context.committed is not None else {}
+        return plan_units(self.session, self.kind, sorted(committed.items()),
+                          workers_of(context), bool(context.incremental_by), context.force)
+
+    def _open(self) -> Session:
+        if self.session is None:
+            raise SourceError(f"{self.kind}: a unit asked of a source that listed none")
+        return self.session
+
+    def fetch(self, file: SourceFile, columns: Sequence[Column], workdir: str) -> SourceFile:
+        """The range read by the database's client into a spool: TSV as the source
+        printed it, or, where a column needs the engine to convert it, Native."""
+        session = self._open()
+        with self._guard:
+            if not self.spools:
+                os.makedirs(workdir, exist_ok=True)
+                self.spools = tempfile.mkdtemp(prefix="spool-", dir=workdir)
         path = os.path.join(self.spools, f"{os.urandom(6).hex()}.tsv")
         try:
-            self.session.read(job.file.location, path)
-            job = self._spooled(job, path)
-            return self._target.load_file(job, progress)
-        finally:
-            for leftover in (path, path + ".native"):
-                if os.path.exists(leftover):
-                    os.remove(leftover)
+            session.read(file.location, path)
+            return self._spooled(session, file, columns, path)
+        except BaseException:
+            self.release([replace(file, local_path=p) for p in (path, path + ".native")])
+            raise
 
-    def _spooled(self, job: Any, path: str) -> Any:
-        """The job reading the spool: TSV as the source printed it, or, where a column
-        needs the engine to convert it, Native written by the loader's engine."""
-        columns = self.session.info.columns
-        names = {c.name for c in job.read_columns}
-        spool = replace(job.file, kind="local", local_path=path, format=TSV,
+    def _spooled(self, session: Session, file: SourceFile, columns: Sequence[Column],
+                 path: str) -> SourceFile:
+        spool = replace(file, kind="local", local_path=path, location="",
                         size=os.path.getsize(path))
-        convert = [c for c in columns if c.expr and c.name in names]
+        names = {c.name for c in columns}
+        convert = [c for c in session.info.columns if c.expr and c.name in names]
         if not convert:
-            return replace(job, file=spool)
-        read = [Column(c.name, c.spool_type if c.name in names else c.type) for c in columns]
-        by_name = {c.name: c for c in job.read_columns}
+            return spool
+        if self.context.query is None:
+            raise UsageError(f"{file.uri}: converting its columns needs the engine "
+                             "(SourceContext.query)")
+        read = [Column(c.name, c.spool_type if c.name in names else c.type)
+                for c in session.info.columns]
+        by_name = {c.name: c for c in columns}
         exprs = ", ".join(f"CAST({c.expr} AS {by_name[c.name].type}) AS {quote_ident(c.name)}"
-                          if c.expr else quote_ident(c.name) for c in columns if c.name in names)
+                          if c.expr else quote_ident(c.name)
+                          for c in session.info.columns if c.name in names)
         native = path + ".native"
-        self._target.engine.execute(
+        self.context.query(
             f"INSERT INTO FUNCTION file({quote_str(native)}, 'Native') SELECT {exprs} FROM "
-            f"file({quote_str(path)}, 'TSV', {quote_str(structure(read))})", job.file.uri)
+            f"file({quote_str(path)}, 'TSV', {quote_str(structure(read))})")
         os.remove(path)
-        spool = replace(spool, local_path=native, format=NATIVE, size=os.path.getsize(native))
-        return replace(job, file=spool)
+        return replace(spool, local_path=native, format=NATIVE, size=os.path.getsize(native))
+
+    def release(self, files: Iterable[SourceFile]) -> None:
+        """Remove the spools `fetch` made (listed units have none)."""
+        for f in files:
+            path = f.local_path or ""
+            if self.spools and path.startswith(self.spools + os.sep):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
 
     def close(self) -> None:
+        session, self.session = self.session, None
         try:
-            self.session.close()
+            if session is not None:
+                session.close()
         finally:
-            shutil.rmtree(self.spools, ignore_errors=True)
-            self._target.close()
+            if self.spools:
+                shutil.rmtree(self.spools, ignore_errors=True)
+
+    def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
+        raise UsageError(f"{file.uri}: a database range is read by `chload load` (fetched "
+                         "into a spool), not in place")
+
+    def table_function_many(self, files: Sequence[SourceFile], fmt: str,
+                            structure: str | None) -> tuple[str, str] | None:
+        return None
+
+    def loads_alone(self, file: SourceFile) -> bool:
+        return True  # a range is a commit of its own
+
+    def columns(self, files: Sequence[SourceFile]) -> builtins.list[Column] | None:
+        return [Column(c.name, c.type) for c in self._open().info.columns]
+
+    def sorting_key(self, files: Sequence[SourceFile]) -> str | None:
+        return ", ".join(quote_ident(k) for k in self._open().info.key) or None
+
+    def display(self, pattern: str) -> str:
+        return redact(pattern)
+
+    def current(self, file: SourceFile) -> SourceFile:
+        return file  # a range of one snapshot does not change
+
+    def still_there(self, file: SourceFile) -> bool | None:
+        return None
+
+    def reads_at_uri(self, file: SourceFile) -> bool:
+        return False
+
+    def known_empty(self, file: SourceFile) -> bool:
+        return False
 
 
-def _spool_parent(target: Any) -> str:
-    parent = os.path.join(getattr(target, "path", tempfile.gettempdir()), "tmp")
-    os.makedirs(parent, exist_ok=True)
-    return parent
-
-
-def table_columns(info: TableInfo) -> str:
-    """The mapped columns as a --schema string (how a created table gets them)."""
-    return ", ".join(f"{quote_ident(c.name)} {c.type}" for c in info.columns)
-
-
-# -- the hooks api.py calls -------------------------------------------------------------
-def open_sources(spec: Any, target: Any) -> tuple[Any, Any]:
-    """For a database source: connect, take the snapshot, map the columns; return the
-    spec with the mapped columns as its schema, the primary key as ORDER BY and the
-    source without its password, and the target wrapped to read ranges. Other sources:
-    both as they were."""
-    named = [s for s in spec.sources if is_database(s)]
-    if not named:
-        for flag, value in (("--query", spec.query), ("--incremental-by", spec.incremental_by)):
-            if value:
-                raise UsageError(f"{flag}: only for a postgresql:// or mysql:// source")
-        return spec, target
-    if len(spec.sources) > 1:
-        raise UsageError(f"{redact(named[0])}: a database source loads alone; name it as "
-                         "the only source")
-    url = parse_url(named[0], spec.query)
-    session = open_session(url, spec.query, spec.incremental_by,
-                           spec.workers or max(2, os.cpu_count() or 2))
-    try:
-        schema = spec.schema or table_columns(session.info)
-        if spec.schema:
-            _check_schema(url, session.info, spec.schema)
-        order_by = spec.order_by or (", ".join(quote_ident(k) for k in session.info.key)
-                                     or None)
-        spec = replace(spec, sources=(url.with_user,), schema=schema, order_by=order_by)
-        return spec, DatabaseTarget(target, session)
-    except BaseException:
-        session.close()
-        raise
-
-
-def _check_schema(url: DbUrl, info: TableInfo, schema: str) -> None:
-    from chload.schema import parse_structure
-
-    given = [c.name for c in parse_structure(schema)]
-    names = [c.name for c in info.columns]
-    if given != names:
-        raise UsageError(f"--schema: name every column of {url.display}, in its order: "
-                         f"{', '.join(names)}")
-
-
-def list_units(source: str, spec: Any, target: Any) -> list[SourceFile]:
-    """The units a run loads (after api.open_sources wrapped the target)."""
-    from chload import planner
-    from chload.ledger import COMMITTING
-
-    if not isinstance(target, DatabaseTarget):
-        raise UsageError(f"{redact(source)}: a database source loads through chload.load()")
-    table = planner.parse_table(spec.table, str(getattr(target, "database", "default")))
-    ledger = target.ledger
-    events = dict(ledger.loaded(table.display))
-    events.update((e.uri, e) for e in ledger.latest(table.display, [COMMITTING]))
-    own, _ = planner.own_history(ledger.table_state(table.database, table.name), events)
-    loaded = [(uri, e.identity) for uri, e in own.items()]
-    return plan_units(target.session, loaded, spec.workers or max(2, os.cpu_count() or 2),
-                      bool(spec.incremental_by), spec.force)
+def workers_of(context: SourceContext) -> int:
+    """Units that may load at once: --workers, else about the machine's cores."""
+    return context.workers or max(2, os.cpu_count() or 2)

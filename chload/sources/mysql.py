@@ -35,7 +35,17 @@ import threading
 from typing import IO, Any
 
 from chload.errors import ChloadError, SourceError, TransientError, UsageError
-from chload.sources.database import DbColumn, DbUrl, Range, TableInfo, cannot_carry, nullable
+from chload.sources import SourceContext
+from chload.sources.database import (
+    DatabaseSource,
+    DbColumn,
+    DbUrl,
+    Range,
+    TableInfo,
+    cannot_carry,
+    nullable,
+    workers_of,
+)
 
 _INTEGERS = {"tinyint": 8, "smallint": 16, "mediumint": 32, "int": 32, "integer": 32,
              "bigint": 64}
@@ -374,3 +384,17 @@ def _error(url: DbUrl, exc: object, password: str | None) -> ChloadError:
         text = text.replace(password, "***")
     transient = code in _TRANSIENT_CODES or "Can't connect" in text or "Lost connection" in text
     return (TransientError if transient else SourceError)(f"{url.with_user}: {text}")
+
+
+class MysqlSource(DatabaseSource):
+    """`mysql://` and `mariadb://` sources (database.py says how they load): one snapshot
+    reader per worker."""
+
+    kind = "mysql"
+    schemes: tuple[str, ...] = ("mysql", "mariadb")
+
+    def _session(self, url: DbUrl, context: SourceContext) -> MysqlSession:
+        return MysqlSession(url, context.select, context.incremental_by, workers_of(context))
+
+
+SOURCE = MysqlSource()

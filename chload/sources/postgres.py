@@ -27,7 +27,9 @@ import subprocess
 from typing import Any
 
 from chload.errors import ChloadError, SourceError, TransientError, UsageError
+from chload.sources import SourceContext
 from chload.sources.database import (
+    DatabaseSource,
     DbColumn,
     DbUrl,
     Range,
@@ -259,3 +261,16 @@ def _error(url: DbUrl, exc: object) -> ChloadError:
         text = text.replace(url.password, "***")
     kind = TransientError if any(t in text for t in _TRANSIENT) else SourceError
     return kind(f"{url.with_user}: {text}")
+
+
+class PostgresSource(DatabaseSource):
+    """`postgresql://` and `postgres://` sources (database.py says how they load)."""
+
+    kind = "postgres"
+    schemes: tuple[str, ...] = ("postgresql", "postgres")
+
+    def _session(self, url: DbUrl, context: SourceContext) -> PostgresSession:
+        return PostgresSession(url, context.select, context.incremental_by)
+
+
+SOURCE = PostgresSource()
