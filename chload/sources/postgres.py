@@ -68,10 +68,14 @@ class PostgresSession:
         self.url, self.query = url, query
         self.psql = _client()
         self.conn = self._connect()
-        self.info = self._describe(incremental_by)
-        self.conn.read_only = True
-        self.conn.isolation_level = _psycopg().IsolationLevel.REPEATABLE_READ
-        self.snapshot = str(self._one("SELECT pg_export_snapshot()")[0])
+        try:
+            self.info = self._describe(incremental_by)
+            self.conn.read_only = True
+            self.conn.isolation_level = _psycopg().IsolationLevel.REPEATABLE_READ
+            self.snapshot = str(self._one("SELECT pg_export_snapshot()")[0])
+        except BaseException:
+            self.close()  # a table refused (no such table, a type not carried)
+            raise
 
     # -- connecting ------------------------------------------------------------------
     def _connect(self) -> Any:

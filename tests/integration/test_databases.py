@@ -318,3 +318,17 @@ def test_into_the_18_16_server(source: Source, clickhouse: services.Service,
     source.add(table_name, 50_001, 51_000)
     more = _load(source, table_name, target, *given, "--incremental-by", "id", env=env)
     assert more["rows_loaded"] == 1000
+
+
+def test_validate_fetches_and_parses_the_ranges_writing_nothing(
+        postgres: services.Service, table_name: str, target_dir: str) -> None:
+    source = Source("postgresql", postgres)
+    source.orders(table_name, 1, 1000)
+    done = run_chload("validate", source.url(table_name), "--table", table_name,
+                      "--target", target_dir, "--json", env=source.env)
+    assert done.returncode == 0, done.stderr
+    checks = json.loads(done.stdout)
+    assert sum(c["rows"] for c in checks) == 1000
+    assert not any(c["errors"] or c["failure"] for c in checks)
+    assert not os.path.exists(target_dir)  # a scratch engine, removed after
+    _no_password(done.stdout + done.stderr)
