@@ -19,12 +19,12 @@ from typing import Any
 
 from chload import options, planner, runner
 from chload.errors import TerminalError, UsageError
-from chload.ledger import FAILED, FileEvent, RunRecord
+from chload.ledger import COMMITTING, FAILED, FileEvent, RunRecord
 from chload.monitor import Monitor
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
 from chload.schema import quote_str, settings_sql
-from chload.sources import SourceContext, SourceFile, kafka, kind_of, release, source_for
+from chload.sources import RunSources, SourceContext, SourceFile, display, kafka, kind_of
 from chload.targets import LoadJob, Target, TargetSpec, open_target
 from chload.validation import FileCheck as FileCheck
 from chload.validation import validate as validate
@@ -54,6 +54,8 @@ class LoadSpec:
     follow: bool = False  # kafka://: keep loading until SIGINT/SIGTERM
     batch_rows: int | None = None  # kafka://: messages per unit at most (default 500,000)
     batch_seconds: float | None = None  # kafka:// --follow: a unit at least this often
+    query: str | None = None  # a database source: load this query's rows (one unit)
+    incremental_by: str | None = None  # a database source: load rows above the ledger's mark
 
     def __post_init__(self) -> None:
         for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
@@ -87,6 +89,7 @@ _SPEC_TYPES = {
     "max_errors": options.optional_whole, "max_error_ratio": options.optional_ratio,
     "kafka_options": options.settings, "follow": options.flag,
     "batch_rows": options.optional_whole, "batch_seconds": options.optional_seconds,
+    "query": options.optional_text, "incremental_by": options.optional_text,
 }
 Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 TargetName = str | os.PathLike[str] | None
@@ -166,12 +169,13 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
     if kafka.is_kafka(spec.sources):  # a stream: units planned and read round by round
         return _load_stream(spec, target, listener or (lambda event: None))
     context = _source_context(spec, target)
-    listed = _list_sources(spec, context)
+    sources = RunSources(context)
     try:
+        listed = _list_sources(spec, sources)
         with _engine_credentials(context):
-            return _load(spec, target, listed, listener or (lambda event: None))
+            return _load(spec, target, sources, listed, listener or (lambda event: None))
     finally:
-        release(listed)
+        sources.close()  # what listing made, and what a source kept for the run
 
 
 # A file whose header (or JSON keys) names a column the table lacks fails, as the
@@ -205,23 +209,28 @@ def _load_stream(spec: LoadSpec, target: Target, listener: Listener) -> LoadRepo
     options = kafka.Options(spec.batch_rows or kafka.BATCH_ROWS,
                             spec.batch_seconds or kafka.BATCH_SECONDS, spec.follow,
                             spec.kafka_options)
-    kafka.load(spec, target, listener, lambda units: _load(
-        spec, target, units, listener, run_id=report.run_id, record=False),
-        table, report, options)
+    sources = RunSources(_source_context(spec, target))  # the spooled units are local files
+    try:
+        kafka.load(spec, target, listener, lambda units: _load(
+            spec, target, sources, units, listener, run_id=report.run_id, record=False),
+            table, report, options)
+    finally:
+        sources.close()
     report.seconds = time.monotonic() - clock
     _finish(target, _run_record(spec, report, started_ns))
     return report
 
 
-def _load(spec: LoadSpec, target: Target, listed: list[SourceFile],
+def _load(spec: LoadSpec, target: Target, sources: RunSources, listed: list[SourceFile],
           listener: Listener, run_id: str = "", record: bool = True) -> LoadReport:
     started_ns, clock = time.time_ns(), time.monotonic()
     table = planner.parse_table(spec.table, _default_database(target))
     _check_settings(target, spec.settings)
     report = LoadReport(table.display, target.display, run_id or os.urandom(6).hex())
     existing = target.table_columns(table.sql)
+    described = sources.columns(listed)  # a source that knows its columns: no inference
     files = planner.resolve_format(target, listed, planner.known_names(existing, spec.schema),
-                                   forced=spec.format is not None)
+                                   forced=spec.format is not None or described is not None)
     report.recovered = target.recover(table.sql)
     state = target.ledger.table_state(table.database, table.name)
     loaded, report.table_reset = planner.own_history(state,
@@ -232,8 +241,9 @@ def _load(spec: LoadSpec, target: Target, listed: list[SourceFile],
     if plan.to_load:
         columns, read_columns, created = planner.prepare_table(
             target, table, plan.to_load, existing=existing, schema=spec.schema,
-            order_by=spec.order_by, partition_by=spec.partition_by, audit=spec.audit,
-            budget=spec.budget,
+            order_by=spec.order_by or sources.sorting_key(plan.to_load),
+            partition_by=spec.partition_by, audit=spec.audit, budget=spec.budget,
+            described=described,
         )
         if not state.exists:
             state = target.ledger.table_state(table.database, table.name)
@@ -250,7 +260,7 @@ def _load(spec: LoadSpec, target: Target, listed: list[SourceFile],
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load)))
     workers = spec.workers or target.default_workers(plan.to_load)
-    groups = _groups(target, plan.to_load, spec.budget, workers)
+    groups = _groups(target, sources, plan.to_load, spec.budget, workers)
     threads = _threads_per_file(workers, len(groups))
     jobs = [LoadJob(file=group[0], table=table.sql, table_display=table.display,
                     columns=plan.columns, read_columns=plan.read_columns, audit=spec.audit,
@@ -260,7 +270,8 @@ def _load(spec: LoadSpec, target: Target, listed: list[SourceFile],
     in_flight = target.open_streams(workers)
     monitor = Monitor(target.workdir).start()
     results = runner.run(target, jobs, in_flight, listener,
-                         abort_on_error=spec.on_error == "abort", changed=plan.changed)
+                         abort_on_error=spec.on_error == "abort", changed=plan.changed,
+                         sources=sources)
     report.saturation = monitor.stop().to_dict() if jobs else {}
     results += refused + [FileResult(f.uri, "skipped") for f in plan.skipped]
     results += [FileResult(uri, "failed", error=why, changed=True)
@@ -326,10 +337,13 @@ def _default_database(target: Target) -> str:
     return target.database
 
 
-def _groups(target: Target, files: Sequence[SourceFile], budget: ErrorBudget,
-            workers: int) -> list[tuple[SourceFile, ...]]:
-    """Files grouped into batches where the target can load several as one."""
-    return target.plan_batches(files, budget, workers)
+def _groups(target: Target, sources: RunSources, files: Sequence[SourceFile],
+            budget: ErrorBudget, workers: int) -> list[tuple[SourceFile, ...]]:
+    """Files grouped into batches where the target can load several as one; a unit its
+    source commits alone (Source.loads_alone: a database range) in a group of its own."""
+    alone = [f for f in files if sources.loads_alone(f)]
+    rest = [f for f in files if not sources.loads_alone(f)] if alone else files
+    return [(f,) for f in alone] + (target.plan_batches(rest, budget, workers) if rest else [])
 
 
 def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
@@ -344,7 +358,22 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
         s3 = aws.resolve(os.environ, spec.s3_endpoint)
     return SourceContext(format=spec.format, compression=spec.compression,
                          workdir=os.path.join(target.workdir, "tmp"),
-                         s3=s3, query=target.infer_rows)
+                         s3=s3, query=target.infer_rows, patterns=spec.sources,
+                         select=spec.query, incremental_by=spec.incremental_by,
+                         force=spec.force, workers=spec.workers,
+                         committed=lambda: _committed(spec, target))
+
+
+def _committed(spec: LoadSpec, target: Target) -> dict[str, str]:
+    """uri -> identity of the units the ledger has committed into the spec's table as it
+    is now (own_history), `committing` ones included: recovery, before any load, settles
+    each of them loaded (the mark rule)."""
+    table = planner.parse_table(spec.table, _default_database(target))
+    events = dict(target.ledger.loaded(table.display))
+    events.update((e.uri, e) for e in target.ledger.latest(table.display, [COMMITTING]))
+    own, _ = planner.own_history(target.ledger.table_state(table.database, table.name),
+                                 events)
+    return {uri: e.identity for uri, e in own.items()}
 
 
 def _engine_credentials(context: SourceContext) -> contextlib.AbstractContextManager[None]:
@@ -356,24 +385,30 @@ def _engine_credentials(context: SourceContext) -> contextlib.AbstractContextMan
     return aws.hand_to_engine(context.s3.credentials, os.environ)
 
 
-def _list_sources(spec: LoadSpec, context: SourceContext) -> list[SourceFile]:
+# LoadSpec fields only some kinds of source read (Source.options): flag, who reads it.
+_SOURCE_OPTIONS = {"query": ("--query", "a postgresql:// or mysql:// source"),
+                   "incremental_by": ("--incremental-by", "a postgresql:// or mysql:// source")}
+
+
+def _list_sources(spec: LoadSpec, sources: RunSources) -> list[SourceFile]:
     """Every file the sources name, each once (by uri), in the order named; all of
     them listed before anything loads, so a pattern that matches nothing stops the run.
-    Each source is listed by the kind of source its scheme names (sources.source_for).
-    What listing made (stdin's spool, links) is the caller's to `release()`."""
+    Each source is listed by this run's object for its kind (RunSources), which
+    releases what listing made (stdin's spool, links) when the caller closes it."""
     if spec.sources.count("-") > 1:
         raise UsageError("-: standard input can be read once; name - once")
+    for pattern in spec.sources:
+        sources.of(pattern)  # unknown schemes, before anything is listed
+    for name, (flag, who) in _SOURCE_OPTIONS.items():
+        if getattr(spec, name) is not None and name not in sources.options():
+            raise UsageError(f"{flag}: only for {who}; no source of this load reads it")
     files: dict[str, SourceFile] = {}
-    try:
-        for pattern in spec.sources:
-            for f in source_for(pattern).list(pattern, context):
-                if f.uri in files:
-                    release([f])  # another spelling of a file named already
-                else:
-                    files[f.uri] = f
-    except BaseException:
-        release(files.values())
-        raise
+    for pattern in spec.sources:
+        for f in sources.list(pattern):
+            if f.uri in files:
+                sources.release([f])  # another spelling of a file named already
+            else:
+                files[f.uri] = f
     return list(files.values())
 
 
@@ -395,7 +430,8 @@ def _summarize(report: LoadReport, results: list[FileResult], plan: planner.Plan
 def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int) -> RunRecord:
     status = "ok" if report.ok else "failed" if not report.files_loaded else "partial"
     return RunRecord(
-        report.run_id, report.table, " ".join(spec.sources), started_ns, time.time_ns(),
+        report.run_id, report.table, " ".join(display(s) for s in spec.sources), started_ns,
+        time.time_ns(),
         report.files_total, report.files_loaded, report.files_skipped, report.files_failed,
         report.rows_loaded, report.rows_rejected, report.bytes_read, report.seconds, status,
         socket.gethostname(),

@@ -132,6 +132,10 @@ def _load_parser(commands: Any) -> None:
                    help="kafka://: messages per commit at most (default 500000)")
     p.add_argument("--batch-seconds", type=float, metavar="S",
                    help="kafka:// --follow: commit at least this often (default 5)")
+    p.add_argument("--query", help="a postgresql:// or mysql:// source: load the rows of "
+                   "this SELECT (the URL names the database)")
+    p.add_argument("--incremental-by", metavar="COLUMN", help="a database source: load the "
+                   "rows whose COLUMN (one that only grows) is above what was loaded")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
     p.set_defaults(func=_load)
 
@@ -157,7 +161,8 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
 # Flags only `load` has (its parser adds them), with what a LoadSpec takes when absent.
 _LOAD_ONLY: dict[str, Any] = {"order_by": None, "partition_by": None, "audit": False,
                                "workers": None, "force": False, "on_error": "continue",
-                               "follow": False, "batch_rows": None, "batch_seconds": None}
+                               "follow": False, "batch_rows": None, "batch_seconds": None,
+                               "query": None, "incremental_by": None}
 
 
 def _spec(args: argparse.Namespace) -> Any:

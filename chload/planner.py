@@ -238,18 +238,22 @@ def prepare_table(
     target: Target, table: TableName, files: Sequence[SourceFile], *,
     existing: list[Column] | None, schema: str | None, order_by: str | None,
     partition_by: str | None, audit: bool, create: bool = True,
-    budget: ErrorBudget | None = None,
+    budget: ErrorBudget | None = None, described: list[Column] | None = None,
 ) -> tuple[list[Column], list[Column], bool]:
     """Create the table if needed; return (table columns, read columns, created).
     `existing`: the table's columns (target.table_columns), None if it does not exist.
+    `described`: the data's columns as its source says them (Source.columns: a
+    database table's), read as given like --schema's; None: inferred by the engine.
 
     With `create=False` (validation) a missing table is not created: the data's own
     columns are used. With an error `budget`, inference keeps a text column of
     numbers-but-a-few numeric (schema.numeric_type).
     """
     tolerate = budget.allows if budget and budget.allows_errors else None
-    data = (parse_structure(schema) if schema
-            else _data_columns(target, files, existing, tolerate))
+    given = parse_structure(schema) if schema else described
+    if schema and described is not None:
+        _same_names(files, described, given or [])
+    data = given if given is not None else _data_columns(target, files, existing, tolerate)
     created = False
     if existing is None and not create:
         return data, data, False
@@ -260,7 +264,18 @@ def prepare_table(
         existing = target.table_columns(table.sql) or columns
         created = True
     matched = match_columns(table.display, existing, data, audit)
-    return matched, (data if schema else matched), created
+    return matched, (data if given is not None else matched), created
+
+
+def _same_names(files: Sequence[SourceFile], described: list[Column],
+                schema: list[Column]) -> None:
+    """--schema over a source that says its columns may change their types, not which
+    columns the data has (its rows come as the source has them)."""
+    names = [c.name for c in described]
+    if [c.name for c in schema] != names:
+        source = f" ({files[0].uri})" if files else ""
+        raise UsageError(f"--schema: name every column of the source{source}, in its "
+                         f"order: {', '.join(names)}")
 
 
 def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Column] | None,

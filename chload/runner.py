@@ -4,18 +4,22 @@ The runner knows nothing of ClickHouse: it calls `target.load_file` per file on 
 thread pool (chDB sessions and HTTP connections are thread-safe), retries transient
 errors under a `RetryPolicy` (retry.py: exponential backoff and jitter), and emits
 progress events for whoever listens (the CLI's progress bar; nothing here prints).
+Right before a unit loads it is fetched (Source.fetch: a database range spooled; a
+file as it is), once, and what the fetch made is released right after.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from chload.errors import ChloadError
 from chload.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
+from chload.sources import RunSources
 from chload.targets import Loaded, LoadJob, Target
 
 
@@ -83,10 +87,23 @@ class _Progress:
 
 def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listener,
         *, abort_on_error: bool = False, policy: RetryPolicy = DEFAULT_POLICY,
-        changed: set[str] | None = None) -> list[FileResult]:
-    """Load every job; a failed file fails alone unless `abort_on_error`."""
+        changed: set[str] | None = None, sources: RunSources | None = None,
+        ) -> list[FileResult]:
+    """Load every job; a failed file fails alone unless `abort_on_error`. `sources`:
+    the run's, which fetch each unit before its load (None: every file is loaded as
+    listed)."""
     stop = threading.Event()
     changed = changed or set()
+
+    @contextlib.contextmanager
+    def fetched(job: LoadJob) -> Iterator[LoadJob]:
+        """The job with its units readable by the engine (a failed fetch fails them)."""
+        if sources is None:
+            yield job
+            return
+        with sources.fetched(job.files, job.read_columns,
+                             lambda fetch: call_with_retries(fetch, policy)) as files:
+            yield replace(job, file=files[0], batch=files if job.batch else ())
 
     def one(job: LoadJob) -> FileResult:
         if stop.is_set():
@@ -95,8 +112,10 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         started = time.monotonic()
         progress = _Progress(listener, job.file.uri)
         try:
-            done = _as_loaded(call_with_retries(
-                lambda: progress.attempt(lambda: target.load_file(job, progress)), policy))
+            with fetched(job) as ready:
+                done = _as_loaded(call_with_retries(
+                    lambda: progress.attempt(lambda: target.load_file(ready, progress)),
+                    policy))
         except ChloadError as exc:
             if abort_on_error:
                 stop.set()
@@ -120,8 +139,10 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         started = time.monotonic()
         progress = _Progress(listener, job.file.uri)
         try:
-            loaded: list[Loaded] = call_with_retries(
-                lambda: progress.attempt(lambda: target.load_batch(job, progress)), policy)
+            with fetched(job) as ready:
+                loaded: list[Loaded] = call_with_retries(
+                    lambda: progress.attempt(lambda: target.load_batch(ready, progress)),
+                    policy)
         except ChloadError:
             return [one(replace(job, file=f, batch=())) for f in job.files]
         seconds = (time.monotonic() - started) / len(job.files)

@@ -20,7 +20,7 @@ from chload import options, planner
 from chload.errors import ChloadError, UsageError
 from chload.rejects import ErrorBudget
 from chload.schema import Column, settings_sql
-from chload.sources import SourceFile, release
+from chload.sources import RunSources, SourceFile
 from chload.targets import Target, TargetSpec, open_target
 
 if TYPE_CHECKING:
@@ -80,33 +80,47 @@ def validate(sources: Sources | LoadSpec, table: str | None = None, *,
     else:
         spec = _spec("validate", sources, table, given)
     with _validating(spec.target) as t:
-        listed: list[SourceFile] = []
+        name = planner.parse_table(spec.table, _default_database(t))
+        existing = t.table_columns(name.sql)
+        context = _source_context(spec, t)
+        run_sources = RunSources(context)
         try:
-            name = planner.parse_table(spec.table, _default_database(t))
-            existing = t.table_columns(name.sql)
-            context = _source_context(spec, t)
-            listed = _list_sources(spec, context)
+            listed = _list_sources(spec, run_sources)
             with _engine_credentials(context):
-                return _check_files(t, spec, name, existing, listed)
+                return _check_files(t, spec, name, existing, run_sources, listed)
         finally:
-            release(listed)
+            run_sources.close()
 
 
 def _check_files(t: Target, spec: LoadSpec, name: planner.TableName,
-                 existing: list[Column] | None, listed: list[SourceFile]) -> list[FileCheck]:
-    """validate()'s checks of the listed files, as a load would read them."""
+                 existing: list[Column] | None, sources: RunSources,
+                 listed: list[SourceFile]) -> list[FileCheck]:
+    """validate()'s checks of the listed files, as a load would read them (each fetched
+    first, as the runner does: Source.fetch)."""
+    described = sources.columns(listed)
     files = planner.resolve_format(t, listed, planner.known_names(existing, spec.schema),
-                                   forced=spec.format is not None)
+                                   forced=spec.format is not None or described is not None)
     columns, read_columns, _ = planner.prepare_table(
         t, name, files, existing=existing, schema=spec.schema, order_by=None,
-        partition_by=None, audit=False, create=False, budget=spec.budget)
+        partition_by=None, audit=False, create=False, budget=spec.budget,
+        described=described)
     checked = planner.check_headers(t, name, files, existing or columns, read_columns,
                                     audit=False)
     refused = {f.uri: why for f, why in checked.refused}
     return [FileCheck(f.uri, failure=refused[f.uri], within_budget=False)
             if f.uri in refused
-            else _check(t, f, read_columns, spec.budget, checked.settings)
+            else _fetch_and_check(t, sources, f, read_columns, spec.budget, checked.settings)
             for f in files]
+
+
+def _fetch_and_check(t: Target, sources: RunSources, f: SourceFile,
+                     columns: Sequence[Column], budget: ErrorBudget,
+                     extra: Sequence[tuple[str, str]]) -> FileCheck:
+    try:
+        with sources.fetched((f,), columns) as (ready,):
+            return _check(t, ready, columns, budget, extra)
+    except ChloadError as exc:
+        return FileCheck(f.uri, failure=str(exc), within_budget=False)
 
 
 @contextlib.contextmanager

@@ -68,6 +68,27 @@ def kafka(services_dir: Path) -> Iterator[services.Service]:
     broker.stop()
 
 
+DATABASE_PASSWORD = "pw-Db-7f3kq9Zx"  # the tests look for it everywhere: it must not appear
+
+
+@pytest.fixture(scope="session")
+def postgres(services_dir: Path) -> Iterator[services.Service]:
+    """A real PostgreSQL 15 on 127.0.0.1: role loader (DATABASE_PASSWORD) owns db shop."""
+    _require("postgres")
+    server = services.start_postgres(services_dir, password=DATABASE_PASSWORD)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def mariadb(services_dir: Path) -> Iterator[services.Service]:
+    """A real MariaDB 10.11 on 127.0.0.1: user loader (DATABASE_PASSWORD), db shop."""
+    _require("mariadb")
+    server = services.start_mariadb(services_dir, password=DATABASE_PASSWORD)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def table_name() -> str:
     """A table name of its own for each test."""

@@ -106,7 +106,7 @@ class HdfsSource(RemoteSource):
     """hdfs://namenode:port/path: listed and read by the engine's hdfs()."""
 
     kind = "hdfs"
-    schemes = ("hdfs",)
+    schemes: tuple[str, ...] = ("hdfs",)
 
     def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
         if context.query is None:

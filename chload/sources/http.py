@@ -127,7 +127,7 @@ class HttpSource(RemoteSource):
     """http(s):// URLs, named (HTTP cannot list), read by the engine's url()."""
 
     kind = "http"
-    schemes = ("http", "https")
+    schemes: tuple[str, ...] = ("http", "https")
 
     def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
         return list_http(pattern, context.format, context.compression)

@@ -36,7 +36,7 @@ from chload.engine import LOCK_NAME
 from chload.errors import SourceError, UsageError
 from chload.formats import detect
 from chload.schema import quote_str
-from chload.sources import SourceContext, SourceFile, expand_braces
+from chload.sources import InPlace, SourceContext, SourceFile, expand_braces
 from chload.sources.remote import brace_list
 
 _PATTERN_CHARS = set("*?[{")
@@ -301,13 +301,13 @@ def table_function_many(files: Sequence[SourceFile], fmt: str,
     return table_function(one, fmt, structure), f"concat({quote_str(directory)}, _file)"
 
 
-class LocalSource:
+class LocalSource(InPlace):
     """Paths, directories, globs and `file://` on this machine, and `-` (standard input,
     spooled): read by the engine's file(). The one kind whose identity can be taken
     again at the read (a stat) and whose presence is known without reading."""
 
     kind = "local"
-    schemes = ("file",)
+    schemes: tuple[str, ...] = ("file",)
 
     def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
         if pattern == "-":

@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 
-from chload.sources import SourceFile
+from chload.sources import InPlace, SourceFile
 
 _NOT_IN_A_LIST = re.compile(r"[,{}*?\[\]'\\]")  # would change the meaning of the list
 _GLOB = re.compile(r"[*?{}]")  # the engine would expand it in the common prefix too
@@ -38,7 +38,7 @@ def brace_list(files: Sequence[SourceFile]) -> str | None:
     return prefix + "{" + ",".join(rests) + "}"
 
 
-class RemoteSource:
+class RemoteSource(InPlace):
     """The `Source` answers every remote kind shares (a subclass lists and reads):
     listing makes nothing to release; an object keeps its listed identity (identity.py
     says why); only a read tells whether it is still there; a size of 0 may just be

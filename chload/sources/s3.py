@@ -312,7 +312,7 @@ class S3Source(RemoteSource):
     """s3://bucket/prefix/pattern: listed here (ListObjectsV2), read by the engine's s3()."""
 
     kind = "s3"
-    schemes = ("s3",)
+    schemes: tuple[str, ...] = ("s3",)
 
     def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
         if context.s3 is None:

@@ -22,6 +22,8 @@ from chload.formats import FileFormat
 from chload.schema import Column
 from chload.sources import (
     SCHEMES,
+    InPlace,
+    RunSources,
     SourceContext,
     SourceFile,
     identity,
@@ -37,7 +39,7 @@ from chload.targets.vanished import VanishedFile, check_present, explain_gone
 CSV = FileFormat("CSV", "none")
 
 
-class FakeSource:
+class FakeSource(InPlace):
     """A kind of source the package has never heard of: `fake://unit/a,b,c`."""
 
     kind = "fake"
@@ -90,17 +92,21 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeSource:
 def test_a_new_scheme_is_one_module_and_one_registry_line(fake: FakeSource) -> None:
     context = SourceContext(format="CSV")
     spec = LoadSpec(sources=("fake://unit/a,b", "fake://unit/b,empty"), table="t")
-    files = _list_sources(spec, context)
+    run = RunSources(context)
+    files = _list_sources(spec, run)
     assert [f.uri for f in files] == ["fake://unit/a", "fake://unit/b", "fake://unit/empty"]
     assert fake.contexts == [context, context]
     assert fake.released == ["fake://unit/b"]  # the second spelling of b, released at once
+    assert run.columns(files) is None and not run.loads_alone(files[0])
     assert source_for("fake://x/y") is fake and source_for(files[0]) is fake
     assert table_function(files[0], "CSV", None) == "fake('fake://unit/a', 'CSV')"
     assert table_function_many(files, "CSV", None) == ("fake(3 files)", "_fake_uri")
     assert planner.samples(files) == files[:2]  # the source says which are empty
     assert identity.current(files[0]).identity == "7:2"
-    release_files(files)
+    run.close()  # the run is over: what listing made is released
     assert fake.released[1:] == [f.uri for f in files]
+    release_files(files)
+    assert fake.released[4:] == [f.uri for f in files]
 
 
 def test_presence_and_the_audit_path_are_the_sources_answers(fake: FakeSource) -> None:

@@ -1,0 +1,430 @@
+"""Database tables as sources: ranges of one snapshot, each a unit loaded exactly once.
+
+    chload load postgresql://loader@db:5432/shop/public.orders --table orders
+    chload load mysql://loader@db:3306/shop/orders --table orders --incremental-by id
+
+What a unit is. A table is cut along an *axis*: its single-column integer primary key
+(a full copy), or the `--incremental-by` column. A unit is the rows whose axis value is
+in `(lo, hi]` (`lo` empty: from the beginning), its ledger uri
+`postgresql://db:5432/shop/public.orders#id(100,200]` (never a password), its identity
+the snapshot it was read from. A table without such a key, and a `--query`, is one
+unit (`#all`, or `#query-<hash>`).
+
+Why ranges of a key, and why this rerun rule gives exactly once. Each unit's rows and
+its ledger entry are committed together (targets/commit.py, as for files). A rerun
+lists the *complement* of the committed ranges within `(-inf, upper]`: no key value is
+in two committed ranges, none is left out. `upper` is the snapshot's max of the axis
+for `--incremental-by` (so a rerun loads the rows added since: the high-water mark is
+just the committed ranges, and it moves only with a commit), and, for a full copy, the
+max recorded by the copy that started it (in each unit's identity), so a finished
+copy loads nothing on a rerun (`--force` copies again). A copy cut by a crash and
+finished by a rerun is consistent per range, not as a whole: the ranges the rerun
+loads come from its own snapshot.
+
+What the reading does not see: with `--incremental-by`, rows updated or inserted with an
+axis value at or below the mark, rows whose axis is NULL, and deletes.
+
+How it plugs in: `DatabaseSource` is the `Source` (chload/sources/__init__.py). Each run
+gets its own object (`open`); its `list` takes the snapshot and lists the ranges; the
+source says the table's columns and primary key (`columns`, `sorting_key`: nothing is
+inferred), that a range is committed alone (`loads_alone`), and the URL without its
+password (`display`); `close` ends the snapshot when the run is over.
+
+How bytes move (no row through Python): right before a range loads, the runner asks
+`fetch`: the database's own client streams the range as tab-separated text (`psql`
+COPY ... TO STDOUT; the `mariadb`/`mysql` client, the line formatted by the server)
+into a spool file, which the target loads as any local file (the embedded engine
+reads it, an 18.16 server is posted the bytes and parses them). Columns the engine must
+convert (PostgreSQL bytea and arrays) are rewritten to Native by the engine that reads
+the data (`SourceContext.query`) first. The spool is removed (`release`) after its
+range is committed or failed.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
+
+from chload.errors import SchemaError, SourceError, UsageError
+from chload.formats import FileFormat
+from chload.schema import Column, quote_ident, quote_str, structure
+from chload.sources import Source, SourceContext, SourceFile
+
+URL_KINDS = {"postgresql": "postgresql", "postgres": "postgresql", "mysql": "mysql",
+             "mariadb": "mysql"}  # a URL's scheme -> DbUrl.kind
+DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
+RANGE_ROWS = 250_000  # rows a range holds, about: a crash redoes at most this many
+TSV = FileFormat("TSV", "none")
+NATIVE = FileFormat("Native", "none")
+
+
+# -- the URL ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class DbUrl:
+    """`postgresql://user[:password]@host:port/db[/schema.table]`; the password is never
+    in `display`, `repr` or a message."""
+
+    kind: str  # postgresql | mysql
+    user: str
+    host: str
+    port: int
+    database: str
+    schema: str  # PostgreSQL: public by default; MySQL: the database
+    table: str  # '' for a --query source
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def display(self) -> str:
+        where = f"{self.kind}://{self.host}:{self.port}/{self.database}"
+        if not self.table:
+            return where
+        return f"{where}/{self.table}" if self.kind == "mysql" else (
+            f"{where}/{self.schema}.{self.table}")
+
+    @property
+    def with_user(self) -> str:
+        return self.display.replace("://", f"://{self.user}@", 1)
+
+
+def redact(url: str) -> str:
+    """`scheme://user:password@host/...` without the password."""
+    head, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        netloc = netloc.rsplit("@", 1)[0].split(":", 1)[0] + "@" + netloc.rsplit("@", 1)[1]
+    return head + sep + netloc + slash + path
+
+
+def parse_url(url: str, query: str | None) -> DbUrl:
+    kind = URL_KINDS[url.split("://", 1)[0].lower()]
+    parts = urlsplit(url)
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    shown = redact(url)
+    try:
+        port = parts.port or DEFAULT_PORTS[kind]
+    except ValueError:
+        raise UsageError(f"{shown}: the port is not a number") from None
+    if not path or len(path) > 2 or not parts.hostname:
+        raise UsageError(f"{shown}: write {kind}://user@host:port/database/"
+                         f"{'schema.' if kind == 'postgresql' else ''}table (or the "
+                         "database alone with --query)")
+    database, table = path[0], path[1] if len(path) == 2 else ""
+    if bool(table) == bool(query):
+        raise UsageError(f"{shown}: name a table in the URL or pass --query, not both "
+                         "and not neither")
+    schema, _, name = table.rpartition(".")
+    schema = schema or ("public" if kind == "postgresql" else database)
+    user = unquote(parts.username or "") or os.environ.get(
+        "PGUSER" if kind == "postgresql" else "USER", "")
+    password = unquote(parts.password) if parts.password is not None else None
+    return DbUrl(kind, user, parts.hostname, port, database, schema, name, password)
+
+
+# -- columns ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class DbColumn:
+    """One source column: its ClickHouse type, what the source's client prints for it
+    (`select`, in the source's SQL), how the spool is read (`read_type`) and, where the
+    engine must convert, the ClickHouse expression over the read column (`expr`)."""
+
+    name: str
+    type: str  # the ClickHouse column type
+    select: str
+    read_type: str = ""
+    expr: str = ""
+
+    @property
+    def spool_type(self) -> str:
+        return self.read_type or self.type
+
+
+@dataclass(slots=True)
+class TableInfo:
+    columns: list[DbColumn]
+    key: list[str]  # primary key columns (ORDER BY of a created table)
+    axis: str = ""  # the column ranges are cut along ('' : one unit)
+    axis_integer: bool = True
+
+
+def nullable(typ: str, nulls: bool) -> str:
+    """Nullable only where the source column is (arrays cannot be, in ClickHouse)."""
+    return f"Nullable({typ})" if nulls and not typ.startswith("Array(") else typ
+
+
+def cannot_carry(url: DbUrl, column: str, source_type: str, hint: str = "String") -> SchemaError:
+    return SchemaError(f"{url.display}: column {column} has type {source_type}, which chload "
+                       f"cannot carry unchanged; pass --schema with that column as a type "
+                       f"you choose, e.g. --schema '... {column} {hint} ...'")
+
+
+# -- ranges ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Range:
+    """Axis values in (lo, hi]; lo None: from the beginning; hi None: no end."""
+
+    lo: str | None
+    hi: str | None
+
+    def label(self, axis: str) -> str:
+        return f"{axis}({self.lo or ''},{self.hi or ''}]"
+
+
+_RANGE = re.compile(r"#(?P<axis>[^#(]+)\((?P<lo>[^,]*),(?P<hi>[^\]]*)\]$")
+
+
+def parse_range(uri: str, prefix: str) -> tuple[str, Range] | None:
+    if not uri.startswith(prefix + "#"):
+        return None
+    found = _RANGE.search(uri[len(prefix):])
+    if not found:
+        return None
+    return found["axis"], Range(found["lo"] or None, found["hi"] or None)
+
+
+def missing_ranges(done: Sequence[Range], upper: str, key: Callable[[str], Any]) -> list[Range]:
+    """The parts of (-inf, upper] that no range of `done` covers, in order."""
+    def at(value: str | None, infinite: tuple) -> tuple:
+        return infinite if value is None else (1, key(value))
+
+    top = at(upper, (2,))
+    gaps: list[Range] = []
+    cursor, covered = (0,), None  # (-inf, cursor] is covered (nothing yet)
+    for lo, hi, r in sorted((at(r.lo, (0,)), at(r.hi, (2,)), r) for r in done):
+        if cursor >= top:
+            break
+        if lo > cursor:
+            gaps.append(Range(covered, r.lo if lo < top else upper))
+        if hi > cursor:
+            cursor, covered = hi, r.hi
+    if cursor < top:
+        gaps.append(Range(covered, upper))
+    return gaps
+
+
+def split_range(r: Range, low: int, step: int) -> list[Range]:
+    """An integer range in pieces of about `step` values; `low`: the data's min - 1,
+    where the range has no lower end (the piece keeps none)."""
+    assert r.hi is not None
+    start, end = int(r.lo) if r.lo is not None else low, int(r.hi)
+    pieces: list[Range] = []
+    lo: str | None = r.lo
+    cut = start
+    while end - cut > step * 3 // 2:
+        cut += step
+        pieces.append(Range(lo, str(cut)))
+        lo = str(cut)
+    pieces.append(Range(lo, r.hi))
+    return pieces
+
+
+# -- a source session ----------------------------------------------------------------
+class Session(Protocol):
+    """One database read: a snapshot, the table's columns, ranges read into spools."""
+
+    url: DbUrl
+    info: TableInfo
+    snapshot: str  # names the snapshot (ledger identity)
+
+    def bounds(self, axis: str) -> tuple[str | None, str | None, int]:
+        """(min, max, estimated rows) of the axis in the snapshot."""
+        ...
+
+    def read(self, where: str, path: str) -> None:
+        """Write the rows matching `where` (source SQL) as TSV to `path`."""
+        ...
+
+    def predicate(self, axis: str, r: Range) -> str: ...
+
+    def close(self) -> None: ...
+
+
+def plan_units(session: Session, kind: str, loaded: Sequence[tuple[str, str]],
+               spec_workers: int, incremental: bool, force: bool) -> list[SourceFile]:
+    """The units still to load: the complement of the committed ranges (`loaded`:
+    (uri, identity) of every unit committed into the table from this source)."""
+    url, info = session.url, session.info
+    prefix = url.display if url.table else f"{url.display}#query"
+    if not info.axis:
+        uri = f"{prefix}#all" if url.table else f"{prefix}-{_digest(session)}"
+        if not force and any(u == uri for u, _ in loaded):
+            return []
+        return [_unit(kind, uri, session.snapshot, "TRUE")]
+    low, high, rows = session.bounds(info.axis)
+    if high is None:
+        return []
+    key: Callable[[str], Any] = int if info.axis_integer else str
+    done = [] if force else [r for u, _ in loaded
+                             if (found := parse_range(u, prefix)) and found[0] == info.axis
+                             for r in [found[1]]]
+    upper = high
+    if not incremental and done:
+        planned = [m for _, ident in loaded if (m := _planned_upper(ident))]
+        upper = max(planned, key=key) if planned else high
+    gaps = missing_ranges(done, upper, key)
+    if info.axis_integer and low is not None:
+        width = int(high) - int(low) + 1
+        step = max(1, width // max(spec_workers * 2, -(-rows // RANGE_ROWS), 1))
+        gaps = [p for g in gaps for p in split_range(g, int(low) - 1, step)]
+    identity = f"upto {upper}; snapshot {session.snapshot}"
+    return [_unit(kind, f"{prefix}#{g.label(info.axis)}", identity,
+                  session.predicate(info.axis, g)) for g in gaps]
+
+
+def _digest(session: Session) -> str:
+    text = getattr(session, "query", "") or ""
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _planned_upper(identity: str) -> str | None:
+    found = re.match(r"upto (\S+);", identity)
+    return found.group(1) if found else None
+
+
+def _unit(kind: str, uri: str, identity: str, where: str) -> SourceFile:
+    """A range as listed: `location` is its predicate in the source's SQL (what `fetch`
+    reads), `etag` its identity; no bytes yet (size 0, never `known_empty`)."""
+    return SourceFile(uri=uri, size=0, mtime_ns=0, format=TSV, etag=identity,
+                      kind=kind, location=where)
+
+
+# -- the Source ----------------------------------------------------------------------------
+class DatabaseSource:
+    """A database as a `Source` (postgres.py, mysql.py: `_session`). The module's SOURCE
+    lists nothing itself: each run gets its own object (`open`), whose `list` takes the
+    snapshot that every `fetch` reads from, and whose `close` ends it."""
+
+    kind = ""
+    schemes: tuple[str, ...] = ()
+    options: tuple[str, ...] = ("query", "incremental_by")
+
+    def __init__(self) -> None:
+        self.session: Session | None = None
+        self.context = SourceContext()
+        self.spools = ""
+        self._guard = threading.Lock()
+
+    def _session(self, url: DbUrl, context: SourceContext) -> Session:
+        raise NotImplementedError
+
+    def open(self) -> Source:
+        return type(self)()
+
+    def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
+        """Connect, take the snapshot, map the columns; the ranges still to load."""
+        if len(context.patterns) > 1 or self.session is not None:
+            raise UsageError(f"{redact(pattern)}: a database source loads alone; name it as "
+                             "the only source")
+        self.context = context
+        self.session = self._session(parse_url(pattern, context.select), context)
+        committed = context.committed() if context.committed is not None else {}
+        return plan_units(self.session, self.kind, sorted(committed.items()),
+                          workers_of(context), bool(context.incremental_by), context.force)
+
+    def _open(self) -> Session:
+        if self.session is None:
+            raise SourceError(f"{self.kind}: a unit asked of a source that listed none")
+        return self.session
+
+    def fetch(self, file: SourceFile, columns: Sequence[Column], workdir: str) -> SourceFile:
+        """The range read by the database's client into a spool: TSV as the source
+        printed it, or, where a column needs the engine to convert it, Native."""
+        session = self._open()
+        with self._guard:
+            if not self.spools:
+                os.makedirs(workdir, exist_ok=True)
+                self.spools = tempfile.mkdtemp(prefix="spool-", dir=workdir)
+        path = os.path.join(self.spools, f"{os.urandom(6).hex()}.tsv")
+        try:
+            session.read(file.location, path)
+            return self._spooled(session, file, columns, path)
+        except BaseException:
+            self.release([replace(file, local_path=p) for p in (path, path + ".native")])
+            raise
+
+    def _spooled(self, session: Session, file: SourceFile, columns: Sequence[Column],
+                 path: str) -> SourceFile:
+        spool = replace(file, kind="local", local_path=path, location="",
+                        size=os.path.getsize(path))
+        names = {c.name for c in columns}
+        convert = [c for c in session.info.columns if c.expr and c.name in names]
+        if not convert:
+            return spool
+        if self.context.query is None:
+            raise UsageError(f"{file.uri}: converting its columns needs the engine "
+                             "(SourceContext.query)")
+        read = [Column(c.name, c.spool_type if c.name in names else c.type)
+                for c in session.info.columns]
+        by_name = {c.name: c for c in columns}
+        exprs = ", ".join(f"CAST({c.expr} AS {by_name[c.name].type}) AS {quote_ident(c.name)}"
+                          if c.expr else quote_ident(c.name)
+                          for c in session.info.columns if c.name in names)
+        native = path + ".native"
+        self.context.query(
+            f"INSERT INTO FUNCTION file({quote_str(native)}, 'Native') SELECT {exprs} FROM "
+            f"file({quote_str(path)}, 'TSV', {quote_str(structure(read))})")
+        os.remove(path)
+        return replace(spool, local_path=native, format=NATIVE, size=os.path.getsize(native))
+
+    def release(self, files: Iterable[SourceFile]) -> None:
+        """Remove the spools `fetch` made (listed units have none)."""
+        for f in files:
+            path = f.local_path or ""
+            if self.spools and path.startswith(self.spools + os.sep):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path)
+
+    def close(self) -> None:
+        session, self.session = self.session, None
+        try:
+            if session is not None:
+                session.close()
+        finally:
+            if self.spools:
+                shutil.rmtree(self.spools, ignore_errors=True)
+
+    def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
+        raise UsageError(f"{file.uri}: a database range is read by `chload load` (fetched "
+                         "into a spool), not in place")
+
+    def table_function_many(self, files: Sequence[SourceFile], fmt: str,
+                            structure: str | None) -> tuple[str, str] | None:
+        return None
+
+    def loads_alone(self, file: SourceFile) -> bool:
+        return True  # a range is a commit of its own
+
+    def columns(self, files: Sequence[SourceFile]) -> builtins.list[Column] | None:
+        return [Column(c.name, c.type) for c in self._open().info.columns]
+
+    def sorting_key(self, files: Sequence[SourceFile]) -> str | None:
+        return ", ".join(quote_ident(k) for k in self._open().info.key) or None
+
+    def display(self, pattern: str) -> str:
+        return redact(pattern)
+
+    def current(self, file: SourceFile) -> SourceFile:
+        return file  # a range of one snapshot does not change
+
+    def still_there(self, file: SourceFile) -> bool | None:
+        return None
+
+    def reads_at_uri(self, file: SourceFile) -> bool:
+        return False
+
+    def known_empty(self, file: SourceFile) -> bool:
+        return False
+
+
+def workers_of(context: SourceContext) -> int:
+    """Units that may load at once: --workers, else about the machine's cores."""
+    return context.workers or max(2, os.cpu_count() or 2)

@@ -1,0 +1,400 @@
+"""MySQL and MariaDB tables and queries, read by the database's own client in one snapshot.
+
+A session opens `workers` client processes (`mariadb`, or `mysql`), each in a
+REPEATABLE READ transaction started `WITH CONSISTENT SNAPSHOT`, all taken while the
+table cannot change: under `FLUSH TABLES WITH READ LOCK` if the user may (RELOAD), else
+`LOCK TABLES <table> READ` (which waits for open writers of the table to commit and
+holds new ones off), released as soon as every reader has its snapshot. So every reader
+sees the same rows of the table. A `--query` over several tables without RELOAD gets
+snapshots taken together but not under a lock (it is one unit, read by one reader in
+one transaction, so consistent in itself).
+
+Each range is one `SELECT` on a reader, whose one column is the row as a ClickHouse TSV
+line (`CONCAT_WS`, backslash escapes and `\\N` made by the server), written by the
+client in `--batch --raw` mode straight into the spool file; then `SELECT '<marker>'`
+says where the range ends. No row passes through Python (it reads the client's output
+in 1 MiB chunks). Measured on 2 cores, 500,000 rows (bigint, int, decimal(10,2),
+datetime(6), 2 text) from MariaDB 10.11: the client into a file 0.72 s plus 0.26 s for
+chDB to load it, against 1.55 s for chDB's `mysql()` reading and inserting on its own
+connection (no shared snapshot, and the password in its query text).
+
+The password comes from the URL, $MYSQL_PWD or ~/.my.cnf ([client] password) and
+goes to the client by its environment (MYSQL_PWD), never its command line.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import queue
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from typing import IO, Any
+
+from chload.errors import ChloadError, SourceError, TransientError, UsageError
+from chload.sources import SourceContext
+from chload.sources.database import (
+    DatabaseSource,
+    DbColumn,
+    DbUrl,
+    Range,
+    TableInfo,
+    cannot_carry,
+    nullable,
+    workers_of,
+)
+
+_INTEGERS = {"tinyint": 8, "smallint": 16, "mediumint": 32, "int": 32, "integer": 32,
+             "bigint": 64}
+_TEXT = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set",
+         "json", "binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"}
+_PLAIN = {"float": "Float32", "double": "Float64", "real": "Float64", "date": "Date32",
+          "year": "UInt16"}
+_TIME_AXIS = {"date", "datetime", "timestamp"}
+_CHUNK = 1 << 20
+_TRANSIENT_CODES = {2002, 2003, 2006, 2013, 1040, 1205}
+
+
+class MysqlSession:
+    """One snapshot of one MySQL/MariaDB table (or query), read range by range."""
+
+    def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
+                 workers: int) -> None:
+        self.url, self.query = url, query
+        self.client = _client()
+        self.password = _password(url)
+        self.conn = self._connect()
+        self._readers: queue.Queue[_Reader] = queue.Queue()
+        self._alive = 0
+        self._guard = threading.Lock()
+        try:
+            self.info = self._describe(incremental_by)
+            self.snapshot, self._bounds = self._take_snapshot(max(1, workers))
+        except BaseException:
+            self.close()
+            raise
+
+    # -- connecting ------------------------------------------------------------------
+    def _connect(self) -> Any:
+        pymysql = _pymysql()
+        try:
+            return pymysql.connect(host=self.url.host, port=self.url.port,
+                                   user=self.url.user or None, password=self.password or "",
+                                   database=self.url.database, connect_timeout=10,
+                                   charset="utf8mb4", autocommit=True)
+        except pymysql.Error as exc:
+            raise _error(self.url, exc, self.password) from None
+
+    def _all(self, sql: str, params: tuple = ()) -> list[tuple]:
+        pymysql = _pymysql()
+        try:
+            with self.conn.cursor() as cur:
+                cur.execute(sql, params or None)
+                return list(cur.fetchall())
+        except pymysql.Error as exc:
+            raise _error(self.url, exc, self.password) from None
+
+    # -- the table -------------------------------------------------------------------
+    def _describe(self, incremental_by: str | None) -> TableInfo:
+        relation = self._relation()
+        if self.query:
+            self._all(f"CREATE TEMPORARY TABLE chload_query AS SELECT * FROM ({self.query}) "
+                      "AS q LIMIT 0")
+            relation = "chload_query"
+        elif not self._all("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
+                           "AND TABLE_NAME = %s", (self.url.schema, self.url.table)):
+            raise SourceError(f"{self.url.display}: no such table (or no right to see it)")
+        rows = self._all(f"SHOW COLUMNS FROM {relation}")
+        keys = self._all(f"SHOW KEYS FROM {relation} WHERE Key_name = 'PRIMARY'")
+        if self.query:
+            self._all("DROP TEMPORARY TABLE chload_query")
+        columns = [_column(self.url, str(r[0]), str(r[1]).lower(),
+                           r[2] == "YES" or bool(self.query)) for r in rows]
+        types = {str(r[0]): str(r[1]).lower() for r in rows}
+        key = [str(k[4]) for k in sorted(keys, key=lambda k: int(k[3]))]
+        axis = incremental_by or (key[0] if len(key) == 1 and _base(types[key[0]])
+                                  in _INTEGERS else "")
+        if axis and axis not in types:
+            raise UsageError(f"--incremental-by {axis}: {self.url.display} has no such "
+                             f"column; it has {', '.join(types)}")
+        integer = not axis or _base(types[axis]) in _INTEGERS
+        if incremental_by and not integer and _base(types[axis]) not in _TIME_AXIS:
+            raise UsageError(f"--incremental-by {axis}: its type is {types[axis]}; use an "
+                             "integer, date or datetime column that only grows")
+        return TableInfo(columns, key, axis, integer)
+
+    def _relation(self) -> str:
+        return f"{_ident(self.url.schema)}.{_ident(self.url.table)}"
+
+    def _from(self) -> str:
+        return f"({self.query}) AS chload_query" if self.query else self._relation()
+
+    # -- the snapshot ------------------------------------------------------------------
+    def _take_snapshot(self, workers: int) -> tuple[str, tuple[str | None, str | None, int]]:
+        """Start every reader's snapshot while the table cannot change; read the axis's
+        bounds meanwhile (they are the snapshot's)."""
+        rows = 0
+        if not self.query:
+            found = self._all("SELECT TABLE_ROWS FROM information_schema.TABLES WHERE "
+                              "TABLE_SCHEMA = %s AND TABLE_NAME = %s",
+                              (self.url.schema, self.url.table))
+            rows = int(found[0][0] or 0) if found else 0
+        self._all("SET SESSION lock_wait_timeout = 60")
+        locked = self._lock()
+        try:
+            for _ in range(workers):
+                self._readers.put(_Reader.start(self))
+                self._alive += 1
+            low = high = None
+            if self.info.axis:
+                col = _ident(self.info.axis)
+                shown = col if self.info.axis_integer else _fixed_time(col)
+                low, high = self._all(f"SELECT CAST(min({shown}) AS CHAR), "
+                                      f"CAST(max({shown}) AS CHAR) FROM {self._from()}")[0]
+            snapshot = self._all("SELECT CAST(NOW(6) AS CHAR)")[0][0]
+        finally:
+            if locked:
+                self._all("UNLOCK TABLES")
+        how = locked.split(" ")[0] if locked else "no lock"
+        return f"{snapshot} under {how}", (low, high, rows)
+
+    def _lock(self) -> str:
+        """FLUSH TABLES WITH READ LOCK, else LOCK TABLES t READ; '' if neither may be."""
+        pymysql = _pymysql()
+        statements = ["FLUSH TABLES WITH READ LOCK"]
+        if not self.query:
+            statements.append(f"LOCK TABLES {self._relation()} READ")
+        for statement in statements:
+            try:
+                with self.conn.cursor() as cur:
+                    cur.execute(statement)
+                return statement
+            except pymysql.err.OperationalError as exc:
+                if exc.args and exc.args[0] in (1227, 1044, 1142):  # access denied
+                    continue
+                raise _error(self.url, exc, self.password) from None
+        return ""
+
+    def bounds(self, axis: str) -> tuple[str | None, str | None, int]:
+        return self._bounds
+
+    def predicate(self, axis: str, r: Range) -> str:
+        col, parts = _ident(axis), []
+        for op, value in ((">", r.lo), ("<=", r.hi)):
+            if value is not None:
+                parts.append(f"{col} {op} {_literal(value, self.info.axis_integer)}")
+        return " AND ".join(parts) or "TRUE"
+
+    # -- reading -----------------------------------------------------------------------
+    def read(self, where: str, path: str) -> None:
+        """One reader (in the snapshot) writes the rows of `where` into `path`."""
+        line = "CONCAT_WS(CHAR(9), " + ", ".join(c.select for c in self.info.columns) + ")"
+        reader = self._take()
+        try:
+            reader.run(f"SELECT {line} FROM {self._from()} WHERE {where}", path)
+        except ChloadError:
+            with self._guard:
+                self._alive -= 1
+            reader.stop()
+            raise
+        self._readers.put(reader)
+
+    def _take(self) -> _Reader:
+        while True:
+            with self._guard:
+                if self._alive <= 0:
+                    raise SourceError(f"{self.url.display}: every snapshot reader failed; "
+                                      "run the same command again (it loads only what is "
+                                      "missing)")
+            try:
+                return self._readers.get(timeout=0.5)
+            except queue.Empty:
+                continue
+
+    def close(self) -> None:
+        while True:
+            try:
+                self._readers.get_nowait().stop()
+            except queue.Empty:
+                break
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001 (a connection already gone)
+            pass
+
+
+class _Reader:
+    """A client process in one snapshot, fed statements on stdin; its output goes to a
+    spool file up to the marker that follows each statement."""
+
+    def __init__(self, session: MysqlSession, proc: subprocess.Popen[bytes],
+                 errors: IO[bytes]) -> None:
+        self.session, self.proc, self.errors = session, proc, errors
+        self.marker = f"chload-end-{os.urandom(8).hex()}".encode()
+
+    @classmethod
+    def start(cls, session: MysqlSession) -> _Reader:
+        url = session.url
+        argv = [session.client, "--no-defaults", "--protocol=TCP", "-h", url.host, "-P",
+                str(url.port), *(["-u", url.user] if url.user else []), "--batch", "--raw",
+                "--skip-column-names", "--unbuffered", "--quick",
+                "--default-character-set=utf8mb4", url.database]
+        env = {**os.environ}
+        if session.password is not None:
+            env["MYSQL_PWD"] = session.password
+        errors = tempfile.TemporaryFile()
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=errors, env=env)
+        reader = cls(session, proc, errors)
+        reader.run("SET SESSION sql_mode = ''; SET SESSION time_zone = '+00:00'; "
+                   "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ; "
+                   "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY", os.devnull)
+        return reader
+
+    def run(self, statement: str, path: str) -> None:
+        """Run `statement`; write what it prints to `path`."""
+        end = self.marker + b"\n"
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(f"{statement};\nSELECT '{self.marker.decode()}';\n".encode())
+            self.proc.stdin.flush()
+        except OSError:
+            raise self._failed() from None
+        fd, pending = self.proc.stdout.fileno(), b""
+        with open(path, "wb") as out:
+            while True:
+                chunk = os.read(fd, _CHUNK)
+                if not chunk:
+                    raise self._failed()
+                buf = pending + chunk
+                if buf.endswith(end):
+                    out.write(buf[:-len(end)])
+                    return
+                out.write(buf[:-len(end)])
+                pending = buf[-len(end):]
+
+    def _failed(self) -> ChloadError:
+        self.proc.wait()
+        self.errors.seek(0)
+        lines = self.errors.read().decode(errors="replace").strip().splitlines()
+        text = lines[-1] if lines else f"{self.session.client} ended ({self.proc.returncode})"
+        return _error(self.session.url, text, self.session.password)
+
+    def stop(self) -> None:
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.errors.close()
+
+
+def _base(typ: str) -> str:
+    return re.split(r"[(\s]", typ, maxsplit=1)[0]
+
+
+def _column(url: DbUrl, name: str, typ: str, nulls: bool) -> DbColumn:
+    """One column's ClickHouse type and the SQL that prints it as a TSV field."""
+    col, base = _ident(name), _base(typ)
+    args = re.search(r"\(([^)]*)\)", typ)
+    if base in _INTEGERS:
+        ch = f"{'U' if 'unsigned' in typ else ''}Int{_INTEGERS[base]}"
+        return _field(name, ch, col, nulls)
+    if base == "decimal" and args:
+        precision, _, scale = args.group(1).partition(",")
+        return _field(name, f"Decimal({precision}, {scale or 0})", col, nulls)
+    if base in ("datetime", "timestamp"):
+        scale = args.group(1) if args else "0"
+        ch = "DateTime('UTC')" if scale == "0" else f"DateTime64({scale}, 'UTC')"
+        return _field(name, ch, col, nulls)
+    if base in _TEXT:
+        escaped = col
+        for raw, shown in (("CHAR(92)", "'\\\\\\\\'"), ("CHAR(9)", "'\\\\t'"),
+                           ("CHAR(10)", "'\\\\n'"), ("CHAR(13)", "'\\\\r'"),
+                           ("CHAR(0)", "'\\\\0'")):
+            escaped = f"REPLACE({escaped}, {raw}, {shown})"
+        return _field(name, "String", escaped, nulls)
+    if base in _PLAIN:
+        return _field(name, _PLAIN[base], col, nulls)
+    raise cannot_carry(url, name, typ)
+
+
+def _field(name: str, ch: str, select: str, nulls: bool) -> DbColumn:
+    return DbColumn(name, nullable(ch, nulls),
+                    f"IFNULL({select}, '\\\\N')" if nulls else select)
+
+
+def _fixed_time(col: str) -> str:
+    return f"DATE_FORMAT({col}, '%Y-%m-%d %H:%i:%s.%f')"
+
+
+def _literal(value: str, integer: bool) -> str:
+    if integer:
+        return str(int(value))
+    return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _ident(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _password(url: DbUrl) -> str | None:
+    """The URL's, else $MYSQL_PWD, else ~/.my.cnf's [client] password."""
+    if url.password is not None:
+        return url.password
+    if "MYSQL_PWD" in os.environ:
+        return os.environ["MYSQL_PWD"]
+    parser = configparser.ConfigParser(allow_no_value=True, strict=False)
+    try:
+        parser.read(os.path.expanduser("~/.my.cnf"))
+    except configparser.Error:
+        return None
+    value = parser.get("client", "password", fallback=None)
+    return value.strip("'\"") if value else None
+
+
+def _client() -> str:
+    found = shutil.which("mariadb") or shutil.which("mysql")
+    if not found:
+        raise UsageError("the mariadb (or mysql) client is needed on this machine to read "
+                         "MySQL/MariaDB: install it (e.g. apt-get install mariadb-client)")
+    return found
+
+
+def _pymysql() -> Any:
+    try:
+        import pymysql
+    except ImportError:
+        raise UsageError("reading MySQL/MariaDB needs pymysql: pip install pymysql") from None
+    return pymysql
+
+
+def _error(url: DbUrl, exc: object, password: str | None) -> ChloadError:
+    """A pymysql or client error as one line naming the source (never the password)."""
+    args = exc.args if isinstance(exc, Exception) else ()
+    code = args[0] if args and isinstance(args[0], int) else 0
+    text = str(args[1]) if code and len(args) > 1 else str(exc)
+    text = (text.strip().splitlines() or [type(exc).__name__])[0]
+    if password:
+        text = text.replace(password, "***")
+    transient = code in _TRANSIENT_CODES or "Can't connect" in text or "Lost connection" in text
+    return (TransientError if transient else SourceError)(f"{url.with_user}: {text}")
+
+
+class MysqlSource(DatabaseSource):
+    """`mysql://` and `mariadb://` sources (database.py says how they load): one snapshot
+    reader per worker."""
+
+    kind = "mysql"
+    schemes: tuple[str, ...] = ("mysql", "mariadb")
+
+    def _session(self, url: DbUrl, context: SourceContext) -> MysqlSession:
+        return MysqlSession(url, context.select, context.incremental_by, workers_of(context))
+
+
+SOURCE = MysqlSource()

@@ -1,0 +1,280 @@
+"""PostgreSQL tables and queries, read from one exported snapshot by `psql` COPY.
+
+A session holds one connection (psycopg) in a REPEATABLE READ, READ ONLY transaction
+that exported its snapshot (`pg_export_snapshot()`) and stays open for the run; each
+range is one `psql` process that imports it (`SET TRANSACTION SNAPSHOT`) and runs
+`COPY (SELECT ... WHERE range) TO STDOUT` into the spool file: every range sees the
+same database state, whatever is written meanwhile, and no row passes through Python.
+
+Measured on 2 cores, 500,000 rows (bigint, int, numeric(10,2), timestamp, 2 text):
+`psql` COPY to a file 0.60 s; psycopg's copy (a Python call per row) 1.20 s; chDB's
+`postgresql()` read and insert 1.05 s, which has no shared snapshot (each range its own
+connection and transaction: not consistent under concurrent writes), and would put the
+password in the engine's query text and logs. The password goes to `psql` by its
+environment (PGPASSWORD) only, never its command line.
+
+COPY's text format is what ClickHouse's TSV reads (`\\N` for NULL, backslash escapes);
+a few types are printed differently by the SELECT (below, `_select`), and bytea and
+arrays are converted by the engine from the text COPY gives (database.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from typing import Any
+
+from chload.errors import ChloadError, SourceError, TransientError, UsageError
+from chload.sources import SourceContext
+from chload.sources.database import (
+    DatabaseSource,
+    DbColumn,
+    DbUrl,
+    Range,
+    TableInfo,
+    cannot_carry,
+    nullable,
+)
+
+# format_type() name -> ClickHouse type (scalars whose COPY text ClickHouse reads as is)
+TYPES = {
+    "smallint": "Int16", "integer": "Int32", "bigint": "Int64", "real": "Float32",
+    "double precision": "Float64", "boolean": "Bool", "text": "String",
+    "character varying": "String", "character": "String", "name": "String",
+    "citext": "String", "uuid": "UUID", "json": "String", "jsonb": "String",
+    "date": "Date32", "bytea": "String", "xml": "String",
+}
+_INTEGER_AXIS = {"smallint", "integer", "bigint"}
+_TIME_AXIS = {"date", "timestamp without time zone", "timestamp with time zone"}
+_ARRAY_ELEMENTS = {"smallint", "integer", "bigint", "real", "double precision", "text",
+                   "character varying", "boolean", "uuid"}
+_TRANSIENT = ("could not connect", "Connection refused", "server closed the connection",
+              "timeout expired", "the database system is starting up")
+
+_COLUMNS_SQL = """SELECT a.attname, format_type(a.atttypid, a.atttypmod) AS type,
+    a.attnotnull, t.typtype, coalesce(format_type(t.typelem, a.atttypmod), '') AS elem,
+    coalesce(array_position(i.indkey::int2[], a.attnum) + 1, 0) AS key_position  -- 0-based
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
+WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum"""
+
+
+class PostgresSession:
+    """One snapshot of one PostgreSQL table (or query), read range by range."""
+
+    def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None) -> None:
+        self.url, self.query = url, query
+        self.psql = _client()
+        self.conn = self._connect()
+        try:
+            self.info = self._describe(incremental_by)
+            self.conn.read_only = True
+            self.conn.isolation_level = _psycopg().IsolationLevel.REPEATABLE_READ
+            self.snapshot = str(self._one("SELECT pg_export_snapshot()")[0])
+        except BaseException:
+            self.close()  # a table refused (no such table, a type not carried)
+            raise
+
+    # -- connecting ------------------------------------------------------------------
+    def _connect(self) -> Any:
+        psycopg = _psycopg()
+        args: dict[str, Any] = dict(host=self.url.host, port=self.url.port,
+                                    dbname=self.url.database, user=self.url.user or None,
+                                    connect_timeout=10, application_name="chload")
+        if self.url.password is not None:
+            args["password"] = self.url.password
+        try:
+            return psycopg.connect(**args)
+        except psycopg.OperationalError as exc:
+            raise _error(self.url, exc) from None
+
+    def _one(self, sql: str, params: tuple = ()) -> tuple:
+        return self._all(sql, params)[0]
+
+    def _all(self, sql: str, params: tuple = ()) -> list[tuple]:
+        return list(self._run(sql, params).fetchall())
+
+    def _run(self, sql: str, params: tuple = ()) -> Any:
+        psycopg = _psycopg()
+        try:
+            return self.conn.execute(sql, params)
+        except psycopg.Error as exc:
+            raise _error(self.url, exc) from None
+
+    # -- the table -------------------------------------------------------------------
+    def _describe(self, incremental_by: str | None) -> TableInfo:
+        """Columns, key and axis, read before the snapshot (a --query is described by a
+        temporary view, in a transaction rolled back)."""
+        relation = f"{_ident(self.url.schema)}.{_ident(self.url.table)}"
+        if self.query:
+            relation = "pg_temp.chload_query"
+            self._run(f"CREATE TEMP VIEW chload_query AS {self.query}")
+        elif self._one("SELECT to_regclass(%s) IS NULL", (relation,))[0]:
+            raise SourceError(f"{self.url.display}: no such table (or no right to see it)")
+        rows = self._all(_COLUMNS_SQL, (relation,))
+        self.conn.rollback()
+        columns = [_column(self.url, name, typ, notnull and not self.query, typtype, elem)
+                   for name, typ, notnull, typtype, elem, _ in rows]
+        types = {name: typ for name, typ, *_ in rows}
+        key = [name for name, *_, pos in sorted(rows, key=lambda r: r[5]) if pos]
+        axis = incremental_by or (key[0] if len(key) == 1 and types[key[0]] in
+                                  _INTEGER_AXIS else "")
+        if axis and axis not in types:
+            raise UsageError(f"--incremental-by {axis}: {self.url.display} has no such "
+                             f"column; it has {', '.join(types)}")
+        if incremental_by and types[axis] not in _INTEGER_AXIS | _TIME_AXIS and not (
+                types[axis].startswith("timestamp")):
+            raise UsageError(f"--incremental-by {axis}: its type is {types[axis]}; use an "
+                             "integer, date or timestamp column that only grows")
+        return TableInfo(columns, key, axis, not axis or types[axis] in _INTEGER_AXIS)
+
+    def _from(self) -> str:
+        if self.query:
+            return f"({self.query}) AS chload_query"
+        return f"{_ident(self.url.schema)}.{_ident(self.url.table)}"
+
+    def bounds(self, axis: str) -> tuple[str | None, str | None, int]:
+        col = _ident(axis)
+        shown = col if self.info.axis_integer else _fixed_time(col)
+        low, high = self._one(f"SELECT min({shown})::text, max({shown})::text FROM "
+                              f"{self._from()}")
+        rows = 0
+        if not self.query:
+            rows = int(self._one("SELECT greatest(reltuples, 0)::bigint FROM pg_class "
+                                 "WHERE oid = %s::regclass",
+                                 (f"{_ident(self.url.schema)}.{_ident(self.url.table)}",))[0])
+        return low, high, rows
+
+    def predicate(self, axis: str, r: Range) -> str:
+        col, parts = _ident(axis), []
+        for op, value in ((">", r.lo), ("<=", r.hi)):
+            if value is not None:
+                parts.append(f"{col} {op} {_literal(value, self.info.axis_integer)}")
+        return " AND ".join(parts) or "TRUE"
+
+    # -- reading -----------------------------------------------------------------------
+    def read(self, where: str, path: str) -> None:
+        """`psql` in the snapshot: COPY (the range) TO STDOUT, into `path`."""
+        selects = ", ".join(c.select for c in self.info.columns)
+        script = (f"\\set ON_ERROR_STOP 1\nBEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;\n"
+                  f"SET TRANSACTION SNAPSHOT '{self.snapshot}';\nSET DateStyle = ISO;\n"
+                  "SET extra_float_digits = 1;\nSET bytea_output = hex;\n"
+                  f"COPY (SELECT {selects} FROM {self._from()} WHERE {where}) TO STDOUT;\n"
+                  "COMMIT;\n")
+        argv = [self.psql, "-X", "-q", "-h", self.url.host, "-p", str(self.url.port),
+                "-d", self.url.database, *(["-U", self.url.user] if self.url.user else [])]
+        env = {**os.environ, "PGAPPNAME": "chload", "PGCONNECT_TIMEOUT": "10"}
+        if self.url.password is not None:
+            env["PGPASSWORD"] = self.url.password
+        with open(path, "wb") as out:
+            done = subprocess.run(argv, input=script.encode(), stdout=out,
+                                  stderr=subprocess.PIPE, env=env, check=False)
+        if done.returncode:
+            message = done.stderr.decode(errors="replace").strip().splitlines()
+            raise _error(self.url, message[-1] if message else f"psql exit {done.returncode}")
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001 (a connection already gone)
+            pass
+
+
+def _column(url: DbUrl, name: str, typ: str, notnull: bool, typtype: str,
+            elem: str) -> DbColumn:
+    """One column's ClickHouse type and how COPY prints it; one line if none fits."""
+    col, base = _ident(name), re.sub(r"\(.*?\)", "", typ).strip()
+    if typtype == "e":  # an enum: its label
+        return DbColumn(name, nullable("String", not notnull), col)
+    if base == "numeric":
+        found = re.match(r"numeric\((\d+),(\d+)\)", typ)
+        if not found or int(found.group(1)) > 76:
+            raise cannot_carry(url, name, typ, "Decimal(38, 10)")
+        return DbColumn(name, nullable(f"Decimal({found.group(1)}, {found.group(2)})",
+                                       not notnull), col)
+    if base.startswith("timestamp"):
+        digits = re.search(r"\((\d)\)", typ)
+        scale = digits.group(1) if digits else "6"
+        zoned = "with time zone" in typ
+        select = f"({col} AT TIME ZONE 'UTC')" if zoned else col
+        return DbColumn(name, nullable(_datetime(scale), not notnull), select)
+    if base == "boolean":
+        return DbColumn(name, nullable("Bool", not notnull), f"{col}::int")
+    if base == "bytea":
+        return DbColumn(name, nullable("String", not notnull), col, read_type=nullable(
+            "String", not notnull), expr=f"unhex(substring({_ch(name)}, 3))")
+    if typ.endswith("[]") and elem.removesuffix("[]") in _ARRAY_ELEMENTS | {"character"}:
+        inner = TYPES[re.sub(r"\(.*?\)", "", elem.removesuffix("[]")).strip()]
+        return DbColumn(name, f"Array(Nullable({inner}))", f"array_to_json({col})::text",
+                        read_type="Nullable(String)",
+                        expr=f"JSONExtract(ifNull({_ch(name)}, '[]'), "
+                             f"'Array(Nullable({inner}))')")
+    if base in TYPES:
+        return DbColumn(name, nullable(TYPES[base], not notnull), col)
+    raise cannot_carry(url, name, typ)
+
+
+def _datetime(scale: str) -> str:
+    """Whole seconds as DateTime (which an 18.16 server has too), else DateTime64."""
+    return "DateTime('UTC')" if scale == "0" else f"DateTime64({scale}, 'UTC')"
+
+
+def _fixed_time(col: str) -> str:
+    """A time axis printed at fixed width, so bounds compare as text."""
+    return f"to_char({col}, 'YYYY-MM-DD HH24:MI:SS.US')"
+
+
+def _literal(value: str, integer: bool) -> str:
+    if integer:
+        return str(int(value))
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _ch(name: str) -> str:
+    return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
+
+
+def _client() -> str:
+    found = shutil.which("psql")
+    if not found:
+        raise UsageError("psql (PostgreSQL's client) is needed on this machine to read "
+                         "PostgreSQL: install it (e.g. apt-get install postgresql-client)")
+    return found
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise UsageError("reading PostgreSQL needs psycopg: pip install 'psycopg[binary]'") \
+            from None
+    return psycopg
+
+
+def _error(url: DbUrl, exc: object) -> ChloadError:
+    """A psycopg or psql error as one line naming the source (never the password)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"^(psql: )?(error: )?", "", text)
+    if url.password:
+        text = text.replace(url.password, "***")
+    kind = TransientError if any(t in text for t in _TRANSIENT) else SourceError
+    return kind(f"{url.with_user}: {text}")
+
+
+class PostgresSource(DatabaseSource):
+    """`postgresql://` and `postgres://` sources (database.py says how they load)."""
+
+    kind = "postgres"
+    schemes: tuple[str, ...] = ("postgresql", "postgres")
+
+    def _session(self, url: DbUrl, context: SourceContext) -> PostgresSession:
+        return PostgresSession(url, context.select, context.incremental_by)
+
+
+SOURCE = PostgresSource()

@@ -1,0 +1,65 @@
+"""Database sources without a database: URLs (the password kept out), and the rule that
+makes reruns exactly once: the ranges still to load are the complement of the committed
+ones."""
+
+from __future__ import annotations
+
+import pytest
+
+from chload.errors import UsageError
+from chload.sources.database import (
+    Range,
+    missing_ranges,
+    parse_range,
+    parse_url,
+    redact,
+    split_range,
+)
+
+
+def test_url_parts_and_no_password_in_display() -> None:
+    url = parse_url("postgresql://loader:s3cret@db:5433/shop/sales.orders", None)
+    assert (url.host, url.port, url.database, url.schema, url.table) == (
+        "db", 5433, "shop", "sales", "orders")
+    assert url.password == "s3cret"
+    assert "s3cret" not in url.display + url.with_user + repr(url)
+    my = parse_url("mariadb://loader@db/shop/orders", None)
+    assert (my.kind, my.port, my.schema, my.display) == ("mysql", 3306, "shop",
+                                                         "mysql://db:3306/shop/orders")
+    assert redact("mysql://u:pw@h:1/d/t") == "mysql://u@h:1/d/t"
+
+
+def test_url_needs_a_table_or_a_query_not_both() -> None:
+    with pytest.raises(UsageError, match="not both") as caught:
+        parse_url("postgresql://u:pw@h/shop", None)
+    assert "pw" not in str(caught.value)
+    with pytest.raises(UsageError):
+        parse_url("postgresql://u@h/shop/t", "SELECT 1")
+    assert parse_url("postgresql://u@h/shop", "SELECT 1").table == ""
+
+
+def test_the_complement_of_committed_ranges() -> None:
+    assert missing_ranges([], "100", int) == [Range(None, "100")]
+    done = [Range(None, "10"), Range("20", "30")]
+    assert missing_ranges(done, "100", int) == [Range("10", "20"), Range("30", "100")]
+    assert missing_ranges([Range(None, "100")], "100", int) == []
+    assert missing_ranges([Range(None, "100")], "150", int) == [Range("100", "150")]
+    assert missing_ranges([Range("5", "50"), Range(None, "10")], "40", int) == []
+    times = [Range(None, "2024-01-01 00:00:00.000000")]
+    assert missing_ranges(times, "2024-02-01 00:00:00.000000", str) == [
+        Range("2024-01-01 00:00:00.000000", "2024-02-01 00:00:00.000000")]
+
+
+def test_split_keeps_the_open_lower_end_and_covers_the_range() -> None:
+    pieces = split_range(Range(None, "100"), 0, 25)
+    assert pieces[0].lo is None and pieces[-1].hi == "100"
+    assert all(a.hi == b.lo for a, b in zip(pieces, pieces[1:], strict=False))
+    assert split_range(Range("100", "110"), 0, 25) == [Range("100", "110")]
+
+
+def test_uri_ranges_read_back() -> None:
+    prefix = "postgresql://db:5432/shop/public.orders"
+    assert parse_range(f"{prefix}#id(,100]", prefix) == ("id", Range(None, "100"))
+    assert parse_range(f"{prefix}#id(100,200]", prefix) == ("id", Range("100", "200"))
+    assert parse_range(f"{prefix}#all", prefix) is None
+    assert parse_range("postgresql://db:5432/shop/public.other#id(,1]", prefix) is None
