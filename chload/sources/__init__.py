@@ -237,14 +237,15 @@ class InPlace:
 if TYPE_CHECKING:  # every kind's SOURCE is a Source: mypy checks every member above
     from chload.sources.hdfs import HdfsSource
     from chload.sources.http import HttpSource
+    from chload.sources.kafka import KafkaStreamSource
     from chload.sources.local import LocalSource
     from chload.sources.mysql import MysqlSource
     from chload.sources.postgres import PostgresSource
     from chload.sources.s3 import S3Source
 
     def _conforms(a: LocalSource, b: S3Source, c: HdfsSource, d: HttpSource,
-                  e: PostgresSource, f: MysqlSource) -> list[Source]:
-        return [a, b, c, d, e, f]
+                  e: PostgresSource, f: MysqlSource, g: KafkaStreamSource) -> list[Source]:
+        return [a, b, c, d, e, f, g]
 
 
 # URI scheme -> kind, which is the module of chload.sources whose `SOURCE` lists and
@@ -262,6 +263,7 @@ SCHEMES: dict[str, str] = {
     "postgres": "postgres",
     "mysql": "mysql",
     "mariadb": "mysql",
+    "kafka": "kafka",  # a stream: listed and read round by round (api._load_stream)
 }
 
 
@@ -272,7 +274,8 @@ def kind_of(pattern: str) -> str:
     scheme = pattern.split("://")[0].lower()
     if scheme not in SCHEMES:
         raise UsageError(f"{pattern.split('@')[-1]}: {scheme}:// is not a source chload "
-                         "reads; use a path, s3://, hdfs://, http(s)://, postgresql:// or mysql://")
+                         "reads; use a path, s3://, hdfs://, http(s)://, kafka://, postgresql:// "
+                         "or mysql://")
     return SCHEMES[scheme]
 
 

@@ -43,7 +43,8 @@ from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
 from chload.ledger import COMMITTING, LOADED
 from chload.runner import LOADED_ELSEWHERE, Event, FileResult, Listener
-from chload.sources import SourceFile, StreamPosition
+from chload.sources import SourceContext, SourceFile, StreamPosition
+from chload.sources.remote import RemoteSource
 
 if TYPE_CHECKING:
     from chload.api import LoadReport, LoadSpec
@@ -568,3 +569,24 @@ def _stopping(options: Options) -> Iterator[None]:
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
+
+
+class KafkaStreamSource(RemoteSource):
+    """kafka:// in the sources registry, so the scheme is known everywhere a source is
+    looked up (its display in the run history, the S3 check of a run's sources). A
+    stream is not listed once like files: api._load_stream plans and reads its units
+    round by round (`load` above), and the spooled units are local files."""
+
+    kind = "kafka"
+    schemes: tuple[str, ...] = ("kafka",)
+
+    def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
+        raise UsageError(f"{pattern}: a Kafka topic is read by `chload load` alone (its units "
+                         "are planned from the ledger round by round); name it as the only "
+                         "source of a load")
+
+    def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
+        raise UsageError(f"{file.uri}: a Kafka unit is read from its spool, not in place")
+
+
+SOURCE = KafkaStreamSource()
