@@ -50,6 +50,8 @@ class LoadSpec:
     s3_endpoint: str | None = None  # S3-compatible endpoint; None: AWS_ENDPOINT_URL(_S3), AWS
     max_errors: int | None = None  # bad rows a file may have; they go to chload.rejects
     max_error_ratio: float | None = None  # bad rows / all rows a file may have
+    shards: tuple[tuple[str, str], ...] = ()  # a cluster's replica HOST:TCP_PORT -> its URL
+    shard_by: str = "auto"  # a Distributed table: auto (rows by its key) or file
 
     def __post_init__(self) -> None:
         for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
@@ -79,6 +81,7 @@ _SPEC_TYPES = {
     "settings": options.settings, "workers": options.optional_whole, "force": options.flag,
     "on_error": options.text, "s3_endpoint": options.optional_text,
     "max_errors": options.optional_whole, "max_error_ratio": options.optional_ratio,
+    "shards": options.settings, "shard_by": options.text,
 }
 Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 TargetName = str | os.PathLike[str] | None
@@ -114,6 +117,7 @@ class LoadReport:
     created_table: bool = False
     recovered: int = 0
     saturation: dict = field(default_factory=dict)  # CPU, disk, network; see monitor.py
+    shards: list[dict] = field(default_factory=list)  # a cluster: per shard rows, bytes, s
     files: list[FileResult] = field(default_factory=list)
 
     @property
@@ -189,8 +193,19 @@ def _threads_per_file(workers: int, jobs: int) -> int:
 
 def _load(spec: LoadSpec, target: Target, listed: list[SourceFile],
           listener: Listener) -> LoadReport:
-    started_ns, clock = time.time_ns(), time.monotonic()
+    """Into `target`, or into each shard of its Distributed table (targets/cluster.py)."""
+    from chload.targets.cluster import for_table
+
     table = planner.parse_table(spec.table, _default_database(target))
+    with for_table(target, table.sql, spec.shards, spec.shard_by, dict(os.environ)) as t:
+        report = _load_table(spec, t, table, listed, listener)  # type: ignore[arg-type]
+        report.shards = t.shard_report() if hasattr(t, "shard_report") else []
+        return report
+
+
+def _load_table(spec: LoadSpec, target: Target, table: planner.TableName,
+                listed: list[SourceFile], listener: Listener) -> LoadReport:
+    started_ns, clock = time.time_ns(), time.monotonic()
     _check_settings(target, spec.settings)
     report = LoadReport(table.display, target.display, os.urandom(6).hex())
     existing = target.table_columns(table.sql)
@@ -375,13 +390,20 @@ def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int) -> RunRecor
     )
 
 
-def files(table: str, target: TargetName = None, **unknown: object) -> list[FileEvent]:
-    """The ledger: each file's latest state for a table."""
-    options.no_unknown("files", unknown, ["table", "target"])
+def files(table: str, target: TargetName = None, shards: object = (),
+          **unknown: object) -> list[FileEvent]:
+    """The ledger: each file's latest state for a table (a Distributed table's: each
+    file's on each shard, `target_table` naming the shard; `shards` as LoadSpec's)."""
+    options.no_unknown("files", unknown, ["table", "target", "shards"])
     name = options.text("table", table)
     planner.parse_table(name)
+    from chload.targets.cluster import for_table
+
     with _opened(target) as t:
-        return t.ledger.latest(planner.parse_table(name, _default_database(t)).display)
+        table_name = planner.parse_table(name, _default_database(t))
+        with for_table(t, table_name.sql, options.settings("shards", shards),
+                       env=dict(os.environ)) as c:
+            return c.ledger.latest(table_name.display)  # type: ignore[attr-defined]
 
 
 def sql(query: str, target: TargetName = None, fmt: str = "TSV", **unknown: object) -> str:

@@ -71,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     _common(files)
     files.add_argument("--table", "-t", required=True)
     files.add_argument("--json", action="store_true", help="print JSON (a list of objects)")
+    files.add_argument("--shard", action="append", default=[], metavar="HOST:TCP_PORT=URL",
+                       help="a Distributed table's replica and its HTTP URL (as for load)")
     files.set_defaults(func=_files)
     sql = commands.add_parser("sql", help="run SQL against the target")
     _common(sql)
@@ -124,6 +126,12 @@ def _load_parser(commands: Any) -> None:
     p.add_argument("--on-error", default="continue", choices=["continue", "abort"],
                    help="after a failed file: go on with the others (default) or stop")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
+    p.add_argument("--shard", action="append", default=[], metavar="HOST:TCP_PORT=URL",
+                   help="a Distributed table's replica (as system.clusters names it) and "
+                   "its HTTP URL (repeatable; default: its host, the target's port)")
+    p.add_argument("--shard-by", default="auto", choices=["auto", "file"],
+                   help="a Distributed table: rows by its sharding key (auto) or whole "
+                   "files by weight")
     p.set_defaults(func=_load)
 
 
@@ -147,7 +155,8 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
 
 # Flags only `load` has (its parser adds them), with what a LoadSpec takes when absent.
 _LOAD_ONLY: dict[str, Any] = {"order_by": None, "partition_by": None, "audit": False,
-                               "workers": None, "force": False, "on_error": "continue"}
+                               "workers": None, "force": False, "on_error": "continue",
+                               "shard_by": "auto"}
 
 
 def _spec(args: argparse.Namespace) -> Any:
@@ -159,8 +168,19 @@ def _spec(args: argparse.Namespace) -> Any:
         compression=args.compression, schema=args.schema, s3_endpoint=args.s3_endpoint,
         max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
         settings=_settings(getattr(args, "setting", [])),
+        shards=_shards(getattr(args, "shard", [])),
         **{name: getattr(args, name, default) for name, default in _LOAD_ONLY.items()},
     )
+
+
+def _shards(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in values:
+        name, sep, url = item.partition("=")
+        if not sep:
+            raise UsageError(f"--shard {item}: write it as HOST:TCP_PORT=http(s)://HOST:PORT")
+        out.append((name.strip(), url.strip()))
+    return tuple(out)
 
 
 def _settings(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -206,7 +226,7 @@ def _files(args: argparse.Namespace) -> int:
 
     from chload.api import files
 
-    events = files(args.table, args.target)
+    events = files(args.table, args.target, shards=_shards(args.shard))
     if args.json:
         print(json.dumps([_file_row(asdict(e)) for e in events]))
     else:
