@@ -188,7 +188,10 @@ class ClusterTarget:
                         f"({len(shards)} shards, by {'file' if by_file else 'row'})")
         self.ledger: Ledger = ClusterLedger(self)
         self.known = _Loaded()
-        entry.insert_params = {"insert_distributed_sync": "1"}
+        # The route writes each shard's rows to the replica chload chose: the target
+        # server's own, else the first that answers, as in_order picks (open_shards).
+        entry.insert_params = {"insert_distributed_sync": "1", "load_balancing": "in_order",
+                               "prefer_localhost_replica": "1"}
 
     # -- what the entry server answers -------------------------------------------------
     @property
@@ -294,7 +297,7 @@ class ClusterTarget:
     def _split(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
         """Route the unit's rows through a temporary Distributed table into a stage on
         every shard, then commit each stage where the shard's ledger lacks the unit."""
-        todo = self._pending(job)
+        todo = self._pending(job) or list(self.shards)  # none lacks it: --force
         stage = stage_name(self.entry.committer.holder)
         route = f"{stage}r"
         made: list[Shard] = []
@@ -311,8 +314,6 @@ class ClusterTarget:
             done = self._route(job, route, stage)
             shares = {s.number: seal(s.target, stage) for s in self.shards}
             identity.check_read(job)
-            if not job.batch:  # one file: its rows are every shard's share
-                done = [Loaded(sum(rows for rows, _ in shares.values()), done[0].bytes)]
         except ChloadError:
             self._drop(stage, route, made)
             raise
@@ -323,6 +324,8 @@ class ClusterTarget:
             self._drop(stage, route, self.shards)
         if not committed:
             return [Loaded(0, d.bytes, elsewhere=True) for d in done]
+        if not job.batch:  # one file: the rows of the shares committed now
+            return [Loaded(sum(shares[n][0] for n in committed), done[0].bytes)]
         return done
 
     def _route(self, job: LoadJob, route: str, stage: str) -> list[Loaded]:
@@ -341,9 +344,9 @@ class ClusterTarget:
             return [Loaded(0, entry._push(job, route))]
 
     def _commit(self, job: LoadJob, stage: str, todo: list[Shard],
-                shares: dict[int, tuple[int, list[str]]], done: list[Loaded]) -> bool:
+                shares: dict[int, tuple[int, list[str]]], done: list[Loaded]) -> set[int]:
         """Each shard's share into its local table with its own ledger entry, the shards
-        at once; True if any attached. A shard that fails stops nothing of the others:
+        at once; return the shards that attached theirs. A shard that fails stops nothing of the others:
         the error is raised after, and a retry loads only the shards still lacking it."""
         read = sum(d.bytes for d in done)
         total = sum(rows for rows, _ in shares.values()) or 1
@@ -372,7 +375,7 @@ class ClusterTarget:
         errors = [r for _, r in results if isinstance(r, BaseException)]
         if errors:
             raise errors[0]
-        return any(r is True for _, r in results) or not todo
+        return {shard.number for shard, r in results if r is True}
 
     def _pending(self, job: LoadJob) -> list[Shard]:
         """The shards whose ledger lacks any of the job's files at their identity."""
@@ -495,14 +498,12 @@ def read_layout(server: ServerTarget, dist: Distributed, table: str) -> list[Rep
 
 def endpoint(replica: Replica, url: TargetURL, shard_map: dict[str, str],
              env: dict[str, str]) -> TargetURL:
-    """A replica's HTTP endpoint: --shard's, else the target URL itself for the target
-    server's own replica, else its host with the target URL's scheme and port."""
+    """A replica's HTTP endpoint: --shard's, else its host with the target URL's scheme
+    and port."""
     given = shard_map.get(replica.name)
     if given is not None:
         mapped = parse_target_url(given, env)
         return replace(url, scheme=mapped.scheme, host=mapped.host, port=mapped.port)
-    if replica.is_local:
-        return url
     return replace(url, host=replica.host)
 
 
@@ -516,7 +517,10 @@ def open_shards(entry: ServerTarget, table: str, dist: Distributed,
     seen: dict[str, str] = {}
     try:
         for number in sorted({r.shard for r in layout}):
-            replicas = [r for r in layout if r.shard == number]
+            # the target server's own replica first: prefer_localhost_replica sends the
+            # route's rows for its shard there
+            replicas = sorted((r for r in layout if r.shard == number), key=lambda r: (
+                endpoint(r, entry.url, shard_map, env).base != entry.url.base, r.number))
             shards.append(_open_shard(entry, replicas, shard_map, env, seen, dist))
     except BaseException:
         for shard in shards:
@@ -550,15 +554,17 @@ def _open_shard(entry: ServerTarget, replicas: list[Replica], shard_map: dict[st
 
 def _check_identity(target: ServerTarget, replica: Replica, dist: Distributed,
                     url: TargetURL) -> None:
-    rows = target.rows(f"SELECT shard_num, replica_num FROM system.clusters WHERE cluster = "
+    """The server at `url` says it is of the replica's shard (18.16 marks every replica
+    of a server's own shard is_local, so the shard is what can be checked)."""
+    rows = target.rows(f"SELECT DISTINCT shard_num FROM system.clusters WHERE cluster = "
                        f"{quote_str(dist.cluster)} AND is_local")
-    if rows and (int(rows[0]["shard_num"]), int(rows[0]["replica_num"])) != (
-            replica.shard, replica.number):
+    own = sorted(int(r["shard_num"]) for r in rows)
+    if own and own != [replica.shard]:
         target.close()
         raise UsageError(
-            f"cluster {dist.cluster}: {url.display} is shard {rows[0]['shard_num']} replica "
-            f"{rows[0]['replica_num']}, not shard {replica.shard} replica {replica.number} "
-            f"({replica.name}); map it with --shard {replica.name}=http(s)://HOST:PORT")
+            f"cluster {dist.cluster}: {url.display} is a server of shard "
+            f"{', '.join(map(str, own))}, not of shard {replica.shard} ({replica.name}); map "
+            f"it with --shard {replica.name}=http(s)://HOST:PORT")
 
 
 def check_locals(shards: list[Shard], dist: Distributed, table: str) -> None:
