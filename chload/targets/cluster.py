@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 from chload.errors import ChloadError, DataError, TransientError, UsageError
+from chload.faults import crash_point
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, TableState
 from chload.rejects import ErrorBudget
 from chload.schema import Column, display_table, quote_ident, quote_str, split_table
@@ -318,6 +319,7 @@ class ClusterTarget:
             self._drop(stage, route, made)
             raise
         progress(sum(d.rows for d in done), sum(d.bytes for d in done))
+        crash_point("cluster-routed")  # every shard's stage filled, none committed
         try:
             committed = self._commit(job, stage, todo, shares, done)
         finally:
@@ -346,8 +348,9 @@ class ClusterTarget:
     def _commit(self, job: LoadJob, stage: str, todo: list[Shard],
                 shares: dict[int, tuple[int, list[str]]], done: list[Loaded]) -> set[int]:
         """Each shard's share into its local table with its own ledger entry, the shards
-        at once; return the shards that attached theirs. A shard that fails stops nothing of the others:
-        the error is raised after, and a retry loads only the shards still lacking it."""
+        at once; return the shards that attached theirs. A shard that fails stops
+        nothing of the others: the error is raised after, and a retry loads only the
+        shards still lacking it."""
         read = sum(d.bytes for d in done)
         total = sum(rows for rows, _ in shares.values()) or 1
 
