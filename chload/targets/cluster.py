@@ -40,6 +40,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from chload.errors import ChloadError, DataError, TransientError, UsageError
 from chload.faults import crash_point
@@ -55,6 +56,7 @@ from chload.targets.server import ServerTarget, _event
 from chload.targets.stages import seal
 
 SHARD_BY = ("auto", "file")
+T = TypeVar("T")
 _RANDOM = re.compile(r"\brand(64|Constant)?\s*\(", re.IGNORECASE)
 
 
@@ -301,22 +303,21 @@ class ClusterTarget:
         todo = self._pending(job) or list(self.shards)  # none lacks it: --force
         stage = stage_name(self.entry.committer.holder)
         route = f"{stage}r"
-        made: list[Shard] = []
         try:
             job = identity.as_read(job)
             self.entry._streams.stage_turn()
-            for shard in self.shards:
-                shard.target.command(f"CREATE TABLE {DATABASE}.{stage} AS {self.local}"
-                                     f"{shard.stage_engine}")
-                made.append(shard)
-            self.entry.command(
-                f"CREATE TABLE {DATABASE}.{route} AS {self.table} ENGINE = Distributed("
-                f"{quote_ident(self.dist.cluster)}, {DATABASE}, {stage}, {self.dist.key})")
+            _at_once([(lambda s=s: s.target.command(
+                f"CREATE TABLE {DATABASE}.{stage} AS {self.local}{s.stage_engine}"))
+                for s in self.shards] + [lambda: self.entry.command(
+                    f"CREATE TABLE {DATABASE}.{route} AS {self.table} ENGINE = Distributed("
+                    f"{quote_ident(self.dist.cluster)}, {DATABASE}, {stage}, {self.dist.key})")])
             done = self._route(job, route, stage)
-            shares = {s.number: seal(s.target, stage) for s in self.shards}
+            sealed = _at_once([lambda s=s: seal(s.target, stage)  # type: ignore[misc]
+                               for s in self.shards])
+            shares = {s.number: share for s, share in zip(self.shards, sealed, strict=True)}
             identity.check_read(job)
         except ChloadError:
-            self._drop(stage, route, made)
+            self._drop(stage, route, self.shards)
             raise
         progress(sum(d.rows for d in done), sum(d.bytes for d in done))
         crash_point("cluster-routed")  # every shard's stage filled, none committed
@@ -397,9 +398,10 @@ class ClusterTarget:
         shard.seconds += seconds
 
     def _drop(self, stage: str, route: str, shards: Sequence[Shard]) -> None:
-        self.entry._drop(route)
-        for shard in shards:
-            shard.target._drop(stage)
+        """Drop the route and the stages, at once (one the server did not drop now is
+        tried again at close; a stage of a process gone is an orphan the next run drops)."""
+        _at_once([lambda: self.entry._drop(route)] + [
+            (lambda s=s: s.target._drop(stage)) for s in shards])  # type: ignore[misc]
 
     def shard_report(self) -> list[dict]:
         """Per shard: where, rows and bytes committed this run, seconds committing."""
@@ -417,6 +419,24 @@ class ClusterTarget:
         for shard in self.shards:
             with contextlib.suppress(ChloadError):
                 shard.target.close()
+
+
+def _at_once(calls: Sequence[Callable[[], T]]) -> list[T]:
+    """Each call on a thread of its own (one per shard: a round trip each), results in
+    the calls' order; the first error is raised once all are done."""
+    from chload.runner import on_threads
+
+    def one(i: int) -> tuple[int, T | BaseException]:
+        try:
+            return i, calls[i]()
+        except ChloadError as exc:
+            return i, exc
+
+    results = dict(on_threads(one, range(len(calls)), len(calls) or 1))
+    for i in range(len(calls)):
+        if isinstance(results[i], BaseException):
+            raise results[i]  # type: ignore[misc]
+    return [results[i] for i in range(len(calls))]  # type: ignore[misc]
 
 
 class ClusterLedger(Ledger):
