@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from chload.errors import ChloadError, DataError, TransientError, UsageError
+from chload.errors import ChloadError, DataError, SourceError, TransientError, UsageError
 from chload.faults import crash_point
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, TableState
 from chload.rejects import ErrorBudget
@@ -382,8 +382,19 @@ class ClusterTarget:
         return {shard.number for shard, r in results if r is True}
 
     def _pending(self, job: LoadJob) -> list[Shard]:
-        """The shards whose ledger lacks any of the job's files at their identity."""
+        """The shards whose ledger lacks any of the job's files at their identity. A file
+        some shards have under another identity while others lack it (it changed after
+        a crash between shards' commits) is refused: its shares would mix versions."""
         known = self.known.by_shard
+        for f in job.files:
+            events = {s.number: known.get(s.number, {}).get(f.uri) for s in self.shards}
+            stale = [n for n, e in events.items() if e is not None and e.identity != f.identity]
+            if stale and None in events.values():
+                raise SourceError(
+                    f"{f.uri}: changed since shard {stale[0]} loaded it, and shard "
+                    f"{next(n for n, e in events.items() if e is None)} has not: its shares "
+                    "would mix two versions; restore it, or drop the shards' rows of it and "
+                    "load with --force")
         return [s for s in self.shards if any(
             (e := known.get(s.number, {}).get(f.uri)) is None or e.identity != f.identity
             for f in job.files)]
@@ -611,6 +622,11 @@ def check_locals(shards: list[Shard], dist: Distributed, table: str) -> None:
             raise UsageError(f"table {display_table(table)}: local table {where} is "
                              f"{engine.split('(')[0]}; chload loads MergeTree-family tables")
         replicated = engine.startswith("Replicated")
+        if replicated and " PARTITION BY " in engine:
+            raise UsageError(f"table {display_table(table)}: local table {where} is a "
+                             "partitioned Replicated table: not loaded yet (its block numbers "
+                             "count per partition, which the commit's mark rule does not "
+                             "allow for); use an unpartitioned one, or load each replica")
         if first is None:
             first = (shard.name, columns)
         elif columns != first[1]:

@@ -54,3 +54,26 @@ def test_whole_files_spread_by_weight_and_stable() -> None:
     counts = Counter(cluster.shard_of(f"s3://b/f{i}.csv").number for i in range(4000))
     assert 0.9 < counts[2] / (counts[1] + counts[3]) < 1.1
     assert cluster.shard_of("s3://b/x.csv") is cluster.shard_of("s3://b/x.csv")
+
+
+def test_a_file_changed_between_shards_commits_is_refused() -> None:
+    from chload.errors import SourceError
+    from chload.formats import FileFormat
+    from chload.ledger import FileEvent
+    from chload.sources import SourceFile
+    from chload.targets import LoadJob
+    from chload.targets.cluster import _Loaded
+
+    cluster = object.__new__(ClusterTarget)
+    cluster.shards = [_Shard(1, 1), _Shard(2, 2), _Shard(3, 1)]  # type: ignore[list-item]
+    fmt = FileFormat("CSV", "none")
+    old = SourceFile("f", 1, 1, fmt, etag="v1")
+    cluster.known = _Loaded({1: {"f": FileEvent("t", "f", old.identity, 1, 1, "loaded")}})
+
+    def job(f: SourceFile) -> LoadJob:
+        return LoadJob(file=f, table="t", table_display="t", columns=(), read_columns=(),
+                       audit=False, settings=(), run_id="r")
+
+    assert [s.number for s in cluster._pending(job(old))] == [2, 3]
+    with pytest.raises(SourceError, match="changed since shard 1 loaded it"):
+        cluster._pending(job(SourceFile("f", 2, 2, fmt, etag="v2")))
