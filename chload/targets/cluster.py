@@ -250,6 +250,10 @@ class ClusterTarget:
                      workers: int) -> list[tuple[SourceFile, ...]]:
         """By file: each shard's files batched as a server's are. By row: small files
         in groups too (gathered in the loader's engine, then routed as one)."""
+        if budget.allows_errors and not self.by_file:
+            raise UsageError(f"--max-errors/--max-error-ratio into {self.table_display} by "
+                             "row: not supported yet (the server routes every row); load "
+                             "with --shard-by file, or without an error budget")
         if budget.allows_errors:
             return [(f,) for f in files]
         if not self.by_file:
@@ -321,10 +325,13 @@ class ClusterTarget:
             raise
         progress(sum(d.rows for d in done), sum(d.bytes for d in done))
         crash_point("cluster-routed")  # every shard's stage filled, none committed
-        try:
-            committed = self._commit(job, stage, todo, shares, done)
-        finally:
-            self._drop(stage, route, self.shards)
+        committed, failed = self._commit(job, stage, todo, shares, done)
+        # A commit that may have attached (not a TransientError) keeps its stage: the
+        # shard's next run settles it by the mark rule (commit.py rule 4).
+        keep = {n for n, exc in failed.items() if not isinstance(exc, TransientError)}
+        self._drop(stage, route, [s for s in self.shards if s.number not in keep])
+        if failed:
+            raise next(iter(failed.values()))
         if not committed:
             return [Loaded(0, d.bytes, elsewhere=True) for d in done]
         if not job.batch:  # one file: the rows of the shares committed now
@@ -347,11 +354,12 @@ class ClusterTarget:
             return [Loaded(0, entry._push(job, route))]
 
     def _commit(self, job: LoadJob, stage: str, todo: list[Shard],
-                shares: dict[int, tuple[int, list[str]]], done: list[Loaded]) -> set[int]:
+                shares: dict[int, tuple[int, list[str]]], done: list[Loaded],
+                ) -> tuple[set[int], dict[int, BaseException]]:
         """Each shard's share into its local table with its own ledger entry, the shards
-        at once; return the shards that attached theirs. A shard that fails stops
-        nothing of the others: the error is raised after, and a retry loads only the
-        shards still lacking it."""
+        at once; return the shards that attached theirs, and the errors of those that
+        failed. A shard that fails stops nothing of the others: a retry loads only the
+        shards still lacking the unit."""
         read = sum(d.bytes for d in done)
         total = sum(rows for rows, _ in shares.values()) or 1
 
@@ -376,10 +384,8 @@ class ClusterTarget:
         from chload.runner import on_threads
 
         results = on_threads(one, todo, len(todo) or 1)
-        errors = [r for _, r in results if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
-        return {shard.number for shard, r in results if r is True}
+        return ({shard.number for shard, r in results if r is True},
+                {shard.number: r for shard, r in results if isinstance(r, BaseException)})
 
     def _pending(self, job: LoadJob) -> list[Shard]:
         """The shards whose ledger lacks any of the job's files at their identity. A file
