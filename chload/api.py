@@ -56,6 +56,8 @@ class LoadSpec:
     batch_seconds: float | None = None  # kafka:// --follow: a unit at least this often
     query: str | None = None  # a database source: load this query's rows (one unit)
     incremental_by: str | None = None  # a database source: load rows above the ledger's mark
+    shards: tuple[tuple[str, str], ...] = ()  # a cluster's replica HOST:TCP_PORT -> its URL
+    shard_by: str = "auto"  # a Distributed table: auto (rows by its key) or file
 
     def __post_init__(self) -> None:
         for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
@@ -90,6 +92,7 @@ _SPEC_TYPES = {
     "kafka_options": options.settings, "follow": options.flag,
     "batch_rows": options.optional_whole, "batch_seconds": options.optional_seconds,
     "query": options.optional_text, "incremental_by": options.optional_text,
+    "shards": options.settings, "shard_by": options.text,
 }
 Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 TargetName = str | os.PathLike[str] | None
@@ -125,6 +128,7 @@ class LoadReport:
     created_table: bool = False
     recovered: int = 0
     saturation: dict = field(default_factory=dict)  # CPU, disk, network; see monitor.py
+    shards: list[dict] = field(default_factory=list)  # a cluster: per shard rows, bytes, s
     files: list[FileResult] = field(default_factory=list)
 
     @property
@@ -226,8 +230,20 @@ def _load_stream(spec: LoadSpec, target: Target, listener: Listener) -> LoadRepo
 
 def _load(spec: LoadSpec, target: Target, sources: RunSources, listed: list[SourceFile],
           listener: Listener, run_id: str = "", record: bool = True) -> LoadReport:
-    started_ns, clock = time.time_ns(), time.monotonic()
+    """Into `target`, or into each shard of its Distributed table (targets/cluster.py)."""
+    from chload.targets.cluster import ClusterTarget, for_table
+
     table = planner.parse_table(spec.table, _default_database(target))
+    with for_table(target, table.sql, spec.shards, spec.shard_by, dict(os.environ)) as t:
+        report = _load_table(spec, t, table, sources, listed, listener, run_id, record)
+        report.shards = t.shard_report() if isinstance(t, ClusterTarget) else []
+        return report
+
+
+def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources: RunSources,
+                listed: list[SourceFile], listener: Listener, run_id: str = "",
+                record: bool = True) -> LoadReport:
+    started_ns, clock = time.time_ns(), time.monotonic()
     _check_settings(target, spec.settings)
     report = LoadReport(table.display, target.display, run_id or os.urandom(6).hex())
     existing = target.table_columns(table.sql)
@@ -441,13 +457,20 @@ def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int) -> RunRecor
     )
 
 
-def files(table: str, target: TargetName = None, **unknown: object) -> list[FileEvent]:
-    """The ledger: each file's latest state for a table."""
-    options.no_unknown("files", unknown, ["table", "target"])
+def files(table: str, target: TargetName = None, shards: object = (),
+          **unknown: object) -> list[FileEvent]:
+    """The ledger: each file's latest state for a table (a Distributed table's: each
+    file's on each shard, `target_table` naming the shard; `shards` as LoadSpec's)."""
+    options.no_unknown("files", unknown, ["table", "target", "shards"])
     name = options.text("table", table)
     planner.parse_table(name)
+    from chload.targets.cluster import for_table
+
     with _opened(target) as t:
-        return t.ledger.latest(planner.parse_table(name, _default_database(t)).display)
+        table_name = planner.parse_table(name, _default_database(t))
+        with for_table(t, table_name.sql, options.settings("shards", shards),
+                       env=dict(os.environ)) as c:
+            return c.ledger.latest(table_name.display)
 
 
 def sql(query: str, target: TargetName = None, fmt: str = "TSV", **unknown: object) -> str:

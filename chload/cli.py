@@ -71,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     _common(files)
     files.add_argument("--table", "-t", required=True)
     files.add_argument("--json", action="store_true", help="print JSON (a list of objects)")
+    files.add_argument("--shard", action="append", default=[], metavar="HOST:TCP_PORT=URL",
+                       help="a Distributed table's replica and its HTTP URL (as for load)")
     files.set_defaults(func=_files)
     sql = commands.add_parser("sql", help="run SQL against the target")
     _common(sql)
@@ -137,6 +139,12 @@ def _load_parser(commands: Any) -> None:
     p.add_argument("--incremental-by", metavar="COLUMN", help="a database source: load the "
                    "rows whose COLUMN (one that only grows) is above what was loaded")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
+    p.add_argument("--shard", action="append", default=[], metavar="HOST:TCP_PORT=URL",
+                   help="a Distributed table's replica (as system.clusters names it) and "
+                   "its HTTP URL (repeatable; default: its host, the target's port)")
+    p.add_argument("--shard-by", default="auto", choices=["auto", "file"],
+                   help="a Distributed table: rows by its sharding key (auto) or whole "
+                   "files by weight")
     p.set_defaults(func=_load)
 
 
@@ -162,7 +170,7 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
 _LOAD_ONLY: dict[str, Any] = {"order_by": None, "partition_by": None, "audit": False,
                                "workers": None, "force": False, "on_error": "continue",
                                "follow": False, "batch_rows": None, "batch_seconds": None,
-                               "query": None, "incremental_by": None}
+                               "query": None, "incremental_by": None, "shard_by": "auto"}
 
 
 def _spec(args: argparse.Namespace) -> Any:
@@ -175,8 +183,19 @@ def _spec(args: argparse.Namespace) -> Any:
         max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
         settings=_settings(getattr(args, "setting", [])),
         kafka_options=_settings(getattr(args, "kafka_option", []), "--kafka-option"),
+        shards=_shards(getattr(args, "shard", [])),
         **{name: getattr(args, name, default) for name, default in _LOAD_ONLY.items()},
     )
+
+
+def _shards(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in values:
+        name, sep, url = item.partition("=")
+        if not sep:
+            raise UsageError(f"--shard {item}: write it as HOST:TCP_PORT=http(s)://HOST:PORT")
+        out.append((name.strip(), url.strip()))
+    return tuple(out)
 
 
 def _settings(values: Sequence[str], flag: str = "--setting") -> tuple[tuple[str, str], ...]:
@@ -224,7 +243,7 @@ def _files(args: argparse.Namespace) -> int:
 
     from chload.api import files
 
-    events = files(args.table, args.target)
+    events = files(args.table, args.target, shards=_shards(args.shard))
     if args.json:
         print(json.dumps([_file_row(asdict(e)) for e in events]))
     else:

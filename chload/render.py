@@ -113,6 +113,11 @@ def print_files(table: str, events: Sequence[FileEvent]) -> None:
         return
     header = ["file", "state", "rows", "bytes", "loaded_at", "error"]
     rows = [[e.uri, e.state, str(e.rows), str(e.size), _when(e.seq), e.error] for e in events]
+    if any(" shard " in e.target_table for e in events):  # a cluster: a row per shard
+        header.insert(1, "shard")
+        for row, e in zip(rows, events, strict=True):
+            row.insert(1, e.target_table.rpartition(" shard ")[2] if " shard " in
+                       e.target_table else "-")
     _table(f"files of {table}", header, rows)
 
 

@@ -89,6 +89,24 @@ def mariadb(services_dir: Path) -> Iterator[services.Service]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def weighted_cluster(services_dir: Path) -> Iterator[services.ClickHouseCluster]:
+    """Three 18.16 servers, one shard each, weighted 1/2/1 (scripts/services/clusters.py)."""
+    _require("weighted-cluster")
+    cluster = services.start_weighted_cluster(services_dir)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def replicated_cluster(services_dir: Path) -> Iterator[services.ClickHouseCluster]:
+    """2 shards x 2 replicas of 18.16 with ZooKeeper (ReplicatedMergeTree, ON CLUSTER)."""
+    _require("replicated-cluster")
+    cluster = services.start_replicated_cluster(services_dir)
+    yield cluster
+    cluster.stop()
+
+
 @pytest.fixture
 def table_name() -> str:
     """A table name of its own for each test."""

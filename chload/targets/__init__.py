@@ -148,11 +148,13 @@ class Target(Protocol):
 
 
 if TYPE_CHECKING:  # both targets are Targets: mypy checks every member above
+    from chload.targets.cluster import ClusterTarget
     from chload.targets.embedded import EmbeddedTarget
     from chload.targets.server import ServerTarget
 
-    def _conforms(e: EmbeddedTarget, s: ServerTarget) -> tuple[Target, Target]:
-        return e, s
+    def _conforms(e: EmbeddedTarget, s: ServerTarget,
+                  c: ClusterTarget) -> tuple[Target, Target, Target]:
+        return e, s, c
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,6 +59,7 @@ class StageFilling:
     client: HttpClient
     engine: Engine
     _streams: Streams
+    insert_params: dict[str, str]  # server settings of every data INSERT (a cluster's route)
 
     if TYPE_CHECKING:
         def command(self, sql: str) -> None: ...
@@ -100,7 +101,8 @@ class StageFilling:
         headers = {}
         if f.format.compression != "none":
             headers["Content-Encoding"] = f.format.compression
-        params = {"max_insert_block_size": str(self._part_rows(job)), **dict(job.settings)}
+        params = {"max_insert_block_size": str(self._part_rows(job)), **self.insert_params,
+                  **dict(job.settings)}
         with os.fdopen(open_listed(f), "rb") as body:
             if not f.size:  # no rows to post (and sendfile refuses a length of 0)
                 return 0
@@ -181,7 +183,7 @@ class StageFilling:
         names = ", ".join(quote_ident(c.name) for c in columns)
         insert = f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT Native"
         squash = {"min_insert_block_size_rows": str(self._part_rows(job)),
-                  "min_insert_block_size_bytes": str(PART_BYTES)}
+                  "min_insert_block_size_bytes": str(PART_BYTES), **self.insert_params}
         select = select or select_sql(job.file, job.columns, job.read_columns, audit)
         read = self._send(insert, columns, select, self._push_settings(job, extra),
                           job.file.uri, squash)

@@ -106,6 +106,10 @@ class ServerTarget(StageFilling):
         self.path = tempfile.mkdtemp(prefix="chload-server-")  # spooled stdin lives here
         self.loaded = LoadedEvents(self.ledger)
         self._engines: dict[str, str] = {}
+        # table -> ' ENGINE = ...' of its stages: a cluster's Replicated local tables,
+        # staged in a plain MergeTree of the same keys (targets/cluster.py)
+        self.stage_engines: dict[str, str] = {}
+        self.insert_params: dict[str, str] = {}  # server settings of every data INSERT
         self._undropped: set[str] = set()
         self._started_ns = time.time_ns()  # files committed by other runs after this count
         self._reading = threading.local()
@@ -217,7 +221,8 @@ class ServerTarget(StageFilling):
         try:
             job = identity.as_read(job)
             self._streams.stage_turn()
-            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
+            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
+                         f"{self.stage_engines.get(job.table, '')}")
             read = self._budgeted(job, stage, errors_file) if errors_file else self._fill(
                 job, stage)
             rows, partitions = seal(self, stage)
@@ -284,7 +289,8 @@ class ServerTarget(StageFilling):
         try:
             job = identity.as_read(job)
             self._streams.stage_turn()
-            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
+            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
+                         f"{self.stage_engines.get(job.table, '')}")
             if self._gathers(job):
                 done = self._gather(job, stage)
             else:
@@ -323,6 +329,8 @@ class ServerTarget(StageFilling):
             found = self.rows(f"SELECT engine FROM system.tables WHERE database = "
                               f"{quote_str(database)} AND name = {quote_str(name)}")
             engine = self._engines[job.table] = found[0]["engine"] if found else ""
+        if engine.startswith("Replicated") and job.table in self.stage_engines:
+            engine = engine.removeprefix("Replicated")
         if engine.startswith("Replicated"):
             raise UsageError(f"table {job.table_display} is {engine}: load replicated tables "
                              "through a cluster target (not built yet)")

@@ -824,7 +824,7 @@ def __getattr__(name: str) -> object:
 INSTALLERS: dict[str, Callable[[], Path]] = {
     "clickhouse": install_clickhouse, "minio": install_minio, "hdfs": install_hdfs}
 # What CI installs and smokes (``all``), and what the stream/cluster issues will need.
-GROUPS = {"all": ["clickhouse", "minio", "hdfs", "kafka", "postgres", "mariadb"],
+GROUPS = {"all": ["clickhouse", "minio", "hdfs", "kafka", "postgres", "mariadb", "zookeeper"],
           "streams": ["kafka", "postgres", "mariadb", "zookeeper"]}
 SMOKE_GROUPS = {**GROUPS, "streams": [*GROUPS["streams"], "weighted-cluster",
                                       "replicated-cluster"]}

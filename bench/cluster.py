@@ -1,0 +1,192 @@
+"""chload into a sharded cluster against the ways people load one by hand (issue 14).
+
+Three ClickHouse 18.16 servers on 127.0.0.1 (scripts/services/clusters.py), shards
+weighted 1/2/1, a Distributed(c, default, t_local, cityHash64(id)) table over them; the
+trips data (10 gzip CSV files of 1M rows by default). Every method starts from empty
+tables and is checked after: every row there once, none on a shard its key does not
+name. Methods, alternated round by round (this machine is shared and noisy):
+
+- curl sync 2 / 4: `xargs -P2|-P4 curl` posting each file into the Distributed table
+  with insert_distributed_sync=1 (the server parses and sends each shard its rows);
+- curl async 2: the same with insert_distributed_sync=0, timed until every row has
+  reached its shard (the inserts return before that);
+- hand per-shard: a script splitting each file in chDB by the key (the slots of each
+  shard) and pushing Native straight into each shard's local table (url()), 2 at a time;
+- chload: `chload load` into the Distributed table (routed per file into per-shard
+  stages, committed per shard with its ledger entry).
+
+    python3 bench/cluster.py [--files 10] [--rows 1000000] [--repeats 3] [--json out]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts", "services"))
+from common import (  # noqa: E402
+    CACHE,
+    TRIPS_SCHEMA,
+    compile_chload,
+    interleave,
+    make_trips,
+    print_ratios,
+    time_process,
+)
+
+KEY = "cityHash64(id)"
+WEIGHTS = (1, 2, 1)
+SLOTS = {1: [0], 2: [1, 2], 3: [3]}
+CHLOAD = "chload (route per file into per-shard stages, commit per shard)"
+SYNC2, SYNC4 = "curl -> Distributed, sync, 2 at a time", "curl -> Distributed, sync, 4 at a time"
+ASYNC2 = "curl -> Distributed, async, 2 at a time (until on shards)"
+HAND = "hand per-shard (chDB split by key, Native to each shard, 2 at a time)"
+
+_HAND_SCRIPT = r"""
+import sys, urllib.parse, threading, chdb.session
+files, urls = sys.argv[1].split(','), sys.argv[2].split(',')
+table, schema, key = sys.argv[3:6]
+slots = ['(0)', '(1, 2)', '(3)']
+local = threading.local()
+def one(path):
+    s = getattr(local, 's', None) or chdb.session.Session()
+    local.s = s
+    for url, mine in zip(urls, slots):
+        q = urllib.parse.urlencode({'query': f'INSERT INTO default.{table}_local FORMAT Native'})
+        s.query(f"INSERT INTO FUNCTION url('{url}/?{q}', 'Native', '{schema}') SELECT * FROM "
+                f"file('{path}', 'CSVWithNames', '{schema}') WHERE {key} % 4 IN {mine} "
+                "SETTINGS max_threads = 1")
+def worker(items):
+    for p in items:
+        one(p)
+threads = [threading.Thread(target=worker, args=(files[i::2],)) for i in range(2)]
+[t.start() for t in threads]; [t.join() for t in threads]
+"""
+
+
+def query(url: str, sql: str) -> str:
+    req = urllib.request.Request(f"{url}/?{urllib.parse.urlencode({'query': sql})}",
+                                 data=b"", method="POST")
+    return urllib.request.urlopen(req, timeout=300).read().decode()
+
+
+class Cluster:
+    def __init__(self, urls: list[str], endpoints: list[str], name: str) -> None:
+        self.urls, self.endpoints, self.name = urls, endpoints, name
+        self.table = ""
+        self.n = 0
+
+    def fresh(self) -> None:
+        if self.table:
+            self.drop()
+        self.n += 1
+        self.table = f"bench_{os.getpid()}_{self.n}"
+        for url in self.urls:
+            query(url, f"CREATE TABLE default.{self.table}_local ({TRIPS_SCHEMA}) "
+                       "ENGINE = MergeTree ORDER BY id")
+        query(self.urls[0], f"CREATE TABLE default.{self.table} AS default.{self.table}_local "
+                            f"ENGINE = Distributed({self.name}, default, {self.table}_local, "
+                            f"{KEY})")
+
+    def drop(self) -> None:
+        query(self.urls[0], f"DROP TABLE IF EXISTS default.{self.table}")
+        for url in self.urls:
+            query(url, f"DROP TABLE IF EXISTS default.{self.table}_local")
+
+    def counts(self) -> list[tuple[int, int]]:
+        """Per shard: (rows, rows whose key is not of that shard)."""
+        out = []
+        for url, slots in zip(self.urls, SLOTS.values(), strict=True):
+            row = query(url, f"SELECT count(), countIf(NOT has({slots}, {KEY} % 4)) FROM "
+                             f"default.{self.table}_local").split()
+            out.append((int(row[0]), int(row[1])))
+        return out
+
+    def check(self, total: int, method: str) -> None:
+        counts = self.counts()
+        if sum(c for c, _ in counts) != total or any(bad for _, bad in counts):
+            sys.exit(f"{method}: wrong rows per shard {counts} (want {total} in all, none "
+                     "misplaced)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--files", type=int, default=10)
+    parser.add_argument("--rows", type=int, default=1_000_000, help="rows per file")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args()
+    csv = make_trips(os.path.join(CACHE, f"trips-csvgz-{args.files}x{args.rows}"), args.files,
+                     args.rows)
+    compile_chload()
+    import services
+
+    with tempfile.TemporaryDirectory(prefix="chload-bench-cluster-") as work:
+        cluster = services.start_weighted_cluster(Path(work), WEIGHTS)
+        try:
+            run(args, Cluster(cluster.urls, cluster.endpoints, cluster.name), csv)
+        finally:
+            cluster.stop()
+
+
+def run(args: argparse.Namespace, c: Cluster, csv: list[str]) -> None:
+    total = args.files * args.rows
+    files = " ".join(shlex.quote(p) for p in csv)
+    shards = [a for e, u in zip(c.endpoints, c.urls, strict=True) for a in ("--shard", f"{e}={u}")]
+
+    def curl(parallel: int, sync: int) -> list[str]:
+        insert = urllib.parse.quote_plus(f"INSERT INTO default.{c.table} FORMAT CSVWithNames")
+        return ["sh", "-c", f"printf '%s\\n' {files} | xargs -P{parallel} -I{{}} curl -sSf "
+                f"-H 'Content-Encoding: gzip' --data-binary @{{}} "
+                f"'{c.urls[0]}/?query={insert}&insert_distributed_sync={sync}'"]
+
+    def timed(build, settle: bool = False) -> float:  # noqa: ANN001
+        c.fresh()
+        started = time.perf_counter()
+        time_process(build())
+        while settle and sum(n for n, _ in c.counts()) < total:
+            time.sleep(0.01)
+        seconds = time.perf_counter() - started
+        c.check(total, " ".join(build()[:3]))
+        return seconds
+
+    def chload() -> list[str]:
+        glob = os.path.join(os.path.dirname(csv[0]), "*.csv.gz")
+        return [sys.executable, "-m", "chload", "load", glob, "--table", c.table, "--target",
+                f"{c.urls[0]}/default", *shards, "--quiet"]
+
+    def hand() -> list[str]:
+        return [sys.executable, "-c", _HAND_SCRIPT, ",".join(csv), ",".join(c.urls), c.table,
+                TRIPS_SCHEMA, KEY]
+
+    timings = interleave({
+        SYNC2: lambda: timed(lambda: curl(2, 1)),
+        SYNC4: lambda: timed(lambda: curl(4, 1)),
+        ASYNC2: lambda: timed(lambda: curl(2, 0), settle=True),
+        HAND: lambda: timed(hand),
+        CHLOAD: lambda: timed(chload),
+    }, args.repeats)
+    c.drop()
+    print(f"data: {args.files} files x {args.rows:,} rows (trips: {TRIPS_SCHEMA}), gzip CSV; "
+          f"3 ClickHouse {query(c.urls[0], 'SELECT version()').strip()} servers on 127.0.0.1, "
+          f"shards weighted 1/2/1, Distributed(..., {KEY}); {os.cpu_count()} cores shared")
+    result = print_ratios("cluster target: 3 shards weighted 1/2/1", timings, SYNC2, None)
+    fastest = min((t.median, name) for name, t in timings.items() if name != CHLOAD)
+    speed = fastest[0] / timings[CHLOAD].median
+    print(f"chload speed vs the fastest other method ({fastest[1]}): {speed:.2f}x "
+          "(that method's median time / chload's)")
+    result["chload_vs_fastest"] = {"fastest": fastest[1], "speed": speed}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

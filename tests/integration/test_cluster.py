@@ -1,0 +1,223 @@
+"""The cluster target against real 18.16 clusters (issue 14): a Distributed table loaded
+shard by shard, exactly once per (file, shard), every row on the shard its key names.
+
+Each shard is checked on its own server: its rows whose key does not belong there
+(the key modulo the total weight, outside the shard's slots) must be none.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import services
+from common import make_trips
+from conftest import run_chload
+
+SCHEMA = "id UInt64, miles UInt32, duration UInt32, vehicle_id UInt8"
+FILES, ROWS = 8, 125_000  # 1M rows
+SLOTS = {1: [0], 2: [1, 2], 3: [3]}  # weights 1/2/1: key % 4 -> shard
+
+
+@pytest.fixture(scope="module")
+def trips(tmp_path_factory: pytest.TempPathFactory) -> str:
+    directory = tmp_path_factory.mktemp("cluster-trips")
+    make_trips(str(directory), FILES, ROWS)
+    return str(directory / "*.csv.gz")
+
+
+def q(server: services.Service, sql: str) -> str:
+    return services.clickhouse_query(server, sql).strip()
+
+
+def shard_args(cluster: services.ClickHouseCluster) -> list[str]:
+    return [a for s in cluster.servers for a in ("--shard", f"{s.endpoint}={s.url}")]
+
+
+def make_tables(cluster: services.ClickHouseCluster, key: str | None,
+                local_engine: str = "MergeTree ORDER BY id") -> str:
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    for server in cluster.servers:
+        q(server, f"CREATE TABLE default.{name}_local ({SCHEMA}) ENGINE = {local_engine}")
+    args = f"{cluster.name}, default, {name}_local" + (f", {key}" if key else "")
+    q(cluster.servers[0], f"CREATE TABLE default.{name} AS default.{name}_local "
+                          f"ENGINE = Distributed({args})")
+    return name
+
+
+def load(cluster: services.ClickHouseCluster, pattern: str, table: str, *extra: str,
+         env: dict[str, str] | None = None):
+    return run_chload("load", pattern, "--table", table, "--target",
+                      f"{cluster.servers[0].url}/default", *shard_args(cluster), "--json",
+                      *extra, env=env, timeout=240)
+
+
+def per_shard(cluster: services.ClickHouseCluster, table: str, key: str) -> dict[int, tuple]:
+    """shard -> (rows, rows whose key % 4 is not one of the shard's slots)."""
+    found = {}
+    for shard, slots in SLOTS.items():
+        row = q(cluster.server(shard), f"SELECT count(), countIf(NOT has({slots}, {key} % 4)) "
+                                       f"FROM default.{table}_local").split("\t")
+        found[shard] = (int(row[0]), int(row[1]))
+    return found
+
+
+def assert_exact_and_placed(cluster: services.ClickHouseCluster, table: str,
+                            key: str = "cityHash64(id)") -> dict[int, tuple]:
+    shards = per_shard(cluster, table, key)
+    assert sum(rows for rows, _ in shards.values()) == FILES * ROWS, shards
+    assert [bad for _, bad in shards.values()] == [0, 0, 0], shards
+    ids = q(cluster.servers[0], f"SELECT uniqExact(id), count() FROM default.{table}")
+    assert ids == f"{FILES * ROWS}\t{FILES * ROWS}"
+    return shards
+
+
+def test_rows_by_key_land_on_their_shard_exactly_once(weighted_cluster, trips):
+    table = make_tables(weighted_cluster, "cityHash64(id)")
+    done = load(weighted_cluster, trips, table)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["rows_loaded"] == FILES * ROWS
+    shards = assert_exact_and_placed(weighted_cluster, table)
+    assert {s["shard"]: s["rows"] for s in report["shards"]} == {
+        n: rows for n, (rows, _) in shards.items()}
+    assert 1.7 < shards[2][0] / shards[1][0] < 2.3  # weight 2 against weight 1
+
+    again = load(weighted_cluster, trips, table)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["files_skipped"] == FILES
+    assert_exact_and_placed(weighted_cluster, table)
+
+    listed = run_chload("files", "--table", table, "--target",
+                        f"{weighted_cluster.servers[0].url}/default",
+                        *shard_args(weighted_cluster), "--json")
+    rows = json.loads(listed.stdout)
+    assert len(rows) == FILES * 3 and {r["state"] for r in rows} == {"loaded"}
+    assert sum(r["rows"] for r in rows if r["table"].endswith("shard 2")) == shards[2][0]
+
+
+def test_kill_twice_mid_load_then_finish(weighted_cluster, trips):
+    """8 small files go in 4 batches of 2 (one per stream), each routed to every shard and
+    committed by the 3 shards at once: the first kill lands between shards' commits of
+    a batch (some shards have it, some are `committing`, some not yet), the second
+    after a batch's rows were routed into every shard's stage, before any commit."""
+    table = make_tables(weighted_cluster, "intHash64(id)")
+    killed = load(weighted_cluster, trips, table, "--workers", "4",
+                  env={"CHLOAD_CRASH_AT": "after-attach:2"})
+    assert killed.returncode == -9, killed.stderr
+    shards = per_shard(weighted_cluster, table, "intHash64(id)")
+    assert 0 < sum(rows for rows, _ in shards.values()) < FILES * ROWS
+    killed = load(weighted_cluster, trips, table, "--workers", "4",
+                  env={"CHLOAD_CRASH_AT": "cluster-routed"})
+    assert killed.returncode == -9, killed.stderr
+    done = load(weighted_cluster, trips, table)
+    assert done.returncode == 0, done.stderr
+    assert_exact_and_placed(weighted_cluster, table, "intHash64(id)")
+    for server in weighted_cluster.servers:  # no stage or route table left behind
+        assert q(server, "SELECT count() FROM system.tables WHERE database = 'chload' AND "
+                         "startsWith(name, 'stage_')") == "0"
+
+
+def test_random_key_loads_whole_files_by_weight(weighted_cluster, trips):
+    table = make_tables(weighted_cluster, "rand()")
+    done = load(weighted_cluster, trips, table)
+    assert done.returncode == 0, done.stderr
+    assert "by file" in json.loads(done.stdout)["target"]
+    total = 0
+    for server in weighted_cluster.servers:
+        counts = q(server, f"SELECT intDiv(id, {ROWS}) AS f, count() FROM default.{table}_local "
+                           "GROUP BY f").splitlines()
+        for line in counts:  # each file on one shard, whole
+            assert int(line.split("\t")[1]) == ROWS
+        total += len(counts)
+    assert total == FILES
+
+
+def test_a_plain_table_loads_as_before(weighted_cluster, trips):
+    table = f"t_{uuid.uuid4().hex[:10]}"
+    server = weighted_cluster.servers[0]
+    q(server, f"CREATE TABLE default.{table} ({SCHEMA}) ENGINE = MergeTree ORDER BY id")
+    done = load(weighted_cluster, trips, table)
+    assert done.returncode == 2 and "--shard" in done.stderr  # --shard is for clusters only
+    done = run_chload("load", trips, "--table", table, "--target", f"{server.url}/default",
+                      "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["shards"] == []
+    assert q(server, f"SELECT count() FROM default.{table}") == str(FILES * ROWS)
+
+
+def test_a_shard_that_does_not_answer_is_one_line_before_any_row(weighted_cluster, trips):
+    table = make_tables(weighted_cluster, "cityHash64(id)")
+    third = weighted_cluster.server(3)
+    args = [a.replace(f"={third.url}", "=http://127.0.0.1:1") for a in
+            shard_args(weighted_cluster)]
+    done = run_chload("load", trips, "--table", table, "--target",
+                      f"{weighted_cluster.servers[0].url}/default", *args)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "shard 3 has no replica that answers" in lines[0], lines
+    assert per_shard(weighted_cluster, table, "cityHash64(id)") == {1: (0, 0), 2: (0, 0),
+                                                                      3: (0, 0)}
+
+
+def test_local_tables_that_differ_are_one_line(weighted_cluster, trips):
+    table = make_tables(weighted_cluster, "cityHash64(id)")
+    q(weighted_cluster.server(2), f"ALTER TABLE default.{table}_local ADD COLUMN extra String")
+    done = load(weighted_cluster, trips, table)
+    assert done.returncode == 2
+    assert "local tables differ" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_replicated_cluster_with_a_replica_down(replicated_cluster, trips):
+    cluster = replicated_cluster
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    first = cluster.server(1, 1)
+    q(first, f"CREATE TABLE default.{name}_local ON CLUSTER {cluster.name} ({SCHEMA}) ENGINE = "
+             f"ReplicatedMergeTree('/clickhouse/tables/{{cluster}}/{{shard}}/{name}', "
+             "'{replica}') ORDER BY id")
+    q(first, f"CREATE TABLE default.{name} AS default.{name}_local ENGINE = "
+             f"Distributed({cluster.name}, default, {name}_local, intHash64(id))")
+    down = cluster.server(2, 1)
+    down.stop()
+    try:
+        done = run_chload("load", trips, "--table", name, "--target", f"{first.url}/default",
+                          *[a for s in cluster.servers
+                            for a in ("--shard", f"{s.endpoint}={s.url}")], "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["rows_loaded"] == FILES * ROWS
+    finally:
+        down.start()
+    want = {}
+    for shard in (1, 2):
+        rows = q(cluster.server(shard, 2 if shard == 2 else 1),
+                 f"SELECT count(), countIf(intHash64(id) % 2 != {shard - 1}) FROM "
+                 f"default.{name}_local").split("\t")
+        assert rows[1] == "0"
+        want[shard] = rows[0]
+    assert int(want[1]) + int(want[2]) == FILES * ROWS
+    deadline = time.monotonic() + 60
+    while True:  # every replica agrees: the restarted one fetches what it missed
+        got = {(shard, r): q(cluster.server(shard, r),
+                             f"SELECT count() FROM default.{name}_local")
+               for shard in (1, 2) for r in (1, 2)}
+        if all(count == want[shard] for (shard, _), count in got.items()):
+            break
+        assert time.monotonic() < deadline, (got, want)
+        time.sleep(0.5)
+
+
+def test_files_in_path_stay_out_of_the_ledger_of_other_tables(weighted_cluster, trips):
+    """The shards' ledgers name the local table: the Distributed table's own server
+    ledger holds no loaded event of it (a plain load into the local table elsewhere is
+    not mistaken for the cluster's)."""
+    table = make_tables(weighted_cluster, "cityHash64(id)")
+    assert load(weighted_cluster, str(Path(trips).parent / "trips_000.csv.gz"),
+                table).returncode == 0
+    assert q(weighted_cluster.servers[0], f"SELECT count() FROM chload.files WHERE "
+                                          f"target_table = 'default.{table}'") == "0"
+    assert q(weighted_cluster.server(2), f"SELECT count() FROM chload.files WHERE "
+                                         f"target_table = 'default.{table}_local' AND "
+                                         "state = 'loaded'") == "1"
