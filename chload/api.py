@@ -11,20 +11,27 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from chload import options, planner, runner
-from chload.errors import TerminalError, UsageError
-from chload.ledger import COMMITTING, FAILED, FileEvent, RunRecord
+from chload.errors import UsageError
+from chload.ledger import COMMITTING, FileEvent
+from chload.loadrun import (
+    _check_settings,
+    _finish,
+    _job_settings,
+    _refuse,
+    _run_record,
+    _summarize,
+    _threads_per_file,
+)
 from chload.monitor import Monitor
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
-from chload.schema import quote_str, settings_sql
-from chload.sources import RunSources, SourceContext, SourceFile, display, kind_of
+from chload.sources import RunSources, SourceContext, SourceFile, kind_of
 from chload.targets import LoadJob, Target, TargetSpec, open_target
 from chload.validation import FileCheck as FileCheck
 from chload.validation import validate as validate
@@ -182,29 +189,6 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
         sources.close()  # what listing made, and what a source kept for the run
 
 
-# A file whose header (or JSON keys) names a column the table lacks fails, as the
-# sample's columns are checked (schema.match_columns), instead of loading without it:
-# chDB skips unknown fields by default (18.16 does not). A --setting overrides it.
-_READ_STRICT = (("input_format_skip_unknown_fields", "0"),)
-
-
-def _job_settings(spec: LoadSpec) -> tuple[tuple[str, str], ...]:
-    """The user's settings and chload's read defaults they do not set (no name twice:
-    in one SETTINGS clause the engine keeps the first)."""
-    given = {name for name, _ in spec.settings}
-    return (*spec.settings, *(s for s in _READ_STRICT if s[0] not in given))
-
-
-def _threads_per_file(workers: int, jobs: int) -> int:
-    """Engine threads per file: the cores shared among the files loading at once.
-
-    Measured on 2 cores, 10 gzip CSV files of 51 columns: two files at once with one
-    thread each took 3.3 s of CPU, the engine's default (parallel parsing, 2 threads
-    each) 4.4 s for the same wall time or worse. A lone file gets every core.
-    """
-    return max(1, (os.cpu_count() or 2) // max(1, min(workers, jobs)))
-
-
 def _load_stream(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     """A Kafka load (sources/kafka.py): each round's units through `_load`, one run.
     Imported here: confluent-kafka and the module cost ~9 ms of every other start."""
@@ -301,56 +285,6 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
     return report
 
 
-def _refuse(target: Target, table: planner.TableName,
-            refused: Sequence[tuple[SourceFile, str]], run_id: str,
-            listener: Listener) -> list[FileResult]:
-    """Files refused before loading (planner.check_headers): failed, in the ledger too."""
-    if refused:
-        target.ledger.record([FileEvent(table.display, f.uri, f.identity, f.size, f.mtime_ns,
-                                        FAILED, error=why, run_id=run_id) for f, why in refused])
-    for f, why in refused:
-        listener(Event("fail", f.uri, error=why))
-    return [FileResult(f.uri, "failed", error=why) for f, why in refused]
-
-
-def _check_settings(target: Target, settings: Sequence[tuple[str, str]]) -> None:
-    """Each --setting a name the engine knows, with a value it takes, before any table
-    is created (else every file failed on it, after an empty table was made).
-
-    A server target applies a setting on the server if the server knows it, else in the
-    loader's engine (a push): either may know it, and the one that does checks the value.
-    """
-    if not settings:
-        return
-    names = {name for name, _ in settings}
-    engines = [target.rows]
-    if target.infer_rows != target.rows:  # a server: then its loader's engine (chDB)
-        engines.append(target.infer_rows)
-    known: dict[str, Any] = {}
-    for ask in engines:
-        wanted = sorted(names - set(known))
-        if wanted:
-            listed = ", ".join(quote_str(n) for n in wanted)
-            known.update((row["name"], ask) for row in ask(
-                f"SELECT name FROM system.settings WHERE name IN ({listed})"))
-    for name, value in settings:
-        if name not in known:
-            raise UsageError(f"--setting {name}: {target.display} has no such setting (see "
-                             "SELECT name FROM system.settings); nothing was loaded")
-        try:
-            known[name](f"SELECT 1 AS ok SETTINGS {settings_sql([(name, value)])}")
-        except TerminalError as exc:
-            reason = exc.reason
-            raise UsageError(f"--setting {name}={value}: {reason}; nothing was loaded") from exc
-
-
-def _finish(target: Target, run: RunRecord) -> None:
-    """The last two ledger writes at once: `loaded` events still buffered (flush) and
-    the run's record (one round trip less at the end of every load)."""
-    runner.on_threads(lambda write: write(), [target.flush,
-                                              lambda: target.ledger.record_run(run)], 2)
-
-
 def _default_database(target: Target) -> str:
     """What a bare table name means: a server target's URL may name a database."""
     return target.database
@@ -429,32 +363,6 @@ def _list_sources(spec: LoadSpec, sources: RunSources) -> list[SourceFile]:
             else:
                 files[f.uri] = f
     return list(files.values())
-
-
-def _summarize(report: LoadReport, results: list[FileResult], plan: planner.Plan,
-               seconds: float) -> None:
-    report.files = results
-    report.files_total = len(results)
-    report.files_loaded = sum(r.status == "loaded" for r in results)
-    report.files_skipped = sum(r.status == "skipped" for r in results)
-    report.files_failed = sum(r.status == "failed" for r in results)
-    report.files_changed = sum(r.changed for r in results)
-    report.rows_loaded = sum(r.rows for r in results if r.status == "loaded")
-    report.rows_rejected = sum(r.rejected for r in results if r.status == "loaded")
-    report.bytes_read = sum(r.bytes for r in results)
-    report.seconds = seconds
-    report.created_table = plan.created_table
-
-
-def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int) -> RunRecord:
-    status = "ok" if report.ok else "failed" if not report.files_loaded else "partial"
-    return RunRecord(
-        report.run_id, report.table, " ".join(display(s) for s in spec.sources), started_ns,
-        time.time_ns(),
-        report.files_total, report.files_loaded, report.files_skipped, report.files_failed,
-        report.rows_loaded, report.rows_rejected, report.bytes_read, report.seconds, status,
-        socket.gethostname(),
-    )
 
 
 def files(table: str, target: TargetName = None, shards: object = (),

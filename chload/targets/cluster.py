@@ -46,11 +46,21 @@ from chload.errors import ChloadError, DataError, SourceError, TransientError, U
 from chload.faults import crash_point
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, TableState
 from chload.rejects import ErrorBudget
-from chload.schema import Column, display_table, quote_ident, quote_str, split_table
+from chload.schema import Column, display_table, quote_ident, split_table
 from chload.sources import SourceFile, identity
 from chload.targets import Loaded, LoadJob, Target, group_small_files
+from chload.targets.cluster_layout import (
+    Distributed,
+    Shard,
+    check_locals,
+    distributed_of,
+    open_shards,
+    parse_shard_map,
+    read_layout,
+)
+from chload.targets.cluster_layout import parse_distributed as parse_distributed
+from chload.targets.cluster_layout import plain_engine as plain_engine
 from chload.targets.commit import stage_name
-from chload.targets.http import TargetURL, parse_target_url
 from chload.targets.locks import sha1
 from chload.targets.server import ServerTarget, _event
 from chload.targets.stages import seal
@@ -58,115 +68,6 @@ from chload.targets.stages import seal
 SHARD_BY = ("auto", "file")
 T = TypeVar("T")
 _RANDOM = re.compile(r"\brand(64|Constant)?\s*\(", re.IGNORECASE)
-
-
-@dataclass(frozen=True, slots=True)
-class Distributed:
-    """A Distributed engine's arguments."""
-
-    cluster: str
-    database: str
-    table: str
-    key: str | None  # the sharding expression; None: no key
-
-    @property
-    def local(self) -> str:
-        return f"{quote_ident(self.database)}.{quote_ident(self.table)}"
-
-
-def parse_distributed(engine_full: str) -> Distributed | None:
-    """`Distributed(c, db, t[, key[, policy]])` (system.tables.engine_full) -> its args."""
-    match = re.match(r"^\s*Distributed\s*\((.*)\)\s*$", engine_full, re.S)
-    if not match:
-        return None
-    args = _split_args(match.group(1))
-    if len(args) < 3:
-        return None
-    names = [a.strip().strip("'`\"") for a in args[:3]]
-    key = args[3].strip() if len(args) > 3 and args[3].strip() else None
-    return Distributed(names[0], names[1], names[2], key)
-
-
-def _split_args(text: str) -> list[str]:
-    """Top-level comma-separated arguments (parentheses and quotes respected)."""
-    args, depth, quote, start = [], 0, "", 0
-    for i, ch in enumerate(text):
-        if quote:
-            if ch == quote and text[i - 1] != "\\":
-                quote = ""
-        elif ch in "'`\"":
-            quote = ch
-        elif ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            args.append(text[start:i])
-            start = i + 1
-    args.append(text[start:])
-    return args
-
-
-def plain_engine(engine_full: str) -> str:
-    """A Replicated*MergeTree's engine clause without replication (its two path/replica
-    arguments dropped), for a stage of the same keys: `ReplicatedMergeTree('/p', 'r')
-    ORDER BY id` -> `MergeTree() ORDER BY id`."""
-    match = re.match(r"^Replicated(\w*MergeTree)\s*\(", engine_full)
-    if not match:
-        return engine_full
-    depth, end = 1, match.end()
-    while depth and end < len(engine_full):
-        depth += {"(": 1, ")": -1}.get(engine_full[end], 0)
-        end += 1
-    args = _split_args(engine_full[match.end():end - 1])
-    rest = ", ".join(a.strip() for a in args[2:] if a.strip())
-    return f"{match.group(1)}({rest}){engine_full[end:]}"
-
-
-@dataclass(frozen=True, slots=True)
-class Replica:
-    shard: int
-    weight: int
-    number: int
-    host: str
-    port: int  # native TCP, as system.clusters names it
-    is_local: bool
-
-    @property
-    def name(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def parse_shard_map(values: Sequence[tuple[str, str]]) -> dict[str, str]:
-    """--shard HOST:TCP_PORT=URL pairs -> {HOST:TCP_PORT: URL}, checked."""
-    found = {}
-    for name, url in values:
-        host, _, port = name.rpartition(":")
-        if not host or not port.isdigit() or not url.startswith(("http://", "https://")):
-            raise UsageError(f"--shard {name}={url}: write it as HOST:TCP_PORT=http(s)://HOST:"
-                             "PORT, the replica as system.clusters names it and its HTTP URL")
-        found[name] = url
-    return found
-
-
-@dataclass(slots=True)
-class Shard:
-    """One shard: the replica that takes its inserts, as a ServerTarget of its own."""
-
-    number: int
-    weight: int
-    replica: Replica
-    target: ServerTarget
-    local_display: str
-    engine: str = ""
-    stage_engine: str = ""  # ' ENGINE = ...' for a stage of a Replicated table
-    rows: int = 0
-    bytes: int = 0
-    seconds: float = 0.0
-
-    @property
-    def name(self) -> str:
-        return f"shard {self.number} ({self.replica.name})"
 
 
 @dataclass(slots=True)
@@ -508,146 +409,6 @@ class ClusterLedger(Ledger):
         out += [e for e in super().latest(target_table, states) if e.state == FAILED]
         return sorted(out, key=lambda e: (e.uri, e.target_table))
 
-
-# -- opening --------------------------------------------------------------------------
-def distributed_of(server: ServerTarget, table: str) -> Distributed | None:
-    """The Distributed arguments of `table` on `server` (None: not a Distributed table)."""
-    database, name = split_table(table)
-    rows = server.rows(f"SELECT engine, engine_full FROM system.tables WHERE database = "
-                       f"{quote_str(database)} AND name = {quote_str(name)}")
-    if not rows or rows[0]["engine"] != "Distributed":
-        return None
-    dist = parse_distributed(rows[0]["engine_full"])
-    if dist is None:
-        raise UsageError(f"table {display_table(table)}: cannot read its Distributed "
-                         f"arguments ({rows[0]['engine_full']})")
-    return dist
-
-
-def read_layout(server: ServerTarget, dist: Distributed, table: str) -> list[Replica]:
-    rows = server.rows(
-        f"SELECT shard_num, shard_weight, replica_num, host_name, port, is_local FROM "
-        f"system.clusters WHERE cluster = {quote_str(dist.cluster)} ORDER BY shard_num, "
-        f"replica_num")
-    if not rows:
-        raise UsageError(f"table {display_table(table)}: cluster {dist.cluster} is not in "
-                         f"system.clusters of {server.url.display}")
-    return [Replica(int(r["shard_num"]), int(r["shard_weight"]), int(r["replica_num"]),
-                    r["host_name"], int(r["port"]), bool(int(r["is_local"]))) for r in rows]
-
-
-def endpoint(replica: Replica, url: TargetURL, shard_map: dict[str, str],
-             env: dict[str, str]) -> TargetURL:
-    """A replica's HTTP endpoint: --shard's, else its host with the target URL's scheme
-    and port."""
-    given = shard_map.get(replica.name)
-    if given is not None:
-        mapped = parse_target_url(given, env)
-        return replace(url, scheme=mapped.scheme, host=mapped.host, port=mapped.port)
-    return replace(url, host=replica.host)
-
-
-def open_shards(entry: ServerTarget, table: str, dist: Distributed,
-                shard_map: dict[str, str], env: dict[str, str],
-                layout: list[Replica]) -> list[Shard]:
-    """One ServerTarget per shard: its first replica that answers and is the replica
-    system.clusters says (checked by its own is_local row, where it lists the cluster).
-    A shard no replica of answers is a UsageError, before any row."""
-    shards: list[Shard] = []
-    seen: dict[str, str] = {}
-    try:
-        for number in sorted({r.shard for r in layout}):
-            # the target server's own replica first: prefer_localhost_replica sends the
-            # route's rows for its shard there
-            replicas = sorted((r for r in layout if r.shard == number), key=lambda r: (
-                endpoint(r, entry.url, shard_map, env).base != entry.url.base, r.number))
-            shards.append(_open_shard(entry, replicas, shard_map, env, seen, dist))
-    except BaseException:
-        for shard in shards:
-            shard.target.close()
-        raise
-    return shards
-
-
-def _open_shard(entry: ServerTarget, replicas: list[Replica], shard_map: dict[str, str],
-                env: dict[str, str], seen: dict[str, str], dist: Distributed) -> Shard:
-    tried = []
-    for replica in replicas:
-        url = endpoint(replica, entry.url, shard_map, env)
-        label = f"shard {replica.shard} replica {replica.number}"
-        if seen.get(url.display, label) != label:
-            raise UsageError(f"cluster {dist.cluster}: {seen[url.display]} and {label} both "
-                             f"map to {url.display}; name each with --shard {replica.name}="
-                             "http(s)://HOST:PORT")
-        seen[url.display] = label
-        try:
-            target = ServerTarget(url)
-        except TransientError as exc:
-            tried.append(f"{replica.name} -> {url.display}: {exc}")
-            continue
-        _check_identity(target, replica, dist, url)
-        return Shard(replica.shard, replica.weight, replica, target, "")
-    raise UsageError(f"cluster {dist.cluster}: shard {replicas[0].shard} has no replica that "
-                     f"answers ({'; '.join(tried)}); start one, or map it with --shard "
-                     "HOST:TCP_PORT=URL; nothing was loaded")
-
-
-def _check_identity(target: ServerTarget, replica: Replica, dist: Distributed,
-                    url: TargetURL) -> None:
-    """The server at `url` says it is of the replica's shard (18.16 marks every replica
-    of a server's own shard is_local, so the shard is what can be checked)."""
-    rows = target.rows(f"SELECT DISTINCT shard_num FROM system.clusters WHERE cluster = "
-                       f"{quote_str(dist.cluster)} AND is_local")
-    own = sorted(int(r["shard_num"]) for r in rows)
-    if own and own != [replica.shard]:
-        target.close()
-        raise UsageError(
-            f"cluster {dist.cluster}: {url.display} is a server of shard "
-            f"{', '.join(map(str, own))}, not of shard {replica.shard} ({replica.name}); map "
-            f"it with --shard {replica.name}=http(s)://HOST:PORT")
-
-
-def check_locals(shards: list[Shard], dist: Distributed, table: str) -> None:
-    """Every shard's local table exists, with the same columns, and is a MergeTree
-    (Replicated on a shard of several replicas): else one UsageError naming it."""
-    database, name = dist.database, dist.table
-    first: tuple[str, list[tuple[str, str]]] | None = None
-    for shard in shards:
-        rows = shard.target.rows(
-            f"SELECT name, type, '' AS engine_full FROM system.columns WHERE database = "
-            f"{quote_str(database)} AND table = {quote_str(name)} UNION ALL SELECT '', '', "
-            f"engine_full FROM system.tables WHERE database = {quote_str(database)} AND "
-            f"name = {quote_str(name)}")
-        engine = next((r["engine_full"] for r in rows if r["engine_full"]), "")
-        columns = sorted((r["name"], r["type"]) for r in rows if not r["engine_full"])
-        where = f"{database}.{name} on {shard.name}"
-        if not engine:
-            raise UsageError(f"table {display_table(table)}: its local table {where} does "
-                             "not exist; create it on every shard first; nothing was loaded")
-        if not re.match(r"^(Replicated)?\w*MergeTree\b", engine):
-            raise UsageError(f"table {display_table(table)}: local table {where} is "
-                             f"{engine.split('(')[0]}; chload loads MergeTree-family tables")
-        replicated = engine.startswith("Replicated")
-        if replicated and " PARTITION BY " in engine:
-            raise UsageError(f"table {display_table(table)}: local table {where} is a "
-                             "partitioned Replicated table: not loaded yet (its block numbers "
-                             "count per partition, which the commit's mark rule does not "
-                             "allow for); use an unpartitioned one, or load each replica")
-        if first is None:
-            first = (shard.name, columns)
-        elif columns != first[1]:
-            raise UsageError(f"table {display_table(table)}: local tables differ: {where} "
-                             f"has ({_cols(columns)}), {first[0]} has ({_cols(first[1])}); "
-                             "make them equal; nothing was loaded")
-        shard.engine = engine
-        shard.local_display = f"{database}.{name}"
-        shard.stage_engine = f" ENGINE = {plain_engine(engine)}" if replicated else ""
-        if replicated:
-            shard.target.stage_engines[dist.local] = shard.stage_engine
-
-
-def _cols(columns: list[tuple[str, str]]) -> str:
-    return ", ".join(f"{n} {t}" for n, t in columns)
 
 
 @contextlib.contextmanager

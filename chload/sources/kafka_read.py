@@ -1,0 +1,228 @@
+"""The broker side of a Kafka load: librdkafka's settings, the one client that talks to
+Kafka (partitions, watermarks, topic ids), and reading a unit's messages into a spool as
+bytes. Apart from kafka.py, which plans units from the ledger and runs the rounds, so
+what depends on confluent-kafka and its message quirks (gaps, nulls, end-of-partition
+markers) sits in one place; docs/kafka.md measures the reader.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chload.errors import SourceError, UsageError
+
+CONSUME_BATCH = 5_000  # messages per consume() call (docs/kafka.md: 100k was slower)
+READ_TIMEOUT = 30.0  # seconds without a message while a unit's offsets are still due
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SECRET_KEYS = ("password", "secret", "key", "token", "jaas")
+
+
+def client_config(bootstrap: str, options: Sequence[tuple[str, str]],
+                  consumer: bool = True) -> dict[str, str]:
+    """librdkafka's settings: ours, then the user's --kafka-option (values may name
+    environment variables, `${VAR}`, so secrets stay out of shell history and logs)."""
+    config = {"bootstrap.servers": bootstrap}
+    if consumer:
+        config.update({"enable.auto.commit": "false", "enable.partition.eof": "true",
+                       "auto.offset.reset": "error", "fetch.max.bytes": str(64 << 20),
+                       "max.partition.fetch.bytes": str(16 << 20)})
+    for name, value in options:
+        config[name] = _expand(name, value)
+    return config
+
+
+def _expand(option: str, value: str) -> str:
+    return _ENV.sub(lambda m: _env(option, m.group(1)), value)
+
+
+def _env(option: str, variable: str) -> str:
+    if variable not in os.environ:
+        raise UsageError(f"--kafka-option {option}: ${{{variable}}} is not set in the "
+                         "environment")
+    return os.environ[variable]
+
+
+def safe_options(options: Sequence[tuple[str, str]]) -> str:
+    """--kafka-option values as they may be shown: secrets masked."""
+    return ", ".join(f"{k}=***" if any(s in k.lower() for s in _SECRET_KEYS) else f"{k}={v}"
+                     for k, v in options)
+
+
+# --------------------------------------------------------------------------- the broker
+
+class Broker:
+    """The one place that talks to Kafka (confluent-kafka); its errors become
+    SourceError here."""
+
+    def __init__(self, config: dict[str, Any], admin: dict[str, Any], group: str) -> None:
+        try:
+            from confluent_kafka import Consumer
+            from confluent_kafka.admin import AdminClient
+        except ImportError as exc:
+            raise UsageError("kafka:// needs confluent-kafka: pip install confluent-kafka"
+                             ) from exc
+        self.config = config
+        self.consumer = Consumer({**config, "group.id": group})
+        self.admin = AdminClient(admin)  # no consumer settings: it warns of each
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def partitions(self, topic: str) -> list[int]:
+        meta = self._call(lambda: self.consumer.list_topics(topic, timeout=15), topic)
+        found = meta.topics.get(topic)
+        if found is None or found.error is not None:
+            raise SourceError(f"kafka topic {topic}: {found.error if found else 'not found'}"
+                              f" at {self.config['bootstrap.servers']}")
+        return sorted(found.partitions)
+
+    def topic_id(self, topic: str) -> str:
+        """The topic's id (a re-created topic has another); '' if the broker has none."""
+        try:
+            from confluent_kafka import TopicCollection
+
+            described = self.admin.describe_topics(TopicCollection([topic]))[topic]
+            return str(described.result(15).topic_id or "")
+        except Exception:  # noqa: BLE001 - an old broker or client: no ids to compare
+            return ""
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        from confluent_kafka import TopicPartition
+
+        low, high = self._call(lambda: self.consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=15, cached=False), f"{topic}/{partition}")
+        return int(low), int(high)
+
+    def _call(self, fn: Callable[[], Any], what: str) -> Any:
+        from confluent_kafka import KafkaException
+
+        try:
+            return fn()
+        except KafkaException as exc:
+            raise SourceError(f"kafka {what} at {self.config['bootstrap.servers']}: "
+                              f"{exc.args[0] if exc.args else exc}") from exc
+
+    def read(self, unit: Unit, out: Any) -> Spooled:
+        """Write the values of the unit's messages to `out`, one per line."""
+        from confluent_kafka import TopicPartition
+
+        self.consumer.assign([TopicPartition(unit.topic, unit.partition, unit.first)])
+        try:
+            return _read(self.consumer, unit, out)
+        finally:
+            self.consumer.unassign()
+
+
+@dataclass(slots=True)
+class Spooled:
+    """What reading a unit wrote: messages, bytes, and whether row n of the spool is
+    offset first + n - 1 (no gaps: compaction, transaction markers, null values)."""
+
+    messages: int = 0
+    bytes: int = 0
+    contiguous: bool = True
+    first_offset: int = -1
+
+
+def _read(consumer: Any, unit: Unit, out: Any) -> Spooled:
+    done = Spooled()
+    expect, quiet_since = unit.first, time.monotonic()
+    while expect <= unit.last:
+        messages = consumer.consume(CONSUME_BATCH, 1.0)
+        if not messages:
+            if time.monotonic() - quiet_since > READ_TIMEOUT:
+                raise SourceError(f"kafka {unit.topic}/{unit.partition}: no message at offset "
+                                  f"{expect} for {READ_TIMEOUT:.0f} s (offsets up to "
+                                  f"{unit.last} were there at start); run again later")
+            continue
+        quiet_since = time.monotonic()
+        values, expect = _values(messages, unit, expect, done)
+        if values:
+            block = b"\n".join(values)
+            out.write(block)
+            out.write(b"\n")
+            done.bytes += len(block) + 1
+            done.messages += len(values)
+    return done
+
+
+def _values(messages: list, unit: Unit, expect: int, done: Spooled) -> tuple[list[bytes], int]:
+    """The values of one consume() batch within the unit, and the next offset due.
+
+    The usual batch (no error, no gap, no null) costs one list comprehension; any other
+    is looked at message by message."""
+    if messages[-1].error() is not None:
+        tail = messages.pop()
+        _check_error(tail, unit)
+        if not messages:
+            return [], max(expect, tail.offset()) if _is_eof(tail) else expect
+    offsets_end = messages[-1].offset()
+    if offsets_end > unit.last:  # offsets rise within a partition: cut by bisection
+        cut = bisect.bisect_right(_Offsets(messages), unit.last)
+        messages = messages[:cut]
+        if not messages:
+            return [], unit.last + 1
+    first, last = messages[0].offset(), messages[-1].offset()
+    if done.first_offset < 0:
+        done.first_offset = first
+    if first != expect or last - first + 1 != len(messages):
+        return _slow(messages, unit, done), last + 1
+    values = [m.value() for m in messages]
+    if None in values:
+        done.contiguous = False
+        values = [v for v in values if v is not None]
+    return values, last + 1
+
+
+def _slow(messages: list, unit: Unit, done: Spooled) -> list[bytes]:
+    values: list[bytes] = []
+    for m in messages:
+        if m.error() is not None:
+            _check_error(m, unit)
+            continue
+        value = m.value()
+        if value is not None:
+            values.append(value)
+    done.contiguous = False
+    return values
+
+
+class _Offsets:
+    """A batch's offsets as a sequence, for bisect (one call per probe, not per message)."""
+
+    def __init__(self, messages: list) -> None:
+        self.messages = messages
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __getitem__(self, i: int) -> int:
+        return int(self.messages[i].offset())
+
+
+def _is_eof(message: Any) -> bool:
+    from confluent_kafka import KafkaError
+
+    return bool(message.error().code() == KafkaError._PARTITION_EOF)
+
+
+def _check_error(message: Any, unit: Unit) -> None:
+    if _is_eof(message):
+        return
+    raise SourceError(f"kafka {unit.topic}/{unit.partition} at offset {unit.first}..."
+                      f"{unit.last}: {message.error().str()}")
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    topic: str
+    partition: int
+    first: int
+    last: int  # inclusive
