@@ -215,12 +215,10 @@ def _load_stream(spec: LoadSpec, target: Target, listener: Listener) -> LoadRepo
 def _load(spec: LoadSpec, target: Target, sources: RunSources, listed: list[SourceFile],
           listener: Listener, run_id: str = "", record: bool = True) -> LoadReport:
     """Into `target`, or into each shard of its Distributed table (targets/cluster.py)."""
-    from chload.targets.cluster import ClusterTarget, for_table
-
     table = planner.parse_table(spec.table, _default_database(target))
-    with for_table(target, table.sql, spec.shards, spec.shard_by, dict(os.environ)) as t:
+    with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
         report = _load_table(spec, t, table, sources, listed, listener, run_id, record)
-        report.shards = t.shard_report() if isinstance(t, ClusterTarget) else []
+        report.shards = t.shard_report()
         return report
 
 
@@ -372,12 +370,10 @@ def files(table: str, target: TargetName = None, shards: object = (),
     options.no_unknown("files", unknown, ["table", "target", "shards"])
     name = options.text("table", table)
     planner.parse_table(name)
-    from chload.targets.cluster import for_table
-
     with _opened(target) as t:
         table_name = planner.parse_table(name, _default_database(t))
-        with for_table(t, table_name.sql, options.settings("shards", shards),
-                       env=dict(os.environ)) as c:
+        with t.for_table(table_name.sql, options.settings("shards", shards), "auto",
+                         os.environ) as c:
             return c.ledger.latest(table_name.display)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -142,6 +143,16 @@ class Target(Protocol):
 
     def flush(self) -> None:
         """Write any ledger events still buffered."""
+        ...
+
+    def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
+                  env: Mapping[str, str]) -> AbstractContextManager[Target]:
+        """The target a load into `table` goes through: this one, or (a server's
+        Distributed table) the cluster of its shards (targets/cluster.py), closed after."""
+        ...
+
+    def shard_report(self) -> list[dict]:
+        """Per-shard rows, bytes and seconds of the last load ([] for one shard)."""
         ...
 
     def close(self) -> None: ...

@@ -22,12 +22,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 
 from chload import rejects
 from chload.engine import Engine
-from chload.errors import ChloadError, DataError, TransientError, pinpointed
+from chload.errors import ChloadError, DataError, TransientError, UsageError, pinpointed
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, LoadedEvents
 from chload.rejects import ErrorBudget
 from chload.schema import (
@@ -48,7 +49,7 @@ from chload.sources import (
     table_function,
     table_function_many,
 )
-from chload.targets import Loaded, LoadJob, group_small_files
+from chload.targets import Loaded, LoadJob, Target, group_small_files
 from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
 from chload.targets.locks import ProcessLock
 from chload.targets.vanished import check_present, explain_gone, reading
@@ -314,6 +315,16 @@ class EmbeddedTarget:
     def flush(self) -> None:
         """Write the `loaded` events still waiting (ledger.LoadedEvents)."""
         self.loaded.flush()
+
+    def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
+                  env: Mapping[str, str]) -> AbstractContextManager[Target]:
+        """One target, no shards: `--shard` makes no sense here."""
+        if shards:
+            raise UsageError("--shard: only for a Distributed table on a server target")
+        return contextlib.nullcontext(self)
+
+    def shard_report(self) -> list[dict]:
+        return []
 
     def close(self) -> None:
         self.flush()

@@ -40,7 +40,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 
 from chload import rejects
@@ -73,6 +74,7 @@ from chload.targets import (
     SMALL_FILE_BYTES,
     Loaded,
     LoadJob,
+    Target,
     group_small_files,
 )
 from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
@@ -359,6 +361,16 @@ class ServerTarget(StageFilling):
 
     def recover(self, table: str) -> int:
         return self.committer.start(table, display_table(table))
+
+    def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
+                  env: Mapping[str, str]) -> AbstractContextManager[Target]:
+        """This server, or the cluster of `table`'s shards when it is Distributed."""
+        from chload.targets.cluster import for_table
+
+        return for_table(self, table, shards, shard_by, dict(env))
+
+    def shard_report(self) -> list[dict]:
+        return []
 
     def close(self) -> None:
         try:

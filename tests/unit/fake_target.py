@@ -20,16 +20,18 @@ What it did is in `calls` (("load_file", uri), ("load_batch", (uri, ...)), ...),
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 
 from chload.errors import DataError, TransientError
 from chload.ledger import FAILED, LOADED, FileEvent, Ledger, RunRecord, TableState
 from chload.rejects import ErrorBudget
 from chload.schema import Column, split_table
 from chload.sources import SourceFile
-from chload.targets import Loaded, LoadJob
+from chload.targets import Loaded, LoadJob, Target
 from chload.targets.commit import BatchOverlap
 
 
@@ -189,6 +191,13 @@ class FakeTarget:
 
     def flush(self) -> None:
         self.flushed = True
+
+    def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
+                  env: Mapping[str, str]) -> AbstractContextManager[Target]:
+        return contextlib.nullcontext(self)
+
+    def shard_report(self) -> list[dict]:
+        return []
 
     def close(self) -> None:
         self.closed = True
