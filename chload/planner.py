@@ -108,7 +108,8 @@ def decide(files: Sequence[SourceFile], loaded: Mapping[str, FileEvent], force: 
     changed: set[str] = set()
     refused: dict[str, str] = {}
     for f in files:
-        before = loaded.get(f.uri)
+        before = loaded.get(f.uri) or next(
+            (loaded[a] for a in f.aliases if a in loaded), None)  # loaded under an older uri
         if f.is_stream or before is None:
             to_load.append(f)
             continue

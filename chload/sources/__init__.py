@@ -70,6 +70,8 @@ class SourceFile:
     # secret); a unit fetched before loading (Source.fetch): what its source reads
     anonymous: bool = False  # s3: no credentials, read unsigned (public buckets)
     position: StreamPosition | None = None  # a unit of a stream (Kafka): see StreamPosition
+    aliases: tuple[str, ...] = ()  # other uris a ledger may know it by: a path's abspath
+    # spelling, which chload 0.1.0 recorded before uris became the realpath
 
     @property
     def name(self) -> str:

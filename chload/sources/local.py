@@ -215,9 +215,11 @@ def _describe(path: str, real: str, named: bool, fmt: str | None, compression: s
             raise SourceError(f"{display(path)}: inside a chload target directory; a "
                               "target's own files are never a source")
         return None
+    spelled = display(os.path.abspath(path))  # the uri chload 0.1.0 recorded
     return SourceFile(
         uri=display(real), size=st.st_size, mtime_ns=st.st_mtime_ns,
         format=detect(display(path), fmt, compression), local_path=listing.engine_path(real),
+        aliases=(spelled,) if spelled != display(real) else (),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -123,6 +124,21 @@ def test_decide_skips_loaded_and_refuses_changed_unless_forced() -> None:
         plan.refused["b"]) and "--force" in plan.refused["b"]
     forced = decide(files, loaded, force=True)
     assert len(forced.to_load) == 4 and forced.changed == {"b"} and not forced.refused
+
+
+def test_decide_finds_a_file_loaded_under_its_older_spelling(tmp_path: Path) -> None:
+    """chload 0.1.0 recorded a path's abspath; a file reached through a symlinked
+    directory is now its realpath: the ledger's older spelling must still skip it."""
+    from chload.sources.local import list_local
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "a.csv").write_text("id\n1\n")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    [f] = list_local(str(tmp_path / "link" / "a.csv"), None, None)
+    old = str(tmp_path / "link" / "a.csv")
+    assert f.uri == str((tmp_path / "real" / "a.csv").resolve()) and f.aliases == (old,)
+    plan = decide([f], {old: _loaded(old, f.identity)}, force=False)
+    assert plan.skipped == [f] and not plan.to_load
 
 
 def test_own_history_sets_aside_loads_of_a_table_that_is_gone() -> None:
