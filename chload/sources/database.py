@@ -179,6 +179,14 @@ class Range:
         return f"{axis}({self.lo or ''},{self.hi or ''}]"
 
 
+def range_predicate(column: str, r: Range, literal: Callable[[str], str]) -> str:
+    """`column > lo AND column <= hi` in the source's SQL (`column` quoted, `literal`
+    quoting a value, by the source's dialect); TRUE for an unbounded range."""
+    parts = [f"{column} {op} {literal(value)}" for op, value in ((">", r.lo), ("<=", r.hi))
+             if value is not None]
+    return " AND ".join(parts) or "TRUE"
+
+
 _RANGE = re.compile(r"#(?P<axis>[^#(]+)\((?P<lo>[^,]*),(?P<hi>[^\]]*)\]$")
 
 

@@ -44,6 +44,7 @@ from chload.sources.database import (
     TableInfo,
     cannot_carry,
     nullable,
+    range_predicate,
     workers_of,
 )
 
@@ -182,11 +183,8 @@ class MysqlSession:
         return self._bounds
 
     def predicate(self, axis: str, r: Range) -> str:
-        col, parts = _ident(axis), []
-        for op, value in ((">", r.lo), ("<=", r.hi)):
-            if value is not None:
-                parts.append(f"{col} {op} {_literal(value, self.info.axis_integer)}")
-        return " AND ".join(parts) or "TRUE"
+        return range_predicate(_ident(axis), r,
+                               lambda value: _literal(value, self.info.axis_integer))
 
     # -- reading -----------------------------------------------------------------------
     def read(self, where: str, path: str) -> None:
