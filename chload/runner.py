@@ -113,9 +113,9 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         progress = _Progress(listener, job.file.uri)
         try:
             with fetched(job) as ready:
-                done = _as_loaded(call_with_retries(
+                done = call_with_retries(
                     lambda: progress.attempt(lambda: target.load_file(ready, progress)),
-                    policy))
+                    policy)
         except ChloadError as exc:
             if abort_on_error:
                 stop.set()
@@ -156,14 +156,6 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
     results = [r for done in on_threads(batch, jobs, workers) for r in done]
     order = {f.uri: i for i, f in enumerate(f for j in jobs for f in j.files)}
     return sorted(results, key=lambda r: order.get(r.uri, 0))
-
-
-def _as_loaded(result: tuple[int, ...]) -> Loaded:
-    """A target's answer as Loaded (a target may return a plain (rows, bytes))."""
-    if isinstance(result, Loaded):
-        return result
-    rows, read, *rest = result
-    return Loaded(rows, read, rest[0] if rest else 0)
 
 
 R = TypeVar("R")

@@ -59,9 +59,8 @@ class LoadJob:
 
 
 class Loaded(NamedTuple):
-    """What loading one file did. A target may also return a plain (rows, bytes).
-    `elsewhere`: another run committed the same file meanwhile, so this one attached
-    nothing (the runner reports the file skipped)."""
+    """What loading one file did. `elsewhere`: another run committed the same file
+    meanwhile, so this one attached nothing (the runner reports the file skipped)."""
 
     rows: int
     bytes: int
