@@ -30,7 +30,7 @@ from pathlib import Path
 
 from suite import report
 from suite.datasets import Dataset, ensure
-from suite.methods import Env, Method, all_methods
+from suite.methods import Env, Method, all_methods, vs_methods
 from suite.runner import Case, Runner, Server, add_ratios, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +89,7 @@ def _log(message: str) -> None:
 def _applies(method: Method, spec: CaseSpec) -> bool:
     if spec.ext not in method.exts or (method.audit and not spec.audit):
         return False
-    light = method.name in LIGHT or method.name.startswith("curl POST")
+    light = method.name in LIGHT or method.name.startswith(("curl POST", "chload @"))
     return method.target == "embedded" or spec.server == "all" or light
 
 
@@ -164,22 +164,30 @@ def _git(*args: str) -> str:
     return done.stdout.strip()
 
 
-def snapshot_chload(work: str, source: str) -> str:
-    """Copy the chload package to measure (HEAD's, or the working tree's) into `work`
-    and return the directory to put first on PYTHONPATH."""
-    dest = os.path.join(work, "chload-src")
+def snapshot_chload(work: str, source: str, name: str = "chload-src") -> str:
+    """Copy the chload package to measure (HEAD's, the working tree's, or another
+    revision's) into `work` and return the directory to put first on PYTHONPATH."""
+    dest = os.path.join(work, name)
     os.makedirs(dest)
     if source == "worktree":
         shutil.copytree(ROOT / "chload", os.path.join(dest, "chload"),
                         ignore=shutil.ignore_patterns("__pycache__"))
     else:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD", "chload"],
+        rev = "HEAD" if source == "head" else source
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "chload"],
                                  capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
     # Bytecode, as `pip install` writes it: where PYTHONDONTWRITEBYTECODE is set, a
     # copy without it is compiled again by every timed process (60-90 ms here).
     subprocess.run([sys.executable, "-m", "compileall", "-q", dest], check=True)
     return dest
+
+
+def _vs_methods(rev: str | None, work: str) -> list[Method]:
+    if not rev:
+        return []
+    label = _git("rev-parse", "--short", rev) or rev
+    return vs_methods(label, snapshot_chload(work, rev, "chload-vs"))
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -201,6 +209,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         help="which chload to measure: the last commit (default) or the "
                         "working tree as it is at the start; either is copied first, so "
                         "edits made during the run do not change what is measured")
+    parser.add_argument("--chload-vs", metavar="REV", help="also measure chload at this "
+                        "git revision (methods 'chload @REV'), alternating with the measured "
+                        "one: its 'vs chload' is the A/B of the two commits in one run")
     parser.add_argument("--only", help="run only methods whose name contains this text")
     parser.add_argument("--render", metavar="DIR", help="only re-draw results.md and "
                         "results.png from DIR/results.json and DIR/machine.json")
@@ -261,7 +272,7 @@ def _run(profile: Profile, repeats: int, args: argparse.Namespace, work: str,
         server.query(f"CREATE DATABASE IF NOT EXISTS {env.database}")
         why_not = probe_chload_server(env, work, server)
         _log("chload server target: " + (why_not or "available"))
-        methods = [m for m in all_methods(args.parallel)
+        methods = [m for m in all_methods(args.parallel) + _vs_methods(args.chload_vs, work)
                    if not args.only or args.only in m.key or m.chload]
         unavailable = {m.key: why_not for m in methods
                        if why_not and m.chload and m.target == "server"}

@@ -76,7 +76,9 @@ class Method:
         return self.build(env, slot)
 
 
-def _chload(audit: bool, server: bool) -> Build:
+def _chload(audit: bool, server: bool, pythonpath: str = "") -> Build:
+    """chload's own command; with `pythonpath`, the copy of another commit found there
+    (scripts/bench --chload-vs REV: both commits measured in one run)."""
     def build(env: Env, slot: Slot) -> list[str]:
         ds = slot.dataset
         if server:
@@ -84,8 +86,9 @@ def _chload(audit: bool, server: bool) -> Build:
             where = ["--table", table, "--target", f"{env.server_url}/{db}"]
         else:
             where = ["--table", "t", "--target", slot.directory]
-        return [env.python, "-m", "chload", "load", ds.glob, *where, "--schema", ds.schema,
-                "--order-by", ds.order_by, "--quiet", *(["--audit"] if audit else [])]
+        other = ["env", f"PYTHONPATH={pythonpath}"] if pythonpath else []
+        return [*other, env.python, "-m", "chload", "load", ds.glob, *where, "--schema",
+                ds.schema, "--order-by", ds.order_by, "--quiet", *(["--audit"] if audit else [])]
     return build
 
 
@@ -145,6 +148,16 @@ def _python(kind: str, parallel: bool) -> Build:
         return [env.python, LOADERS, kind, env.server_url + "/", slot.table, ds.format,
                 str(env.parallel if parallel else 1), *ds.paths()]
     return build
+
+
+def vs_methods(label: str, pythonpath: str) -> list[Method]:
+    """chload of another commit (`label`), on both targets, with and without audit: its
+    ratio_vs_chload is then the measured commit against that one, in the same run."""
+    about = f"chload at {label}, copied to {pythonpath}"
+    return [Method(f"chload @{label}{' --audit' if audit else ''}", target, "auto",
+                   _chload(audit, target == "server", pythonpath), audit=audit,
+                   creates_table=True, about=about)
+            for target in ("embedded", "server") for audit in (False, True)]
 
 
 def all_methods(parallel: int) -> list[Method]:

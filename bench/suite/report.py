@@ -59,6 +59,7 @@ def markdown(results: list[dict], machine: dict) -> str:
         "",
     ]
     lines += summary(results)
+    lines += versus(results)
     for dataset, fmt in _cases(results):
         rows = [r for r in results if (r["dataset"], r["format"]) == (dataset, fmt)]
         first = rows[0]
@@ -104,6 +105,7 @@ def summary(results: list[dict]) -> list[str]:
         if not (r["chload"] and r["seconds"]):
             continue
         rivals = [o for o in results if o["seconds"] and not o["chload"]
+                  and not o["method"].startswith("chload @")
                   and (o["target"], o["dataset"], o["format"], o["audit"])
                   == (r["target"], r["dataset"], r["format"], r["audit"])]
         if not rivals:
@@ -112,6 +114,21 @@ def summary(results: list[dict]) -> list[str]:
         lines.append(f"| {r['dataset']} {r['format']} | {r['target']} | "
                      f"{_cell(r['method'])}: {r['rows_per_s']:,} | {_cell(best['method'])} | "
                      f"{best['rows_per_s']:,} | {best['ratio_vs_chload']:.2f}x |")
+    return [*lines, ""]
+
+
+def versus(results: list[dict]) -> list[str]:
+    """scripts/bench --chload-vs REV: the measured chload against REV's, per case."""
+    other = [r for r in results if r["method"].startswith("chload @") and r.get("ratio_vs_chload")]
+    if not other:
+        return []
+    lines = ["## A/B: this chload against another commit (same run, alternating)", "",
+             "| data | target | method | its s | chload s | its s / chload s |",
+             "|---|---|---|--:|--:|--:|"]
+    for r in other:
+        lines.append(f"| {r['dataset']} {r['format']} | {r['target']} | {_cell(r['method'])} | "
+                     f"{r['seconds']:.3f} | {r['seconds'] / r['ratio_vs_chload']:.3f} | "
+                     f"{r['ratio_vs_chload']:.2f}x |")
     return [*lines, ""]
 
 
