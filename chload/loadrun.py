@@ -8,7 +8,6 @@ API's module holds the API and the order of a run's steps, not each step's detai
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -119,5 +118,5 @@ def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int) -> RunRecor
         time.time_ns(),
         report.files_total, report.files_loaded, report.files_skipped, report.files_failed,
         report.rows_loaded, report.rows_rejected, report.bytes_read, report.seconds, status,
-        socket.gethostname(),
+        os.uname().nodename,  # as socket.gethostname(), without importing socket (4 ms)
     )

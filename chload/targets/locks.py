@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -100,7 +99,7 @@ def machine_id() -> str:
     boot = ""
     with contextlib.suppress(OSError):
         boot = open("/proc/sys/kernel/random/boot_id").read().strip()
-    return sha1(f"{socket.gethostname()}:{boot}".encode()).hexdigest()[:12]
+    return sha1(f"{os.uname().nodename}:{boot}".encode()).hexdigest()[:12]
 
 
 def _start_time(pid: int) -> int:
