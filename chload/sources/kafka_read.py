@@ -66,7 +66,7 @@ class Broker:
             from confluent_kafka import Consumer
             from confluent_kafka.admin import AdminClient
         except ImportError as exc:
-            raise UsageError("kafka:// needs confluent-kafka: pip install confluent-kafka"
+            raise UsageError("kafka:// needs confluent-kafka: pip install 'chload[kafka]'"
                              ) from exc
         self.config = config
         self.consumer = Consumer({**config, "group.id": group})

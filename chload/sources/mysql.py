@@ -368,7 +368,8 @@ def _pymysql() -> Any:
     try:
         import pymysql
     except ImportError:
-        raise UsageError("reading MySQL/MariaDB needs pymysql: pip install pymysql") from None
+        raise UsageError("reading MySQL/MariaDB needs pymysql: pip install 'chload[mysql]'"
+                         ) from None
     return pymysql
 
 

@@ -250,7 +250,7 @@ def _psycopg() -> Any:
     try:
         import psycopg
     except ImportError:
-        raise UsageError("reading PostgreSQL needs psycopg: pip install 'psycopg[binary]'") \
+        raise UsageError("reading PostgreSQL needs psycopg: pip install 'chload[postgresql]'") \
             from None
     return psycopg
 
