@@ -113,6 +113,9 @@ _RUNS_DDL = f"""CREATE TABLE IF NOT EXISTS {RUNS} (
 ) ENGINE = MergeTree ORDER BY (target_table, started_ns, run_id)"""
 
 
+# What a complete ledger has (`files.table_uuid`: a column added after the first version)
+LEDGER_TABLES = frozenset({"files", "runs", "rejects", "files.table_uuid"})
+
 _DUPLICATE_COLUMN = 15  # an ADD COLUMN that another chload ran first
 
 
@@ -131,6 +134,15 @@ class Ledger:
     def __init__(self, sql: Sql) -> None:
         self._sql = sql
         self._uuids: dict[str, str] = {}  # target_table -> uuid, stamped on events
+
+    def complete(self) -> bool:
+        """Whether every table (and column) `ensure` and rejects.ensure make is there: one
+        query instead of their five statements (~40 ms of an embedded run)."""
+        present = {r["name"] for r in self._sql.rows(
+            f"SELECT name FROM system.tables WHERE database = '{DATABASE}' UNION ALL "
+            "SELECT concat(table, '.', name) FROM system.columns WHERE database = "
+            f"'{DATABASE}' AND table = 'files' AND name = 'table_uuid'")}
+        return LEDGER_TABLES <= present
 
     def ensure(self) -> None:
         self._sql.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")

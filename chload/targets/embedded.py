@@ -82,10 +82,12 @@ class EmbeddedTarget:
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
         self.display = f"embedded ClickHouse in {path}"
+        new = not os.path.isdir(self.path)
         self.engine = Engine(self.path)
         self.ledger = Ledger(self)
-        self.ledger.ensure()
-        rejects.ensure(self)
+        if new or not self.ledger.complete():
+            self.ledger.ensure()
+            rejects.ensure(self)
         sql = Sql(lambda statement, _query_id: self.command(statement), self.rows)
         self.committer = Committer(sql, self.ledger, lock=ProcessLock(sql))
         self.loaded = LoadedEvents(self.ledger)

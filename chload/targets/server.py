@@ -56,7 +56,15 @@ from chload.errors import (
     missing_table,
     retyped,
 )
-from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, LoadedEvents
+from chload.ledger import (
+    DATABASE,
+    FAILED,
+    LEDGER_TABLES,
+    LOADED,
+    FileEvent,
+    Ledger,
+    LoadedEvents,
+)
 from chload.rejects import ErrorBudget
 from chload.retry import RetryPolicy, retry
 from chload.schema import (
@@ -100,7 +108,7 @@ class ServerTarget(StageFilling):
                                         self._accepts_encoding)
         self.display = f"ClickHouse {self.caps.version} at {self.url.display}"
         self.ledger = Ledger(self)
-        if not {"files", "runs", "rejects", "files.table_uuid"} <= self.caps.ledger_tables:
+        if not LEDGER_TABLES <= self.caps.ledger_tables:
             self.ledger.ensure()
             rejects.ensure(self)
         self.committer = Committer(Sql(self._command_id, self.rows), self.ledger)

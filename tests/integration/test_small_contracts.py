@@ -189,3 +189,22 @@ def test_the_losing_concurrent_load_reports_skipped(
     assert sum(r["rows_loaded"] for r in reports) == 7 * 200_000
     assert sql(target, f"SELECT count(), uniqExact(id) FROM {table_name}") == \
         f"{8 * 200_000}\t{8 * 200_000}"
+
+
+# -- the ledger's own tables --------------------------------------------------------------
+
+def test_a_ledger_table_dropped_between_runs_is_made_again(
+        target: tuple[str, dict], good: Path, tmp_path: Path) -> None:
+    """A run asks once which ledger tables exist (Ledger.complete) and makes the missing
+    ones: a ledger that lost its rejects table gets it back, and loads go on."""
+    table = "lg_" + os.urandom(4).hex()
+    assert load(target, str(good), "--table", table)[0] == 0
+    sql(target, "DROP TABLE chload.rejects")
+    other = tmp_path / "other.csv"
+    other.write_text("id,name\n3,c\n")
+    code, report, err = load(target, str(other), str(good), "--table", table)
+    assert code == 0, err
+    assert (report["files_loaded"], report["files_skipped"]) == (1, 1)
+    assert sql(target, "SELECT count() FROM system.tables WHERE database = 'chload' "
+                       "AND name = 'rejects'") == "1"
+    assert sql(target, f"SELECT count() FROM {table}") == "3"
