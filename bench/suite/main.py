@@ -278,6 +278,7 @@ def _run(profile: Profile, repeats: int, args: argparse.Namespace, work: str,
                        if why_not and m.chload and m.target == "server"}
         runner = Runner(env, work, server, deadline, _log)
         info = machine(profile, version, work, runner.device, args.chload)
+        info["repeats"] = repeats  # --repeats, when given, over the profile's
         info["parallel"] = args.parallel
         results: list[dict] = []
         for spec, ds in datasets:
