@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from chload.errors import TransientError
+from chload.errors import ChloadError, TransientError
 from chload.ledger import DATABASE
+from chload.retry import RetryPolicy, Sleep
 from chload.schema import quote_str
 
 if TYPE_CHECKING:
@@ -21,8 +23,30 @@ if TYPE_CHECKING:
 STAGING = 2  # files in flight beyond the streams, at least (see ServerTarget.open_streams)
 
 
-def seal(server: ServerTarget, stage: str) -> tuple[int, list[str]]:
-    """Rows in the stage and its partitions, each merged to one part (commit.py rule 2)."""
+def seal(server: ServerTarget, stage: str, sleep: Sleep | None = None) -> tuple[int, list[str]]:
+    """Rows in the stage and its partitions, each merged to one part (commit.py rule 2).
+
+    A big stage (a file of millions of rows is several inserted blocks) is being merged in
+    the background while it is sealed, and 18.16 refuses an OPTIMIZE whose parts a merge
+    holds (code 388, "Can't OPTIMIZE by some reason"): wait for that merge and ask again,
+    for up to SEAL_WAIT_S (a 1 GB gzip CSV failed its load here before this wait).
+    """
+    for _ in _MERGE_WAIT.tries(sleep, until=time.monotonic() + SEAL_WAIT_S):
+        sealed = _seal_once(server, stage)
+        if sealed is not None:
+            return sealed
+    raise TransientError(f"stage {stage}: its parts were still being merged after "
+                         f"{SEAL_WAIT_S} s; the load is retried")
+
+
+SEAL_WAIT_S = 600
+_MERGE_WAIT = RetryPolicy(attempts=0, base_seconds=0.05, max_seconds=2.0, jitter=False)
+_CANNOT_ASSIGN_OPTIMIZE = 388  # a background merge holds some of the partition's parts
+
+
+def _seal_once(server: ServerTarget, stage: str) -> tuple[int, list[str]] | None:
+    """Merge each partition of the stage to one part; its rows and partitions, or None
+    while a background merge holds parts (the caller waits and asks again)."""
     for _ in range(5):
         rows = server.rows(f"SELECT partition_id, count() AS parts, sum(rows) AS rows FROM "
                            f"system.parts WHERE active AND database = '{DATABASE}' AND "
@@ -31,9 +55,14 @@ def seal(server: ServerTarget, stage: str) -> tuple[int, list[str]]:
         if not split:
             return sum(int(r["rows"]) for r in rows), sorted(r["partition_id"] for r in rows)
         for partition in split:
-            server.client.post(f"OPTIMIZE TABLE {DATABASE}.{stage} PARTITION ID "
-                               f"{quote_str(partition)} FINAL", context=server.where,
-                               params={"optimize_throw_if_noop": "1"})
+            try:
+                server.client.post(f"OPTIMIZE TABLE {DATABASE}.{stage} PARTITION ID "
+                                   f"{quote_str(partition)} FINAL", context=server.where,
+                                   params={"optimize_throw_if_noop": "1"})
+            except ChloadError as exc:
+                if exc.code != _CANNOT_ASSIGN_OPTIMIZE:
+                    raise
+                return None
     raise TransientError(f"stage {stage}: could not merge its parts to one per partition")
 
 
