@@ -89,6 +89,8 @@ def print_summary(report: LoadReport) -> None:
           f" ({report.rows_per_second:,.0f} rows/s)")
     if report.table_reset:
         print(f"  {report.table_reset}")
+    for note in report.notes:
+        print(f"  note: {note}")
     sat = report.saturation
     if sat and report.files_loaded:
         disk = (f", disk {sat['disk']} {sat['disk_util_pct']:.0f}% busy"
