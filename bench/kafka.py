@@ -17,6 +17,10 @@ ClickHouse server's and the Kafka broker's own CPU over the same interval):
               at once (the C reader's cost)
   file        chload load of the JSON-lines file into a fresh embedded target (a)
   kafka       chload load kafka://... into a fresh embedded target
+  kafka_250k  the same with --batch-rows 250000 (two rounds: the second is read while
+              the first loads)
+  kafka_python  the same through the Python reader (CHLOAD_KAFKA_READER=python: the
+              fallback when no cc or librdkafka is found; the first version's reader)
   server_kafka  chload load kafka://... into the 18.16 server
   hand_http   a hand-written consumer: consume(5000), join, POST each 100k-message batch
               to the server (INSERT ... FORMAT JSONEachRow), no ledger, no exactly-once (c)
@@ -107,7 +111,8 @@ def bare_native(bootstrap: str, topic: str, partitions: int, work: Path) -> None
     probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
     ends = [probe.get_watermark_offsets(TopicPartition(topic, p))[1] for p in range(partitions)]
     probe.close()
-    reader = kafka_native.NativeReader(lib, {**client_config(bootstrap, ()), "group.id": "n"})
+    reader = kafka_native.NativeReader(lib, {**client_config(bootstrap, (), native=True),
+                                                "group.id": "n"})
     fds = [os.open(work / f"native-{p}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
            for p in range(partitions)]
     try:
@@ -174,10 +179,12 @@ def engine_mv(server: services.Service, name: str, rows: int, timeout: float) ->
     return arrived
 
 
-def chload(*args: str) -> None:
+def chload(*args: str, reader: str = "") -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if reader:
+        env["CHLOAD_KAFKA_READER"] = reader
     done = subprocess.run([sys.executable, "-m", "chload", "load", *args, "-q"],
-                          capture_output=True, text=True, env={**os.environ,
-                                                               "PYTHONPATH": str(ROOT)})
+                          capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(done.stderr)
 
@@ -236,6 +243,12 @@ def _methods(args: argparse.Namespace, work: Path, bootstrap: str, topic: str,
                                "--schema", SCHEMA),
         "kafka": lambda: chload(uri, "--table", "ev", "--target", str(work / f"kafka{i}"),
                                 "--schema", SCHEMA),
+        "kafka_250k": lambda: chload(uri, "--table", "ev", "--target",
+                                     str(work / f"kafka250k{i}"), "--schema", SCHEMA,
+                                     "--batch-rows", "250000"),
+        "kafka_python": lambda: chload(uri, "--table", "ev", "--target",
+                                       str(work / f"kafkapy{i}"), "--schema", SCHEMA,
+                                       reader="python"),
         "server_kafka": lambda: chload(uri, "--table", f"sk{i}", "--target", server.url,
                                        "--schema", SCHEMA),
         "hand_http": lambda: hand_http(bootstrap, topic, args.partitions, server, f"hh{i}"),
@@ -287,6 +300,9 @@ def _ratios(best: dict[str, float], rows: dict[str, int]) -> dict[str, float]:
              "server_kafka_vs_hand_http": ("server_kafka", "hand_http"),
              "server_kafka_vs_engine_mv": ("server_kafka", "engine_mv"),
              "kafka_vs_engine_mv": ("kafka", "engine_mv"),
+             "kafka_250k_vs_file": ("kafka_250k", "file"),
+             "kafka_python_vs_file": ("kafka_python", "file"),
+             "kafka_vs_kafka_python": ("kafka", "kafka_python"),
              "bare_native_vs_bare": ("bare_native", "bare"), "bare_vs_file": ("bare", "file"),
              "bare_native_vs_file": ("bare_native", "file")}
     return {name: round(rate[a] / rate[b], 3) for name, (a, b) in pairs.items()

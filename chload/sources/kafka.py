@@ -220,7 +220,8 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
         for failed in refused:
             listener(Event("fail", failed.uri, error=failed.error))
         _add(report, refused)
-        reader = SpoolReader(broker, group)
+        reader = SpoolReader(broker, client_config(source.bootstrap, options.kafka_options,
+                                                   native=True), group)
         if reader.why:
             report.notes.append(f"Kafka: the Python reader (slower): {reader.why}")
         try:
