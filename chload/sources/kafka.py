@@ -19,8 +19,10 @@ the measurements behind the reader, are in docs/kafka.md.
              end, its watermarks and the topic's id; report a topic rewound, re-created
              or cut by retention below the ledger's end
     read     per round, the next unit of each partition (up to --batch-rows messages)
-             into a spool: consume(5000) + b"\\n".join, bytes only (kafka_read.py: the
-             broker's side, apart from the planning and the rounds here)
+             into a spool, values joined by newlines: by the native reader (C through
+             ctypes, all partitions in one call, no Python object per message) or,
+             without cc or librdkafka, by confluent-kafka consume(5000) (kafka_read.py,
+             kafka_native.py); the next round is read in a thread while one loads
     load     the round's spools through api._load (stage, commit, ledger); a unit
              refused because its partition moved (another loader) is planned again
              from the new end; a failed unit stops its partition
@@ -292,7 +294,8 @@ def _taken(ahead: Future[list[Spool]] | None, due: list[Partition], rows: int) -
         return []
     kept = []
     for s in ahead.result():
-        if s.part in due and s.unit.first == s.part.next == s.after == s.part.after:
+        due_now = any(s.part is p for p in due)
+        if due_now and s.unit.first == s.part.next == s.after == s.part.after:
             kept.append(s)
         else:
             _remove(s.file.local_path)

@@ -87,26 +87,32 @@ def _build() -> tuple[Any, str]:
     rdkafka = librdkafka()
     if not rdkafka:
         return None, "no librdkafka found (confluent-kafka's nor the system's)"
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if not compiler:
-        return None, "no C compiler (cc) to build the native Kafka reader"
     digest = hashlib.sha256(SOURCE.read_bytes() + os.path.realpath(rdkafka).encode())
     out = cache_dir() / f"chload_kafka_{digest.hexdigest()[:16]}.so"
     if not out.exists():
+        compiler = shutil.which(os.environ.get("CC", "cc"))
+        if not compiler:
+            return None, "no C compiler (cc) to build the native Kafka reader"
         why = _compile(compiler, rdkafka, out)
         if why:
             return None, why
     try:
-        return _bind(ctypes.CDLL(str(out))), ""
-    except OSError as exc:
+        lib = _bind(ctypes.CDLL(str(out)))
+    except (OSError, AttributeError) as exc:
         return None, f"the native Kafka reader did not load: {exc}"
+    if lib.chl_unit_size() != ctypes.sizeof(NativeUnit):
+        return None, "the native Kafka reader's unit struct differs from kafka_native's"
+    return lib, ""
 
 
 def _compile(compiler: str, rdkafka: str, out: Path) -> str:
     """Build into a temp name, then rename: concurrent first uses do not collide."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+    except OSError as exc:
+        return f"no cache directory for the native Kafka reader: {exc}"
     argv = [compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE), rdkafka,
             f"-Wl,-rpath,{os.path.dirname(os.path.realpath(rdkafka))}"]
     try:
@@ -130,6 +136,8 @@ def _bind(lib: Any) -> Any:
     lib.chl_read.restype = ctypes.c_int
     lib.chl_read.argtypes = [ctypes.c_void_p, ctypes.POINTER(NativeUnit), ctypes.c_int,
                              ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    lib.chl_unit_size.restype = ctypes.c_size_t
+    lib.chl_unit_size.argtypes = []
     lib.chl_close.restype = None
     lib.chl_close.argtypes = [ctypes.c_void_p]
     return lib
