@@ -25,6 +25,10 @@ READ_TIMEOUT = 30.0  # seconds without a message while a unit's offsets are stil
 # mid-partition unit; with librdkafka's 1 MB default, five 400k-message units read in
 # about half the time (docs/kafka.md). The user's --kafka-option still wins.
 NATIVE_FETCH = 1 << 20  # max.partition.fetch.bytes of the native reader
+# Once a partition's local queue holds queued.min.messages (100k), librdkafka >= 2.3 stops
+# fetching it for fetch.queue.backoff.ms, 1 s by default: a reader that drains faster
+# than that waited most of a second per 100k messages per partition (docs/kafka.md).
+FETCH_QUEUE_BACKOFF_MS = "10"
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_KEYS = ("password", "secret", "key", "token", "jaas")
 
@@ -37,9 +41,12 @@ def client_config(bootstrap: str, options: Sequence[tuple[str, str]],
     if consumer:
         config.update({"enable.auto.commit": "false", "enable.partition.eof": "true",
                        "auto.offset.reset": "error", "fetch.max.bytes": str(64 << 20),
-                       "max.partition.fetch.bytes": str(NATIVE_FETCH if native else 16 << 20)})
+                       "max.partition.fetch.bytes": str(NATIVE_FETCH if native else 16 << 20),
+                       "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS})
     for name, value in options:
         config[name] = _expand(name, value)
+    if native and "fetch.queue.backoff.ms" in config:  # since librdkafka 2.3: optional
+        config["?fetch.queue.backoff.ms"] = config.pop("fetch.queue.backoff.ms")
     return config
 
 

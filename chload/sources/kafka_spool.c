@@ -59,6 +59,7 @@ typedef struct {
 
 #define RD_KAFKA_CONSUMER 1
 #define RD_KAFKA_CONF_OK 0
+#define RD_KAFKA_CONF_UNKNOWN (-2)
 #define ERR_PARTITION_EOF (-191)
 
 rd_kafka_conf_t *rd_kafka_conf_new(void);
@@ -118,7 +119,9 @@ rd_kafka_t *chl_open(const char **names, const char **values, int n, char *err,
                      size_t errlen) {
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     for (int i = 0; i < n; i++) {
-        if (rd_kafka_conf_set(conf, names[i], values[i], err, errlen) != RD_KAFKA_CONF_OK) {
+        int optional = names[i][0] == '?'; /* "?name": a setting older librdkafkas lack */
+        int res = rd_kafka_conf_set(conf, names[i] + optional, values[i], err, errlen);
+        if (res != RD_KAFKA_CONF_OK && !(optional && res == RD_KAFKA_CONF_UNKNOWN)) {
             rd_kafka_conf_destroy(conf);
             return NULL;
         }
