@@ -28,6 +28,7 @@ NATIVE_FETCH = 1 << 20  # max.partition.fetch.bytes of the native reader
 # Once a partition's local queue holds queued.min.messages (100k), librdkafka >= 2.3 stops
 # fetching it for fetch.queue.backoff.ms, 1 s by default: a reader that drains faster
 # than that waited most of a second per 100k messages per partition (docs/kafka.md).
+# Set for the native reader, where it was measured; the Python reader keeps the default.
 FETCH_QUEUE_BACKOFF_MS = "10"
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_KEYS = ("password", "secret", "key", "token", "jaas")
@@ -41,11 +42,12 @@ def client_config(bootstrap: str, options: Sequence[tuple[str, str]],
     if consumer:
         config.update({"enable.auto.commit": "false", "enable.partition.eof": "true",
                        "auto.offset.reset": "error", "fetch.max.bytes": str(64 << 20),
-                       "max.partition.fetch.bytes": str(NATIVE_FETCH if native else 16 << 20),
-                       "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS})
+                       "max.partition.fetch.bytes": str(NATIVE_FETCH if native else 16 << 20)})
+        if native:  # since librdkafka 2.3: "?" = optional (kafka_spool.c)
+            config["?fetch.queue.backoff.ms"] = FETCH_QUEUE_BACKOFF_MS
     for name, value in options:
         config[name] = _expand(name, value)
-    if native and "fetch.queue.backoff.ms" in config:  # since librdkafka 2.3: optional
+    if native and "fetch.queue.backoff.ms" in config:  # the user's wins
         config["?fetch.queue.backoff.ms"] = config.pop("fetch.queue.backoff.ms")
     return config
 
