@@ -229,7 +229,7 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
         try:
             with _spool_dir(target) as spool, _stopping(options):
                 _rounds(reader, fmt, partitions, spool, load_round, report, options,
-                        target, table)
+                        target, table, listener)
         finally:
             reader.close()
     finally:
@@ -249,7 +249,7 @@ class Spool:
 
 def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], spool: str,
             load_round: LoadRound, report: LoadReport, options: Options, target: Target,
-            table: Any) -> None:
+            table: Any, listener: Listener) -> None:
     """Per round, the next unit of every partition with offsets due, loaded together;
     with --follow, watermarks are read again and rounds go on until stopped. While a
     round loads, a reader thread reads the next one (as if this one commits: a unit
@@ -265,6 +265,7 @@ def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], s
                         return
                     _wait(options, last_cut)
                     _refresh(reader.broker, partitions)
+                    _lag(listener, partitions)
                     continue
                 spools = _taken(ahead, due, options.batch_rows)
                 ahead = None
@@ -275,6 +276,7 @@ def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], s
                 if following:
                     ahead = pool.submit(_read, reader, fmt, spool, following)
                 _load_round(spools, load_round, report, target, table)
+                _lag(listener, partitions)
                 last_cut = time.monotonic()
         finally:
             if ahead is not None:
@@ -320,6 +322,13 @@ def _load_round(spools: list[Spool], load_round: LoadRound, report: LoadReport,
             _remove(f.local_path)
     _advance([s.part for s in spools], files, done, target, table)
     _add(report, done.files, done)
+
+
+def _lag(listener: Listener, partitions: list[Partition]) -> None:
+    """A `lag` event per partition: messages up to its end (the high watermark last
+    read) that this run has not committed yet."""
+    for p in partitions:
+        listener(Event("lag", p.stream, rows=0 if p.stopped else max(0, p.end - p.next)))
 
 
 def _wait(options: Options, since: float) -> None:

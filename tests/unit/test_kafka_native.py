@@ -68,3 +68,20 @@ def test_a_spool_read_ahead_is_used_only_where_its_partition_ended_as_planned():
     ahead.set_result([_spool(loaded, 100, 199, 100), _spool(refused, 100, 199, 100)])
     kept = K._taken(ahead, [loaded, refused], 100)
     assert [s.part for s in kept] == [loaded]
+
+
+def test_lag_is_reported_per_partition_and_summed_in_the_progress_view():
+    from chload.render import ProgressView
+    from chload.runner import Event
+
+    behind, done, stopped = _part(100, 250), _part(250, 250), _part(0, 90)
+    stopped.stopped = True
+    events: list[Event] = []
+    K._lag(events.append, [behind, done, stopped])
+    assert [(e.kind, e.rows) for e in events] == [("lag", 150), ("lag", 0), ("lag", 0)]
+    view = ProgressView()
+    view.on_event(Event("lag", "kafka://b:1/t/0", rows=150))
+    view.on_event(Event("lag", "kafka://b:1/t/1", rows=7))
+    view.on_event(Event("lag", "kafka://b:1/t/0", rows=40))  # the partition's latest counts
+    rate = view._progress.tasks[0].fields["rate"]
+    assert rate.endswith("lag 47"), rate
