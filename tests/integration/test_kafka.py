@@ -81,6 +81,19 @@ def test_load_then_rerun_loads_only_the_new_messages(kafka, target_dir, table_na
     assert len(json.loads(history.stdout)) == 3  # one record per run, not per round
 
 
+def test_the_python_reader_fallback_loads_the_same_and_says_so(kafka, target_dir, table_name):
+    topic = _topic(kafka)
+    _produce(kafka, topic, range(6_000))
+    slow = _report(_load(target_dir, _uri(kafka, topic), table_name, "--batch-rows", "1000",
+                         env={"CHLOAD_KAFKA_READER": "python"}))
+    assert slow["rows_loaded"] == 6_000 and slow["files_failed"] == 0
+    assert any("Python reader" in note for note in slow["notes"]), slow["notes"]
+    _produce(kafka, topic, range(6_000, 7_000))
+    native = _report(_load(target_dir, _uri(kafka, topic), table_name))
+    assert native["rows_loaded"] == 1_000 and native["notes"] == []
+    assert _counts(target_dir, table_name) == (7_000, 7_000)
+
+
 @pytest.mark.parametrize("kills", [["after-attach", "before-attach", "after-attach:2"]])
 def test_killed_three_times_mid_load_then_finished_is_exact(kafka, target_dir, table_name,
                                                             kills):
