@@ -1,20 +1,33 @@
 """Kafka into ClickHouse: chload's Kafka load against the same rows from a file, against
-a hand-written consumer posting batches over HTTP, and the bare cost of consuming.
+the 18.16 Kafka table engine, against a hand-written consumer posting batches over HTTP,
+and the bare cost of the two readers.
 
-    python3 bench/kafka.py [--rows 2000000] [--partitions 4] [--repeat 1]
+    python3 bench/kafka.py [--rows 2000000] [--partitions 4] [--repeat 1] [--only a,b]
 
 Starts its own Kafka broker and ClickHouse 18.16 server (scripts/services), produces
 `--rows` small JSON messages (zstd) over `--partitions` partitions once, and writes the
 same rows as one JSON-lines file. Each figure is from this run; the ratios compare
 methods measured in it (docs/kafka.md records them). Prints one JSON object last.
 
-Methods:
-  bare        confluent-kafka consume(5000) + b"\\n".join, to /dev/null (the reader's cost)
-  file        chload load of the JSON-lines file into a fresh embedded target
+Methods (CPU per million rows: the loading process and its children, plus the
+ClickHouse server's and the Kafka broker's own CPU over the same interval):
+  bare        confluent-kafka consume(5000) + b"\\n".join, to /dev/null (the Python
+              reader's cost)
+  bare_native chload's native reader (kafka_spool.c) into spool files, every partition
+              at once (the C reader's cost)
+  file        chload load of the JSON-lines file into a fresh embedded target (a)
   kafka       chload load kafka://... into a fresh embedded target
+  kafka_250k  the same with --batch-rows 250000 (two rounds: the second is read while
+              the first loads)
+  kafka_python  the same through the Python reader (CHLOAD_KAFKA_READER=python: the
+              fallback when no cc or librdkafka is found; the first version's reader)
   server_kafka  chload load kafka://... into the 18.16 server
   hand_http   a hand-written consumer: consume(5000), join, POST each 100k-message batch
-              to the server (INSERT ... FORMAT JSONEachRow), no ledger, no exactly-once
+              to the server (INSERT ... FORMAT JSONEachRow), no ledger, no exactly-once (c)
+  engine_mv   the server's Kafka table engine + a materialized view into MergeTree (b):
+              the group's offsets are set to 0 first (a new group starts at the latest),
+              timed from CREATE MATERIALIZED VIEW until count() reaches --rows (polled
+              every 0.2 s; at most --engine-timeout s, then the rate of what arrived)
 """
 
 from __future__ import annotations
@@ -29,9 +42,11 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts" / "services"))
+sys.path.insert(0, str(ROOT))
 
 import services  # noqa: E402
 
@@ -79,18 +94,41 @@ def consume_batches(bootstrap: str, topic: str, partitions: int, group: str):
     consumer.close()
 
 
-def bare(bootstrap: str, topic: str, partitions: int) -> float:
-    started = time.monotonic()
+def bare(bootstrap: str, topic: str, partitions: int) -> None:
     for _ in consume_batches(bootstrap, topic, partitions, f"bare-{time.time_ns()}"):
         pass
-    return time.monotonic() - started
+
+
+def bare_native(bootstrap: str, topic: str, partitions: int, work: Path) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from chload.sources import kafka_native
+    from chload.sources.kafka_read import client_config
+
+    lib, why = kafka_native.load()
+    if lib is None:
+        raise RuntimeError(f"no native reader: {why}")
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    ends = [probe.get_watermark_offsets(TopicPartition(topic, p))[1] for p in range(partitions)]
+    probe.close()
+    reader = kafka_native.NativeReader(lib, {**client_config(bootstrap, (), native=True),
+                                                "group.id": "n"})
+    fds = [os.open(work / f"native-{p}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+           for p in range(partitions)]
+    try:
+        reader.read([(topic, p, 0, ends[p] - 1, fds[p], -1) for p in range(partitions)])
+    finally:
+        for fd in fds:
+            os.close(fd)
+        reader.close()
+        for p in range(partitions):
+            os.remove(work / f"native-{p}")
 
 
 def hand_http(bootstrap: str, topic: str, partitions: int, server: services.Service,
-              table: str) -> float:
+              table: str) -> None:
     services.clickhouse_query(server, f"CREATE TABLE {table} ({SCHEMA}) ENGINE = MergeTree "
                                       "ORDER BY id")
-    started = time.monotonic()
     pending: list[bytes] = []
     count = 0
     for n, block in consume_batches(bootstrap, topic, partitions, f"hand-{table}"):
@@ -101,7 +139,6 @@ def hand_http(bootstrap: str, topic: str, partitions: int, server: services.Serv
             pending, count = [], 0
     if pending:
         _post(server, table, b"".join(pending))
-    return time.monotonic() - started
 
 
 def _post(server: services.Service, table: str, body: bytes) -> None:
@@ -111,18 +148,69 @@ def _post(server: services.Service, table: str, body: bytes) -> None:
         answer.read()
 
 
-def chload(*args: str) -> float:
-    started = time.monotonic()
+def engine_setup(bootstrap: str, topic: str, partitions: int, server: services.Service,
+                 name: str) -> None:
+    """The Kafka engine table and the MergeTree table, no view yet (nothing consumed);
+    the group's offsets at 0, so it reads the topic from the start."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    group = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{name}-group",
+                      "enable.auto.commit": False})
+    group.commit(offsets=[TopicPartition(topic, p, 0) for p in range(partitions)],
+                 asynchronous=False)
+    group.close()
+    services.clickhouse_query(server, f"CREATE TABLE {name} ({SCHEMA}) ENGINE = MergeTree "
+                                      "ORDER BY id")
+    services.clickhouse_query(server, f"CREATE TABLE {name}_queue ({SCHEMA}) ENGINE = Kafka("
+                                      f"'{bootstrap}', '{topic}', '{name}-group', "
+                                      f"'JSONEachRow')")
+
+
+def engine_mv(server: services.Service, name: str, rows: int, timeout: float) -> int:
+    """Start the view; wait until every row is in the MergeTree table (or timeout)."""
+    services.clickhouse_query(server, f"CREATE MATERIALIZED VIEW {name}_mv TO {name} AS "
+                                      f"SELECT * FROM {name}_queue")
+    deadline, arrived = time.monotonic() + timeout, 0
+    while arrived < rows and time.monotonic() < deadline:
+        time.sleep(0.2)
+        arrived = count(server, name)
+    services.clickhouse_query(server, f"DROP TABLE {name}_mv")
+    services.clickhouse_query(server, f"DROP TABLE {name}_queue")
+    return arrived
+
+
+def chload(*args: str, reader: str = "") -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if reader:
+        env["CHLOAD_KAFKA_READER"] = reader
     done = subprocess.run([sys.executable, "-m", "chload", "load", *args, "-q"],
-                          capture_output=True, text=True, env={**os.environ,
-                                                               "PYTHONPATH": str(ROOT)})
+                          capture_output=True, text=True, env=env)
     if done.returncode:
         raise RuntimeError(done.stderr)
-    return time.monotonic() - started
 
 
 def count(server: services.Service, table: str) -> int:
     return int(services.clickhouse_query(server, f"SELECT count() FROM {table}").strip())
+
+
+def _cpu_of(pid: int) -> float:
+    """A process's user+system CPU seconds so far (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(run: Any, pids: dict[str, int]) -> tuple[float, dict[str, float], Any]:
+    """Wall seconds, CPU seconds per party (this process and its children: 'loader'),
+    and what `run` returned."""
+    before_t, before = os.times(), {k: _cpu_of(p) for k, p in pids.items()}
+    started = time.monotonic()
+    value = run()
+    seconds = time.monotonic() - started
+    after_t = os.times()
+    cpu = {k: _cpu_of(p) - before[k] for k, p in pids.items()}
+    cpu["loader"] = sum(after_t[:4]) - sum(before_t[:4])
+    return seconds, cpu, value
 
 
 def main() -> None:
@@ -130,46 +218,95 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--engine-timeout", type=float, default=300.0)
+    parser.add_argument("--only", default="", help="comma-separated methods (default: all)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="chload-bench-kafka-"))
     broker = services.start_kafka(work)
     server = services.start_clickhouse_server(work)
     try:
-        bootstrap, topic = broker.extra["bootstrap"], "events"
-        services.kafka_create_topic(broker, topic, args.partitions)
-        lines = str(work / "events.jsonl")
-        produced = produce(bootstrap, topic, args.rows, args.partitions, lines)
-        uri = f"kafka://{bootstrap}/{topic}"
-        figures: dict[str, list[float]] = {}
-        for i in range(args.repeat):
-            runs = {
-                "bare": lambda: bare(bootstrap, topic, args.partitions),
-                "file": lambda i=i: chload(lines, "--table", "ev", "--target",
-                                       str(work / f"file{i}"), "--schema", SCHEMA),
-                "kafka": lambda i=i: chload(uri, "--table", "ev", "--target",
-                                        str(work / f"kafka{i}"), "--schema", SCHEMA),
-                "server_kafka": lambda i=i: chload(uri, "--table", f"sk{i}", "--target",
-                                               server.url, "--schema", SCHEMA),
-                "hand_http": lambda i=i: hand_http(bootstrap, topic, args.partitions, server,
-                                               f"hh{i}"),
-            }
-            for name, run in runs.items():
-                figures.setdefault(name, []).append(run())
-            assert count(server, f"sk{i}") == args.rows and count(server, f"hh{i}") == args.rows
-        best = {k: min(v) for k, v in figures.items()}
-        result = {
-            "rows": args.rows, "partitions": args.partitions, "produce_s": round(produced, 2),
-            "seconds": {k: round(v, 3) for k, v in best.items()},
-            "rows_per_s": {k: round(args.rows / v) for k, v in best.items()},
-            "kafka_vs_file": round(best["file"] / best["kafka"], 3),
-            "server_kafka_vs_hand_http": round(best["hand_http"] / best["server_kafka"], 3),
-            "bare_vs_file": round(best["file"] / best["bare"], 3),
-        }
+        result = _bench(args, work, broker, server)
         print(json.dumps(result))
     finally:
         broker.stop()
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _methods(args: argparse.Namespace, work: Path, bootstrap: str, topic: str,
+             server: services.Service, i: int, lines: str) -> dict[str, Any]:
+    uri = f"kafka://{bootstrap}/{topic}"
+    return {
+        "bare": lambda: bare(bootstrap, topic, args.partitions),
+        "bare_native": lambda: bare_native(bootstrap, topic, args.partitions, work),
+        "file": lambda: chload(lines, "--table", "ev", "--target", str(work / f"file{i}"),
+                               "--schema", SCHEMA),
+        "kafka": lambda: chload(uri, "--table", "ev", "--target", str(work / f"kafka{i}"),
+                                "--schema", SCHEMA),
+        "kafka_250k": lambda: chload(uri, "--table", "ev", "--target",
+                                     str(work / f"kafka250k{i}"), "--schema", SCHEMA,
+                                     "--batch-rows", "250000"),
+        "kafka_python": lambda: chload(uri, "--table", "ev", "--target",
+                                       str(work / f"kafkapy{i}"), "--schema", SCHEMA,
+                                       reader="python"),
+        "server_kafka": lambda: chload(uri, "--table", f"sk{i}", "--target", server.url,
+                                       "--schema", SCHEMA),
+        "hand_http": lambda: hand_http(bootstrap, topic, args.partitions, server, f"hh{i}"),
+        "engine_mv": lambda: engine_mv(server, f"em{i}", args.rows, args.engine_timeout),
+    }
+
+
+def _bench(args: argparse.Namespace, work: Path, broker: services.Service,
+           server: services.Service) -> dict[str, Any]:
+    bootstrap, topic = broker.extra["bootstrap"], "events"
+    services.kafka_create_topic(broker, topic, args.partitions)
+    lines = str(work / "events.jsonl")
+    produced = produce(bootstrap, topic, args.rows, args.partitions, lines)
+    only = set(filter(None, args.only.split(",")))
+    pids = {"server": server.pid, "broker": broker.pid}
+    seconds: dict[str, list[float]] = {}
+    cpu: dict[str, list[float]] = {}
+    arrived: dict[str, int] = {}
+    for i in range(args.repeat):
+        for name, run in _methods(args, work, bootstrap, topic, server, i, lines).items():
+            if only and name not in only:
+                continue
+            if name == "engine_mv":
+                engine_setup(bootstrap, topic, args.partitions, server, f"em{i}")
+            wall, used, value = measure(run, pids)
+            if name == "engine_mv":
+                arrived[name] = value
+            seconds.setdefault(name, []).append(wall)
+            cpu.setdefault(name, []).append(sum(used.values()))
+        for name, table in (("server_kafka", f"sk{i}"), ("hand_http", f"hh{i}")):
+            if name in seconds:
+                assert count(server, table) == args.rows, name
+    best = {k: min(v) for k, v in seconds.items()}
+    rows = {k: arrived.get(k, args.rows) for k in best}
+    return {
+        "rows": args.rows, "partitions": args.partitions, "produce_s": round(produced, 2),
+        "load_average": os.getloadavg()[0], "seconds": {k: round(v, 3) for k, v in best.items()},
+        "rows_per_s": {k: round(rows[k] / v) for k, v in best.items()},
+        "cpu_s_per_million_rows": {k: round(min(v) / rows[k] * 1e6, 3) for k, v in cpu.items()},
+        "engine_rows_arrived": arrived.get("engine_mv"),
+        "ratios": _ratios(best, rows),
+    }
+
+
+def _ratios(best: dict[str, float], rows: dict[str, int]) -> dict[str, float]:
+    """Throughput ratios (rows/s over rows/s) of the pairs the goals name."""
+    rate = {k: rows[k] / v for k, v in best.items()}
+    pairs = {"kafka_vs_file": ("kafka", "file"), "server_kafka_vs_file": ("server_kafka", "file"),
+             "server_kafka_vs_hand_http": ("server_kafka", "hand_http"),
+             "server_kafka_vs_engine_mv": ("server_kafka", "engine_mv"),
+             "kafka_vs_engine_mv": ("kafka", "engine_mv"),
+             "kafka_250k_vs_file": ("kafka_250k", "file"),
+             "kafka_python_vs_file": ("kafka_python", "file"),
+             "kafka_vs_kafka_python": ("kafka", "kafka_python"),
+             "bare_native_vs_bare": ("bare_native", "bare"), "bare_vs_file": ("bare", "file"),
+             "bare_native_vs_file": ("bare_native", "file")}
+    return {name: round(rate[a] / rate[b], 3) for name, (a, b) in pairs.items()
+            if a in rate and b in rate}
 
 
 if __name__ == "__main__":

@@ -136,6 +136,7 @@ class LoadReport:
     recovered: int = 0
     saturation: dict = field(default_factory=dict)  # CPU, disk, network; see monitor.py
     shards: list[dict] = field(default_factory=list)  # a cluster: per shard rows, bytes, s
+    notes: list[str] = field(default_factory=list)  # worth knowing, not errors (slow paths)
     files: list[FileResult] = field(default_factory=list)
 
     @property

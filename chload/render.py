@@ -47,6 +47,7 @@ class ProgressView:
         self._files_total = 0
         self._files_done = 0
         self._rows = 0
+        self._lag: dict[str, int] = {}  # a Kafka load: messages due per partition
         self._started = time.monotonic()
 
     def __enter__(self) -> ProgressView:
@@ -68,11 +69,14 @@ class ProgressView:
         elif event.kind == "fail":
             self._files_done += 1
             self._console.print(f"[red]failed[/red] {event.error}", highlight=False)
+        elif event.kind == "lag":
+            self._lag[event.uri] = event.rows
         else:
             return
         rate = self._rows / max(time.monotonic() - self._started, 1e-6)
+        lag = f", lag {sum(self._lag.values()):,}" if self._lag else ""
         self._progress.update(self._task, files=f"{self._files_done}/{self._files_total}",
-                              rows=f"{self._rows:,}", rate=f"{rate:,.0f} rows/s")
+                              rows=f"{self._rows:,}", rate=f"{rate:,.0f} rows/s{lag}")
 
 
 def print_summary(report: LoadReport) -> None:
@@ -89,6 +93,8 @@ def print_summary(report: LoadReport) -> None:
           f" ({report.rows_per_second:,.0f} rows/s)")
     if report.table_reset:
         print(f"  {report.table_reset}")
+    for note in report.notes:
+        print(f"  note: {note}")
     sat = report.saturation
     if sat and report.files_loaded:
         disk = (f", disk {sat['disk']} {sat['disk_util_pct']:.0f}% busy"

@@ -27,7 +27,8 @@ from chload.targets import Loaded, LoadJob, Target
 class Event:
     """A progress event: kind is plan, start, progress (rows and bytes parsed, negative
     when taken back), done (a file committed), skip (another run committed the file
-    meanwhile), fail."""
+    meanwhile), fail, lag (a Kafka partition, uri its stream: rows = messages up to the
+    high watermark last read not yet committed)."""
 
     kind: str
     uri: str = ""

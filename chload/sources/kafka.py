@@ -19,8 +19,10 @@ the measurements behind the reader, are in docs/kafka.md.
              end, its watermarks and the topic's id; report a topic rewound, re-created
              or cut by retention below the ledger's end
     read     per round, the next unit of each partition (up to --batch-rows messages)
-             into a spool: consume(5000) + b"\\n".join, bytes only (kafka_read.py: the
-             broker's side, apart from the planning and the rounds here)
+             into a spool, values joined by newlines: by the native reader (C through
+             ctypes, all partitions in one call, no Python object per message) or,
+             without cc or librdkafka, by confluent-kafka consume(5000) (kafka_read.py,
+             kafka_native.py); the next round is read in a thread while one loads
     load     the round's spools through api._load (stage, commit, ledger); a unit
              refused because its partition moved (another loader) is planned again
              from the new end; a failed unit stops its partition
@@ -35,6 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,7 +47,7 @@ from chload.formats import FileFormat
 from chload.ledger import COMMITTING, LOADED
 from chload.runner import LOADED_ELSEWHERE, Event, FileResult, Listener
 from chload.sources import SourceContext, SourceFile, StreamPosition
-from chload.sources.kafka_read import Broker, Unit, client_config
+from chload.sources.kafka_read import Broker, Spooled, SpoolReader, Unit, client_config
 from chload.sources.remote import RemoteSource
 
 if TYPE_CHECKING:
@@ -219,37 +222,113 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
         for failed in refused:
             listener(Event("fail", failed.uri, error=failed.error))
         _add(report, refused)
-        with _spool_dir(target) as spool, _stopping(options):
-            _rounds(broker, source, fmt, partitions, spool, load_round, report, options,
-                    target, table)
+        reader = SpoolReader(broker, client_config(source.bootstrap, options.kafka_options,
+                                                   native=True), group)
+        if reader.why:
+            report.notes.append(f"Kafka: the Python reader (slower): {reader.why}")
+        try:
+            with _spool_dir(target) as spool, _stopping(options):
+                _rounds(reader, fmt, partitions, spool, load_round, report, options,
+                        target, table, listener)
+        finally:
+            reader.close()
     finally:
         broker.close()
     return report
 
 
-def _rounds(broker: Broker, source: KafkaSource, fmt: FileFormat,
-            partitions: list[Partition], spool: str, load_round: LoadRound,
-            report: LoadReport, options: Options, target: Target, table: Any) -> None:
+@dataclass(slots=True)
+class Spool:
+    """A unit read into its spool file, and the committed end its commit requires."""
+
+    part: Partition
+    unit: Unit
+    after: int
+    file: SourceFile
+
+
+def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], spool: str,
+            load_round: LoadRound, report: LoadReport, options: Options, target: Target,
+            table: Any, listener: Listener) -> None:
     """Per round, the next unit of every partition with offsets due, loaded together;
-    with --follow, watermarks are read again and rounds go on until stopped."""
+    with --follow, watermarks are read again and rounds go on until stopped. While a
+    round loads, a reader thread reads the next one (as if this one commits: a unit
+    whose partition did not end where it begins is dropped unread by the engine)."""
     last_cut = time.monotonic()
-    while not options.stop.is_set():
-        due = [p for p in partitions if not p.stopped and p.next < p.end]
-        if not due:
-            if not options.follow:
-                return
-            _wait(options, last_cut)
-            _refresh(broker, partitions)
-            continue
-        files = [_spool(broker, source, p, fmt, spool, options.batch_rows) for p in due]
+    ahead: Future[list[Spool]] | None = None
+    with ThreadPoolExecutor(1, thread_name_prefix="chload-kafka-read") as pool:
         try:
-            done = load_round(files)
+            while not options.stop.is_set():
+                due = [p for p in partitions if not p.stopped and p.next < p.end]
+                if not due:
+                    if not options.follow:
+                        return
+                    _wait(options, last_cut)
+                    _refresh(reader.broker, partitions)
+                    _lag(listener, partitions)
+                    continue
+                spools = _taken(ahead, due, options.batch_rows)
+                ahead = None
+                covered = {id(s.part) for s in spools}
+                spools += _read(reader, fmt, spool, [(p, p.unit(options.batch_rows), p.after)
+                                                     for p in due if id(p) not in covered])
+                following = _following(spools, options.batch_rows)
+                if following:
+                    ahead = pool.submit(_read, reader, fmt, spool, following)
+                _load_round(spools, load_round, report, target, table)
+                _lag(listener, partitions)
+                last_cut = time.monotonic()
         finally:
-            for f in files:
-                _remove(f.local_path)
-        last_cut = time.monotonic()
-        _advance(due, files, done, target, table)
-        _add(report, done.files, done)
+            if ahead is not None:
+                _drop(ahead)
+
+
+def _following(spools: list[Spool], rows: int) -> list[tuple[Partition, Unit, int]]:
+    """The unit after each spool's, where its partition has offsets due beyond it."""
+    return [(s.part, Unit(s.part.topic, s.part.partition, s.unit.last + 1,
+                          min(s.part.end, s.unit.last + 1 + rows) - 1), s.unit.last + 1)
+            for s in spools if s.unit.last + 1 < s.part.end]
+
+
+def _taken(ahead: Future[list[Spool]] | None, due: list[Partition], rows: int) -> list[Spool]:
+    """The spools read ahead that still follow their partition's end; others removed."""
+    if ahead is None:
+        return []
+    kept = []
+    for s in ahead.result():
+        due_now = any(s.part is p for p in due)
+        if due_now and s.unit.first == s.part.next == s.after == s.part.after:
+            kept.append(s)
+        else:
+            _remove(s.file.local_path)
+    return kept
+
+
+def _drop(ahead: Future[list[Spool]]) -> None:
+    try:
+        for s in ahead.result():
+            _remove(s.file.local_path)
+    except Exception:  # noqa: BLE001 - a read ahead that nothing needs any more
+        pass
+
+
+def _load_round(spools: list[Spool], load_round: LoadRound, report: LoadReport,
+                target: Target, table: Any) -> None:
+    files = [s.file for s in spools]
+    try:
+        done = load_round(files)
+    finally:
+        for f in files:
+            _remove(f.local_path)
+    _advance([s.part for s in spools], files, done, target, table)
+    _add(report, done.files, done)
+
+
+def _lag(listener: Listener, partitions: list[Partition]) -> None:
+    """A `lag` event per partition: messages up to its end (the high watermark last
+    read) that this run has not committed yet."""
+    for p in partitions:
+        listener(Event("lag", p.stream, rows=0 if p.stopped else max(0, p.end - p.next)))
 
 
 def _wait(options: Options, since: float) -> None:
@@ -262,18 +341,27 @@ def _refresh(broker: Broker, partitions: list[Partition]) -> None:
             p.end = broker.watermarks(p.topic, p.partition)[1]
 
 
-def _spool(broker: Broker, source: KafkaSource, part: Partition, fmt: FileFormat,
-           spool: str, rows: int) -> SourceFile:
-    unit = part.unit(rows)
-    path = os.path.join(spool, f"kafka-{part.partition}-{unit.first}-{unit.last}."
-                        f"{_EXTENSIONS.get(fmt.name, 'txt')}")
-    with open(path, "wb", buffering=1 << 20) as out:
-        read = broker.read(unit, out)
+def _read(reader: SpoolReader, fmt: FileFormat, spool: str,
+          units: list[tuple[Partition, Unit, int]]) -> list[Spool]:
+    """Read units into spool files (one call for all); `after` per unit is the committed
+    end its commit will require."""
+    if not units:
+        return []
+    ext = _EXTENSIONS.get(fmt.name, "txt")
+    paths = [os.path.join(spool, f"kafka-{u.topic}-{u.partition}-{u.first}-{u.last}.{ext}")
+             for _, u, _ in units]
+    done = reader.read([(u, path) for (_, u, _), path in zip(units, paths, strict=True)])
+    return [Spool(part, unit, after, _spooled(part, unit, after, path, read, fmt))
+            for (part, unit, after), path, read in zip(units, paths, done, strict=True)]
+
+
+def _spooled(part: Partition, unit: Unit, after: int, path: str, read: Spooled,
+             fmt: FileFormat) -> SourceFile:
     base = read.first_offset - 1 if read.contiguous and read.first_offset >= 0 else 0
     identity = f"{part.topic_id}:{unit.first}-{unit.last}"
     return SourceFile(f"{part.stream}/{unit.first}-{unit.last}", read.bytes, 0, fmt,
                       etag=identity, local_path=path,
-                      position=StreamPosition(part.stream, part.after, part.since_seq, base))
+                      position=StreamPosition(part.stream, after, part.since_seq, base))
 
 
 def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,

@@ -20,21 +20,35 @@ from chload.errors import SourceError, UsageError
 CONSUME_BATCH = 5_000  # messages per consume() call (docs/kafka.md: 100k was slower)
 READ_TIMEOUT = 30.0  # seconds without a message while a unit's offsets are still due
 
+# The native reader parses every fetched message, also those past a unit's last offset:
+# 16 MB per partition (the Python reader's, fewer consume() calls) read far past a
+# mid-partition unit; with librdkafka's 1 MB default, five 400k-message units read in
+# about half the time (docs/kafka.md). The user's --kafka-option still wins.
+NATIVE_FETCH = 1 << 20  # max.partition.fetch.bytes of the native reader
+# Once a partition's local queue holds queued.min.messages (100k), librdkafka >= 2.3 stops
+# fetching it for fetch.queue.backoff.ms, 1 s by default: a reader that drains faster
+# than that waited most of a second per 100k messages per partition (docs/kafka.md).
+# Set for the native reader, where it was measured; the Python reader keeps the default.
+FETCH_QUEUE_BACKOFF_MS = "10"
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_KEYS = ("password", "secret", "key", "token", "jaas")
 
 
 def client_config(bootstrap: str, options: Sequence[tuple[str, str]],
-                  consumer: bool = True) -> dict[str, str]:
+                  consumer: bool = True, native: bool = False) -> dict[str, str]:
     """librdkafka's settings: ours, then the user's --kafka-option (values may name
     environment variables, `${VAR}`, so secrets stay out of shell history and logs)."""
     config = {"bootstrap.servers": bootstrap}
     if consumer:
         config.update({"enable.auto.commit": "false", "enable.partition.eof": "true",
                        "auto.offset.reset": "error", "fetch.max.bytes": str(64 << 20),
-                       "max.partition.fetch.bytes": str(16 << 20)})
+                       "max.partition.fetch.bytes": str(NATIVE_FETCH if native else 16 << 20)})
+        if native:  # since librdkafka 2.3: "?" = optional (kafka_spool.c)
+            config["?fetch.queue.backoff.ms"] = FETCH_QUEUE_BACKOFF_MS
     for name, value in options:
         config[name] = _expand(name, value)
+    if native and "fetch.queue.backoff.ms" in config:  # the user's wins
+        config["?fetch.queue.backoff.ms"] = config.pop("fetch.queue.backoff.ms")
     return config
 
 
@@ -118,6 +132,42 @@ class Broker:
             return _read(self.consumer, unit, out)
         finally:
             self.consumer.unassign()
+
+
+class SpoolReader:
+    """Reads a round's units into spool files: natively (kafka_native: no Python object
+    per message, all partitions in one call) when the C reader builds here, else
+    through confluent-kafka one unit after the other (`why` says why not native)."""
+
+    def __init__(self, broker: Broker, native_config: dict[str, str], group: str) -> None:
+        from chload.sources import kafka_native
+
+        self.broker = broker
+        lib, self.why = kafka_native.load()
+        self.native = (kafka_native.NativeReader(lib, {**native_config, "group.id": group})
+                       if lib is not None else None)
+
+    def close(self) -> None:
+        if self.native is not None:
+            self.native.close()
+
+    def read(self, jobs: Sequence[tuple[Unit, str]]) -> list[Spooled]:
+        """Each unit's values into its path (created, or emptied)."""
+        if self.native is None:
+            return [self._python(unit, path) for unit, path in jobs]
+        fds = [os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) for _, path in jobs]
+        try:
+            done = self.native.read([(u.topic, u.partition, u.first, u.last, fd, -1)
+                                     for (u, _), fd in zip(jobs, fds, strict=True)])
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return [Spooled(int(r.messages), int(r.bytes), bool(r.contiguous), int(r.first_offset))
+                for r in done]
+
+    def _python(self, unit: Unit, path: str) -> Spooled:
+        with open(path, "wb", buffering=1 << 20) as out:
+            return self.broker.read(unit, out)
 
 
 @dataclass(slots=True)

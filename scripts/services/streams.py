@@ -130,7 +130,9 @@ def _kafka_format(home: Path, data: Path) -> None:
     """Format the KRaft log dir once (a restart keeps it)."""
     if (data / "logs" / "meta.properties").exists():
         return
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    cluster_id = "-"
+    while cluster_id.startswith("-"):  # as Kafka's Uuid.randomUuid(): "-x" reads as a flag
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
     argv = _kafka_java(home, data, "kafka.tools.StorageTool", "format", "-t", cluster_id,
                        "-c", str(data / "server.properties"))
     run_as(None, argv, data / "format.out", what="kafka storage format")

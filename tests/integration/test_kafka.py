@@ -7,6 +7,7 @@ unique across a topic, so `count() = uniqExact(id) = produced` is the exactly-on
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -80,6 +81,19 @@ def test_load_then_rerun_loads_only_the_new_messages(kafka, target_dir, table_na
     assert len(json.loads(history.stdout)) == 3  # one record per run, not per round
 
 
+def test_the_python_reader_fallback_loads_the_same_and_says_so(kafka, target_dir, table_name):
+    topic = _topic(kafka)
+    _produce(kafka, topic, range(6_000))
+    slow = _report(_load(target_dir, _uri(kafka, topic), table_name, "--batch-rows", "1000",
+                         env={"CHLOAD_KAFKA_READER": "python"}))
+    assert slow["rows_loaded"] == 6_000 and slow["files_failed"] == 0
+    assert any("Python reader" in note for note in slow["notes"]), slow["notes"]
+    _produce(kafka, topic, range(6_000, 7_000))
+    native = _report(_load(target_dir, _uri(kafka, topic), table_name))
+    assert native["rows_loaded"] == 1_000 and native["notes"] == []
+    assert _counts(target_dir, table_name) == (7_000, 7_000)
+
+
 @pytest.mark.parametrize("kills", [["after-attach", "before-attach", "after-attach:2"]])
 def test_killed_three_times_mid_load_then_finished_is_exact(kafka, target_dir, table_name,
                                                             kills):
@@ -118,6 +132,47 @@ def test_two_loaders_at_once_into_a_server_are_exact(kafka, clickhouse, table_na
     _produce(kafka, topic, range(100_000, 110_000))
     assert _report(_load(target, _uri(kafka, topic), table_name))["rows_loaded"] == 10_000
     assert _counts(target, table_name) == (110_000, 110_000)
+
+
+def _server_count(clickhouse: services.Service, table: str) -> int:
+    try:
+        return int(services.clickhouse_query(clickhouse, f"SELECT count() FROM {table}"))
+    except Exception:  # noqa: BLE001 - not created yet
+        return 0
+
+
+def _wait_for_rows(clickhouse: services.Service, table: str, rows: int, loader: subprocess.Popen,
+                   timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while _server_count(clickhouse, table) < rows:
+        assert loader.poll() is None, loader.communicate()[1]
+        assert time.monotonic() < deadline, f"{rows} rows not loaded in {timeout} s"
+        time.sleep(0.2)
+
+
+def test_follow_loads_what_arrives_and_sigterm_ends_it_cleanly(kafka, clickhouse, table_name):
+    topic = _topic(kafka)
+    _produce(kafka, topic, range(5_000))
+    loader = subprocess.Popen(
+        [sys.executable, "-m", "chload", "load", _uri(kafka, topic), "--table", table_name,
+         "--target", clickhouse.url, "--json", "--follow", "--batch-seconds", "0.5",
+         "--batch-rows", "2000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_rows(clickhouse, table_name, 5_000, loader)
+        _produce(kafka, topic, range(5_000, 8_000))
+        _wait_for_rows(clickhouse, table_name, 8_000, loader)
+        loader.send_signal(signal.SIGTERM)
+        out, err = loader.communicate(timeout=60)
+    finally:
+        if loader.poll() is None:
+            loader.kill()
+            loader.communicate()
+    assert loader.returncode == 0, err
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["rows_loaded"] == 8_000 and report["files_failed"] == 0
+    assert _counts(clickhouse.url, table_name) == (8_000, 8_000)
+    again = _report(_load(clickhouse.url, _uri(kafka, topic), table_name))
+    assert again["rows_loaded"] == 0 and again["files_total"] == 0
 
 
 def test_malformed_messages_within_budget_go_to_rejects_with_offsets(kafka, target_dir,

@@ -1,0 +1,339 @@
+/* chload's native Kafka reader: offset ranges of partitions into spool files, values
+ * joined by '\n', without a Python object per message (docs/kafka.md: the Python
+ * reader alone took longer than loading the same rows from a file).
+ *
+ * Compiled on first use by chload/sources/kafka_native.py with the system `cc` against
+ * the librdkafka that confluent-kafka bundles (or the system's librdkafka.so.1); no
+ * header is needed: the few prototypes and the two public structs below are
+ * librdkafka's stable ABI (rdkafka.h). Called through ctypes, which releases the GIL,
+ * so a reader thread runs beside the engine.
+ *
+ *   chl_open(names, values, n, err, errlen)      a consumer (assign only, no group join)
+ *   chl_read(rk, units, n, timeout_ms, err, errlen)
+ *       reads every unit [first, last] of its partition at once (one fetch pipeline),
+ *       each into its own fd; 0, or -1 with a readable line in err
+ *   chl_close(rk)
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct rd_kafka_s rd_kafka_t;
+typedef struct rd_kafka_conf_s rd_kafka_conf_t;
+typedef struct rd_kafka_topic_s rd_kafka_topic_t;
+typedef struct rd_kafka_queue_s rd_kafka_queue_t;
+
+typedef struct {
+    int err;
+    rd_kafka_topic_t *rkt;
+    int32_t partition;
+    void *payload;
+    size_t len;
+    void *key;
+    size_t key_len;
+    int64_t offset;
+    void *_private;
+} rd_kafka_message_t;
+
+typedef struct {
+    char *topic;
+    int32_t partition;
+    int64_t offset;
+    void *metadata;
+    size_t metadata_size;
+    void *opaque;
+    int err;
+    void *_private;
+} rd_kafka_topic_partition_t;
+
+typedef struct {
+    int cnt;
+    int size;
+    rd_kafka_topic_partition_t *elems;
+} rd_kafka_topic_partition_list_t;
+
+#define RD_KAFKA_CONSUMER 1
+#define RD_KAFKA_CONF_OK 0
+#define RD_KAFKA_CONF_UNKNOWN (-2)
+#define ERR_PARTITION_EOF (-191)
+
+rd_kafka_conf_t *rd_kafka_conf_new(void);
+int rd_kafka_conf_set(rd_kafka_conf_t *, const char *, const char *, char *, size_t);
+void rd_kafka_conf_destroy(rd_kafka_conf_t *);
+rd_kafka_t *rd_kafka_new(int, rd_kafka_conf_t *, char *, size_t);
+void rd_kafka_destroy(rd_kafka_t *);
+int rd_kafka_consumer_close(rd_kafka_t *);
+int rd_kafka_poll_set_consumer(rd_kafka_t *);
+rd_kafka_queue_t *rd_kafka_queue_get_consumer(rd_kafka_t *);
+void rd_kafka_queue_destroy(rd_kafka_queue_t *);
+ssize_t rd_kafka_consume_batch_queue(rd_kafka_queue_t *, int, rd_kafka_message_t **, size_t);
+void rd_kafka_message_destroy(rd_kafka_message_t *);
+int64_t rd_kafka_message_timestamp(const rd_kafka_message_t *, int *);
+const char *rd_kafka_topic_name(const rd_kafka_topic_t *);
+const char *rd_kafka_err2str(int);
+rd_kafka_topic_partition_list_t *rd_kafka_topic_partition_list_new(int);
+rd_kafka_topic_partition_t *rd_kafka_topic_partition_list_add(
+    rd_kafka_topic_partition_list_t *, const char *, int32_t);
+void rd_kafka_topic_partition_list_destroy(rd_kafka_topic_partition_list_t *);
+int rd_kafka_assign(rd_kafka_t *, const rd_kafka_topic_partition_list_t *);
+
+/* One unit: Python fills topic..meta_fd and reads the results (kafka_native.Unit). */
+typedef struct {
+    const char *topic;
+    int32_t partition;
+    int32_t fd;
+    int64_t first;
+    int64_t last;            /* inclusive */
+    int32_t meta_fd;         /* -1, or where "offset\ttimestamp_ms\tkey_hex\n" per row goes */
+    int32_t contiguous;      /* out: row n of the spool is offset first_offset + n - 1 */
+    int64_t messages;        /* out: rows written (null values are skipped) */
+    int64_t bytes;           /* out: bytes written to fd */
+    int64_t first_offset;    /* out: the first message's offset, -1 if none */
+    /* internal */
+    int64_t expect;
+    int32_t done;
+    int32_t used;
+    rd_kafka_topic_t *rkt;
+    char *buf;
+    char *meta;
+    size_t meta_used;
+} chl_unit;
+
+#define BUF_SIZE (1 << 20)
+#define BATCH 8192
+
+static int say(char *err, size_t errlen, const char *fmt, const char *a, long long b) {
+    snprintf(err, errlen, fmt, a, b);
+    return -1;
+}
+
+/* The struct's size, which kafka_native.py checks against its ctypes mirror. */
+size_t chl_unit_size(void) { return sizeof(chl_unit); }
+
+rd_kafka_t *chl_open(const char **names, const char **values, int n, char *err,
+                     size_t errlen) {
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    for (int i = 0; i < n; i++) {
+        int optional = names[i][0] == '?'; /* "?name": a setting older librdkafkas lack */
+        int res = rd_kafka_conf_set(conf, names[i] + optional, values[i], err, errlen);
+        if (res != RD_KAFKA_CONF_OK && !(optional && res == RD_KAFKA_CONF_UNKNOWN)) {
+            rd_kafka_conf_destroy(conf);
+            return NULL;
+        }
+    }
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, err, errlen);
+    if (!rk) {
+        rd_kafka_conf_destroy(conf);
+        return NULL;
+    }
+    rd_kafka_poll_set_consumer(rk); /* logs and errors come with the messages */
+    return rk;
+}
+
+void chl_close(rd_kafka_t *rk) {
+    rd_kafka_consumer_close(rk);
+    rd_kafka_destroy(rk);
+}
+
+static int flush_all(int fd, const char *buf, size_t n, char *err, size_t errlen) {
+    while (n > 0) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return say(err, errlen, "spool write: %s (%lld)", strerror(errno), errno);
+        buf += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int put(chl_unit *u, const void *data, size_t len, char *err, size_t errlen) {
+    if ((size_t)u->used + len + 1 > BUF_SIZE) {
+        if (flush_all(u->fd, u->buf, (size_t)u->used, err, errlen))
+            return -1;
+        u->used = 0;
+        if (len + 1 > BUF_SIZE) { /* a value larger than the buffer: straight out */
+            if (flush_all(u->fd, data, len, err, errlen) || flush_all(u->fd, "\n", 1, err, errlen))
+                return -1;
+            return 0;
+        }
+    }
+    memcpy(u->buf + u->used, data, len);
+    u->buf[u->used + len] = '\n';
+    u->used += (int32_t)(len + 1);
+    return 0;
+}
+
+static int put_meta(chl_unit *u, const rd_kafka_message_t *m, char *err, size_t errlen) {
+    if (u->meta_used + 64 + 2 * m->key_len > BUF_SIZE || 64 + 2 * m->key_len > BUF_SIZE) {
+        if (flush_all(u->meta_fd, u->meta, u->meta_used, err, errlen))
+            return -1;
+        u->meta_used = 0;
+        if (64 + 2 * m->key_len > BUF_SIZE)
+            return say(err, errlen, "%s: a message key over %lld bytes", u->topic, BUF_SIZE / 2);
+    }
+    int type = 0;
+    long long ts = (long long)rd_kafka_message_timestamp(m, &type);
+    char *p = u->meta + u->meta_used;
+    p += sprintf(p, "%lld\t%lld\t", (long long)m->offset, ts);
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *k = m->key;
+    for (size_t i = 0; k && i < m->key_len; i++) {
+        *p++ = hex[k[i] >> 4];
+        *p++ = hex[k[i] & 15];
+    }
+    *p++ = '\n';
+    u->meta_used = (size_t)(p - u->meta);
+    return 0;
+}
+
+static chl_unit *unit_of(chl_unit *units, int n, const rd_kafka_message_t *m) {
+    for (int i = 0; i < n; i++) {
+        chl_unit *u = &units[i];
+        if (u->partition != m->partition)
+            continue;
+        if (u->rkt == m->rkt)
+            return u;
+        if (!u->rkt && m->rkt && strcmp(rd_kafka_topic_name(m->rkt), u->topic) == 0) {
+            u->rkt = m->rkt;
+            return u;
+        }
+    }
+    return NULL;
+}
+
+/* One message of a unit: 1 when the unit is complete, 0 to go on, -1 on an error. */
+static int take(chl_unit *u, const rd_kafka_message_t *m, char *err, size_t errlen) {
+    if (m->err == ERR_PARTITION_EOF) {
+        if (m->offset > u->expect)
+            u->expect = m->offset;
+        return u->expect > u->last;
+    }
+    if (m->err) {
+        char detail[512];
+        snprintf(detail, sizeof detail, "%.*s", m->payload ? (int)m->len : 0,
+                 m->payload ? (const char *)m->payload : "");
+        snprintf(err, errlen, "kafka %s/%d at offset %lld...%lld: %s", u->topic,
+                 (int)u->partition, (long long)u->first, (long long)u->last,
+                 detail[0] ? detail : rd_kafka_err2str(m->err));
+        return -1;
+    }
+    if (m->offset > u->last)
+        return 1;
+    if (m->offset < u->expect) /* a re-delivery after a fetch reset: already written */
+        return 0;
+    if (m->offset != u->expect)
+        u->contiguous = 0;
+    if (u->first_offset < 0)
+        u->first_offset = m->offset;
+    u->expect = m->offset + 1;
+    if (!m->payload) {
+        u->contiguous = 0; /* a tombstone: no row */
+    } else {
+        if (put(u, m->payload, m->len, err, errlen))
+            return -1;
+        if (u->meta_fd >= 0 && put_meta(u, m, err, errlen))
+            return -1;
+        u->messages++;
+        u->bytes += (int64_t)m->len + 1;
+    }
+    return u->expect > u->last;
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static int consume(rd_kafka_t *rk, chl_unit *units, int n, int timeout_ms, char *err,
+                   size_t errlen) {
+    rd_kafka_queue_t *queue = rd_kafka_queue_get_consumer(rk);
+    rd_kafka_message_t **batch = malloc(sizeof *batch * BATCH);
+    int pending = 0, rc = 0;
+    for (int i = 0; i < n; i++)
+        pending += !units[i].done;
+    double quiet = now();
+    while (pending > 0 && rc == 0) {
+        ssize_t got = rd_kafka_consume_batch_queue(queue, 200, batch, BATCH);
+        if (got < 0) {
+            rc = say(err, errlen, "kafka %s: consume failed (%lld)", units[0].topic, (long long)got);
+            break;
+        }
+        if (got == 0 && now() - quiet > timeout_ms / 1000.0) {
+            for (int i = 0; i < n; i++)
+                if (!units[i].done)
+                    snprintf(err, errlen, "kafka %s/%d: no message at offset %lld for %d s "
+                             "(offsets up to %lld were there at start); run again later",
+                             units[i].topic, (int)units[i].partition, (long long)units[i].expect,
+                             timeout_ms / 1000, (long long)units[i].last);
+            rc = -1;
+            break;
+        }
+        if (got > 0)
+            quiet = now();
+        for (ssize_t i = 0; i < got; i++) {
+            chl_unit *u = rc ? NULL : unit_of(units, n, batch[i]);
+            if (u && !u->done) {
+                int r = take(u, batch[i], err, errlen);
+                if (r < 0)
+                    rc = -1;
+                else if (r > 0) {
+                    u->done = 1;
+                    pending--;
+                }
+            }
+            rd_kafka_message_destroy(batch[i]);
+        }
+    }
+    free(batch);
+    rd_kafka_queue_destroy(queue);
+    return rc;
+}
+
+int chl_read(rd_kafka_t *rk, chl_unit *units, int n, int timeout_ms, char *err,
+             size_t errlen) {
+    rd_kafka_topic_partition_list_t *parts = rd_kafka_topic_partition_list_new(n);
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        chl_unit *u = &units[i];
+        u->contiguous = 1;
+        u->messages = u->bytes = 0;
+        u->first_offset = -1;
+        u->expect = u->first;
+        u->done = u->first > u->last;
+        u->used = 0;
+        u->rkt = NULL;
+        u->meta_used = 0;
+        u->buf = malloc(BUF_SIZE);
+        u->meta = u->meta_fd >= 0 ? malloc(BUF_SIZE) : NULL;
+        rd_kafka_topic_partition_list_add(parts, u->topic, u->partition)->offset = u->first;
+    }
+    int e = rd_kafka_assign(rk, parts);
+    rd_kafka_topic_partition_list_destroy(parts);
+    if (e) {
+        snprintf(err, errlen, "kafka %s: assign: %s", units[0].topic, rd_kafka_err2str(e));
+        rc = -1;
+    }
+    if (rc == 0)
+        rc = consume(rk, units, n, timeout_ms, err, errlen);
+    rd_kafka_assign(rk, NULL);
+    for (int i = 0; i < n; i++) {
+        chl_unit *u = &units[i];
+        if (rc == 0 && u->used && flush_all(u->fd, u->buf, (size_t)u->used, err, errlen))
+            rc = -1;
+        if (rc == 0 && u->meta_used && flush_all(u->meta_fd, u->meta, u->meta_used, err, errlen))
+            rc = -1;
+        free(u->buf);
+        free(u->meta);
+        u->buf = u->meta = NULL;
+        u->rkt = NULL;
+    }
+    return rc;
+}

@@ -1,0 +1,87 @@
+"""The native Kafka reader's build and fallback, and the read-ahead's bookkeeping
+(which spools read ahead a round may use), without a broker."""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import Future
+
+import pytest
+
+from chload.errors import SourceError
+from chload.formats import FileFormat
+from chload.sources import SourceFile, StreamPosition, kafka_native
+from chload.sources import kafka as K
+from chload.sources.kafka_read import Unit
+
+
+def test_no_compiler_or_python_forced_falls_back_with_a_reason(monkeypatch, tmp_path):
+    monkeypatch.setenv("CHLOAD_CACHE", str(tmp_path))
+    monkeypatch.setenv("CHLOAD_KAFKA_READER", "python")
+    assert kafka_native._build() == (None, "CHLOAD_KAFKA_READER=python")
+    monkeypatch.delenv("CHLOAD_KAFKA_READER")
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    lib, why = kafka_native._build()
+    assert lib is None
+    assert "no C compiler" in why or "no librdkafka" in why
+
+
+@pytest.mark.skipif(not shutil.which("cc") or not kafka_native.librdkafka(),
+                    reason="needs cc and librdkafka")
+def test_builds_once_into_the_cache_and_checks_its_struct(monkeypatch, tmp_path):
+    monkeypatch.setenv("CHLOAD_CACHE", str(tmp_path))
+    monkeypatch.delenv("CHLOAD_KAFKA_READER", raising=False)
+    lib, why = kafka_native._build()
+    assert lib is not None, why
+    built = list((tmp_path / "native").glob("chload_kafka_*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    assert kafka_native._build()[0] is not None
+    assert built[0].stat().st_mtime_ns == stamp  # not rebuilt
+    with pytest.raises(SourceError, match="no.such.setting"):
+        kafka_native.NativeReader(lib, {"bootstrap.servers": "127.0.0.1:1",
+                                        "no.such.setting": "1"})
+
+
+def _part(next_: int, end: int) -> K.Partition:
+    return K.Partition("t", 0, "kafka://b:1/t/0", "id", next_, next_, end)
+
+
+def _spool(part: K.Partition, first: int, last: int, after: int) -> K.Spool:
+    f = SourceFile(f"{part.stream}/{first}-{last}", 1, 0, FileFormat("JSONEachRow", "none"),
+                   local_path=None, position=StreamPosition(part.stream, after, 0, 0))
+    return K.Spool(part, Unit("t", 0, first, last), after, f)
+
+
+def test_the_round_after_follows_each_unit_up_to_the_partition_end():
+    part = _part(0, 250)
+    following = K._following([_spool(part, 0, 99, 0)], 100)
+    assert [(u.first, u.last, after) for _, u, after in following] == [(100, 199, 100)]
+    assert K._following([_spool(part, 200, 249, 200)], 100) == []  # nothing after it
+    tail = K._following([_spool(part, 100, 199, 100)], 100)
+    assert [(u.first, u.last) for _, u, _ in tail] == [(200, 249)]
+
+
+def test_a_spool_read_ahead_is_used_only_where_its_partition_ended_as_planned():
+    loaded, refused = _part(100, 300), _part(0, 300)  # the first round: loaded; refused
+    ahead: Future[list[K.Spool]] = Future()
+    ahead.set_result([_spool(loaded, 100, 199, 100), _spool(refused, 100, 199, 100)])
+    kept = K._taken(ahead, [loaded, refused], 100)
+    assert [s.part for s in kept] == [loaded]
+
+
+def test_lag_is_reported_per_partition_and_summed_in_the_progress_view():
+    from chload.render import ProgressView
+    from chload.runner import Event
+
+    behind, done, stopped = _part(100, 250), _part(250, 250), _part(0, 90)
+    stopped.stopped = True
+    events: list[Event] = []
+    K._lag(events.append, [behind, done, stopped])
+    assert [(e.kind, e.rows) for e in events] == [("lag", 150), ("lag", 0), ("lag", 0)]
+    view = ProgressView()
+    view.on_event(Event("lag", "kafka://b:1/t/0", rows=150))
+    view.on_event(Event("lag", "kafka://b:1/t/1", rows=7))
+    view.on_event(Event("lag", "kafka://b:1/t/0", rows=40))  # the partition's latest counts
+    rate = view._progress.tasks[0].fields["rate"]
+    assert rate.endswith("lag 47"), rate
