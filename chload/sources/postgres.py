@@ -24,7 +24,8 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Any
+import tempfile
+from typing import IO, Any
 
 from chload.errors import ChloadError, SourceError, TransientError, UsageError
 from chload.sources import SourceContext
@@ -51,6 +52,7 @@ _INTEGER_AXIS = {"smallint", "integer", "bigint"}
 _TIME_AXIS = {"date", "timestamp without time zone", "timestamp with time zone"}
 _ARRAY_ELEMENTS = {"smallint", "integer", "bigint", "real", "double precision", "text",
                    "character varying", "boolean", "uuid"}
+FINISH_SECONDS = 60  # after its output ended, psql only commits and exits
 _TRANSIENT = ("could not connect", "Connection refused", "server closed the connection",
               "timeout expired", "the database system is starting up")
 
@@ -153,8 +155,8 @@ class PostgresSession:
                                lambda value: _literal(value, self.info.axis_integer))
 
     # -- reading -----------------------------------------------------------------------
-    def read(self, where: str, path: str) -> None:
-        """`psql` in the snapshot: COPY (the range) TO STDOUT, into `path`."""
+    def read(self, where: str, out: int) -> _Psql:
+        """`psql` in the snapshot: COPY (the range) TO STDOUT, into `out` (owned)."""
         selects = ", ".join(c.select for c in self.info.columns)
         script = (f"\\set ON_ERROR_STOP 1\nBEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;\n"
                   f"SET TRANSACTION SNAPSHOT '{self.snapshot}';\nSET DateStyle = ISO;\n"
@@ -166,18 +168,55 @@ class PostgresSession:
         env = {**os.environ, "PGAPPNAME": "chload", "PGCONNECT_TIMEOUT": "10"}
         if self.url.password is not None:
             env["PGPASSWORD"] = self.url.password
-        with open(path, "wb") as out:
-            done = subprocess.run(argv, input=script.encode(), stdout=out,
-                                  stderr=subprocess.PIPE, env=env, check=False)
-        if done.returncode:
-            message = done.stderr.decode(errors="replace").strip().splitlines()
-            raise _error(self.url, message[-1] if message else f"psql exit {done.returncode}")
+        errors = tempfile.TemporaryFile()
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=errors,
+                                    env=env)
+        except BaseException:
+            errors.close()
+            raise
+        finally:
+            os.close(out)
+        reading = _Psql(self.url, proc, errors)
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(script.encode())  # a few hundred bytes: never blocks
+            proc.stdin.close()
+        except OSError:
+            pass  # psql ended already: finish() says why
+        return reading
 
     def close(self) -> None:
         try:
             self.conn.close()
         except Exception:  # noqa: BLE001 (a connection already gone)
             pass
+
+
+class _Psql:
+    """One `psql` writing one range (database.Reading)."""
+
+    def __init__(self, url: DbUrl, proc: subprocess.Popen[bytes], errors: IO[bytes]) -> None:
+        self.url, self.proc, self.errors = url, proc, errors
+
+    def finish(self) -> None:
+        try:
+            code = self.proc.wait(timeout=FINISH_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise SourceError(f"{self.url.display}: psql did not end within "
+                              f"{FINISH_SECONDS} s of its output's end") from None
+        self.errors.seek(0)
+        message = self.errors.read().decode(errors="replace").strip().splitlines()
+        self.errors.close()
+        if code:
+            raise _error(self.url, message[-1] if message else f"psql exit {code}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.errors.close()
 
 
 def _column(url: DbUrl, name: str, typ: str, notnull: bool, typtype: str,

@@ -78,6 +78,8 @@ class EmbeddedTarget:
     """chDB in a directory; the ledger lives in its `chload` database."""
 
     database = "default"  # what a bare --table name means
+    reads_pipes = True  # the engine is in this process: a fetched unit may be a pipe
+    # it reads as /dev/fd/N while the source writes (SourceContext.pipes)
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)

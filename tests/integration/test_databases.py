@@ -155,7 +155,7 @@ def test_kill_9_twice_then_finish_is_exact(source: Source, table_name: str,
                                            target_dir: str) -> None:
     source.orders(table_name)
     args = [sys.executable, "-m", "chload", "load", source.url(table_name), "--table",
-            table_name, "--target", target_dir, "--workers", "3", "-q"]
+            table_name, "--target", target_dir, "--workers", "6", "-q"]  # 6 ranges
     for point in ("after-attach:2", "before-attach:2"):
         crashed = subprocess.run(args, env={**os.environ, **source.env,
                                             "CHLOAD_CRASH_AT": point},
