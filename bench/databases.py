@@ -62,11 +62,10 @@ ANALYZE orders"""
 MY_FILL = """CREATE TABLE orders (id bigint PRIMARY KEY, qty int NOT NULL,
     price decimal(10,2) NOT NULL, created datetime NOT NULL, note text NULL,
     status varchar(20) NOT NULL) ENGINE=InnoDB;
-SET SESSION max_recursive_iterations = 100000000;
-INSERT INTO orders WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g
-    WHERE n < {rows}) SELECT n, n % 1000, (n % 100000) / 100.0,
-    TIMESTAMP '2020-01-01 00:00:00' + INTERVAL n SECOND,
-    IF(n % 7 = 0, NULL, CONCAT('note ', n)), ELT(n % 3 + 1, 'new', 'paid', 'shipped') FROM g;
+INSERT INTO orders SELECT seq, seq % 1000, (seq % 100000) / 100.0,
+    TIMESTAMP '2020-01-01 00:00:00' + INTERVAL seq SECOND,
+    IF(seq % 7 = 0, NULL, CONCAT('note ', seq)), ELT(seq % 3 + 1, 'new', 'paid', 'shipped')
+    FROM seq_1_to_{rows};
 ANALYZE TABLE orders"""
 CHDB = ("import sys, chdb.session as s; e = s.Session(sys.argv[1]); "
         "e.query('CREATE TABLE t (' + sys.argv[3] + ') ENGINE = MergeTree ORDER BY id'); "
