@@ -158,6 +158,7 @@ def timed(argv: list[str], env: dict[str, str], db: services.Service,
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise RuntimeError(f"{argv[:6]}... failed ({proc.returncode})")
+    time.sleep(0.3)  # a backend ends (and is reaped) a moment after its client
     return {"wall": wall, "loader_cpu": usage.ru_utime + usage.ru_stime,
             "source_cpu": db_throttle.cpu_seconds(db.pid) - before[0],
             "server_cpu": (db_throttle.cpu_seconds(server.pid) - before[1]) if server else 0.0}
