@@ -73,9 +73,14 @@ def make() -> tuple[int, int]:
     """(read end, write end), neither inherited by child processes; the buffer enlarged
     where the system allows."""
     read_end, write_end = os.pipe()
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(write_end, _F_SETPIPE_SZ, _PIPE_BYTES)
+    enlarge(write_end)
     return read_end, write_end
+
+
+def enlarge(fd: int) -> None:
+    """A pipe's buffer to 1 MiB where the system allows (else it stays as it is)."""
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
 
 
 def register(read_end: int, reading: Reading) -> str:

@@ -47,7 +47,7 @@ from chload.sources.database import (
     range_predicate,
     workers_of,
 )
-from chload.sources.db_pipes import write_all
+from chload.sources.db_pipes import enlarge, write_all
 
 _INTEGERS = {"tinyint": 8, "smallint": 16, "mediumint": 32, "int": 32, "integer": 32,
              "bigint": 64}
@@ -256,6 +256,8 @@ class _Reader:
         errors = tempfile.TemporaryFile()
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=errors, env=env)
+        assert proc.stdout is not None
+        enlarge(proc.stdout.fileno())  # fewer, larger reads by the relay
         reader = cls(session, proc, errors)
         null = os.open(os.devnull, os.O_WRONLY)
         try:
@@ -275,17 +277,19 @@ class _Reader:
             self.proc.stdin.flush()
         except OSError:
             raise self._failed() from None
-        fd, pending = self.proc.stdout.fileno(), b""
+        fd, held = self.proc.stdout.fileno(), b""  # held: the last bytes, maybe the marker's
         while True:
             chunk = os.read(fd, _CHUNK)
             if not chunk:
                 raise self._failed()
-            buf = pending + chunk
-            if buf.endswith(end):
-                write_all(out, memoryview(buf)[:-len(end)])
+            if len(chunk) < len(end):  # (rare) a short read: join it to what is held
+                chunk, held = held + chunk, b""
+            write_all(out, held)
+            if chunk.endswith(end):
+                write_all(out, memoryview(chunk)[:-len(end)])
                 return
-            write_all(out, memoryview(buf)[:-len(end)])
-            pending = buf[-len(end):]
+            write_all(out, memoryview(chunk)[:-len(end)])
+            held = chunk[-len(end):]
 
     def _failed(self) -> ChloadError:
         self.proc.wait()
