@@ -98,7 +98,7 @@ class Throttle:
         return [int(t) for t in os.listdir(f"/proc/{self.db.pid}/task")]
 
     def _watch(self) -> None:
-        while not self.stop.wait(0.003):
+        while not self.stop.wait(0.02):  # a scan of /proc costs: not more often
             for task in self._tasks():
                 if task not in self.known:
                     self.known.add(task)

@@ -31,13 +31,14 @@ inferred), that a range is committed alone (`loads_alone`), and the URL without 
 password (`display`); `close` ends the snapshot when the run is over.
 
 How bytes move (no row through Python): right before a range loads, the runner asks
-`fetch`: the database's own client streams the range as tab-separated text (`psql`
-COPY ... TO STDOUT; the `mariadb`/`mysql` client, the line formatted by the server)
-into a spool file, which the target loads as any local file (the embedded engine
-reads it, an 18.16 server is posted the bytes and parses them). Columns the engine must
-convert (PostgreSQL bytea and arrays) are rewritten to Native by the engine that reads
-the data (`SourceContext.query`) first. The spool is removed (`release`) after its
-range is committed or failed.
+`fetch`: the database's own client (`psql` COPY ... TO STDOUT; the `mariadb`/`mysql`
+client, each field formatted by the server) writes the range as tab-separated text
+into a pipe that the engine reads while it is written (db_pipes.py: an embedded
+engine reads /dev/fd/N, a server is posted the bytes chunked), where the target says
+it can (SourceContext.pipes); else into a spool file, loaded as any local file.
+Columns the engine must convert (PostgreSQL bytea and arrays) are rewritten to Native
+by the engine first (`SourceContext.query`), from a spool. The pipe or spool is
+removed (`release`) after its range is committed or failed.
 """
 
 from __future__ import annotations
