@@ -1,26 +1,37 @@
 """chload from PostgreSQL and MariaDB vs the single-stream ways to copy a table (issue 16).
 
 Same run, same data (an `orders` table: bigint pk, int, numeric(10,2), timestamp,
-nullable text, text), each method a whole process writing a fresh MergeTree table in
-an embedded engine (chDB) of its own, methods alternating round by round:
+nullable text, text), each method a whole process (Python start and chDB import
+counted wherever Python runs), methods alternating round by round, each into a fresh
+table:
 
-- `chDB INSERT ... SELECT FROM postgresql()` / `mysql()`: the engine reads the table on
-  one connection (the fastest single stream here, and no shared snapshot);
-- `psql COPY > file; chDB INSERT FROM file()` (PostgreSQL) / `mariadb --batch > file;
-  chDB INSERT FROM file()` (MariaDB): the client's bytes, then the engine;
-- `chload load ... --workers N` for N in 1, 2, 4.
+- into an embedded target (a chDB directory of its own per method):
+  `chDB INSERT ... SELECT FROM postgresql()` / `mysql()` (the engine reads on one
+  connection, no shared snapshot); `psql COPY > file; chDB file()` / `mariadb --batch >
+  file; chDB file()`; `chload --workers N`;
+- into a ClickHouse 18.16 server (`--server`): `psql COPY | clickhouse-client INSERT
+  FORMAT TSV` / the same with `mariadb --batch`; for MariaDB the server's own
+  `INSERT ... SELECT FROM mysql()` (18.16 has no `postgresql()` and no MySQL database
+  engine); `chload --workers N --target http://...`.
 
-    python bench/databases.py [--rows 2000000] [--repeats 3] [--json OUT]
+`--limit-connection F` gives each source connection at most F of a core (a cgroup v1
+cpu quota per PostgreSQL backend process / MariaDB connection thread, as they appear),
+like a database on a busy host: a single stream is then source-bound, and ranges read
+on several connections can scale.
 
-Prints median seconds per method and "speed x" = the fastest single-stream method's
-median / the method's (higher is faster). Not measured here: `psql COPY |
-clickhouse-client` into a server and the MySQL database engine (18.16 has neither
-postgresql() nor a usable MySQL database engine for this comparison).
+    python bench/databases.py [--rows 2000000] [--repeats 3] [--workers 1,2,4]
+        [--server] [--no-embedded] [--limit-connection 0.5] [--json OUT]
+
+Prints per method the median seconds, "speed x" = the fastest single-stream method's
+median (same target) / the method's (higher is faster), and the CPU seconds spent by
+the source database, the loader process tree and the ClickHouse server, which say what
+bounds each run (a side near its core count x seconds is the bound).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -29,130 +40,207 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "scripts" / "services"))
+sys.path.insert(0, str(HERE))
+import db_throttle  # noqa: E402
 import services  # noqa: E402
 
 PASSWORD = "bench-Db-pw-91x"
-DDL = ("(id Int64, qty Int32, price Decimal(10, 2), created DateTime64(6, 'UTC'), "
-       "note Nullable(String), status String) ENGINE = MergeTree ORDER BY id")
-STRUCTURE = ("id Int64, qty Int32, price Decimal(10, 2), created DateTime64(6, 'UTC'), "
-             "note Nullable(String), status String")
+COLUMNS = ("id Int64, qty Int32, price Decimal(10, 2), created DateTime('UTC'), "
+           "note Nullable(String), status String")
 PG_FILL = """CREATE TABLE orders (id bigint PRIMARY KEY, qty int NOT NULL,
-    price numeric(10,2) NOT NULL, created timestamp NOT NULL, note text, status text NOT NULL);
+    price numeric(10,2) NOT NULL, created timestamp(0) NOT NULL, note text, status text NOT NULL);
 INSERT INTO orders SELECT g, g % 1000, (g % 100000) / 100.0,
     timestamp '2020-01-01' + g * interval '1 second',
     CASE WHEN g % 7 = 0 THEN NULL ELSE 'note ' || g END,
     (ARRAY['new', 'paid', 'shipped'])[g % 3 + 1] FROM generate_series(1, {rows}) g;
 ANALYZE orders"""
 MY_FILL = """CREATE TABLE orders (id bigint PRIMARY KEY, qty int NOT NULL,
-    price decimal(10,2) NOT NULL, created datetime(6) NOT NULL, note text NULL,
+    price decimal(10,2) NOT NULL, created datetime NOT NULL, note text NULL,
     status varchar(20) NOT NULL) ENGINE=InnoDB;
-SET SESSION max_recursive_iterations = 100000000;
-INSERT INTO orders WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g
-    WHERE n < {rows}) SELECT n, n % 1000, (n % 100000) / 100.0,
-    TIMESTAMP '2020-01-01 00:00:00' + INTERVAL n SECOND,
-    IF(n % 7 = 0, NULL, CONCAT('note ', n)), ELT(n % 3 + 1, 'new', 'paid', 'shipped') FROM g;
+INSERT INTO orders SELECT seq, seq % 1000, (seq % 100000) / 100.0,
+    TIMESTAMP '2020-01-01 00:00:00' + INTERVAL seq SECOND,
+    IF(seq % 7 = 0, NULL, CONCAT('note ', seq)), ELT(seq % 3 + 1, 'new', 'paid', 'shipped')
+    FROM seq_1_to_{rows};
 ANALYZE TABLE orders"""
+CHDB = ("import sys, chdb.session as s; e = s.Session(sys.argv[1]); "
+        "e.query('CREATE TABLE t (' + sys.argv[3] + ') ENGINE = MergeTree ORDER BY id'); "
+        "e.query(sys.argv[2])")
+TABLES = itertools.count(1)  # server tables, one per timed command
+Method = Callable[[str], list[str]]  # a fresh work dir -> the command (argv) to time
 
 
-def _chdb(work: str, sql: str) -> None:
-    """Run `sql` in a fresh chDB process whose engine lives in `work`."""
-    code = ("import sys, chdb.session as s; e = s.Session(sys.argv[1]); "
-            "e.query(sys.argv[3]); e.query(sys.argv[2])")
-    subprocess.run([sys.executable, "-c", code, work, sql, f"CREATE TABLE t {DDL}"],
-                   check=True)
+class Bench:
+    """One database, one target kind: the methods and how to run them."""
+
+    def __init__(self, kind: str, db: services.Service, server: services.Service | None):
+        self.kind, self.db, self.server = kind, db, server
+        self.host, self.port = db.endpoint.split(":")
+        self.env = {**os.environ, "PGPASSWORD": PASSWORD, "MYSQL_PWD": PASSWORD,
+                    "PYTHONPATH": str(HERE.parent)}
+        self.url = (f"postgresql://loader@{db.endpoint}/shop/public.orders"
+                    if kind == "postgresql" else f"mysql://loader@{db.endpoint}/shop/orders")
+
+    def client(self) -> str:
+        """The database's client printing the table as TSV (shell words)."""
+        if self.kind == "postgresql":
+            return (f"psql -X -q -h {self.host} -p {self.port} -U loader -d shop "
+                    "-c 'COPY orders TO STDOUT'")
+        return (f"mariadb --no-defaults -h {self.host} -P {self.port} -u loader --batch --raw "
+                "--skip-column-names --quick shop -e \"SELECT id, qty, price, created, "
+                "IFNULL(note, '\\\\\\\\N'), status FROM orders\"")
+
+    def chload(self, workers: int, target: Callable[[str], list[str]]) -> Method:
+        return lambda work: [sys.executable, "-m", "chload", "load", self.url, "--table",
+                             "orders", "--workers", str(workers), "-q", *target(work)]
+
+    def embedded(self, workers: list[int]) -> dict[str, Method]:
+        fn = "postgresql" if self.kind == "postgresql" else "mysql"
+        reads = (f"INSERT INTO t SELECT * FROM {fn}('{self.db.endpoint}', 'shop', 'orders', "
+                 f"'loader', '{PASSWORD}')")
+        structure = COLUMNS.replace("'", "\\'")
+        from_file = "INSERT INTO t SELECT * FROM file('{spool}', 'TSV', '" + structure + "')"
+        name = "psql COPY" if self.kind == "postgresql" else "mariadb --batch"
+        methods: dict[str, Method] = {
+            f"chDB INSERT SELECT FROM {fn}()": lambda work: [
+                sys.executable, "-c", CHDB, work, reads, COLUMNS],
+            f"{name} > file; chDB file()": lambda work: [
+                "bash", "-o", "pipefail", "-c",
+                f"{self.client()} > {work}/spool.tsv && {sys.executable} -c \"$0\" \"$1\" "
+                f"\"$2\" \"$3\"", CHDB, work, from_file.format(spool=f"{work}/spool.tsv"),
+                COLUMNS]}
+        for n in workers:
+            methods[f"chload --workers {n}"] = self.chload(n, lambda work: ["--target", work])
+        return methods
+
+    def into_server(self, workers: list[int]) -> dict[str, Method]:
+        assert self.server is not None
+        server = self.server
+        client = f"clickhouse-client --port {server.ports['tcp']}"
+
+        def table(work: str) -> str:
+            name = f"orders_{os.getpid()}_{next(TABLES)}"
+            services.clickhouse_query(server, f"CREATE TABLE {name} ({COLUMNS}) ENGINE = "
+                                      "MergeTree ORDER BY id")
+            Path(work, "table").write_text(name)
+            return name
+
+        name = "psql COPY" if self.kind == "postgresql" else "mariadb --batch"
+        methods: dict[str, Method] = {
+            f"{name} | clickhouse-client": lambda work: [
+                "bash", "-o", "pipefail", "-c", f"{self.client()} | {client} --query "
+                f"'INSERT INTO {table(work)} FORMAT TSV'"]}
+        if self.kind == "mysql":
+            methods["server INSERT SELECT FROM mysql()"] = lambda work: [
+                "bash", "-c", f"{client} --query \"INSERT INTO {table(work)} SELECT * FROM "
+                f"mysql('{self.db.endpoint}', 'shop', 'orders', 'loader', '{PASSWORD}')\""]
+        url = f"http://default@127.0.0.1:{server.ports['http']}/default"
+        for n in workers:
+            methods[f"chload --workers {n}"] = self.chload(
+                n, lambda work: ["--target", url, "--table", table(work)])
+        return methods
 
 
-def methods(kind: str, endpoint: str) -> dict[str, callable]:  # type: ignore[valid-type]
-    host, port = endpoint.split(":")
-    env = {**os.environ, "PGPASSWORD": PASSWORD, "MYSQL_PWD": PASSWORD,
-           "PYTHONPATH": str(HERE.parent)}
-    fn = "postgresql" if kind == "postgresql" else "mysql"
-    url = (f"postgresql://loader@{endpoint}/shop/public.orders" if kind == "postgresql"
-           else f"mysql://loader@{endpoint}/shop/orders")
-
-    def engine_reads(work: str) -> None:
-        _chdb(work, f"INSERT INTO t SELECT * FROM {fn}('{endpoint}', 'shop', 'orders', "
-                    f"'loader', '{PASSWORD}')")
-
-    def client_then_engine(work: str) -> None:
-        spool = os.path.join(work, "spool.tsv")
-        with open(spool, "wb") as out:
-            if kind == "postgresql":
-                argv = ["psql", "-X", "-q", "-h", host, "-p", port, "-U", "loader", "-d", "shop",
-                        "-c", "COPY orders TO STDOUT"]
-            else:
-                argv = ["mariadb", "--no-defaults", "-h", host, "-P", port, "-u", "loader",
-                        "--batch", "--raw", "--skip-column-names", "--quick", "shop", "-e",
-                        "SELECT id, qty, price, created, IFNULL(note, '\\\\N'), status "
-                        "FROM orders"]
-            subprocess.run(argv, stdout=out, env=env, check=True)
-        structure = STRUCTURE.replace("'", "\\'")
-        _chdb(work, f"INSERT INTO t SELECT * FROM file('{spool}', 'TSV', '{structure}')")
-
-    def chload(workers: int):  # type: ignore[no-untyped-def]
-        def run(work: str) -> None:
-            subprocess.run([sys.executable, "-m", "chload", "load", url, "--table", "orders",
-                            "--target", work, "--workers", str(workers), "-q"], env=env,
-                           check=True)
-        return run
-
-    client = "psql COPY > file; chDB file()" if kind == "postgresql" else (
-        "mariadb --batch > file; chDB file()")
-    return {f"chDB INSERT SELECT FROM {fn}()": engine_reads, client: client_then_engine,
-            "chload --workers 1": chload(1), "chload --workers 2": chload(2),
-            "chload --workers 4": chload(4)}
+def timed(argv: list[str], env: dict[str, str], db: services.Service,
+          server: services.Service | None) -> dict[str, float]:
+    """Wall seconds and CPU seconds (the loader's process tree, the source, the
+    server) of one command."""
+    before = (db_throttle.cpu_seconds(db.pid),
+              db_throttle.cpu_seconds(server.pid) if server else 0.0)
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.monotonic() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"{argv[:6]}... failed ({proc.returncode})")
+    time.sleep(0.3)  # a backend ends (and is reaped) a moment after its client
+    return {"wall": wall, "loader_cpu": usage.ru_utime + usage.ru_stime,
+            "source_cpu": db_throttle.cpu_seconds(db.pid) - before[0],
+            "server_cpu": (db_throttle.cpu_seconds(server.pid) - before[1]) if server else 0.0}
 
 
-def measure(kind: str, endpoint: str, repeats: int) -> dict[str, float]:
-    runs: dict[str, list[float]] = {}
+def measure(bench: Bench, methods: dict[str, Method], repeats: int) -> dict[str, dict]:
+    runs: dict[str, list[dict[str, float]]] = {}
     for _ in range(repeats):
-        for name, method in methods(kind, endpoint).items():
+        for name, method in methods.items():
             work = tempfile.mkdtemp(prefix="chload-bench-db-")
             try:
-                start = time.monotonic()
-                method(work)
-                runs.setdefault(name, []).append(time.monotonic() - start)
+                argv = method(work)
+                runs.setdefault(name, []).append(timed(argv, bench.env, bench.db, bench.server))
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-    return {name: statistics.median(times) for name, times in runs.items()}
+    return {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+            for name, rs in runs.items()}
 
 
-def report(kind: str, rows: int, medians: dict[str, float]) -> dict:
-    single = min(t for name, t in medians.items() if not name.startswith("chload"))
-    print(f"\n{kind}: {rows:,} rows; speed x = fastest single stream ({single:.2f} s) / method")
-    for name, seconds in medians.items():
-        print(f"  {name:<38} {seconds:6.2f} s  {rows / seconds / 1e6:5.2f} M rows/s  "
-              f"speed x {single / seconds:4.2f}")
-    return {"rows": rows, "seconds": medians, "single_stream_best": single}
+def report(title: str, rows: int, medians: dict[str, dict]) -> dict:
+    single = min(m["wall"] for name, m in medians.items() if not name.startswith("chload"))
+    print(f"\n{title}: {rows:,} rows; speed x = fastest single stream ({single:.2f} s) / "
+          f"method; CPU seconds: loader tree / source / server", flush=True)
+    for name, m in medians.items():
+        print(f"  {name:<38} {m['wall']:6.2f} s  speed x {single / m['wall']:4.2f}   cpu "
+              f"{m['loader_cpu']:5.2f} / {m['source_cpu']:5.2f} / {m['server_cpu']:5.2f}",
+              flush=True)
+    return {"rows": rows, "methods": medians, "single_stream_best": single}
+
+
+def run_database(kind: str, base: Path, args: argparse.Namespace, workers: list[int],
+                 server: services.Service | None) -> dict:
+    start, sql, fill = ((services.start_postgres, services.postgres_sql, PG_FILL)
+                        if kind == "postgresql" else
+                        (services.start_mariadb, services.mariadb_sql, MY_FILL))
+    db = start(base, password=PASSWORD)
+    results = {}
+    try:
+        sql(db, fill.format(rows=args.rows))
+        bench = Bench(kind, db, server)
+        limit = (db_throttle.Throttle(db, args.limit_connection) if args.limit_connection
+                 else None)
+        suffix = f", each source connection <= {args.limit_connection} core" if limit else ""
+        with limit or db_throttle.nothing():
+            if args.embedded:
+                results["embedded"] = report(f"{kind} -> embedded{suffix}", args.rows,
+                                             measure(bench, bench.embedded(workers),
+                                                     args.repeats))
+            if server is not None:
+                results["server"] = report(f"{kind} -> 18.16 server{suffix}", args.rows,
+                                           measure(bench, bench.into_server(workers),
+                                                   args.repeats))
+    finally:
+        db.stop()
+    return results
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workers", default="1,2,4")
+    parser.add_argument("--server", action="store_true", help="also into an 18.16 server")
+    parser.add_argument("--no-embedded", dest="embedded", action="store_false")
+    parser.add_argument("--limit-connection", type=float, default=0.0,
+                        help="cores each source connection may use (cgroup quota)")
+    parser.add_argument("--databases", default="postgresql,mysql")
     parser.add_argument("--json")
     args = parser.parse_args()
+    workers = [int(w) for w in args.workers.split(",")]
     base = Path(tempfile.mkdtemp(prefix="chload-bench-services-"))
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    server = services.start_clickhouse_server(base) if args.server else None
     results = {}
-    pg = services.start_postgres(base, password=PASSWORD)
     try:
-        services.postgres_sql(pg, PG_FILL.format(rows=args.rows))
-        results["postgresql"] = report("postgresql", args.rows,
-                                       measure("postgresql", pg.endpoint, args.repeats))
+        for kind in args.databases.split(","):
+            results[kind] = run_database(kind, base, args, workers, server)
     finally:
-        pg.stop()
-    my = services.start_mariadb(base, password=PASSWORD)
-    try:
-        services.mariadb_sql(my, MY_FILL.format(rows=args.rows))
-        results["mariadb"] = report("mariadb", args.rows,
-                                    measure("mariadb", my.endpoint, args.repeats))
-    finally:
-        my.stop()
+        if server is not None:
+            server.stop()
         shutil.rmtree(base, ignore_errors=True)
+    print(f"load average at end: {os.getloadavg()}", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

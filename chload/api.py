@@ -180,7 +180,9 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
     unit tests' in-memory one. `spec.target` is not looked at."""
     if any(s.lower().startswith("kafka://") for s in spec.sources):  # a stream: units
         return _load_stream(spec, target, listener or (lambda event: None))  # by rounds
-    context = _source_context(spec, target)
+    # A pipe is read once: not where rejected rows are read again (an error budget)
+    pipes = bool(getattr(target, "reads_pipes", False)) and not spec.budget.allows_errors
+    context = replace(_source_context(spec, target), pipes=pipes)
     sources = RunSources(context)
     try:
         listed = _list_sources(spec, sources)

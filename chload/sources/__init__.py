@@ -110,6 +110,8 @@ class SourceContext:
     committed: Callable[[], Mapping[str, str]] | None = None  # uri -> identity of the units
     # committed into the run's table (the ledger's, of the table as it is now, `committing`
     # ones included: recovery finishes them); a source of ranges lists the complement
+    pipes: bool = False  # the engine that loads runs in this process and reads a pipe
+    # (/dev/fd/N): a fetched unit may stream into it rather than be spooled first
 
 
 class Source(Protocol):

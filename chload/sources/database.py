@@ -31,13 +31,14 @@ inferred), that a range is committed alone (`loads_alone`), and the URL without 
 password (`display`); `close` ends the snapshot when the run is over.
 
 How bytes move (no row through Python): right before a range loads, the runner asks
-`fetch`: the database's own client streams the range as tab-separated text (`psql`
-COPY ... TO STDOUT; the `mariadb`/`mysql` client, the line formatted by the server)
-into a spool file, which the target loads as any local file (the embedded engine
-reads it, an 18.16 server is posted the bytes and parses them). Columns the engine must
-convert (PostgreSQL bytea and arrays) are rewritten to Native by the engine that reads
-the data (`SourceContext.query`) first. The spool is removed (`release`) after its
-range is committed or failed.
+`fetch`: the database's own client (`psql` COPY ... TO STDOUT; the `mariadb`/`mysql`
+client, each field formatted by the server) writes the range as tab-separated text
+into a pipe that the engine reads while it is written (db_pipes.py: an embedded
+engine reads /dev/fd/N, a server is posted the bytes chunked), where the target says
+it can (SourceContext.pipes); else into a spool file, loaded as any local file.
+Columns the engine must convert (PostgreSQL bytea and arrays) are rewritten to Native
+by the engine first (`SourceContext.query`), from a spool. The pipe or spool is
+removed (`release`) after its range is committed or failed.
 """
 
 from __future__ import annotations
@@ -58,12 +59,16 @@ from urllib.parse import unquote, urlsplit
 from chload.errors import SchemaError, SourceError, UsageError
 from chload.formats import FileFormat
 from chload.schema import Column, quote_ident, quote_str, structure
-from chload.sources import Source, SourceContext, SourceFile
+from chload.sources import Source, SourceContext, SourceFile, db_pipes
+from chload.sources.db_pipes import Reading
 
 URL_KINDS = {"postgresql": "postgresql", "postgres": "postgresql", "mysql": "mysql",
              "mariadb": "mysql"}  # a URL's scheme -> DbUrl.kind
 DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
-RANGE_ROWS = 250_000  # rows a range holds, about: a crash redoes at most this many
+RANGE_ROWS = 2_000_000  # rows a range holds at most, about: a crash redoes at most this
+# many. Fewer, larger ranges cost less (each is a client, a stage, a commit, and for the
+# database a scan of its own: two 1M-row range COPYs took PostgreSQL 0.9-1.1 CPU-s, one
+# COPY of the 2M rows 0.75-0.8): a range per worker unless that is more than this.
 TSV = FileFormat("TSV", "none")
 NATIVE = FileFormat("Native", "none")
 
@@ -247,8 +252,10 @@ class Session(Protocol):
         """(min, max, estimated rows) of the axis in the snapshot."""
         ...
 
-    def read(self, where: str, path: str) -> None:
-        """Write the rows matching `where` (source SQL) as TSV to `path`."""
+    def read(self, where: str, out: int) -> Reading:
+        """Start writing the rows matching `where` (source SQL) as TSV into the file
+        descriptor `out` (a spool file or a pipe), which the read now owns (it closes
+        it); `finish` says whether every row was written."""
         ...
 
     def predicate(self, axis: str, r: Range) -> str: ...
@@ -281,7 +288,7 @@ def plan_units(session: Session, kind: str, loaded: Sequence[tuple[str, str]],
     gaps = missing_ranges(done, upper, key)
     if info.axis_integer and low is not None:
         width = int(high) - int(low) + 1
-        step = max(1, width // max(spec_workers * 2, -(-rows // RANGE_ROWS), 1))
+        step = max(1, width // max(spec_workers, -(-rows // RANGE_ROWS), 1))
         gaps = [p for g in gaps for p in split_range(g, int(low) - 1, step)]
     identity = f"upto {upper}; snapshot {session.snapshot}"
     return [_unit(kind, f"{prefix}#{g.label(info.axis)}", identity,
@@ -344,28 +351,49 @@ class DatabaseSource:
         return self.session
 
     def fetch(self, file: SourceFile, columns: Sequence[Column], workdir: str) -> SourceFile:
-        """The range read by the database's client into a spool: TSV as the source
-        printed it, or, where a column needs the engine to convert it, Native."""
+        """The range made readable by the engine: streamed through a pipe where the
+        engine is in this process and converts nothing (db_pipes.py), else read by the
+        database's client into a spool: TSV as the source printed it, or, where a column
+        needs the engine to convert it, Native."""
         session = self._open()
+        if self.context.pipes and not self._converts(session, columns):
+            return self._piped(session, file)
         with self._guard:
             if not self.spools:
                 os.makedirs(workdir, exist_ok=True)
                 self.spools = tempfile.mkdtemp(prefix="spool-", dir=workdir)
         path = os.path.join(self.spools, f"{os.urandom(6).hex()}.tsv")
         try:
-            session.read(file.location, path)
+            session.read(file.location, os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+                         ).finish()
             return self._spooled(session, file, columns, path)
         except BaseException:
             self.release([replace(file, local_path=p) for p in (path, path + ".native")])
             raise
+
+    @staticmethod
+    def _converts(session: Session, columns: Sequence[Column]) -> bool:
+        names = {c.name for c in columns}
+        return any(c.expr and c.name in names for c in session.info.columns)
+
+    def _piped(self, session: Session, file: SourceFile) -> SourceFile:
+        """The range as a pipe the engine reads while the client writes (same uri,
+        identity and kind: `current` checks it was read whole before the commit)."""
+        read_end, write_end = db_pipes.make()
+        try:
+            reading = session.read(file.location, write_end)
+        except BaseException:
+            os.close(read_end)
+            raise
+        path = db_pipes.register(read_end, reading)
+        return replace(file, local_path=path, location="", size=0)
 
     def _spooled(self, session: Session, file: SourceFile, columns: Sequence[Column],
                  path: str) -> SourceFile:
         spool = replace(file, kind="local", local_path=path, location="",
                         size=os.path.getsize(path))
         names = {c.name for c in columns}
-        convert = [c for c in session.info.columns if c.expr and c.name in names]
-        if not convert:
+        if not self._converts(session, columns):
             return spool
         if self.context.query is None:
             raise UsageError(f"{file.uri}: converting its columns needs the engine "
@@ -384,9 +412,12 @@ class DatabaseSource:
         return replace(spool, local_path=native, format=NATIVE, size=os.path.getsize(native))
 
     def release(self, files: Iterable[SourceFile]) -> None:
-        """Remove the spools `fetch` made (listed units have none)."""
+        """Remove the spools and pipes `fetch` made (listed units have none)."""
         for f in files:
             path = f.local_path or ""
+            if db_pipes.is_pipe(path):
+                db_pipes.release(path)
+                continue
             if self.spools and path.startswith(self.spools + os.sep):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(path)
@@ -401,6 +432,9 @@ class DatabaseSource:
                 shutil.rmtree(self.spools, ignore_errors=True)
 
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
+        if db_pipes.is_pipe(file.local_path):
+            args = [file.local_path or "", fmt, structure or "auto"]
+            return f"file({', '.join(quote_str(a) for a in args)})"
         raise UsageError(f"{file.uri}: a database range is read by `chload load` (fetched "
                          "into a spool), not in place")
 
@@ -421,7 +455,11 @@ class DatabaseSource:
         return redact(pattern)
 
     def current(self, file: SourceFile) -> SourceFile:
-        return file  # a range of one snapshot does not change
+        """A range of one snapshot does not change; a streamed one is checked here after
+        its read (raises unless read whole: db_pipes.check)."""
+        if db_pipes.is_pipe(file.local_path):
+            db_pipes.check(file.local_path or "", file.uri)
+        return file
 
     def still_there(self, file: SourceFile) -> bool | None:
         return None

@@ -78,6 +78,8 @@ class EmbeddedTarget:
     """chDB in a directory; the ledger lives in its `chload` database."""
 
     database = "default"  # what a bare --table name means
+    reads_pipes = True  # the engine is in this process: a fetched unit may be a pipe
+    # it reads as /dev/fd/N while the source writes (SourceContext.pipes)
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
@@ -139,7 +141,7 @@ class EmbeddedTarget:
         try:
             job = identity.as_read(job)
             self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
-            rows, rejected = self._insert(stage, job, errors_file)
+            rows, rejected, read = self._insert(stage, job, errors_file)
             identity.check_read(job)
         except ChloadError as exc:
             error = explain_gone(job.file, exc)
@@ -151,10 +153,11 @@ class EmbeddedTarget:
         finally:
             if errors_file and os.path.exists(errors_file):
                 os.remove(errors_file)
-        progress(rows, job.file.size)
-        done = self._commit(job, stage, [_event(job, "", rows=rows, read=job.file.size)])
-        # bytes: as stored (compressed); no rows when another load committed it meanwhile
-        return Loaded(rows, job.file.size, rejected) if done else Loaded(0, job.file.size)
+        read = job.file.size or read  # as stored (compressed); a pipe's: as the engine read
+        progress(rows, read)
+        done = self._commit(job, stage, [_event(job, "", rows=rows, read=read)])
+        # no rows when another load committed it meanwhile
+        return Loaded(rows, read, rejected) if done else Loaded(0, read)
 
     def _commit(self, job: LoadJob, stage: str, events: Sequence[FileEvent]) -> bool:
         """Attach the stage through the committer (commit.py), then queue `loaded` and
@@ -181,20 +184,21 @@ class EmbeddedTarget:
         with contextlib.suppress(ChloadError):
             self.command(f"DROP TABLE IF EXISTS {DATABASE}.{stage}")
 
-    def _insert(self, stage: str, job: LoadJob, errors_file: str) -> tuple[int, int]:
+    def _insert(self, stage: str, job: LoadJob, errors_file: str) -> tuple[int, int, int]:
         """Parse the file into the stage (chload.<stage>); keep rejected rows within the
-        budget, under the stage's name (as the ledger logs it)."""
+        budget, under the stage's name (as the ledger logs it). (rows, rejected, bytes
+        the engine read)."""
         extra = job.budget.engine_settings(errors_file) if errors_file else []
         try:
             sql = _insert_sql(f"{DATABASE}.{stage}", job, self.reader, extra)
-            rows, _ = self.engine.execute(sql, job.file.uri)
+            rows, read = self.engine.execute(sql, job.file.uri)
         except DataError as exc:
             if errors_file and rejects.budget_spent(self.rows, job.budget, errors_file):
                 raise rejects.over_budget(self.rows, job.file.uri, job.file.format, job.budget,
                                           errors_file) from exc
             raise self._diagnose(job, exc) from exc
         if not errors_file:
-            return rows, 0
+            return rows, 0, read
         rejected = rejects.count_errors(self.rows, errors_file)
         job.budget.check(job.file.uri, rejected, rows)
         if rejected:
@@ -204,7 +208,7 @@ class EmbeddedTarget:
                            parse_sql=lambda text: rejects.parse_one_sql(
                                job.file.format, structure(job.read_columns), text),
                            seq=time.time_ns(), line_base=job.line_base)
-        return rows, rejected
+        return rows, rejected, read
 
     def _diagnose(self, job: LoadJob, exc: DataError) -> DataError:
         """Name the exact line and column of a parse error.

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+import stat
+from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from chload import sniff
 from chload.capabilities import Capabilities
@@ -44,6 +45,7 @@ from chload.targets.stages import Streams
 from chload.targets.vanished import check_present, open_listed, reading
 
 RAW, PUSH = "raw", "push"
+PIPE_CHUNK = 1 << 20  # bytes read from a pipe per HTTP chunk
 JSON_LINES = frozenset({"JSONEachRow", "JSONLines", "NDJSON"})
 _NUMERIC = re.compile(r"^(Nullable\()?(U?Int\d+|Float\d+|Decimal.*)\)?$")
 PART_BYTES = 128 << 20  # rows in memory per part the server writes for a stage ...
@@ -88,7 +90,7 @@ class StageFilling:
             try:
                 return self._post_raw(job, stage)
             except DataError:
-                if not fallback:
+                if not fallback or is_pipe(job.file):  # a pipe cannot be read again
                     raise
                 # 18.16 reads fewer dialects than chDB: let the loader's engine try.
                 self.command(f"TRUNCATE TABLE {DATABASE}.{stage}")
@@ -104,6 +106,13 @@ class StageFilling:
         params = {"max_insert_block_size": str(self._part_rows(job)), **self.insert_params,
                   **dict(job.settings)}
         with os.fdopen(open_listed(f), "rb") as body:
+            if is_pipe(f):  # a source writing as it reads (a database range): posted
+                sent = [0]  # chunked, as the bytes come
+                with self._streams.data():
+                    self.client.request(f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT "
+                                        f"{f.format.name}", _counted(body, sent),
+                                        headers=headers, params=params, context=f.uri)
+                return sent[0]
             if not f.size:  # no rows to post (and sendfile refuses a length of 0)
                 return 0
             with self._streams.data():
@@ -238,3 +247,21 @@ def _width(typ: str) -> int:
     else:
         size = _WIDTHS.get(family, 64)
     return size + nullable
+
+
+def is_pipe(f: SourceFile) -> bool:
+    """A unit the engine reads from a pipe (Source.fetch streaming it): read once, its
+    length unknown until its end."""
+    if f.size or not f.local_path:
+        return False
+    try:
+        return stat.S_ISFIFO(os.stat(f.local_path).st_mode)
+    except OSError:
+        return False
+
+
+def _counted(body: BinaryIO, sent: list[int]) -> Iterator[bytes]:
+    """The chunks of `body`, their total in `sent[0]`."""
+    while chunk := body.read(PIPE_CHUNK):
+        sent[0] += len(chunk)
+        yield chunk

@@ -99,6 +99,8 @@ _MERGE_TREE = ("MergeTree", "ReplacingMergeTree", "SummingMergeTree", "Aggregati
 class ServerTarget(StageFilling):
     """A ClickHouse server; the ledger lives in its `chload` database."""
 
+    reads_pipes = True  # a piped unit is posted chunked as it comes (fill.py, is_pipe)
+
     def __init__(self, url: TargetURL) -> None:
         self.url = url
         self.database = self.url.database  # what a bare --table name means
