@@ -155,6 +155,14 @@ _TRANSIENT_CODES = {
 # Not transient: 164 READONLY (the user's `readonly` profile: no retry changes it) and
 # 236 ABORTED (a remote read aborted: a source error, _SOURCE_CODES, as it always was).
 
+TOO_MANY_PARTS = 252  # the server's backpressure: never fails a load (runner.py)
+
+
+def backpressure(error: BaseException) -> bool:
+    """A server pushing back ("too many parts", 252): wait, send less, never fail."""
+    return isinstance(error, TransientError) and error.code == TOO_MANY_PARTS
+
+
 _AUTH_CODES = {192, 193, 194, 195, 497, 516}
 # UNKNOWN_USER, WRONG_PASSWORD, REQUIRED_PASSWORD, IP_ADDRESS_NOT_ALLOWED, ACCESS_DENIED,
 # AUTHENTICATION_FAILED

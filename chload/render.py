@@ -95,8 +95,19 @@ def print_summary(report: LoadReport) -> None:
                 if sat.get("disk_util_pct") is not None else "")
         cpu = f"{sat['cpu_util_pct']:.0f}%" if sat.get("cpu_util_pct") is not None else "?"
         print(f"  saturation: CPU {cpu} of {sat['cores']} cores{disk}; "
-              f"limit: {sat['bottleneck']}")
+              f"limit: {sat['bottleneck']}{_streams(report.concurrency)}")
     print_failures(report)
+
+
+def _streams(c: dict[str, Any]) -> str:
+    """The streams' part of the saturation line: how many, and what bounded them."""
+    if not c:
+        return ""
+    if c["mode"] == "fixed":
+        return f"; streams: {c['final']} ({c['bound']})"
+    moved = (f"{c['start']} -> {c['final']} (from {c['lowest']} to {c['highest']}, "
+             f"{len(c['changes'])} changes)" if c["changes"] else f"{c['final']}")
+    return f"; streams: auto, {moved}, bound: {c['bound']}"
 
 
 def print_failures(report: LoadReport) -> None:

@@ -45,6 +45,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 
 from chload import rejects
+from chload.adaptive import Controller
 from chload.capabilities import Capabilities, probe, server_columns, storable
 from chload.engine import Engine
 from chload.errors import (
@@ -81,9 +82,17 @@ from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
 from chload.targets.fill import StageFilling
 from chload.targets.http import HttpClient, TargetURL
 from chload.targets.loader_rejects import LoaderRejects
-from chload.targets.stages import STAGING, Streams, seal, streams_for
+from chload.targets.stages import (
+    STAGING,
+    ServerWatch,
+    Streams,
+    most_streams,
+    seal,
+    streams_for,
+)
 from chload.targets.vanished import explain_gone
 
+LEDGER_PARTS = {"files", "runs", "rejects", "files.table_uuid", "runs.concurrency"}
 _MERGE_TREE = ("MergeTree", "ReplacingMergeTree", "SummingMergeTree", "AggregatingMergeTree",
                "CollapsingMergeTree", "VersionedCollapsingMergeTree", "GraphiteMergeTree")
 
@@ -100,7 +109,7 @@ class ServerTarget(StageFilling):
                                         self._accepts_encoding)
         self.display = f"ClickHouse {self.caps.version} at {self.url.display}"
         self.ledger = Ledger(self)
-        if not {"files", "runs", "rejects", "files.table_uuid"} <= self.caps.ledger_tables:
+        if not LEDGER_PARTS <= self.caps.ledger_tables:
             self.ledger.ensure()
             rejects.ensure(self)
         self.committer = Committer(Sql(self._command_id, self.rows), self.ledger)
@@ -200,7 +209,7 @@ class ServerTarget(StageFilling):
     def default_workers(self, files: Sequence[SourceFile]) -> int:
         return streams_for(len(files), self.caps.max_threads)
 
-    def open_streams(self, streams: int) -> int:
+    def open_streams(self, streams: int, adapt: Controller | None = None) -> int:
         """Let `streams` data requests run at once; return how many files to keep in
         flight: as many again (at least STAGING), each with its stage created and
         waiting for a stream, so a stream that ends a file starts the next at once
@@ -210,9 +219,19 @@ class ServerTarget(StageFilling):
         Measured into 18.16 on 2 cores, 10 gzip CSV files of 1M rows, 5 streams: with
         2 files more in flight, two of the second round's files started 37 and 108 ms
         after their stream was free (their threads were still committing); with 5
-        more, none waits."""
-        self._streams = Streams(streams)
-        return streams + max(STAGING, streams)
+        more, none waits.
+
+        With `adapt` (--workers auto) the controller moves the limit while the load
+        runs, within `most_streams` of the server's cores, watched by `ServerWatch`
+        (host pressure, server backpressure) until the controller is finished; the
+        threads are enough for its bound."""
+        if adapt is None:
+            self._streams = Streams(streams)
+            return streams + max(STAGING, streams)
+        adapt.bounded(most_streams(self.caps.max_threads))
+        self._streams = Streams(adapt.limit, adapt)
+        ServerWatch(self, adapt).start()
+        return adapt.maximum + max(STAGING, adapt.limit)
 
     # -- loading -----------------------------------------------------------------------
     def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
