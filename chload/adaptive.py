@@ -91,11 +91,11 @@ class Controller:
             self.fixed, self.bound = True, why
 
     def bounded(self, maximum: int) -> None:
-        """The target's bound (its cores), once known; the limit stays within it."""
+        """The target's bound (its cores), known once it is open; given before the load
+        starts, so the limit and its start are clamped to it with no change recorded."""
         with self._lock:
             self.maximum = max(1, min(maximum, MAX_STREAMS))
-            if not self.fixed and self.limit > self.maximum:
-                self._change(self.maximum, f"bounded by the server: {self.maximum} streams")
+            self.limit = self.start = self.lowest = self.highest = self._clamp(self.limit)
 
     def in_use(self, busy: int) -> None:
         """Requests in flight now (a stream begins one): the limit was reached or not."""
