@@ -11,7 +11,7 @@ stopped when the load ends, if still running.
 Bar: auto within 1.1x of the best fixed setting's median, at least 1.25x faster than the
 worst's; every load exact (row count) and none failed ("too many parts" included).
 
-    python bench/adaptive.py [--files 40] [--rows 1000000] [--repeats 3] [--json OUT]
+    python bench/adaptive.py [--files 40] [--rows 1500000] [--repeats 3] [--json OUT]
                              [--url http://127.0.0.1:8123]   # else a server of its own
 
 Prints median seconds per setting, ratios, and each auto load's changes of the limit.
@@ -40,8 +40,8 @@ from common import CACHE, TRIPS_SCHEMA, compile_chload, interleave, make_trips
 
 DB = "bench_adaptive"
 SETTINGS = ("1", "2", "4", "8", "auto")
-STRESS_AT, STRESS_FOR = 1.5, 5.0  # seconds from a load's start
-FIO_AT, FIO_FOR = 8.0, 5.0
+STRESS_AT, STRESS_FOR = 1.0, 4.0  # seconds from a load's start
+FIO_AT, FIO_FOR = 6.0, 4.0
 
 
 def query(url: str, sql: str) -> str:
@@ -90,7 +90,7 @@ class Disturbance:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=40)
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows per file")
+    parser.add_argument("--rows", type=int, default=1_500_000, help="rows per file")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--url", help="an existing server (user default, no password)")
     parser.add_argument("--json", help="also write the figures to this file")
@@ -98,7 +98,7 @@ def main() -> None:
     for tool in ("stress-ng", "fio"):
         if not shutil.which(tool):
             sys.exit(f"{tool} missing: python3 scripts/services/services.py install loadgen")
-    csv = make_trips(os.path.join(CACHE, f"adaptive_{args.files}x{args.rows // 1_000_000}m"),
+    csv = make_trips(os.path.join(CACHE, f"adaptive_{args.files}x{args.rows}"),
                      args.files, args.rows)
     compile_chload()
     work = tempfile.mkdtemp(prefix="chload-bench-adaptive-")

@@ -121,6 +121,7 @@ class ServerTarget(StageFilling):
         # staged in a plain MergeTree of the same keys (targets/cluster.py)
         self.stage_engines: dict[str, str] = {}
         self.insert_params: dict[str, str] = {}  # server settings of every data INSERT
+        self.loading: set[str] = set()  # tables loaded into: their parts are watched
         self._undropped: set[str] = set()
         self._started_ns = time.time_ns()  # files committed by other runs after this count
         self._reading = threading.local()
@@ -241,6 +242,7 @@ class ServerTarget(StageFilling):
                        if job.budget.allows_errors else "")
         try:
             job = identity.as_read(job)
+            self.loading.add(job.table)
             self._streams.stage_turn()
             self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
                          f"{self.stage_engines.get(job.table, '')}")
@@ -309,6 +311,7 @@ class ServerTarget(StageFilling):
         done: list[Loaded] = []
         try:
             job = identity.as_read(job)
+            self.loading.add(job.table)
             self._streams.stage_turn()
             self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
                          f"{self.stage_engines.get(job.table, '')}")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from chload.adaptive import MAX_STREAMS, Controller, PressureReader
 from chload.errors import ChloadError, TransientError, backpressure
 from chload.ledger import DATABASE
-from chload.schema import quote_str
+from chload.schema import quote_str, split_table
 
 if TYPE_CHECKING:
     from chload.targets.server import ServerTarget
@@ -131,9 +131,10 @@ def most_streams(cores: int) -> int:
 
 class ServerWatch:
     """Every second while a load runs: the loader host's pressure (PSI) and the server's
-    backpressure, one query (`DelayedInserts`, and the most active parts of any one
-    partition against `parts_to_delay_insert`), told to the controller. A failed query
-    is skipped: watching must never fail a load."""
+    backpressure, one query: `DelayedInserts` (the server's merges are behind: the merge
+    pool is shared by every table), and the most active parts of one partition of the
+    tables loaded into (attaches add parts there) against `parts_to_delay_insert`. A
+    failed query is skipped: watching must never fail a load."""
 
     EVERY = 1.0
     NEAR = 0.8  # of parts_to_delay_insert: merges are falling behind
@@ -156,12 +157,14 @@ class ServerWatch:
                 self._server()
 
     def _server(self) -> None:
+        tables = " OR ".join(f"(database = {quote_str(d)} AND table = {quote_str(t)})"
+                             for d, t in map(split_table, sorted(self.server.loading)))
         row = self.server.rows(
             "SELECT (SELECT value FROM system.metrics WHERE metric = 'DelayedInserts') AS "
             "delayed, (SELECT toUInt64(value) FROM system.merge_tree_settings WHERE name = "
             "'parts_to_delay_insert') AS delay_at, (SELECT max(c) FROM (SELECT count() AS c"
-            " FROM system.parts WHERE active GROUP BY database, table, partition_id)) AS "
-            "parts")[0]
+            f" FROM system.parts WHERE active AND ({tables or '0'}) GROUP BY database, "
+            "table, partition_id)) AS parts")[0]
         delayed, delay_at, parts = (int(row[k] or 0) for k in ("delayed", "delay_at", "parts"))
         if delayed:
             self.adapt.backpressure(f"{delayed} inserts delayed (DelayedInserts)")

@@ -14,7 +14,7 @@ from test_fake_target import _files, _spec
 
 from chload import api, runner
 from chload.adaptive import MAX_STREAMS, Controller, Pressure, PressureReader
-from chload.errors import TransientError, backpressure
+from chload.errors import TransientError, backpressure, server_error
 from chload.retry import RetryPolicy
 from chload.targets import Loaded, LoadJob
 from chload.targets.stages import Streams, most_streams
@@ -191,6 +191,18 @@ def test_a_252_inside_a_request_is_backpressure_and_raised() -> None:
     with pytest.raises(TransientError), streams.data():
         raise error
     assert c.limit == 4 and "252" in c.summary()["bound"]
+
+
+def test_too_many_partitions_is_252_but_terminal() -> None:
+    """Same code, but the data's PARTITION BY against max_partitions_per_insert_block:
+    no wait cures it, so it fails the file at once instead of waiting half an hour."""
+    parts = server_error(500, "Code: 252, e.displayText() = DB::Exception: Too many parts "
+                         "(300). Merges are processing significantly slower than inserts",
+                         "f.csv")
+    partitions = server_error(500, "Code: 252, e.displayText() = DB::Exception: Too many "
+                              "partitions for single INSERT block (more than 100).", "f.csv")
+    assert backpressure(parts) and isinstance(parts, TransientError)
+    assert not backpressure(partitions) and not isinstance(partitions, TransientError)
 
 
 def test_patiently_waits_out_252_beyond_the_tries() -> None:
