@@ -88,7 +88,7 @@ class Controller:
     def freeze(self, why: str) -> None:
         """Keep the limit where it is (a target that does not adapt, and says why)."""
         with self._lock:
-            self.fixed, self.bound = True, why
+            self.fixed, self.bound, self.maximum = True, why, self.limit
 
     def bounded(self, maximum: int) -> None:
         """The target's bound (its cores), known once it is open; given before the load
