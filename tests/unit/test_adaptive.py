@@ -254,3 +254,20 @@ def test_a_load_never_fails_on_too_many_parts(tmp_path: Path,
     assert report.concurrency["mode"] == "auto"
     fixed = api._load_into(_spec(tmp_path, workers=3, force=True), PushesBack(str(tmp_path)))
     assert fixed.concurrency["mode"] == "fixed" and fixed.concurrency["final"] == 3
+
+
+def test_the_summary_and_history_name_the_streams_and_their_bound() -> None:
+    from chload import render
+
+    clock = Clock()
+    c = Controller(8, 8, clock=clock)
+    c.backpressure("140 parts in a partition, parts_to_delay_insert 150")
+    line = render._streams(c.summary())
+    assert line == ("; streams: auto, 8 -> 6 (from 6 to 8, 1 change), bound: server "
+                    "backpressure: 140 parts in a partition, parts_to_delay_insert 150")
+    import json
+
+    assert render._run_streams(json.dumps(c.summary())) == "auto 8->6 (1 change)"
+    fixed = Controller(3, 3, fixed=True).summary()
+    assert render._streams(fixed) == "; streams: 3 (fixed: --workers)"
+    assert render._run_streams(json.dumps(fixed)) == "fixed 3" and render._run_streams("") == "-"
