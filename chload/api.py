@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from chload import options, planner, runner
+from chload.adaptive import MAX_STREAMS, Controller
 from chload.errors import UsageError
 from chload.ledger import COMMITTING, FileEvent
 from chload.loadrun import (
@@ -51,7 +52,8 @@ class LoadSpec:
     partition_by: str | None = None
     audit: bool = False  # add _source_file and _loaded_at, computed by the engine
     settings: tuple[tuple[str, str], ...] = ()  # ClickHouse settings for every INSERT
-    workers: int | None = None  # parallel files; None: sized by the target
+    workers: int | None = None  # parallel files; None or 'auto': sized by the target, and
+    #                             into a server adapted while loading (adaptive.py)
     force: bool = False  # load files the ledger says are loaded already
     on_error: str = "continue"  # continue | abort
     s3_endpoint: str | None = None  # S3-compatible endpoint; None: AWS_ENDPOINT_URL(_S3), AWS
@@ -93,7 +95,7 @@ _SPEC_TYPES = {
     "format": options.optional_text, "compression": options.optional_text,
     "schema": options.optional_text, "order_by": options.optional_text,
     "partition_by": options.optional_text, "audit": options.flag,
-    "settings": options.settings, "workers": options.optional_whole, "force": options.flag,
+    "settings": options.settings, "workers": options.workers, "force": options.flag,
     "on_error": options.text, "s3_endpoint": options.optional_text,
     "max_errors": options.optional_whole, "max_error_ratio": options.optional_ratio,
     "kafka_options": options.settings, "follow": options.flag,
@@ -135,6 +137,7 @@ class LoadReport:
     created_table: bool = False
     recovered: int = 0
     saturation: dict = field(default_factory=dict)  # CPU, disk, network; see monitor.py
+    concurrency: dict = field(default_factory=dict)  # streams: mode, range, changes, bound
     shards: list[dict] = field(default_factory=list)  # a cluster: per shard rows, bytes, s
     notes: list[str] = field(default_factory=list)  # worth knowing, not errors (slow paths)
     files: list[FileResult] = field(default_factory=list)
@@ -263,7 +266,9 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
     target.ledger.stamp(table.display, state.uuid)
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load)))
-    workers = spec.workers or target.default_workers(plan.to_load)
+    estimate = target.default_workers(plan.to_load)
+    workers = spec.workers or estimate
+    adapt = Controller(workers, workers, fixed=spec.workers is not None)
     groups = _groups(target, sources, plan.to_load, spec.budget, workers)
     threads = _threads_per_file(workers, len(groups))
     jobs = [LoadJob(file=group[0], table=table.sql, table_display=table.display,
@@ -271,12 +276,18 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
                     settings=settings, run_id=report.run_id, budget=spec.budget,
                     batch=group if len(group) > 1 else (), threads=threads)
             for group in groups]
-    in_flight = target.open_streams(workers)
+    if spec.workers is None:
+        adapt.bounded(MAX_STREAMS)  # the target bounds it by what it knows (its cores)
+    in_flight = target.open_streams(workers, None if adapt.fixed else adapt)
     monitor = Monitor(target.workdir).start()
-    results = runner.run(target, jobs, in_flight, listener,
-                         abort_on_error=spec.on_error == "abort", changed=plan.changed,
-                         sources=sources)
+    try:
+        results = runner.run(target, jobs, in_flight, listener,
+                             abort_on_error=spec.on_error == "abort", changed=plan.changed,
+                             sources=sources)
+    finally:
+        adapt.finished.set()
     report.saturation = monitor.stop().to_dict() if jobs else {}
+    report.concurrency = adapt.summary() if jobs else {}
     results += refused + [FileResult(f.uri, "skipped") for f in plan.skipped]
     results += [FileResult(uri, "failed", error=why, changed=True)
                 for uri, why in plan.refused.items()]

@@ -49,7 +49,8 @@ UNION ALL SELECT 'setting', name FROM system.settings
 UNION ALL SELECT 'type', name FROM system.data_type_families
 UNION ALL SELECT 'ledger', name FROM system.tables WHERE database = 'chload'
 UNION ALL SELECT 'ledger', concat(table, '.', name) FROM system.columns
-    WHERE database = 'chload' AND table = 'files' AND name = 'table_uuid'"""
+    WHERE database = 'chload' AND ((table = 'files' AND name = 'table_uuid')
+    OR (table = 'runs' AND name = 'concurrency'))"""
 
 
 @dataclass(frozen=True, slots=True)

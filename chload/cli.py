@@ -102,6 +102,16 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _workers(value: str) -> int | None:
+    """--workers N, or auto (None)."""
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: a number, or auto") from None
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="directory of the embedded ClickHouse (default "
                    "./chload-data, or $CHLOAD_TARGET) or http(s)://[user@]host:port[/db]")
@@ -119,9 +129,9 @@ def _load_parser(commands: Any) -> None:
     p.add_argument("--audit", action="store_true", help="add _source_file and _loaded_at")
     p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                    help="a ClickHouse setting for the inserts (repeatable)")
-    p.add_argument("--workers", type=int,
+    p.add_argument("--workers", type=_workers, metavar="N|auto",
                    help="files loaded in parallel; into a server, data requests at a time "
-                        "(default: automatic)")
+                        "(default auto: estimated, and into a server adapted while loading)")
     p.add_argument("--force", action="store_true", help="load files already loaded")
     p.add_argument("--on-error", default="continue", choices=["continue", "abort"],
                    help="after a failed file: go on with the others (default) or stop")

@@ -155,6 +155,17 @@ _TRANSIENT_CODES = {
 # Not transient: 164 READONLY (the user's `readonly` profile: no retry changes it) and
 # 236 ABORTED (a remote read aborted: a source error, _SOURCE_CODES, as it always was).
 
+TOO_MANY_PARTS = 252  # the server's backpressure: never fails a load (runner.py) ...
+# ... but for "Too many partitions for single INSERT block": max_partitions_per_insert_block
+# against the data's PARTITION BY, which no wait changes (same code): terminal.
+_TOO_MANY_PARTITIONS = "Too many partitions for single INSERT block"
+
+
+def backpressure(error: BaseException) -> bool:
+    """A server pushing back ("too many parts", 252): wait, send less, never fail."""
+    return isinstance(error, TransientError) and error.code == TOO_MANY_PARTS
+
+
 _AUTH_CODES = {192, 193, 194, 195, 497, 516}
 # UNKNOWN_USER, WRONG_PASSWORD, REQUIRED_PASSWORD, IP_ADDRESS_NOT_ALLOWED, ACCESS_DENIED,
 # AUTHENTICATION_FAILED
@@ -259,6 +270,8 @@ def from_engine_message(message: str, context: str) -> ChloadError:
 
 
 def _kind(code: int | None, message: str) -> type[ChloadError]:
+    if code == TOO_MANY_PARTS and _TOO_MANY_PARTITIONS in message:
+        return EngineError  # the data's partitions, not the server's state: terminal
     if code in _TRANSIENT_CODES:
         return TransientError
     if _ERRNO_SOURCE.search(message) or code in _SOURCE_CODES:
@@ -295,7 +308,8 @@ def server_error(status: int, body: str, context: str) -> ChloadError:
         return AuthError(context=context, code=code,
                          reason=f"authentication failed ({one_line(text)}); check the user "
                                 f"and password in --target or ${PASSWORD_ENV}")
-    if code in _TRANSIENT_CODES or (code is None and status >= 500):
+    if (code in _TRANSIENT_CODES and _kind(code, text) is TransientError) or (
+            code is None and status >= 500):
         return TransientError(context=context, reason=one_line(text), code=code)
     return from_engine_message(text, context)
 

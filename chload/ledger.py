@@ -95,6 +95,7 @@ class RunRecord:
     seconds: float
     status: str
     host: str
+    concurrency: str = ""  # JSON: streams at start and end, each change and why (adaptive.py)
 
 
 _FILES_DDL = f"""CREATE TABLE IF NOT EXISTS {FILES} (
@@ -108,13 +109,15 @@ _RUNS_DDL = f"""CREATE TABLE IF NOT EXISTS {RUNS} (
     run_id String, target_table String, sources String, started_ns UInt64,
     finished_ns UInt64, files_total UInt64, files_loaded UInt64, files_skipped UInt64,
     files_failed UInt64, rows_loaded UInt64, rows_rejected UInt64, bytes_read UInt64,
-    seconds Float64, status String, host String,
+    seconds Float64, status String, host String, concurrency String,
     started DateTime MATERIALIZED toDateTime(intDiv(started_ns, 1000000000))
 ) ENGINE = MergeTree ORDER BY (target_table, started_ns, run_id)"""
 
 
-# What a complete ledger has (`files.table_uuid`: a column added after the first version)
-LEDGER_TABLES = frozenset({"files", "runs", "rejects", "files.table_uuid"})
+# What a complete ledger has (`table.column`: the columns added after the first version)
+LEDGER_TABLES = frozenset({"files", "runs", "rejects", "files.table_uuid", "runs.concurrency"})
+_ADDED_COLUMNS = ("((table = 'files' AND name = 'table_uuid') OR (table = 'runs' AND name = "
+                  "'concurrency'))")
 
 _DUPLICATE_COLUMN = 15  # an ADD COLUMN that another chload ran first
 
@@ -141,26 +144,29 @@ class Ledger:
         present = {r["name"] for r in self._sql.rows(
             f"SELECT name FROM system.tables WHERE database = '{DATABASE}' UNION ALL "
             "SELECT concat(table, '.', name) FROM system.columns WHERE database = "
-            f"'{DATABASE}' AND table = 'files' AND name = 'table_uuid'")}
+            f"'{DATABASE}' AND {_ADDED_COLUMNS}")}
         return LEDGER_TABLES <= present
 
     def ensure(self) -> None:
         self._sql.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
         self._sql.command(_FILES_DDL)
         self._sql.command(_RUNS_DDL)
-        self._add_table_uuid()
+        self._add_columns()
 
-    def _add_table_uuid(self) -> None:
-        """A ledger made before events carried `table_uuid` gets the column (18.16 has
-        no ADD COLUMN IF NOT EXISTS: ask first; two chloads may both add it)."""
-        if self._sql.rows(f"SELECT name FROM system.columns WHERE database = '{DATABASE}' "
-                          "AND table = 'files' AND name = 'table_uuid'"):
-            return
-        try:
-            self._sql.command(f"ALTER TABLE {FILES} ADD COLUMN table_uuid String")
-        except EngineError as exc:
-            if exc.code != _DUPLICATE_COLUMN:
-                raise
+    def _add_columns(self) -> None:
+        """A ledger made before events carried `table_uuid`, or runs their
+        `concurrency`, gets the column (18.16 has no ADD COLUMN IF NOT EXISTS: ask
+        first, one query for both; two chloads may both add one)."""
+        wanted = {("files", "table_uuid"), ("runs", "concurrency")}
+        have = {(r["table"], r["name"]) for r in self._sql.rows(
+            f"SELECT table, name FROM system.columns WHERE database = '{DATABASE}' AND "
+            f"{_ADDED_COLUMNS}")}
+        for table, column in sorted(wanted - have):
+            try:
+                self._sql.command(f"ALTER TABLE {DATABASE}.{table} ADD COLUMN {column} String")
+            except EngineError as exc:
+                if exc.code != _DUPLICATE_COLUMN:
+                    raise
 
     def table_state(self, database: str, name: str) -> TableState:
         """Whether the table exists, its uuid (chDB: also from its data path, as the

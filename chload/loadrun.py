@@ -7,6 +7,7 @@ API's module holds the API and the order of a run's steps, not each step's detai
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -119,4 +120,5 @@ def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int) -> RunRecor
         report.files_total, report.files_loaded, report.files_skipped, report.files_failed,
         report.rows_loaded, report.rows_rejected, report.bytes_read, report.seconds, status,
         os.uname().nodename,  # as socket.gethostname(), without importing socket (4 ms)
+        json.dumps(report.concurrency, separators=(",", ":")) if report.concurrency else "",
     )

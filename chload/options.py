@@ -72,6 +72,12 @@ def optional_whole(name: str, value: object) -> int | None:
     return None if value is None else whole(name, value)
 
 
+def workers(name: str, value: object) -> int | None:
+    """A number of workers, or "auto" (None: the target sizes and, into a server,
+    adapts them while loading)."""
+    return None if value == "auto" else optional_whole(name, value)
+
+
 def optional_ratio(name: str, value: object) -> float | None:
     if value is None:
         return None

@@ -101,8 +101,20 @@ def print_summary(report: LoadReport) -> None:
                 if sat.get("disk_util_pct") is not None else "")
         cpu = f"{sat['cpu_util_pct']:.0f}%" if sat.get("cpu_util_pct") is not None else "?"
         print(f"  saturation: CPU {cpu} of {sat['cores']} cores{disk}; "
-              f"limit: {sat['bottleneck']}")
+              f"limit: {sat['bottleneck']}{_streams(report.concurrency)}")
     print_failures(report)
+
+
+def _streams(c: dict[str, Any]) -> str:
+    """The streams' part of the saturation line: how many, and what bounded them."""
+    if not c:
+        return ""
+    if c["mode"] == "fixed":
+        return f"; streams: {c['final']} ({c['bound']})"
+    n = len(c["changes"])
+    moved = (f"{c['start']} -> {c['final']} (from {c['lowest']} to {c['highest']}, "
+             f"{n} change{'s' if n > 1 else ''})" if n else f"{c['final']}")
+    return f"; streams: auto, {moved}, bound: {c['bound']}"
 
 
 def print_failures(report: LoadReport) -> None:
@@ -129,13 +141,28 @@ def print_files(table: str, events: Sequence[FileEvent]) -> None:
 
 def print_history(runs: Sequence[dict[str, Any]]) -> None:
     header = ["started", "table", "loaded", "skipped", "failed", "rows", "seconds", "rows/s",
-              "sources"]
+              "streams", "sources"]
     rows = [[_when(int(r["started_ns"])), r["target_table"], str(r["files_loaded"]),
              str(r["files_skipped"]), str(r["files_failed"]), str(r["rows_loaded"]),
              f"{float(r['seconds']):.2f}",
-             f"{int(r['rows_loaded']) / max(float(r['seconds']), 1e-9):,.0f}", r["sources"]]
+             f"{int(r['rows_loaded']) / max(float(r['seconds']), 1e-9):,.0f}",
+             _run_streams(str(r.get("concurrency") or "")), r["sources"]]
             for r in runs]
     _table("load history", header, rows)
+
+
+def _run_streams(recorded: str) -> str:
+    """A run's streams in a word: `8`, or `auto 8->4 (3 changes)` (chload history --json
+    has each change and its reason)."""
+    if not recorded:
+        return "-"
+    import json
+
+    c = json.loads(recorded)
+    if c["mode"] == "fixed" or not c["changes"]:
+        return f"{c['mode']} {c['final']}"
+    n = len(c["changes"])
+    return f"auto {c['start']}->{c['final']} ({n} change{'s' if n > 1 else ''})"
 
 
 def print_rejects(table: str, rows: Sequence[dict[str, Any]]) -> None:

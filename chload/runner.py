@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from chload.errors import ChloadError
-from chload.retry import DEFAULT_POLICY, RetryPolicy, call_with_retries
+from chload.errors import ChloadError, backpressure
+from chload.retry import DEFAULT_POLICY, RetryPolicy, Sleep, call_with_retries
 from chload.sources import RunSources
 from chload.targets import Loaded, LoadJob, Target
 
@@ -57,6 +57,25 @@ class FileResult:
 
 
 LOADED_ELSEWHERE = "loaded by another run meanwhile"
+PATIENCE = 1800.0  # seconds a file waits out a server's "too many parts" (252), at most
+
+
+def patiently(fn: Callable[[], T], policy: RetryPolicy, sleep: Sleep | None = None,
+              patience: float = PATIENCE) -> T:
+    """`fn()` under `policy`; the server's backpressure (252 "too many parts") does not
+    use up its tries: merges catch up, so the file waits (backoff with jitter, up to
+    `policy.max_seconds` a pause) and is tried again, for `patience` seconds in all
+    (half an hour of it means merges are stuck: then it fails as any transient error).
+    Meanwhile the stream controller has lowered the requests in flight (adaptive.py)."""
+    deadline, waits = time.monotonic() + patience, 0
+    while True:
+        try:
+            return call_with_retries(fn, policy, sleep)
+        except ChloadError as exc:
+            if not backpressure(exc) or time.monotonic() >= deadline:
+                raise
+        (sleep or time.sleep)(policy.delay(min(waits, 8)))
+        waits += 1
 
 
 class _Progress:
@@ -114,7 +133,7 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         progress = _Progress(listener, job.file.uri)
         try:
             with fetched(job) as ready:
-                done = call_with_retries(
+                done = patiently(
                     lambda: progress.attempt(lambda: target.load_file(ready, progress)),
                     policy)
         except ChloadError as exc:
@@ -141,7 +160,7 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         progress = _Progress(listener, job.file.uri)
         try:
             with fetched(job) as ready:
-                loaded: list[Loaded] = call_with_retries(
+                loaded: list[Loaded] = patiently(
                     lambda: progress.attempt(lambda: target.load_batch(ready, progress)),
                     policy)
         except ChloadError:

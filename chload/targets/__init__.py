@@ -21,6 +21,7 @@ from chload.schema import Column
 from chload.sources import SourceFile, StreamPosition
 
 if TYPE_CHECKING:
+    from chload.adaptive import Controller
     from chload.targets.http import TargetURL
 
 DEFAULT_TARGET = "./chload-data"
@@ -121,8 +122,10 @@ class Target(Protocol):
 
     def default_workers(self, files: Sequence[SourceFile]) -> int: ...
 
-    def open_streams(self, streams: int) -> int:
-        """Let `streams` files load at once; return how many to keep in flight."""
+    def open_streams(self, streams: int, adapt: Controller | None = None) -> int:
+        """Let `streams` files load at once; return how many to keep in flight. With
+        `adapt` (--workers auto), a target that can moves the limit with what it
+        measures (adaptive.py); one that cannot freezes it and says why."""
         ...
 
     def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,

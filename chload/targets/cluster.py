@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from chload.errors import ChloadError, DataError, SourceError, TransientError, UsageError
 from chload.faults import crash_point
@@ -65,6 +65,9 @@ from chload.targets.commit import stage_name
 from chload.targets.locks import sha1
 from chload.targets.server import ServerTarget, _event
 from chload.targets.stages import seal
+
+if TYPE_CHECKING:
+    from chload.adaptive import Controller
 
 SHARD_BY = ("auto", "file")
 T = TypeVar("T")
@@ -143,7 +146,9 @@ class ClusterTarget:
     def default_workers(self, files: Sequence[SourceFile]) -> int:
         return self.entry.default_workers(files)
 
-    def open_streams(self, streams: int) -> int:
+    def open_streams(self, streams: int, adapt: Controller | None = None) -> int:
+        if adapt is not None:
+            adapt.freeze("fixed: a cluster's shards load at the estimate")
         for shard in self.shards:
             shard.target.open_streams(streams)
         return self.entry.open_streams(streams)

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from chload import rejects
 from chload.engine import Engine
@@ -53,6 +54,9 @@ from chload.targets import Loaded, LoadJob, Target, group_small_files
 from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
 from chload.targets.locks import ProcessLock
 from chload.targets.vanished import check_present, explain_gone, reading
+
+if TYPE_CHECKING:
+    from chload.adaptive import Controller
 
 # Files below this are batched. Measured on 2 cores, gzip CSV of 4 narrow columns,
 # batched vs one by one: 40 x 260 KB 0.88 s vs 1.2-1.6 s, 20 x 680 KB 0.95 s vs 1.17 s,
@@ -126,7 +130,9 @@ class EmbeddedTarget:
     def workdir(self) -> str:
         return self.path
 
-    def open_streams(self, streams: int) -> int:
+    def open_streams(self, streams: int, adapt: Controller | None = None) -> int:
+        if adapt is not None:
+            adapt.freeze("fixed: the embedded engine's threads are the cores")
         return streams  # a file in flight is a file loading: none waits staged
 
     def default_workers(self, files: Sequence[SourceFile]) -> int:

@@ -107,15 +107,17 @@ class StageFilling:
                   **dict(job.settings)}
         with os.fdopen(open_listed(f), "rb") as body:
             if is_pipe(f):  # a source writing as it reads (a database range): posted
-                sent = [0]  # chunked, as the bytes come
-                with self._streams.data():
+                counted = [0]  # chunked, as the bytes come
+                with self._streams.data() as slot:
                     self.client.request(f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT "
-                                        f"{f.format.name}", _counted(body, sent),
+                                        f"{f.format.name}", _counted(body, counted),
                                         headers=headers, params=params, context=f.uri)
-                return sent[0]
+                    slot.bytes = counted[0]
+                return counted[0]
             if not f.size:  # no rows to post (and sendfile refuses a length of 0)
                 return 0
-            with self._streams.data():
+            with self._streams.data() as sent:
+                sent.bytes = f.size
                 self.client.request(f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT "
                                     f"{f.format.name}", body, length=f.size,
                                     headers=headers, params=params, context=f.uri)
@@ -195,16 +197,18 @@ class StageFilling:
                   "min_insert_block_size_bytes": str(PART_BYTES), **self.insert_params}
         select = select or select_sql(job.file, job.columns, job.read_columns, audit)
         read = self._send(insert, columns, select, self._push_settings(job, extra),
-                          job.file.uri, squash)
+                          job.file.uri, squash, sum(f.size for f in job.files))
         return read or job.file.size
 
     def _send(self, insert: str, columns: Sequence[Column], select: str,
               settings: Sequence[tuple[str, str]], context: str,
-              squash: dict[str, str] | None = None) -> int:
+              squash: dict[str, str] | None = None, size: int = 0) -> int:
         """The loader's engine runs `select` and the server `insert` (FORMAT Native) on
         its rows: through chDB's url() over http, through our own client over https.
-        Returns the bytes the engine read from storage, where it says (0 otherwise)."""
-        with self._streams.data():
+        Returns the bytes the engine read from storage, where it says (0 otherwise).
+        `size`: the files' bytes, the request's size for the stream controller."""
+        with self._streams.data() as sent:
+            sent.bytes = size
             if self.url.secure:
                 stream_push(self.engine, self.client, insert, select, settings, context,
                             squash)

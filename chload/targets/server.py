@@ -45,6 +45,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 
 from chload import rejects
+from chload.adaptive import Controller
 from chload.capabilities import Capabilities, probe, server_columns, storable
 from chload.engine import Engine
 from chload.errors import (
@@ -89,7 +90,14 @@ from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
 from chload.targets.fill import StageFilling
 from chload.targets.http import HttpClient, TargetURL
 from chload.targets.loader_rejects import LoaderRejects
-from chload.targets.stages import STAGING, Streams, seal, streams_for
+from chload.targets.stages import (
+    STAGING,
+    ServerWatch,
+    Streams,
+    most_streams,
+    seal,
+    streams_for,
+)
 from chload.targets.vanished import explain_gone
 
 _MERGE_TREE = ("MergeTree", "ReplacingMergeTree", "SummingMergeTree", "AggregatingMergeTree",
@@ -122,6 +130,7 @@ class ServerTarget(StageFilling):
         # staged in a plain MergeTree of the same keys (targets/cluster.py)
         self.stage_engines: dict[str, str] = {}
         self.insert_params: dict[str, str] = {}  # server settings of every data INSERT
+        self.loading: set[str] = set()  # tables loaded into: their parts are watched
         self._undropped: set[str] = set()
         self._started_ns = time.time_ns()  # files committed by other runs after this count
         self._reading = threading.local()
@@ -210,7 +219,7 @@ class ServerTarget(StageFilling):
     def default_workers(self, files: Sequence[SourceFile]) -> int:
         return streams_for(len(files), self.caps.max_threads)
 
-    def open_streams(self, streams: int) -> int:
+    def open_streams(self, streams: int, adapt: Controller | None = None) -> int:
         """Let `streams` data requests run at once; return how many files to keep in
         flight: as many again (at least STAGING), each with its stage created and
         waiting for a stream, so a stream that ends a file starts the next at once
@@ -220,9 +229,19 @@ class ServerTarget(StageFilling):
         Measured into 18.16 on 2 cores, 10 gzip CSV files of 1M rows, 5 streams: with
         2 files more in flight, two of the second round's files started 37 and 108 ms
         after their stream was free (their threads were still committing); with 5
-        more, none waits."""
-        self._streams = Streams(streams)
-        return streams + max(STAGING, streams)
+        more, none waits.
+
+        With `adapt` (--workers auto) the controller moves the limit while the load
+        runs, within `most_streams` of the server's cores, watched by `ServerWatch`
+        (host pressure, server backpressure) until the controller is finished; the
+        threads are enough for its bound."""
+        if adapt is None:
+            self._streams = Streams(streams)
+            return streams + max(STAGING, streams)
+        adapt.bounded(most_streams(self.caps.max_threads))
+        self._streams = Streams(adapt.limit, adapt)
+        ServerWatch(self, adapt).start()
+        return adapt.maximum + max(STAGING, adapt.limit)
 
     # -- loading -----------------------------------------------------------------------
     def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
@@ -232,6 +251,7 @@ class ServerTarget(StageFilling):
                        if job.budget.allows_errors else "")
         try:
             job = identity.as_read(job)
+            self.loading.add(job.table)
             self._streams.stage_turn()
             self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
                          f"{self.stage_engines.get(job.table, '')}")
@@ -300,6 +320,7 @@ class ServerTarget(StageFilling):
         done: list[Loaded] = []
         try:
             job = identity.as_read(job)
+            self.loading.add(job.table)
             self._streams.stage_turn()
             self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
                          f"{self.stage_engines.get(job.table, '')}")

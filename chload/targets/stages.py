@@ -12,10 +12,11 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from chload.errors import ChloadError, TransientError
+from chload.adaptive import MAX_STREAMS, Controller, PressureReader
+from chload.errors import ChloadError, TransientError, backpressure
 from chload.ledger import DATABASE
 from chload.retry import RetryPolicy, Sleep
-from chload.schema import quote_str
+from chload.schema import quote_str, split_table
 
 if TYPE_CHECKING:
     from chload.targets.server import ServerTarget
@@ -66,21 +67,39 @@ def _seal_once(server: ServerTarget, stage: str) -> tuple[int, list[str]] | None
     raise TransientError(f"stage {stage}: could not merge its parts to one per partition")
 
 
+class Sent:
+    """What one data request sent (bytes; 0 where unknown), told by its caller."""
+
+    __slots__ = ("bytes",)
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
 class Streams:
     """Data requests at once, and when the files beyond them create their stages.
 
-    Those files (STAGING) wait until every stream has begun its first request, at most a
-    second: 18.16 runs DDL one statement at a time, and at the start of a load 7 stage
-    CREATEs at once took 13-48 ms each on a busy machine, so the last stream began 30 ms
-    after the first, behind stages that would wait for a stream anyway.
+    How many at once is the controller's limit (adaptive.py), read as each request
+    begins: a fixed one (`--workers N`), or one that moves with what each request's
+    latency and the server's backpressure say (`--workers auto`).
+
+    The files beyond the streams (STAGING) wait until every stream has begun its first
+    request, at most a second: 18.16 runs DDL one statement at a time, and at the start
+    of a load 7 stage CREATEs at once took 13-48 ms each on a busy machine, so the last
+    stream began 30 ms after the first, behind stages that would wait for a stream anyway.
     """
 
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self._slots = threading.BoundedSemaphore(count)
+    def __init__(self, count: int, adapt: Controller | None = None) -> None:
+        self.adapt = adapt or Controller(count, count, fixed=True)
+        self._slots = threading.Condition()
+        self._busy = 0
         self._lock = threading.Lock()
         self._tickets = self._begun = 0
         self._all_begun = threading.Event()
+
+    @property
+    def count(self) -> int:
+        return self.adapt.limit
 
     def stage_turn(self) -> None:
         with self._lock:
@@ -89,13 +108,33 @@ class Streams:
             self._all_begun.wait(1.0)
 
     @contextlib.contextmanager
-    def data(self) -> Iterator[None]:
+    def data(self) -> Iterator[Sent]:
+        """One request's turn; its latency and size go to the controller, a 252 as
+        the server's backpressure (the runner waits and retries it: runner.patiently)."""
         with self._slots:
-            with self._lock:
-                self._begun += 1
-                if self._begun >= self.count:
-                    self._all_begun.set()
-            yield
+            while self._busy >= self.adapt.limit:
+                self._slots.wait(0.1)  # (a raised limit wakes nobody: look again)
+            self._busy += 1
+            busy = self._busy
+        self.adapt.in_use(busy)
+        with self._lock:
+            self._begun += 1
+            if self._begun >= self.count:
+                self._all_begun.set()
+        sent, began = Sent(), time.monotonic()
+        try:
+            yield sent
+        except TransientError as exc:
+            if backpressure(exc):
+                self.adapt.backpressure("too many parts (code 252)", severe=True)
+            raise
+        else:
+            self.adapt.request_done(began, time.monotonic() - began, sent.bytes)
+        finally:
+            with self._slots:
+                self._busy -= 1
+                self._slots.notify_all()
+
 
 def streams_for(files: int, cores: int) -> int:
     """Data requests at once into a server with `cores` (its max_threads).
@@ -110,3 +149,53 @@ def streams_for(files: int, cores: int) -> int:
     cap = max(1, min(8, 4 * cores))
     rounds = max(1, -(-files // cap))
     return max(1, -(-files // rounds))
+
+
+def most_streams(cores: int) -> int:
+    """The adaptive limit's bound: 4 streams per server core (the measured gain of
+    more streams than cores, above), 16 at most (each INSERT holds a block in memory)."""
+    return max(1, min(MAX_STREAMS, 4 * cores))
+
+
+class ServerWatch:
+    """Every second while a load runs: the loader host's pressure (PSI) and the server's
+    backpressure, one query: `DelayedInserts` (the server's merges are behind: the merge
+    pool is shared by every table), and the most active parts of one partition of the
+    tables loaded into (attaches add parts there) against `parts_to_delay_insert`. A
+    failed query is skipped: watching must never fail a load."""
+
+    EVERY = 1.0
+    NEAR = 0.8  # of parts_to_delay_insert: merges are falling behind
+
+    def __init__(self, server: ServerTarget, adapt: Controller) -> None:
+        self.server, self.adapt = server, adapt
+        self.pressure = PressureReader()
+        self._thread = threading.Thread(target=self._run, name="chload_watch", daemon=True)
+
+    def start(self) -> ServerWatch:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.adapt.finished.wait(self.EVERY):
+            host = self.pressure()
+            if host is not None:
+                self.adapt.host(host)
+            with contextlib.suppress(ChloadError):
+                self._server()
+
+    def _server(self) -> None:
+        tables = " OR ".join(f"(database = {quote_str(d)} AND table = {quote_str(t)})"
+                             for d, t in map(split_table, sorted(self.server.loading)))
+        row = self.server.rows(
+            "SELECT (SELECT value FROM system.metrics WHERE metric = 'DelayedInserts') AS "
+            "delayed, (SELECT toUInt64(value) FROM system.merge_tree_settings WHERE name = "
+            "'parts_to_delay_insert') AS delay_at, (SELECT max(c) FROM (SELECT count() AS c"
+            f" FROM system.parts WHERE active AND ({tables or '0'}) GROUP BY database, "
+            "table, partition_id)) AS parts")[0]
+        delayed, delay_at, parts = (int(row[k] or 0) for k in ("delayed", "delay_at", "parts"))
+        if delayed:
+            self.adapt.backpressure(f"{delayed} inserts delayed (DelayedInserts)")
+        elif delay_at and parts >= self.NEAR * delay_at:
+            self.adapt.backpressure(f"{parts} parts in a partition, parts_to_delay_insert "
+                                    f"{delay_at}")

@@ -369,6 +369,13 @@ def install_clickhouse() -> Path:
     return Path(shutil.which("clickhouse-server") or "/usr/sbin/clickhouse-server")
 
 
+def install_loadgen() -> Path:
+    """stress-ng and fio (Debian's): bench/adaptive.py loads while they take CPU and disk."""
+    if not (shutil.which("stress-ng") and shutil.which("fio")):
+        apt_install("stress-ng", "fio", recommends=False)
+    return Path(shutil.which("stress-ng") or "/usr/bin/stress-ng")
+
+
 def _xml(tag: str, children: dict[str, object]) -> ET.Element:
     """Build an element from a nested dict: str/int become text, dicts sub-elements,
     lists repeat the tag."""
@@ -822,9 +829,11 @@ def __getattr__(name: str) -> object:
 # --------------------------------------------------------------------------- CLI
 
 INSTALLERS: dict[str, Callable[[], Path]] = {
-    "clickhouse": install_clickhouse, "minio": install_minio, "hdfs": install_hdfs}
+    "clickhouse": install_clickhouse, "minio": install_minio, "hdfs": install_hdfs,
+    "loadgen": install_loadgen}
 # What CI installs and smokes (``all``), and what the stream/cluster issues will need.
-GROUPS = {"all": ["clickhouse", "minio", "hdfs", "kafka", "postgres", "mariadb", "zookeeper"],
+GROUPS = {"all": ["clickhouse", "minio", "hdfs", "kafka", "postgres", "mariadb", "zookeeper",
+                  "loadgen"],
           "streams": ["kafka", "postgres", "mariadb", "zookeeper"]}
 SMOKE_GROUPS = {**GROUPS, "streams": [*GROUPS["streams"], "weighted-cluster",
                                       "replicated-cluster"]}
@@ -840,6 +849,7 @@ def _registries() -> tuple[dict[str, Callable[[], Path]], dict[str, Callable[[Pa
         "clickhouse": lambda: shutil.which("clickhouse-server") is not None,
         "minio": lambda: (cache_dir() / "bin" / "minio").exists(),
         "hdfs": lambda: (_hdfs_home() / "jars" / ".complete").exists(),
+        "loadgen": lambda: bool(shutil.which("stress-ng") and shutil.which("fio")),
     }
     return ({**INSTALLERS, **streams.INSTALLERS, **clusters.INSTALLERS},
             {**SMOKES, **streams.SMOKES, **clusters.SMOKES},
@@ -920,8 +930,18 @@ def _smoke_hdfs(base: Path) -> str:
         server.stop()
 
 
+def _smoke_loadgen(base: Path) -> str:
+    """A second of CPU stress and a small fio write: both run and exit 0."""
+    subprocess.run(["stress-ng", "--cpu", "1", "--timeout", "1s", "--quiet"], check=True,
+                   capture_output=True, timeout=30)
+    subprocess.run(["fio", "--name=smoke", f"--directory={base}", "--size=4m", "--bs=1m",
+                    "--rw=write", "--direct=0"], check=True, capture_output=True, timeout=60)
+    return "stress-ng and fio ran"
+
+
 SMOKES: dict[str, Callable[[Path], str]] = {
-    "clickhouse": _smoke_clickhouse, "minio": _smoke_minio, "hdfs": _smoke_hdfs}
+    "clickhouse": _smoke_clickhouse, "minio": _smoke_minio, "hdfs": _smoke_hdfs,
+    "loadgen": _smoke_loadgen}
 
 
 def _smoke(names: list[str]) -> int:

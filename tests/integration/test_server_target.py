@@ -429,3 +429,41 @@ def test_system_table_queries_ride_out_tables_dropped_meanwhile(
         target.close()
         q(clickhouse, f"DROP DATABASE {database}")
     assert plain_failures >= 1, "the race did not show in 30 s: nothing was tested"
+
+
+def test_auto_workers_adapt_to_backpressure_and_record_why(
+        clickhouse: services.Service, trips: Path, table_name: str) -> None:
+    """`--workers auto` (the default) into 18.16 into a table that has 125 parts in one
+    partition (merges stopped), near `parts_to_delay_insert` (150): the controller
+    lowers the streams, the load is exact, and every change with its reason is in the
+    report and in the run's record (`chload history`)."""
+    pile = 125
+    q(clickhouse, f"CREATE TABLE {table_name} (id UInt64, miles UInt32, duration UInt32, "
+                  "vehicle_id UInt8) ENGINE = MergeTree ORDER BY id")
+    q(clickhouse, f"SYSTEM STOP MERGES {table_name}")
+    try:
+        for i in range(pile):
+            q(clickhouse, f"INSERT INTO {table_name} VALUES ({TOTAL + i}, 1, 6, 0)")
+        started = time.monotonic()
+        code, report = load(clickhouse, str(trips / "*.csv.gz"), "--table", table_name,
+                            "--workers", "auto")
+        assert time.monotonic() - started < 120
+    finally:
+        q(clickhouse, f"SYSTEM START MERGES {table_name}")
+    assert code == 0, report
+    assert counts(clickhouse, table_name) == (TOTAL + pile, TOTAL + pile)
+    streams = report["concurrency"]
+    cores = int(q(clickhouse, "SELECT value FROM system.settings WHERE name = 'max_threads'"))
+    assert streams["mode"] == "auto" and streams["maximum"] == min(16, 4 * cores)
+    assert streams["changes"] and streams["final"] < streams["start"]
+    assert any("parts_to_delay_insert" in c["reason"] for c in streams["changes"])
+    assert all(1 <= c["to"] <= streams["maximum"] and c["reason"] for c in streams["changes"])
+    history = run_chload("history", "--table", table_name, "--target", url(clickhouse),
+                         "--json", env=env(clickhouse))
+    runs = json.loads(history.stdout)
+    assert json.loads(runs[0]["concurrency"]) == streams
+
+    code, report = load(clickhouse, str(trips / "*.csv.gz"), "--table", table_name,
+                        "--workers", "3", "--force")
+    assert code == 0 and report["concurrency"]["mode"] == "fixed"
+    assert report["concurrency"]["final"] == 3 and not report["concurrency"]["changes"]

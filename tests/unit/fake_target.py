@@ -135,7 +135,7 @@ class FakeTarget:
     def default_workers(self, files: Sequence[SourceFile]) -> int:
         return self.workers
 
-    def open_streams(self, streams: int) -> int:
+    def open_streams(self, streams: int, adapt: object = None) -> int:
         self.streams = streams
         return streams
 
