@@ -53,6 +53,7 @@ from chload.targets import Loaded, LoadJob, Target, group_small_files
 from chload.targets.cluster_layout import (
     Distributed,
     Shard,
+    at_once,
     check_locals,
     distributed_of,
     open_shards,
@@ -135,10 +136,10 @@ class ClusterTarget:
     def recover(self, table: str) -> int:
         """Settle each shard's crashed commits (its own ledger and lock), and drop this
         machine's orphaned route tables on the target server."""
-        settled = sum(s.target.committer.start(self.local, s.local_display)
-                      for s in self.shards)
-        self.entry.committer.start(self.table, self.table_display)
-        return settled
+        settled = at_once([lambda s=s: s.target.committer.start(
+            self.local, s.local_display) for s in self.shards] + [
+            lambda: self.entry.committer.start(self.table, self.table_display)])
+        return sum(settled[:-1])
 
     def default_workers(self, files: Sequence[SourceFile]) -> int:
         return self.entry.default_workers(files)
@@ -212,13 +213,13 @@ class ClusterTarget:
         try:
             job = identity.as_read(job)
             self.entry._streams.stage_turn()
-            _at_once([(lambda s=s: s.target.command(
+            at_once([(lambda s=s: s.target.command(
                 f"CREATE TABLE {DATABASE}.{stage} AS {self.local}{s.stage_engine}"))
                 for s in self.shards] + [lambda: self.entry.command(
                     f"CREATE TABLE {DATABASE}.{route} AS {self.table} ENGINE = Distributed("
                     f"{quote_ident(self.dist.cluster)}, {DATABASE}, {stage}, {self.dist.key})")])
             done = self._route(job, route, stage)
-            sealed = _at_once([lambda s=s: seal(s.target, stage)  # type: ignore[misc]
+            sealed = at_once([lambda s=s: seal(s.target, stage)  # type: ignore[misc]
                                for s in self.shards])
             shares = {s.number: share for s, share in zip(self.shards, sealed, strict=True)}
             identity.check_read(job)
@@ -319,7 +320,7 @@ class ClusterTarget:
     def _drop(self, stage: str, route: str, shards: Sequence[Shard]) -> None:
         """Drop the route and the stages, at once (one the server did not drop now is
         tried again at close; a stage of a process gone is an orphan the next run drops)."""
-        _at_once([lambda: self.entry._drop(route)] + [
+        at_once([lambda: self.entry._drop(route)] + [
             (lambda s=s: s.target._drop(stage)) for s in shards])  # type: ignore[misc]
 
     def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
@@ -345,24 +346,6 @@ class ClusterTarget:
                 shard.target.close()
 
 
-def _at_once(calls: Sequence[Callable[[], T]]) -> list[T]:
-    """Each call on a thread of its own (one per shard: a round trip each), results in
-    the calls' order; the first error is raised once all are done."""
-    from chload.runner import on_threads
-
-    def one(i: int) -> tuple[int, T | BaseException]:
-        try:
-            return i, calls[i]()
-        except ChloadError as exc:
-            return i, exc
-
-    results = dict(on_threads(one, range(len(calls)), len(calls) or 1))
-    for i in range(len(calls)):
-        if isinstance(results[i], BaseException):
-            raise results[i]  # type: ignore[misc]
-    return [results[i] for i in range(len(calls))]  # type: ignore[misc]
-
-
 class ClusterLedger(Ledger):
     """The cluster's ledger: a unit is loaded when every shard it goes to says so in
     its own ledger (`chload.files` on that shard, under the local table's name). Run
@@ -380,7 +363,8 @@ class ClusterLedger(Ledger):
         if not self._ours(f"{database}.{name}"):
             return super().table_state(database, name)
         local = split_table(c.local)
-        states = [s.target.ledger.table_state(*local) for s in c.shards]
+        states = at_once([lambda s=s: s.target.ledger.table_state(*local)  # type: ignore[misc]
+                          for s in c.shards])
         return TableState(all(s.exists for s in states), "", sum(s.rows for s in states))
 
     def loaded(self, target_table: str) -> dict[str, FileEvent]:
@@ -389,8 +373,9 @@ class ClusterLedger(Ledger):
         c = self.cluster
         if not self._ours(target_table):
             return super().loaded(target_table)
-        for shard in c.shards:
-            c.known.by_shard[shard.number] = shard.target.ledger.loaded(shard.local_display)
+        found_on = at_once([(lambda s=s: s.target.ledger.loaded(  # type: ignore[misc]
+            s.local_display)) for s in c.shards])
+        c.known.by_shard = {s.number: f for s, f in zip(c.shards, found_on, strict=True)}
         found: dict[str, FileEvent] = {}
         uris = {u for events in c.known.by_shard.values() for u in events}
         for uri in uris:
