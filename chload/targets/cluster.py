@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
 
 from chload.errors import ChloadError, DataError, SourceError, TransientError, UsageError
 from chload.faults import crash_point
@@ -56,6 +56,7 @@ from chload.targets.cluster_layout import (
     at_once,
     check_locals,
     distributed_of,
+    each_at_once,
     open_shards,
     parse_shard_map,
     read_layout,
@@ -68,7 +69,6 @@ from chload.targets.server import ServerTarget, _event
 from chload.targets.stages import seal
 
 SHARD_BY = ("auto", "file")
-T = TypeVar("T")
 _RANDOM = re.compile(r"\brand(64|Constant)?\s*\(", re.IGNORECASE)
 
 
@@ -94,6 +94,13 @@ class ClusterTarget:
                         f"({len(shards)} shards, by {'file' if by_file else 'row'})")
         self.ledger: Ledger = ClusterLedger(self)
         self.known = _Loaded()
+        # Units routed at once: while another is under way, each shard keeps its commit
+        # lock after a commit for the next (commit.py `linger`): a lock CREATE and DROP
+        # less per unit and shard, released at the end of the run (flush).
+        self._routing = 0
+        self._routing_guard = threading.Lock()
+        for shard in shards:
+            shard.target.committer.linger = lambda: self._routing > 1
         # The route writes each shard's rows to the replica chload chose: the target
         # server's own, else the first that answers, as in_order picks (open_shards).
         entry.insert_params = {"insert_distributed_sync": "1", "load_balancing": "in_order",
@@ -207,6 +214,15 @@ class ClusterTarget:
     def _split(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
         """Route the unit's rows through a temporary Distributed table into a stage on
         every shard, then commit each stage where the shard's ledger lacks the unit."""
+        with self._routing_guard:
+            self._routing += 1
+        try:
+            return self._split_one(job, progress)
+        finally:
+            with self._routing_guard:
+                self._routing -= 1
+
+    def _split_one(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
         todo = self._pending(job) or list(self.shards)  # none lacks it: --force
         stage = stage_name(self.entry.committer.holder)
         route = f"{stage}r"
@@ -335,15 +351,26 @@ class ClusterTarget:
                  "seconds": round(s.seconds, 3)} for s in self.shards]
 
     def flush(self) -> None:
-        for shard in self.shards:
-            shard.target.flush()
-        self.entry.flush()
+        """The shards' waiting `loaded` events (and the entry's), at once."""
+        at_once([(lambda s=s: _release_and_flush(s)) for s in self.shards]
+                + [self.entry.flush])
 
     def close(self) -> None:
         """Close the shards' targets (the entry is its opener's to close)."""
-        for shard in self.shards:
-            with contextlib.suppress(ChloadError):
-                shard.target.close()
+        each_at_once([(lambda s=s: _release_and_close(s))  # type: ignore[misc]
+                      for s in self.shards])
+
+
+def _release_and_flush(shard: Shard) -> None:
+    shard.target.committer.release_kept()
+    shard.target.flush()
+
+
+def _release_and_close(shard: Shard) -> None:
+    try:
+        shard.target.committer.release_kept()
+    finally:
+        shard.target.close()
 
 
 class ClusterLedger(Ledger):
