@@ -45,11 +45,11 @@ from dataclasses import dataclass, field, replace
 
 from chload.errors import ChloadError, DataError, SourceError, TransientError, UsageError
 from chload.faults import crash_point
-from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, TableState
+from chload.ledger import DATABASE, LOADED, FileEvent, Ledger
 from chload.rejects import ErrorBudget
-from chload.schema import Column, display_table, quote_ident, split_table
+from chload.schema import Column, display_table, quote_ident
 from chload.sources import SourceFile, identity
-from chload.targets import Loaded, LoadJob, Target, group_small_files
+from chload.targets import Loaded, LoadJob, Target, group_small_files, shard_load
 from chload.targets.cluster_layout import (
     Distributed,
     Shard,
@@ -63,6 +63,7 @@ from chload.targets.cluster_layout import (
 )
 from chload.targets.cluster_layout import parse_distributed as parse_distributed
 from chload.targets.cluster_layout import plain_engine as plain_engine
+from chload.targets.cluster_ledger import ClusterLedger
 from chload.targets.commit import stage_name
 from chload.targets.locks import sha1
 from chload.targets.server import ServerTarget, _event
@@ -98,6 +99,7 @@ class ClusterTarget:
         # lock after a commit for the next (commit.py `linger`): a lock CREATE and DROP
         # less per unit and shard, released at the end of the run (flush).
         self._routing = 0
+        self._counters: list[shard_load.Counters | BaseException] = []  # at open_streams
         self._routing_guard = threading.Lock()
         for shard in shards:
             shard.target.committer.linger = lambda: self._routing > 1
@@ -152,9 +154,15 @@ class ClusterTarget:
         return self.entry.default_workers(files)
 
     def open_streams(self, streams: int) -> int:
+        """Also the first reading of each shard server's counters (shard_load.py)."""
         for shard in self.shards:
             shard.target.open_streams(streams)
+        self._counters = self._read_counters()
         return self.entry.open_streams(streams)
+
+    def _read_counters(self) -> list[shard_load.Counters | BaseException]:
+        return each_at_once([(lambda s=s: shard_load.read(s.target.rows))  # type: ignore[misc]
+                             for s in self.shards])
 
     def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,
                      workers: int) -> list[tuple[SourceFile, ...]]:
@@ -176,7 +184,11 @@ class ClusterTarget:
 
     def shard_of(self, uri: str) -> Shard:
         """The shard a whole unit goes to: by weight, from a hash of its uri."""
-        slot = int(sha1(uri.encode()).hexdigest()[:12], 16) % self.total_weight
+        return self._at_slot(int(sha1(uri.encode()).hexdigest()[:12], 16) % self.total_weight)
+
+    def _at_slot(self, slot: int) -> Shard:
+        """The shard whose weight range holds `slot` (as the Distributed engine maps
+        `key % total weight`)."""
         for shard in self.shards:
             if slot < shard.weight:
                 return shard
@@ -234,17 +246,18 @@ class ClusterTarget:
                 for s in self.shards] + [lambda: self.entry.command(
                     f"CREATE TABLE {DATABASE}.{route} AS {self.table} ENGINE = Distributed("
                     f"{quote_ident(self.dist.cluster)}, {DATABASE}, {stage}, {self.dist.key})")])
-            done = self._route(job, route, stage)
+            done, by_file = self._route(job, route, stage)
             sealed = at_once([lambda s=s: seal(s.target, stage)  # type: ignore[misc]
                                for s in self.shards])
             shares = {s.number: share for s, share in zip(self.shards, sealed, strict=True)}
             identity.check_read(job)
+            by_file = _adding_up(by_file, shares)
         except ChloadError:
             self._drop(stage, route, self.shards)
             raise
         progress(sum(d.rows for d in done), sum(d.bytes for d in done))
         crash_point("cluster-routed")  # every shard's stage filled, none committed
-        committed, failed = self._commit(job, stage, todo, shares, done)
+        committed, failed = self._commit(job, stage, todo, shares, done, by_file)
         # A commit that may have attached (not a TransientError) keeps its stage: the
         # shard's next run settles it by the mark rule (commit.py rule 4).
         keep = {n for n, exc in failed.items() if not isinstance(exc, TransientError)}
@@ -257,28 +270,54 @@ class ClusterTarget:
             return [Loaded(sum(shares[n][0] for n in committed), done[0].bytes)]
         return done
 
-    def _route(self, job: LoadJob, route: str, stage: str) -> list[Loaded]:
+    def _route(self, job: LoadJob, route: str, stage: str,
+               ) -> tuple[list[Loaded], dict[str, dict[int, int]] | None]:
         """Fill the route table (the server splits by the key and writes each shard's
-        stage); a batch is gathered in the loader's engine first."""
+        stage); a batch is gathered in the loader's engine first, where each file's rows
+        per shard are counted (`_by_file`)."""
         entry = self.entry
         if job.batch:
-            return entry._gather(job, route)
+            by_file: dict[str, dict[int, int]] = {}
+            done = entry._gather(job, route, lambda memory: by_file.update(
+                self._by_file(memory)))
+            return done, by_file or None
         try:
-            return [Loaded(0, entry._fill(job, route, fallback=False))]
+            return [Loaded(0, entry._fill(job, route, fallback=False))], None
         except DataError:
             if entry.path_for(job) != "raw":
                 raise
             for shard in self.shards:  # 18.16 reads fewer dialects: the loader's engine
                 shard.target.command(f"TRUNCATE TABLE {DATABASE}.{stage}")
-            return [Loaded(0, entry._push(job, route))]
+            return [Loaded(0, entry._push(job, route))], None
+
+    def _by_file(self, memory: str) -> dict[str, dict[int, int]]:
+        """A gathered batch's rows per file and shard: the key evaluated by the loader's
+        engine on the rows as cast to the table's types, modulo the total weight, onto
+        the weight ranges. The route's placement stays the server's; these counts are
+        kept only if they add up to every shard's stage (`_adding_up`); an engine that
+        cannot evaluate the key leaves them out (rows 0 per file, as before)."""
+        try:
+            rows = self.entry.engine.rows(
+                f"SELECT _chload_file AS f, toUInt64(({self.dist.key}) % {self.total_weight}) "
+                f"AS slot, count() AS n FROM {memory} GROUP BY f, slot", "batch rows per shard")
+        except ChloadError:
+            return {}
+        found: dict[str, dict[int, int]] = {}
+        for row in rows:
+            shard = self._at_slot(int(row["slot"])).number
+            per = found.setdefault(row["f"], {})
+            per[shard] = per.get(shard, 0) + int(row["n"])
+        return found
 
     def _commit(self, job: LoadJob, stage: str, todo: list[Shard],
                 shares: dict[int, tuple[int, list[str]]], done: list[Loaded],
+                by_file: dict[str, dict[int, int]] | None = None,
                 ) -> tuple[set[int], dict[int, BaseException]]:
         """Each shard's share into its local table with its own ledger entry, the shards
         at once; return the shards that attached theirs, and the errors of those that
         failed. A shard that fails stops nothing of the others: a retry loads only the
-        shards still lacking the unit."""
+        shards still lacking the unit. A batch's files get their own rows of the shard
+        where they were counted (`by_file`), else 0 (the shard's total is right)."""
         read = sum(d.bytes for d in done)
         total = sum(rows for rows, _ in shares.values()) or 1
 
@@ -286,8 +325,9 @@ class ClusterTarget:
             rows, partitions = shares[shard.number]
             started = time.monotonic()
             events = [_event(replace(job, file=f, table_display=shard.local_display), "",
-                             rows=rows if len(job.files) == 1 else 0,
-                             read=read * rows // total) for f in job.files]
+                             rows=mine, read=bytes_read) for f, mine, bytes_read in
+                      _file_shares(job, shard.number, rows, read * rows // total, done,
+                                   by_file)]
             try:
                 ok = shard.target.committer.commit(
                     self.local, shard.local_display, stage, partitions, events,
@@ -345,10 +385,20 @@ class ClusterTarget:
         return contextlib.nullcontext(self)
 
     def shard_report(self) -> list[dict]:
-        """Per shard: where, rows and bytes committed this run, seconds committing."""
-        return [{"shard": s.number, "weight": s.weight, "replica": s.replica.name,
-                 "url": s.target.url.display, "rows": s.rows, "bytes": s.bytes,
-                 "seconds": round(s.seconds, 3)} for s in self.shards]
+        """Per shard: where, rows and bytes committed this run, seconds committing, and
+        how busy its server was meanwhile (`server`: shard_load.saturation; {} when its
+        counters could not be read, which fails nothing)."""
+        ends = self._read_counters() if self._counters else []
+        report = []
+        for i, s in enumerate(self.shards):
+            start, end = (self._counters[i], ends[i]) if ends else (None, None)
+            server = (shard_load.saturation(start, end, s.target.caps.max_threads)
+                      if isinstance(start, shard_load.Counters)
+                      and isinstance(end, shard_load.Counters) else {})
+            report.append({"shard": s.number, "weight": s.weight, "replica": s.replica.name,
+                           "url": s.target.url.display, "rows": s.rows, "bytes": s.bytes,
+                           "seconds": round(s.seconds, 3), "server": server})
+        return report
 
     def flush(self) -> None:
         """The shards' waiting `loaded` events (and the entry's), at once."""
@@ -361,6 +411,32 @@ class ClusterTarget:
                       for s in self.shards])
 
 
+def _adding_up(by_file: dict[str, dict[int, int]] | None,
+               shares: dict[int, tuple[int, list[str]]]) -> dict[str, dict[int, int]] | None:
+    """`by_file` if, for every shard, its files' rows add up to its stage's."""
+    if by_file is None:
+        return None
+    for number, (rows, _) in shares.items():
+        if sum(per.get(number, 0) for per in by_file.values()) != rows:
+            return None
+    return by_file
+
+
+def _file_shares(job: LoadJob, shard: int, rows: int, read: int, done: list[Loaded],
+                 by_file: dict[str, dict[int, int]] | None) -> list[tuple[SourceFile, int, int]]:
+    """(file, its rows on `shard`, its bytes in proportion) for each file of the job:
+    one file has the shard's `rows` and `read`."""
+    if len(job.files) == 1:
+        return [(job.file, rows, read)]
+    if by_file is None:
+        return [(f, 0, read) for f in job.files]
+    out = []
+    for f, d in zip(job.files, done, strict=True):
+        mine = by_file.get(f.uri, {}).get(shard, 0)
+        out.append((f, mine, d.bytes * mine // max(1, d.rows)))
+    return out
+
+
 def _release_and_flush(shard: Shard) -> None:
     shard.target.committer.release_kept()
     shard.target.flush()
@@ -371,62 +447,6 @@ def _release_and_close(shard: Shard) -> None:
         shard.target.committer.release_kept()
     finally:
         shard.target.close()
-
-
-class ClusterLedger(Ledger):
-    """The cluster's ledger: a unit is loaded when every shard it goes to says so in
-    its own ledger (`chload.files` on that shard, under the local table's name). Run
-    history and failures before any shard was reached stay on the target server."""
-
-    def __init__(self, cluster: ClusterTarget) -> None:
-        super().__init__(cluster.entry)
-        self.cluster = cluster
-
-    def _ours(self, target_table: str) -> bool:
-        return target_table == self.cluster.table_display
-
-    def table_state(self, database: str, name: str) -> TableState:
-        c = self.cluster
-        if not self._ours(f"{database}.{name}"):
-            return super().table_state(database, name)
-        local = split_table(c.local)
-        states = at_once([lambda s=s: s.target.ledger.table_state(*local)  # type: ignore[misc]
-                          for s in c.shards])
-        return TableState(all(s.exists for s in states), "", sum(s.rows for s in states))
-
-    def loaded(self, target_table: str) -> dict[str, FileEvent]:
-        """uri -> event (rows summed over shards) of the units every shard it goes to
-        has loaded at one identity; read once per run and kept for `_pending`."""
-        c = self.cluster
-        if not self._ours(target_table):
-            return super().loaded(target_table)
-        found_on = at_once([(lambda s=s: s.target.ledger.loaded(  # type: ignore[misc]
-            s.local_display)) for s in c.shards])
-        c.known.by_shard = {s.number: f for s, f in zip(c.shards, found_on, strict=True)}
-        found: dict[str, FileEvent] = {}
-        uris = {u for events in c.known.by_shard.values() for u in events}
-        for uri in uris:
-            events = [c.known.by_shard[s.number].get(uri) for s in c.responsible(uri)]
-            if any(e is None for e in events) or len({e.identity for e in events if e}) > 1:
-                continue
-            first = [e for e in events if e is not None]
-            found[uri] = replace(first[0], target_table=target_table,
-                                 rows=sum(e.rows for e in first))
-        return found
-
-    def latest(self, target_table: str, states: Sequence[str] | None = None) -> list[FileEvent]:
-        """Each unit's latest event on each shard, named `<table> shard N` (the per-shard
-        rows of `chload files`), then the target server's failures before any shard."""
-        c = self.cluster
-        if not self._ours(target_table):
-            return super().latest(target_table, states)
-        out: list[FileEvent] = []
-        for shard in c.shards:
-            out += [replace(e, target_table=f"{target_table} shard {shard.number}")
-                    for e in shard.target.ledger.latest(shard.local_display, states)]
-        out += [e for e in super().latest(target_table, states) if e.state == FAILED]
-        return sorted(out, key=lambda e: (e.uri, e.target_table))
-
 
 
 @contextlib.contextmanager

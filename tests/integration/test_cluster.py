@@ -85,6 +85,9 @@ def test_rows_by_key_land_on_their_shard_exactly_once(weighted_cluster, trips):
     assert {s["shard"]: s["rows"] for s in report["shards"]} == {
         n: rows for n, (rows, _) in shards.items()}
     assert 1.7 < shards[2][0] / shards[1][0] < 2.3  # weight 2 against weight 1
+    for shard in report["shards"]:  # each shard's server, read from its own counters
+        assert shard["server"]["cpu_s"] > 0, shard
+        assert shard["server"]["bottleneck"] in ("cpu", "disk", "waiting"), shard
 
     again = load(weighted_cluster, trips, table)
     assert again.returncode == 0, again.stderr
@@ -115,7 +118,18 @@ def test_kill_twice_mid_load_then_finish(weighted_cluster, trips):
     assert killed.returncode == -9, killed.stderr
     done = load(weighted_cluster, trips, table)
     assert done.returncode == 0, done.stderr
-    assert_exact_and_placed(weighted_cluster, table, "intHash64(id)")
+    shards = assert_exact_and_placed(weighted_cluster, table, "intHash64(id)")
+    # each file's rows per shard, batches included: a file's shares add up to the file,
+    # and each shard's files to that shard's rows
+    listed = json.loads(run_chload("files", "--table", table, "--target",
+                                   f"{weighted_cluster.servers[0].url}/default",
+                                   *shard_args(weighted_cluster), "--json").stdout)
+    by_file: dict[str, int] = {}
+    for row in listed:
+        by_file[row["uri"]] = by_file.get(row["uri"], 0) + row["rows"]
+    assert sorted(by_file.values()) == [ROWS] * FILES, listed
+    for number, (rows, _) in shards.items():
+        assert sum(r["rows"] for r in listed if r["table"].endswith(f"shard {number}")) == rows
     for server in weighted_cluster.servers:  # no stage or route table left behind
         assert q(server, "SELECT count() FROM system.tables WHERE database = 'chload' AND "
                          "startsWith(name, 'stage_')") == "0"
