@@ -63,7 +63,7 @@ from chload.targets.cluster_layout import (
 )
 from chload.targets.cluster_layout import parse_distributed as parse_distributed
 from chload.targets.cluster_layout import plain_engine as plain_engine
-from chload.targets.cluster_ledger import ClusterLedger
+from chload.targets.cluster_ledger import LAYOUT, ClusterLedger, layout_of
 from chload.targets.commit import stage_name
 from chload.targets.locks import sha1
 from chload.targets.server import ServerTarget, _event
@@ -100,6 +100,7 @@ class ClusterTarget:
         # less per unit and shard, released at the end of the run (flush).
         self._routing = 0
         self._counters: list[shard_load.Counters | BaseException] = []  # at open_streams
+        self.relayout: list[int] = []  # shards whose layout record to write (cluster_ledger)
         self._routing_guard = threading.Lock()
         for shard in shards:
             shard.target.committer.linger = lambda: self._routing > 1
@@ -157,8 +158,18 @@ class ClusterTarget:
         """Also the first reading of each shard server's counters (shard_load.py)."""
         for shard in self.shards:
             shard.target.open_streams(streams)
+        self._record_layout()
         self._counters = self._read_counters()
         return self.entry.open_streams(streams)
+
+    def _record_layout(self) -> None:
+        """Before any row: the layout this run routes by, on each shard whose record of
+        it is missing or old (cluster_ledger.check_layout allowed the change)."""
+        layout = layout_of(self)
+        at_once([(lambda s=s: s.target.ledger.record([FileEvent(  # type: ignore[misc]
+            f"{s.local_display} {LAYOUT}", LAYOUT, layout, 0, 0, LAYOUT)]))
+            for s in self.shards if s.number in self.relayout])
+        self.relayout = []
 
     def _read_counters(self) -> list[shard_load.Counters | BaseException]:
         return each_at_once([(lambda s=s: shard_load.read(s.target.rows))  # type: ignore[misc]

@@ -5,20 +5,33 @@ name), written by its own committer; this view answers the loader's questions ab
 the Distributed table from them (targets/cluster.py: a unit is loaded when every shard
 it goes to has it, at one identity), while the run history and failures before any
 shard was reached stay on the target server's ledger.
+
+Each shard also keeps the sharding layout its units were routed by (cluster, key, by
+row or file, shards and weights): one record (target_table `<local> layout`, state
+`layout`), written before a load whose layout differs. Rows already placed by one
+layout and a rerun by another would be lost or doubled (a unit some shards committed
+before a crash gets the rest of its rows routed by the new key or weights), so a load
+whose layout changed is refused, in one line, where loaded units could be moved:
+a unit loaded on some shards but not others; any loaded unit when the shards or the
+mode (row/file) changed. Units loaded whole under the old layout stay loaded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from chload.errors import UsageError
 from chload.ledger import FAILED, FileEvent, Ledger, TableState
 from chload.schema import split_table
 from chload.targets.cluster_layout import at_once
 
 if TYPE_CHECKING:
     from chload.targets.cluster import ClusterTarget
+
+LAYOUT = "layout"  # the state of a shard's layout record
 
 
 class ClusterLedger(Ledger):
@@ -48,13 +61,21 @@ class ClusterLedger(Ledger):
         c = self.cluster
         if not self._ours(target_table):
             return super().loaded(target_table)
-        found_on = at_once([(lambda s=s: s.target.ledger.loaded(  # type: ignore[misc]
-            s.local_display)) for s in c.shards])
-        c.known.by_shard = {s.number: f for s, f in zip(c.shards, found_on, strict=True)}
+        found_on = at_once([(lambda s=s: (  # type: ignore[misc]
+            s.target.ledger.loaded(s.local_display),
+            s.target.ledger.latest(f"{s.local_display} {LAYOUT}", [LAYOUT])))
+            for s in c.shards])
+        c.known.by_shard = {s.number: f[0] for s, f in zip(c.shards, found_on, strict=True)}
+        c.relayout = check_layout(c, {s.number: f[1][-1].identity if f[1] else None
+                                      for s, f in zip(c.shards, found_on, strict=True)})
         found: dict[str, FileEvent] = {}
         uris = {u for events in c.known.by_shard.values() for u in events}
         for uri in uris:
-            events = [c.known.by_shard[s.number].get(uri) for s in c.responsible(uri)]
+            events: list[FileEvent | None] = [c.known.by_shard[s.number].get(uri)
+                                              for s in c.responsible(uri)]
+            if c.by_file:  # a whole unit: loaded wherever it is (weights may have moved)
+                events = [next(e for e in (c.known.by_shard[s.number].get(uri)
+                                           for s in c.shards) if e is not None)]
             if any(e is None for e in events) or len({e.identity for e in events if e}) > 1:
                 continue
             first = [e for e in events if e is not None]
@@ -74,3 +95,51 @@ class ClusterLedger(Ledger):
                     for e in shard.target.ledger.latest(shard.local_display, states)]
         out += [e for e in super().latest(target_table, states) if e.state == FAILED]
         return sorted(out, key=lambda e: (e.uri, e.target_table))
+
+
+def layout_of(c: ClusterTarget) -> str:
+    """The layout units are routed by, as stored in a shard's layout record."""
+    return json.dumps({"cluster": c.dist.cluster, "key": c.dist.key or "",
+                       "by": "file" if c.by_file else "row",
+                       "shards": {str(s.number): s.weight for s in c.shards}}, sort_keys=True)
+
+
+def _describe(layout: dict) -> str:
+    weights = "/".join(str(w) for _, w in sorted(layout["shards"].items(), key=lambda i: int(i[0])))
+    return f"key {layout['key'] or '-'} by {layout['by']}, shards weighted {weights}"
+
+
+def check_layout(c: ClusterTarget, recorded: dict[int, str | None]) -> list[int]:
+    """Refuse a load whose layout differs from the one loaded units were routed by,
+    where that could move rows (module docstring); return the shards whose layout
+    record is to be written (missing or old) before loading."""
+    current = layout_of(c)
+    old_text = next((r for r in recorded.values() if r is not None and r != current), None)
+    stale = [n for n, r in recorded.items() if r != current]
+    if old_text is None:
+        return stale
+    old, new = json.loads(old_text), json.loads(current)
+    has = {n: set(events) for n, events in c.known.by_shard.items()}
+    loaded = set().union(*has.values())
+    changed = f"({_describe(old)}, now {_describe(new)})"
+    if loaded and (old["shards"].keys() != new["shards"].keys()
+                   or (old["by"], new["by"]) == ("file", "row")):
+        raise UsageError(
+            f"table {c.table_display}: its sharding changed since units were loaded "
+            f"{changed}: their rows stay where the old layout put them and a load now "
+            "could place them twice; restore the old layout, or load into a fresh table")
+    if old["by"] == "row":
+        for uri in sorted(loaded):
+            lacking = sorted(n for n in has if uri not in has[n])
+            if lacking:
+                raise UsageError(
+                    f"table {c.table_display}: its sharding changed {changed} since {uri} "
+                    f"was loaded on shards {_listed(n for n in sorted(has) if n not in lacking)}"
+                    f" but not {_listed(lacking)}: routing it again now would "
+                    "move rows; finish it with the old layout, or drop its rows on every "
+                    "shard and load it with --force")
+    return stale
+
+
+def _listed(numbers: Iterable[int]) -> str:
+    return ", ".join(str(n) for n in numbers)
