@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -64,6 +63,7 @@ from chload.targets.cluster_layout import (
 from chload.targets.cluster_layout import parse_distributed as parse_distributed
 from chload.targets.cluster_layout import plain_engine as plain_engine
 from chload.targets.cluster_ledger import LAYOUT, ClusterLedger, layout_of
+from chload.targets.cluster_round import Round
 from chload.targets.commit import stage_name
 from chload.targets.locks import sha1
 from chload.targets.server import ServerTarget, _event
@@ -95,15 +95,11 @@ class ClusterTarget:
                         f"({len(shards)} shards, by {'file' if by_file else 'row'})")
         self.ledger: Ledger = ClusterLedger(self)
         self.known = _Loaded()
-        # Units routed at once: while another is under way, each shard keeps its commit
-        # lock after a commit for the next (commit.py `linger`): a lock CREATE and DROP
-        # less per unit and shard, released at the end of the run (flush).
-        self._routing = 0
+        self._round = Round()
         self._counters: list[shard_load.Counters | BaseException] = []  # at open_streams
         self.relayout: list[int] = []  # shards whose layout record to write (cluster_ledger)
-        self._routing_guard = threading.Lock()
         for shard in shards:
-            shard.target.committer.linger = lambda: self._routing > 1
+            shard.target.committer.linger = lambda: self._round.in_flight > 1
         # The route writes each shard's rows to the replica chload chose: the target
         # server's own, else the first that answers, as in_order picks (open_shards).
         entry.insert_params = {"insert_distributed_sync": "1", "load_balancing": "in_order",
@@ -186,7 +182,7 @@ class ClusterTarget:
         if budget.allows_errors:
             return [(f,) for f in files]
         if not self.by_file:
-            return self.entry.plan_batches(files, budget, workers)
+            return self._round.plan(self.entry.plan_batches(files, budget, workers))
         groups: list[tuple[SourceFile, ...]] = []
         for shard in self.shards:
             mine = [f for f in files if self.shard_of(f.uri) is shard]
@@ -237,15 +233,11 @@ class ClusterTarget:
     def _split(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
         """Route the unit's rows through a temporary Distributed table into a stage on
         every shard, then commit each stage where the shard's ledger lacks the unit."""
-        with self._routing_guard:
-            self._routing += 1
-        try:
-            return self._split_one(job, progress)
-        finally:
-            with self._routing_guard:
-                self._routing -= 1
+        with self._round.unit() as routed:
+            return self._split_one(job, progress, routed)
 
-    def _split_one(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
+    def _split_one(self, job: LoadJob, progress: Callable[[int, int], None],
+                   routed: Callable[[], None]) -> list[Loaded]:
         todo = self._pending(job) or list(self.shards)  # none lacks it: --force
         stage = stage_name(self.entry.committer.holder)
         route = f"{stage}r"
@@ -266,8 +258,10 @@ class ClusterTarget:
         except ChloadError:
             self._drop(stage, route, self.shards)
             raise
+        routed()
         progress(sum(d.rows for d in done), sum(d.bytes for d in done))
         crash_point("cluster-routed")  # every shard's stage filled, none committed
+        self._round.wait_if_last()
         committed, failed = self._commit(job, stage, todo, shares, done, by_file)
         # A commit that may have attached (not a TransientError) keeps its stage: the
         # shard's next run settles it by the mark rule (commit.py rule 4).
