@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -98,6 +99,9 @@ class ClusterTarget:
         self._round = Round()
         self._counters: list[shard_load.Counters | BaseException] = []  # at open_streams
         self.relayout: list[int] = []  # shards whose layout record to write (cluster_ledger)
+        self._layout_written = threading.Event()
+        self._layout_written.set()
+        self._layout_error: ChloadError | None = None
         for shard in shards:
             shard.target.committer.linger = lambda: self._round.in_flight > 1
         # The route writes each shard's rows to the replica chload chose: the target
@@ -159,13 +163,32 @@ class ClusterTarget:
         return self.entry.open_streams(streams)
 
     def _record_layout(self) -> None:
-        """Before any row: the layout this run routes by, on each shard whose record of
-        it is missing or old (cluster_ledger.check_layout allowed the change)."""
-        layout = layout_of(self)
-        at_once([(lambda s=s: s.target.ledger.record([FileEvent(  # type: ignore[misc]
-            f"{s.local_display} {LAYOUT}", LAYOUT, layout, 0, 0, LAYOUT)]))
-            for s in self.shards if s.number in self.relayout])
+        """The layout this run routes by, on each shard whose record of it is missing or
+        old (cluster_ledger.check_layout allowed the change): written while the first
+        units route, and waited for before any commit (`_layout_recorded`)."""
+        layout, shards = layout_of(self), [s for s in self.shards if s.number in self.relayout]
         self.relayout = []
+        if not shards:
+            return
+        self._layout_written.clear()
+
+        def write() -> None:
+            try:
+                at_once([(lambda s=s: s.target.ledger.record([FileEvent(  # type: ignore[misc]
+                    f"{s.local_display} {LAYOUT}", LAYOUT, layout, 0, 0, LAYOUT)]))
+                    for s in shards])
+            except ChloadError as exc:
+                self._layout_error = exc
+            finally:
+                self._layout_written.set()
+
+        threading.Thread(target=write, name="chload_layout", daemon=True).start()
+
+    def _layout_recorded(self) -> None:
+        """Before a commit: the layout record is written (or its error raised)."""
+        self._layout_written.wait()
+        if self._layout_error is not None:
+            raise self._layout_error
 
     def _read_counters(self) -> list[shard_load.Counters | BaseException]:
         return each_at_once([(lambda s=s: shard_load.read(s.target.rows))  # type: ignore[misc]
@@ -220,6 +243,7 @@ class ClusterTarget:
                   load: Callable[[ServerTarget, LoadJob, Callable[[int, int], None]],
                                  list[Loaded]]) -> list[Loaded]:
         """A whole unit (or batch) into its shard's local table, as into one server."""
+        self._layout_recorded()
         shard = self.shard_of(job.file.uri)
         started = time.monotonic()
         done = load(shard.target, self._local_job(job), progress)
@@ -262,6 +286,7 @@ class ClusterTarget:
         progress(sum(d.rows for d in done), sum(d.bytes for d in done))
         crash_point("cluster-routed")  # every shard's stage filled, none committed
         self._round.wait_if_last()
+        self._layout_recorded()
         committed, failed = self._commit(job, stage, todo, shares, done, by_file)
         # A commit that may have attached (not a TransientError) keeps its stage: the
         # shard's next run settles it by the mark rule (commit.py rule 4).

@@ -61,13 +61,13 @@ class ClusterLedger(Ledger):
         c = self.cluster
         if not self._ours(target_table):
             return super().loaded(target_table)
-        found_on = at_once([(lambda s=s: (  # type: ignore[misc]
-            s.target.ledger.loaded(s.local_display),
-            s.target.ledger.latest(f"{s.local_display} {LAYOUT}", [LAYOUT])))
-            for s in c.shards])
-        c.known.by_shard = {s.number: f[0] for s, f in zip(c.shards, found_on, strict=True)}
-        c.relayout = check_layout(c, {s.number: f[1][-1].identity if f[1] else None
-                                      for s, f in zip(c.shards, found_on, strict=True)})
+        n = len(c.shards)
+        found_on = at_once([(lambda s=s: s.target.ledger.loaded(
+            s.local_display)) for s in c.shards] + [(lambda s=s: s.target.ledger.latest(
+                f"{s.local_display} {LAYOUT}", [LAYOUT])) for s in c.shards])
+        c.known.by_shard = {s.number: f for s, f in zip(c.shards, found_on[:n], strict=True)}
+        c.relayout = check_layout(c, {s.number: f[-1].identity if f else None
+                                      for s, f in zip(c.shards, found_on[n:], strict=True)})
         found: dict[str, FileEvent] = {}
         uris = {u for events in c.known.by_shard.values() for u in events}
         for uri in uris:
