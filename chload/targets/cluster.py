@@ -63,7 +63,13 @@ from chload.targets.cluster_layout import (
 )
 from chload.targets.cluster_layout import parse_distributed as parse_distributed
 from chload.targets.cluster_layout import plain_engine as plain_engine
-from chload.targets.cluster_ledger import LAYOUT, ClusterLedger, layout_of
+from chload.targets.cluster_ledger import (
+    LAYOUT,
+    ClusterLedger,
+    adding_up,
+    file_shares,
+    layout_of,
+)
 from chload.targets.cluster_round import Round
 from chload.targets.commit import stage_name
 from chload.targets.locks import sha1
@@ -102,6 +108,8 @@ class ClusterTarget:
         self._layout_written = threading.Event()
         self._layout_written.set()
         self._layout_error: ChloadError | None = None
+        self._busy_since: dict[int, list] = {}  # shard -> [commits under way, since when]
+        self._busy_guard = threading.Lock()
         for shard in shards:
             shard.target.committer.linger = lambda: self._round.in_flight > 1
         # The route writes each shard's rows to the replica chload chose: the target
@@ -245,10 +253,9 @@ class ClusterTarget:
         """A whole unit (or batch) into its shard's local table, as into one server."""
         self._layout_recorded()
         shard = self.shard_of(job.file.uri)
-        started = time.monotonic()
-        done = load(shard.target, self._local_job(job), progress)
-        self._count(shard, sum(d.rows for d in done), sum(d.bytes for d in done),
-                    time.monotonic() - started)
+        with self._busy(shard):
+            done = load(shard.target, self._local_job(job), progress)
+        self._count(shard, sum(d.rows for d in done), sum(d.bytes for d in done))
         return done
 
     def _local_job(self, job: LoadJob) -> LoadJob:
@@ -278,7 +285,7 @@ class ClusterTarget:
                                for s in self.shards])
             shares = {s.number: share for s, share in zip(self.shards, sealed, strict=True)}
             identity.check_read(job)
-            by_file = _adding_up(by_file, shares)
+            by_file = adding_up(by_file, shares)
         except ChloadError:
             self._drop(stage, route, self.shards)
             raise
@@ -324,8 +331,8 @@ class ClusterTarget:
         """A gathered batch's rows per file and shard: the key evaluated by the loader's
         engine on the rows as cast to the table's types, modulo the total weight, onto
         the weight ranges. The route's placement stays the server's; these counts are
-        kept only if they add up to every shard's stage (`_adding_up`); an engine that
-        cannot evaluate the key leaves them out (rows 0 per file, as before)."""
+        kept only if they add up to every shard's stage (cluster_ledger.adding_up); an
+        engine that cannot evaluate the key leaves them out (rows 0 per file)."""
         try:
             rows = self.entry.engine.rows(
                 f"SELECT _chload_file AS f, toUInt64(({self.dist.key}) % {self.total_weight}) "
@@ -353,21 +360,21 @@ class ClusterTarget:
 
         def one(shard: Shard) -> tuple[Shard, bool | BaseException]:
             rows, partitions = shares[shard.number]
-            started = time.monotonic()
             events = [_event(replace(job, file=f, table_display=shard.local_display), "",
                              rows=mine, read=bytes_read) for f, mine, bytes_read in
-                      _file_shares(job, shard.number, rows, read * rows // total, done,
+                      file_shares(job, shard.number, rows, read * rows // total, done,
                                    by_file)]
             try:
-                ok = shard.target.committer.commit(
-                    self.local, shard.local_display, stage, partitions, events,
-                    shard.target._started_ns)
+                with self._busy(shard):
+                    ok = shard.target.committer.commit(
+                        self.local, shard.local_display, stage, partitions, events,
+                        shard.target._started_ns)
             except ChloadError as exc:
                 return shard, exc
             if ok:
                 shard.target.loaded.add(e.moved(LOADED) for e in events)
                 self._remember(shard, events)
-                self._count(shard, rows, read * rows // total, time.monotonic() - started)
+                self._count(shard, rows, read * rows // total)
             return shard, ok
 
         from chload.runner import on_threads
@@ -398,10 +405,28 @@ class ClusterTarget:
         for event in events:
             self.known.by_shard.setdefault(shard.number, {})[event.uri] = event
 
-    def _count(self, shard: Shard, rows: int, read: int, seconds: float) -> None:
+    def _count(self, shard: Shard, rows: int, read: int) -> None:
         shard.rows += rows
         shard.bytes += read
-        shard.seconds += seconds
+
+    @contextlib.contextmanager
+    def _busy(self, shard: Shard) -> Iterator[None]:
+        """A commit (by file: a load) on `shard`; its `seconds` are the wall time with at
+        least one under way (units committing at once count once)."""
+        with self._busy_guard:
+            if shard.number not in self._busy_since:
+                self._busy_since[shard.number] = [0, time.monotonic()]
+            busy = self._busy_since[shard.number]
+            busy[0] += 1
+            if busy[0] == 1:
+                busy[1] = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._busy_guard:
+                busy[0] -= 1
+                if busy[0] == 0:
+                    shard.seconds += time.monotonic() - busy[1]
 
     def _drop(self, stage: str, route: str, shards: Sequence[Shard]) -> None:
         """Drop the route and the stages, at once (one the server did not drop now is
@@ -439,32 +464,6 @@ class ClusterTarget:
         """Close the shards' targets (the entry is its opener's to close)."""
         each_at_once([(lambda s=s: _release_and_close(s))  # type: ignore[misc]
                       for s in self.shards])
-
-
-def _adding_up(by_file: dict[str, dict[int, int]] | None,
-               shares: dict[int, tuple[int, list[str]]]) -> dict[str, dict[int, int]] | None:
-    """`by_file` if, for every shard, its files' rows add up to its stage's."""
-    if by_file is None:
-        return None
-    for number, (rows, _) in shares.items():
-        if sum(per.get(number, 0) for per in by_file.values()) != rows:
-            return None
-    return by_file
-
-
-def _file_shares(job: LoadJob, shard: int, rows: int, read: int, done: list[Loaded],
-                 by_file: dict[str, dict[int, int]] | None) -> list[tuple[SourceFile, int, int]]:
-    """(file, its rows on `shard`, its bytes in proportion) for each file of the job:
-    one file has the shard's `rows` and `read`."""
-    if len(job.files) == 1:
-        return [(job.file, rows, read)]
-    if by_file is None:
-        return [(f, 0, read) for f in job.files]
-    out = []
-    for f, d in zip(job.files, done, strict=True):
-        mine = by_file.get(f.uri, {}).get(shard, 0)
-        out.append((f, mine, d.bytes * mine // max(1, d.rows)))
-    return out
 
 
 def _release_and_flush(shard: Shard) -> None:

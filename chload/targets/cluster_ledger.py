@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 from chload.errors import UsageError
 from chload.ledger import FAILED, FileEvent, Ledger, TableState
 from chload.schema import split_table
+from chload.sources import SourceFile
+from chload.targets import Loaded, LoadJob
 from chload.targets.cluster_layout import at_once
 
 if TYPE_CHECKING:
@@ -143,3 +145,29 @@ def check_layout(c: ClusterTarget, recorded: dict[int, str | None]) -> list[int]
 
 def _listed(numbers: Iterable[int]) -> str:
     return ", ".join(str(n) for n in numbers)
+
+
+def adding_up(by_file: dict[str, dict[int, int]] | None,
+               shares: dict[int, tuple[int, list[str]]]) -> dict[str, dict[int, int]] | None:
+    """`by_file` if, for every shard, its files' rows add up to its stage's."""
+    if by_file is None:
+        return None
+    for number, (rows, _) in shares.items():
+        if sum(per.get(number, 0) for per in by_file.values()) != rows:
+            return None
+    return by_file
+
+
+def file_shares(job: LoadJob, shard: int, rows: int, read: int, done: list[Loaded],
+                 by_file: dict[str, dict[int, int]] | None) -> list[tuple[SourceFile, int, int]]:
+    """(file, its rows on `shard`, its bytes in proportion) for each file of the job:
+    one file has the shard's `rows` and `read`."""
+    if len(job.files) == 1:
+        return [(job.file, rows, read)]
+    if by_file is None:
+        return [(f, 0, read) for f in job.files]
+    out = []
+    for f, d in zip(job.files, done, strict=True):
+        mine = by_file.get(f.uri, {}).get(shard, 0)
+        out.append((f, mine, d.bytes * mine // max(1, d.rows)))
+    return out
