@@ -96,7 +96,7 @@ def print_summary(report: LoadReport) -> None:
         cpu = f"{sat['cpu_util_pct']:.0f}%" if sat.get("cpu_util_pct") is not None else "?"
         print(f"  saturation: CPU {cpu} of {sat['cores']} cores{disk}; "
               f"limit: {sat['bottleneck']}")
-    for shard in report.shards:
+    for shard in report.shards if report.files_loaded else []:
         print(f"  {_shard_line(shard)}")
     if len(report.shards) > 1 and report.files_loaded:
         slowest = max(report.shards, key=lambda s: s["seconds"])
