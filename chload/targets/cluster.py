@@ -104,6 +104,7 @@ class ClusterTarget:
         self.known = _Loaded()
         self._round = Round()
         self._counters: list[shard_load.Counters | BaseException] = []  # at open_streams
+        self._counting: threading.Thread | None = None
         self.relayout: list[int] = []  # shards whose layout record to write (cluster_ledger)
         self._layout_written = threading.Event()
         self._layout_written.set()
@@ -167,7 +168,10 @@ class ClusterTarget:
         for shard in self.shards:
             shard.target.open_streams(streams)
         self._record_layout()
-        self._counters = self._read_counters()
+        self._counting = threading.Thread(  # off the path to the first row (a round trip)
+            target=lambda: setattr(self, "_counters", self._read_counters()),
+            name="chload_counters", daemon=True)
+        self._counting.start()
         return self.entry.open_streams(streams)
 
     def _record_layout(self) -> None:
@@ -443,6 +447,8 @@ class ClusterTarget:
         """Per shard: where, rows and bytes committed this run, seconds committing, and
         how busy its server was meanwhile (`server`: shard_load.saturation; {} when its
         counters could not be read, which fails nothing)."""
+        if self._counting is not None:
+            self._counting.join()
         ends = self._read_counters() if self._counters else []
         report = []
         for i, s in enumerate(self.shards):
