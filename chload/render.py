@@ -102,7 +102,29 @@ def print_summary(report: LoadReport) -> None:
         cpu = f"{sat['cpu_util_pct']:.0f}%" if sat.get("cpu_util_pct") is not None else "?"
         print(f"  saturation: CPU {cpu} of {sat['cores']} cores{disk}; "
               f"limit: {sat['bottleneck']}{_streams(report.concurrency)}")
+    for shard in report.shards if report.files_loaded else []:
+        print(f"  {_shard_line(shard)}")
+    if len(report.shards) > 1 and report.files_loaded:
+        slowest = max(report.shards, key=lambda s: s["seconds"])
+        print(f"  slowest shard: {slowest['shard']} ({slowest['seconds']:.2f} s committing)")
     print_failures(report)
+
+
+def _shard_line(shard: dict) -> str:
+    """A shard's rows, and what its server did meanwhile (targets/shard_load.py)."""
+    line = (f"shard {shard['shard']} ({shard['replica']}): {shard['rows']:,} rows, "
+            f"{shard['seconds']:.2f} s committing")
+    server = shard.get("server") or {}
+    if server.get("cpu_s") is None:
+        return line + "; its server's counters: not read"
+    pct = server["cpu_util_pct"]
+    line += (f"; server CPU {server['cpu_s']:.2f} s ({pct:.0f}% of {server['cores']} "
+             "cores)")
+    if server.get("cpu_wait_pct") is not None:
+        line += f", waited for a CPU {server['cpu_wait_pct']:.0f}% of its run time"
+    if server.get("merges_running"):
+        line += f", {server['merges_running']} merges running"
+    return line + f"; limit: {server['bottleneck']}"
 
 
 def _streams(c: dict[str, Any]) -> str:

@@ -37,30 +37,41 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from chload.errors import ChloadError, DataError, SourceError, TransientError, UsageError
 from chload.faults import crash_point
-from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, TableState
+from chload.ledger import DATABASE, LOADED, FileEvent, Ledger
 from chload.rejects import ErrorBudget
-from chload.schema import Column, display_table, quote_ident, split_table
+from chload.schema import Column, display_table, quote_ident
 from chload.sources import SourceFile, identity
-from chload.targets import Loaded, LoadJob, Target, group_small_files
+from chload.targets import Loaded, LoadJob, Target, group_small_files, shard_load
 from chload.targets.cluster_layout import (
     Distributed,
     Shard,
+    at_once,
     check_locals,
     distributed_of,
+    each_at_once,
     open_shards,
     parse_shard_map,
     read_layout,
 )
 from chload.targets.cluster_layout import parse_distributed as parse_distributed
 from chload.targets.cluster_layout import plain_engine as plain_engine
+from chload.targets.cluster_ledger import (
+    LAYOUT,
+    ClusterLedger,
+    adding_up,
+    file_shares,
+    layout_of,
+)
+from chload.targets.cluster_round import Round
 from chload.targets.commit import stage_name
 from chload.targets.locks import sha1
 from chload.targets.server import ServerTarget, _event
@@ -70,7 +81,6 @@ if TYPE_CHECKING:
     from chload.adaptive import Controller
 
 SHARD_BY = ("auto", "file")
-T = TypeVar("T")
 _RANDOM = re.compile(r"\brand(64|Constant)?\s*\(", re.IGNORECASE)
 
 
@@ -96,6 +106,17 @@ class ClusterTarget:
                         f"({len(shards)} shards, by {'file' if by_file else 'row'})")
         self.ledger: Ledger = ClusterLedger(self)
         self.known = _Loaded()
+        self._round = Round()
+        self._counters: list[shard_load.Counters | BaseException] = []  # at open_streams
+        self._counting: threading.Thread | None = None
+        self.relayout: list[int] = []  # shards whose layout record to write (cluster_ledger)
+        self._layout_written = threading.Event()
+        self._layout_written.set()
+        self._layout_error: ChloadError | None = None
+        self._busy_since: dict[int, list] = {}  # shard -> [commits under way, since when]
+        self._busy_guard = threading.Lock()
+        for shard in shards:
+            shard.target.committer.linger = lambda: self._round.in_flight > 1
         # The route writes each shard's rows to the replica chload chose: the target
         # server's own, else the first that answers, as in_order picks (open_shards).
         entry.insert_params = {"insert_distributed_sync": "1", "load_balancing": "in_order",
@@ -138,20 +159,58 @@ class ClusterTarget:
     def recover(self, table: str) -> int:
         """Settle each shard's crashed commits (its own ledger and lock), and drop this
         machine's orphaned route tables on the target server."""
-        settled = sum(s.target.committer.start(self.local, s.local_display)
-                      for s in self.shards)
-        self.entry.committer.start(self.table, self.table_display)
-        return settled
+        settled = at_once([lambda s=s: s.target.committer.start(
+            self.local, s.local_display) for s in self.shards] + [
+            lambda: self.entry.committer.start(self.table, self.table_display)])
+        return sum(settled[:-1])
 
     def default_workers(self, files: Sequence[SourceFile]) -> int:
         return self.entry.default_workers(files)
 
     def open_streams(self, streams: int, adapt: Controller | None = None) -> int:
+        """Also the first reading of each shard server's counters (shard_load.py)."""
         if adapt is not None:
             adapt.freeze("fixed: a cluster's shards load at the estimate")
         for shard in self.shards:
             shard.target.open_streams(streams)
+        self._record_layout()
+        self._counting = threading.Thread(  # off the path to the first row (a round trip)
+            target=lambda: setattr(self, "_counters", self._read_counters()),
+            name="chload_counters", daemon=True)
+        self._counting.start()
         return self.entry.open_streams(streams)
+
+    def _record_layout(self) -> None:
+        """The layout this run routes by, on each shard whose record of it is missing or
+        old (cluster_ledger.check_layout allowed the change): written while the first
+        units route, and waited for before any commit (`_layout_recorded`)."""
+        layout, shards = layout_of(self), [s for s in self.shards if s.number in self.relayout]
+        self.relayout = []
+        if not shards:
+            return
+        self._layout_written.clear()
+
+        def write() -> None:
+            try:
+                at_once([(lambda s=s: s.target.ledger.record([FileEvent(  # type: ignore[misc]
+                    f"{s.local_display} {LAYOUT}", LAYOUT, layout, 0, 0, LAYOUT)]))
+                    for s in shards])
+            except ChloadError as exc:
+                self._layout_error = exc
+            finally:
+                self._layout_written.set()
+
+        threading.Thread(target=write, name="chload_layout", daemon=True).start()
+
+    def _layout_recorded(self) -> None:
+        """Before a commit: the layout record is written (or its error raised)."""
+        self._layout_written.wait()
+        if self._layout_error is not None:
+            raise self._layout_error
+
+    def _read_counters(self) -> list[shard_load.Counters | BaseException]:
+        return each_at_once([(lambda s=s: shard_load.read(s.target.rows))  # type: ignore[misc]
+                             for s in self.shards])
 
     def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,
                      workers: int) -> list[tuple[SourceFile, ...]]:
@@ -164,7 +223,7 @@ class ClusterTarget:
         if budget.allows_errors:
             return [(f,) for f in files]
         if not self.by_file:
-            return self.entry.plan_batches(files, budget, workers)
+            return self._round.plan(self.entry.plan_batches(files, budget, workers))
         groups: list[tuple[SourceFile, ...]] = []
         for shard in self.shards:
             mine = [f for f in files if self.shard_of(f.uri) is shard]
@@ -173,7 +232,11 @@ class ClusterTarget:
 
     def shard_of(self, uri: str) -> Shard:
         """The shard a whole unit goes to: by weight, from a hash of its uri."""
-        slot = int(sha1(uri.encode()).hexdigest()[:12], 16) % self.total_weight
+        return self._at_slot(int(sha1(uri.encode()).hexdigest()[:12], 16) % self.total_weight)
+
+    def _at_slot(self, slot: int) -> Shard:
+        """The shard whose weight range holds `slot` (as the Distributed engine maps
+        `key % total weight`)."""
         for shard in self.shards:
             if slot < shard.weight:
                 return shard
@@ -198,11 +261,11 @@ class ClusterTarget:
                   load: Callable[[ServerTarget, LoadJob, Callable[[int, int], None]],
                                  list[Loaded]]) -> list[Loaded]:
         """A whole unit (or batch) into its shard's local table, as into one server."""
+        self._layout_recorded()
         shard = self.shard_of(job.file.uri)
-        started = time.monotonic()
-        done = load(shard.target, self._local_job(job), progress)
-        self._count(shard, sum(d.rows for d in done), sum(d.bytes for d in done),
-                    time.monotonic() - started)
+        with self._busy(shard):
+            done = load(shard.target, self._local_job(job), progress)
+        self._count(shard, sum(d.rows for d in done), sum(d.bytes for d in done))
         return done
 
     def _local_job(self, job: LoadJob) -> LoadJob:
@@ -211,28 +274,37 @@ class ClusterTarget:
     def _split(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
         """Route the unit's rows through a temporary Distributed table into a stage on
         every shard, then commit each stage where the shard's ledger lacks the unit."""
+        with self._round.unit() as routed:
+            return self._split_one(job, progress, routed)
+
+    def _split_one(self, job: LoadJob, progress: Callable[[int, int], None],
+                   routed: Callable[[], None]) -> list[Loaded]:
         todo = self._pending(job) or list(self.shards)  # none lacks it: --force
         stage = stage_name(self.entry.committer.holder)
         route = f"{stage}r"
         try:
             job = identity.as_read(job)
             self.entry._streams.stage_turn()
-            _at_once([(lambda s=s: s.target.command(
+            at_once([(lambda s=s: s.target.command(
                 f"CREATE TABLE {DATABASE}.{stage} AS {self.local}{s.stage_engine}"))
                 for s in self.shards] + [lambda: self.entry.command(
                     f"CREATE TABLE {DATABASE}.{route} AS {self.table} ENGINE = Distributed("
                     f"{quote_ident(self.dist.cluster)}, {DATABASE}, {stage}, {self.dist.key})")])
-            done = self._route(job, route, stage)
-            sealed = _at_once([lambda s=s: seal(s.target, stage)  # type: ignore[misc]
+            done, by_file = self._route(job, route, stage)
+            sealed = at_once([lambda s=s: seal(s.target, stage)  # type: ignore[misc]
                                for s in self.shards])
             shares = {s.number: share for s, share in zip(self.shards, sealed, strict=True)}
             identity.check_read(job)
+            by_file = adding_up(by_file, shares)
         except ChloadError:
             self._drop(stage, route, self.shards)
             raise
+        routed()
         progress(sum(d.rows for d in done), sum(d.bytes for d in done))
         crash_point("cluster-routed")  # every shard's stage filled, none committed
-        committed, failed = self._commit(job, stage, todo, shares, done)
+        self._round.wait_if_last()
+        self._layout_recorded()
+        committed, failed = self._commit(job, stage, todo, shares, done, by_file)
         # A commit that may have attached (not a TransientError) keeps its stage: the
         # shard's next run settles it by the mark rule (commit.py rule 4).
         keep = {n for n, exc in failed.items() if not isinstance(exc, TransientError)}
@@ -245,47 +317,74 @@ class ClusterTarget:
             return [Loaded(sum(shares[n][0] for n in committed), done[0].bytes)]
         return done
 
-    def _route(self, job: LoadJob, route: str, stage: str) -> list[Loaded]:
+    def _route(self, job: LoadJob, route: str, stage: str,
+               ) -> tuple[list[Loaded], dict[str, dict[int, int]] | None]:
         """Fill the route table (the server splits by the key and writes each shard's
-        stage); a batch is gathered in the loader's engine first."""
+        stage); a batch is gathered in the loader's engine first, where each file's rows
+        per shard are counted (`_by_file`)."""
         entry = self.entry
         if job.batch:
-            return entry._gather(job, route)
+            by_file: dict[str, dict[int, int]] = {}
+            done = entry._gather(job, route, lambda memory: by_file.update(
+                self._by_file(memory)))
+            return done, by_file or None
         try:
-            return [Loaded(0, entry._fill(job, route, fallback=False))]
+            return [Loaded(0, entry._fill(job, route, fallback=False))], None
         except DataError:
             if entry.path_for(job) != "raw":
                 raise
             for shard in self.shards:  # 18.16 reads fewer dialects: the loader's engine
                 shard.target.command(f"TRUNCATE TABLE {DATABASE}.{stage}")
-            return [Loaded(0, entry._push(job, route))]
+            return [Loaded(0, entry._push(job, route))], None
+
+    def _by_file(self, memory: str) -> dict[str, dict[int, int]]:
+        """A gathered batch's rows per file and shard: the key evaluated by the loader's
+        engine on the rows as cast to the table's types, modulo the total weight, onto
+        the weight ranges. The route's placement stays the server's; these counts are
+        kept only if they add up to every shard's stage (cluster_ledger.adding_up); an
+        engine that cannot evaluate the key leaves them out (rows 0 per file)."""
+        try:
+            rows = self.entry.engine.rows(
+                f"SELECT _chload_file AS f, toUInt64(({self.dist.key}) % {self.total_weight}) "
+                f"AS slot, count() AS n FROM {memory} GROUP BY f, slot", "batch rows per shard")
+        except ChloadError:
+            return {}
+        found: dict[str, dict[int, int]] = {}
+        for row in rows:
+            shard = self._at_slot(int(row["slot"])).number
+            per = found.setdefault(row["f"], {})
+            per[shard] = per.get(shard, 0) + int(row["n"])
+        return found
 
     def _commit(self, job: LoadJob, stage: str, todo: list[Shard],
                 shares: dict[int, tuple[int, list[str]]], done: list[Loaded],
+                by_file: dict[str, dict[int, int]] | None = None,
                 ) -> tuple[set[int], dict[int, BaseException]]:
         """Each shard's share into its local table with its own ledger entry, the shards
         at once; return the shards that attached theirs, and the errors of those that
         failed. A shard that fails stops nothing of the others: a retry loads only the
-        shards still lacking the unit."""
+        shards still lacking the unit. A batch's files get their own rows of the shard
+        where they were counted (`by_file`), else 0 (the shard's total is right)."""
         read = sum(d.bytes for d in done)
         total = sum(rows for rows, _ in shares.values()) or 1
 
         def one(shard: Shard) -> tuple[Shard, bool | BaseException]:
             rows, partitions = shares[shard.number]
-            started = time.monotonic()
             events = [_event(replace(job, file=f, table_display=shard.local_display), "",
-                             rows=rows if len(job.files) == 1 else 0,
-                             read=read * rows // total) for f in job.files]
+                             rows=mine, read=bytes_read) for f, mine, bytes_read in
+                      file_shares(job, shard.number, rows, read * rows // total, done,
+                                   by_file)]
             try:
-                ok = shard.target.committer.commit(
-                    self.local, shard.local_display, stage, partitions, events,
-                    shard.target._started_ns)
+                with self._busy(shard):
+                    ok = shard.target.committer.commit(
+                        self.local, shard.local_display, stage, partitions, events,
+                        shard.target._started_ns)
             except ChloadError as exc:
                 return shard, exc
             if ok:
                 shard.target.loaded.add(e.moved(LOADED) for e in events)
                 self._remember(shard, events)
-                self._count(shard, rows, read * rows // total, time.monotonic() - started)
+                self._count(shard, rows, read * rows // total)
             return shard, ok
 
         from chload.runner import on_threads
@@ -316,15 +415,33 @@ class ClusterTarget:
         for event in events:
             self.known.by_shard.setdefault(shard.number, {})[event.uri] = event
 
-    def _count(self, shard: Shard, rows: int, read: int, seconds: float) -> None:
+    def _count(self, shard: Shard, rows: int, read: int) -> None:
         shard.rows += rows
         shard.bytes += read
-        shard.seconds += seconds
+
+    @contextlib.contextmanager
+    def _busy(self, shard: Shard) -> Iterator[None]:
+        """A commit (by file: a load) on `shard`; its `seconds` are the wall time with at
+        least one under way (units committing at once count once)."""
+        with self._busy_guard:
+            if shard.number not in self._busy_since:
+                self._busy_since[shard.number] = [0, time.monotonic()]
+            busy = self._busy_since[shard.number]
+            busy[0] += 1
+            if busy[0] == 1:
+                busy[1] = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._busy_guard:
+                busy[0] -= 1
+                if busy[0] == 0:
+                    shard.seconds += time.monotonic() - busy[1]
 
     def _drop(self, stage: str, route: str, shards: Sequence[Shard]) -> None:
         """Drop the route and the stages, at once (one the server did not drop now is
         tried again at close; a stage of a process gone is an orphan the next run drops)."""
-        _at_once([lambda: self.entry._drop(route)] + [
+        at_once([lambda: self.entry._drop(route)] + [
             (lambda s=s: s.target._drop(stage)) for s in shards])  # type: ignore[misc]
 
     def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
@@ -333,93 +450,44 @@ class ClusterTarget:
         return contextlib.nullcontext(self)
 
     def shard_report(self) -> list[dict]:
-        """Per shard: where, rows and bytes committed this run, seconds committing."""
-        return [{"shard": s.number, "weight": s.weight, "replica": s.replica.name,
-                 "url": s.target.url.display, "rows": s.rows, "bytes": s.bytes,
-                 "seconds": round(s.seconds, 3)} for s in self.shards]
+        """Per shard: where, rows and bytes committed this run, seconds committing, and
+        how busy its server was meanwhile (`server`: shard_load.saturation; {} when its
+        counters could not be read, which fails nothing)."""
+        if self._counting is not None:
+            self._counting.join()
+        ends = self._read_counters() if self._counters else []
+        report = []
+        for i, s in enumerate(self.shards):
+            start, end = (self._counters[i], ends[i]) if ends else (None, None)
+            server = (shard_load.saturation(start, end, s.target.caps.max_threads)
+                      if isinstance(start, shard_load.Counters)
+                      and isinstance(end, shard_load.Counters) else {})
+            report.append({"shard": s.number, "weight": s.weight, "replica": s.replica.name,
+                           "url": s.target.url.display, "rows": s.rows, "bytes": s.bytes,
+                           "seconds": round(s.seconds, 3), "server": server})
+        return report
 
     def flush(self) -> None:
-        for shard in self.shards:
-            shard.target.flush()
-        self.entry.flush()
+        """The shards' waiting `loaded` events (and the entry's), at once."""
+        at_once([(lambda s=s: _release_and_flush(s)) for s in self.shards]
+                + [self.entry.flush])
 
     def close(self) -> None:
         """Close the shards' targets (the entry is its opener's to close)."""
-        for shard in self.shards:
-            with contextlib.suppress(ChloadError):
-                shard.target.close()
+        each_at_once([(lambda s=s: _release_and_close(s))  # type: ignore[misc]
+                      for s in self.shards])
 
 
-def _at_once(calls: Sequence[Callable[[], T]]) -> list[T]:
-    """Each call on a thread of its own (one per shard: a round trip each), results in
-    the calls' order; the first error is raised once all are done."""
-    from chload.runner import on_threads
-
-    def one(i: int) -> tuple[int, T | BaseException]:
-        try:
-            return i, calls[i]()
-        except ChloadError as exc:
-            return i, exc
-
-    results = dict(on_threads(one, range(len(calls)), len(calls) or 1))
-    for i in range(len(calls)):
-        if isinstance(results[i], BaseException):
-            raise results[i]  # type: ignore[misc]
-    return [results[i] for i in range(len(calls))]  # type: ignore[misc]
+def _release_and_flush(shard: Shard) -> None:
+    shard.target.committer.release_kept()
+    shard.target.flush()
 
 
-class ClusterLedger(Ledger):
-    """The cluster's ledger: a unit is loaded when every shard it goes to says so in
-    its own ledger (`chload.files` on that shard, under the local table's name). Run
-    history and failures before any shard was reached stay on the target server."""
-
-    def __init__(self, cluster: ClusterTarget) -> None:
-        super().__init__(cluster.entry)
-        self.cluster = cluster
-
-    def _ours(self, target_table: str) -> bool:
-        return target_table == self.cluster.table_display
-
-    def table_state(self, database: str, name: str) -> TableState:
-        c = self.cluster
-        if not self._ours(f"{database}.{name}"):
-            return super().table_state(database, name)
-        local = split_table(c.local)
-        states = [s.target.ledger.table_state(*local) for s in c.shards]
-        return TableState(all(s.exists for s in states), "", sum(s.rows for s in states))
-
-    def loaded(self, target_table: str) -> dict[str, FileEvent]:
-        """uri -> event (rows summed over shards) of the units every shard it goes to
-        has loaded at one identity; read once per run and kept for `_pending`."""
-        c = self.cluster
-        if not self._ours(target_table):
-            return super().loaded(target_table)
-        for shard in c.shards:
-            c.known.by_shard[shard.number] = shard.target.ledger.loaded(shard.local_display)
-        found: dict[str, FileEvent] = {}
-        uris = {u for events in c.known.by_shard.values() for u in events}
-        for uri in uris:
-            events = [c.known.by_shard[s.number].get(uri) for s in c.responsible(uri)]
-            if any(e is None for e in events) or len({e.identity for e in events if e}) > 1:
-                continue
-            first = [e for e in events if e is not None]
-            found[uri] = replace(first[0], target_table=target_table,
-                                 rows=sum(e.rows for e in first))
-        return found
-
-    def latest(self, target_table: str, states: Sequence[str] | None = None) -> list[FileEvent]:
-        """Each unit's latest event on each shard, named `<table> shard N` (the per-shard
-        rows of `chload files`), then the target server's failures before any shard."""
-        c = self.cluster
-        if not self._ours(target_table):
-            return super().latest(target_table, states)
-        out: list[FileEvent] = []
-        for shard in c.shards:
-            out += [replace(e, target_table=f"{target_table} shard {shard.number}")
-                    for e in shard.target.ledger.latest(shard.local_display, states)]
-        out += [e for e in super().latest(target_table, states) if e.state == FAILED]
-        return sorted(out, key=lambda e: (e.uri, e.target_table))
-
+def _release_and_close(shard: Shard) -> None:
+    try:
+        shard.target.committer.release_kept()
+    finally:
+        shard.target.close()
 
 
 @contextlib.contextmanager

@@ -138,6 +138,9 @@ class Committer:
         self.lock: CommitLock = lock or TableLock(sql, self.holder, lease, sleep)
         self._turns: dict[str, _Turn] = {}
         self._guard = threading.Lock()
+        # True while more commits of this run are coming: the lock is then kept after a
+        # group for them (see _holding); a cluster sets it (targets/cluster.py)
+        self.linger: Callable[[], bool] = lambda: False
 
     # -- commit ----------------------------------------------------------------------
     def commit(self, table: str, display: str, stage: str, partitions: Sequence[str] | None,
@@ -300,12 +303,19 @@ class Committer:
         """The table's commit lock around one group commit (or settling); the caller
         holds `turn.mutex`.
 
-        A group that ends while more commits queued meanwhile hands the lock on to them
-        instead of dropping it for them to create again, while the lock is younger than
+        A group that ends while more commits queued meanwhile (or while `linger` says
+        more are coming) hands the lock on to them (keeps it for them) instead of
+        dropping it for them to create again, while the lock is younger than
         a quarter of the lease: a lock older than the lease may be broken by a chload
         elsewhere (rule 3). An error before the body sets `turn.attaching` releases the
         lock; any error after leaves it for the next holder, who settles (rules 1, 4).
         """
+        kept = time.monotonic() - (turn.held_since or 0.0)
+        if turn.held_since is not None and kept >= self.lease / 4:  # kept too long (linger):
+            turn.held_since = None                                   # taken again below
+            if kept < self.lease:  # (an older one may be another loader's by now, rule 3)
+                with contextlib.suppress(ChloadError):
+                    self.lock.release(table)
         if turn.held_since is None:
             self.lock.acquire(table, display)
             turn.held_since = time.monotonic()
@@ -319,12 +329,25 @@ class Committer:
                     self.lock.release(table)
             raise
         with self._guard:
-            passed = (bool(turn.queue)
+            passed = ((bool(turn.queue) or self.linger())
                       and time.monotonic() - turn.held_since < self.lease / 4)
         if not passed:
-            turn.held_since = None
+            self._let_go(table, turn)
+
+    def _let_go(self, table: str, turn: _Turn) -> None:
+        """Release the lock held for `turn` (the caller holds `turn.mutex`)."""
+        held, turn.held_since = turn.held_since, None
+        if held is not None:
             with contextlib.suppress(ChloadError):  # a lock left behind is ours: the
                 self.lock.release(table)             # next holder breaks it (rule 3)
+
+    def release_kept(self) -> None:
+        """Release the locks kept after their groups (`linger`): at the end of a run."""
+        with self._guard:
+            turns = list(self._turns.items())
+        for table, turn in turns:
+            with turn.mutex:
+                self._let_go(table, turn)
 
     def _wait_idle(self, table: str, deadline: float) -> None:
         """Wait until no commit query of ours on `table` runs (an ATTACH whose answer was

@@ -85,6 +85,9 @@ def test_rows_by_key_land_on_their_shard_exactly_once(weighted_cluster, trips):
     assert {s["shard"]: s["rows"] for s in report["shards"]} == {
         n: rows for n, (rows, _) in shards.items()}
     assert 1.7 < shards[2][0] / shards[1][0] < 2.3  # weight 2 against weight 1
+    for shard in report["shards"]:  # each shard's server, read from its own counters
+        assert shard["server"]["cpu_s"] > 0, shard
+        assert shard["server"]["bottleneck"] in ("cpu", "disk", "waiting"), shard
 
     again = load(weighted_cluster, trips, table)
     assert again.returncode == 0, again.stderr
@@ -115,7 +118,18 @@ def test_kill_twice_mid_load_then_finish(weighted_cluster, trips):
     assert killed.returncode == -9, killed.stderr
     done = load(weighted_cluster, trips, table)
     assert done.returncode == 0, done.stderr
-    assert_exact_and_placed(weighted_cluster, table, "intHash64(id)")
+    shards = assert_exact_and_placed(weighted_cluster, table, "intHash64(id)")
+    # each file's rows per shard, batches included: a file's shares add up to the file,
+    # and each shard's files to that shard's rows
+    listed = json.loads(run_chload("files", "--table", table, "--target",
+                                   f"{weighted_cluster.servers[0].url}/default",
+                                   *shard_args(weighted_cluster), "--json").stdout)
+    by_file: dict[str, int] = {}
+    for row in listed:
+        by_file[row["uri"]] = by_file.get(row["uri"], 0) + row["rows"]
+    assert sorted(by_file.values()) == [ROWS] * FILES, listed
+    for number, (rows, _) in shards.items():
+        assert sum(r["rows"] for r in listed if r["table"].endswith(f"shard {number}")) == rows
     for server in weighted_cluster.servers:  # no stage or route table left behind
         assert q(server, "SELECT count() FROM system.tables WHERE database = 'chload' AND "
                          "startsWith(name, 'stage_')") == "0"
@@ -221,3 +235,46 @@ def test_files_in_path_stay_out_of_the_ledger_of_other_tables(weighted_cluster, 
     assert q(weighted_cluster.server(2), f"SELECT count() FROM chload.files WHERE "
                                          f"target_table = 'default.{table}_local' AND "
                                          "state = 'loaded'") == "1"
+
+
+def _mutate(server: services.Service, sql: str, table: str) -> None:
+    """An ALTER ... DELETE, waited for (18.16 runs mutations in the background)."""
+    q(server, sql)
+    deadline = time.monotonic() + 30
+    while q(server, f"SELECT count() FROM system.mutations WHERE table = '{table}' AND "
+                    "NOT is_done") != "0":
+        assert time.monotonic() < deadline, "mutation not done in 30 s"
+        time.sleep(0.05)
+
+
+def test_a_changed_sharding_key_is_refused_while_a_unit_is_half_loaded(weighted_cluster,
+                                                                      trips):
+    """A unit committed on shards 1 and 2 but not 3 (as a crash between shards' commits
+    leaves it), then the Distributed table's key changes: routing it again would place
+    shard 3's share by the new key. Refused in one line; with the old key back, the
+    rerun loads shard 3's share only."""
+    table = make_tables(weighted_cluster, "cityHash64(id)")
+    assert load(weighted_cluster, trips, table).returncode == 0
+    shard3, entry = weighted_cluster.server(3), weighted_cluster.servers[0]
+    uri = q(shard3, f"SELECT any(uri) FROM chload.files WHERE target_table = "
+                    f"'default.{table}_local'")
+    number = int(Path(uri).name.split("_")[1].split(".")[0])  # trips_003.csv.gz: ids 3*ROWS..
+    _mutate(shard3, f"ALTER TABLE chload.files DELETE WHERE target_table = "
+                    f"'default.{table}_local' AND uri = '{uri}'", "files")
+    _mutate(shard3, f"ALTER TABLE default.{table}_local DELETE WHERE intDiv(id, {ROWS}) = "
+                    f"{number}", f"{table}_local")
+    q(entry, f"DROP TABLE default.{table}")
+    q(entry, f"CREATE TABLE default.{table} AS default.{table}_local ENGINE = Distributed("
+             f"{weighted_cluster.name}, default, {table}_local, intHash64(id))")
+    refused = load(weighted_cluster, trips, table)
+    assert refused.returncode == 2, refused.stderr
+    line = refused.stderr.strip().splitlines()[-1]
+    assert "sharding changed" in line and uri in line and "but not 3" in line, line
+    assert "key cityHash64(id) by row" in line and "key intHash64(id) by row" in line, line
+    q(entry, f"DROP TABLE default.{table}")
+    q(entry, f"CREATE TABLE default.{table} AS default.{table}_local ENGINE = Distributed("
+             f"{weighted_cluster.name}, default, {table}_local, cityHash64(id))")
+    done = load(weighted_cluster, trips, table)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["files_loaded"] == 1
+    assert_exact_and_placed(weighted_cluster, table)

@@ -323,6 +323,32 @@ def test_a_lock_held_for_a_quarter_of_the_lease_is_released_not_handed_on() -> N
     assert [s.split()[0] for s in _lock_statements(server)] == ["CREATE", "DROP"] * 2
 
 
+def test_a_lock_kept_while_more_commits_are_coming_is_created_once() -> None:
+    """`linger` (a cluster routing several units): the lock stays between commits that
+    do not overlap, and goes at release_kept, or when it is a quarter of the lease old."""
+    server = FakeServer()
+    c = committer(server)
+    coming = [True]
+    c.linger = lambda: coming[0]
+    for uri in ("a.csv", "b.csv"):
+        assert c.commit(TABLE, DISPLAY, stage_with(server, c.holder, {"all": 1}),
+                        ["all"], [event(uri)], since_ns=0)
+    assert [s.split()[0] for s in _lock_statements(server)] == ["CREATE"]
+    assert _lock_name(TABLE) in server.tables
+    c.release_kept()
+    assert [s.split()[0] for s in _lock_statements(server)] == ["CREATE", "DROP"]
+    assert _lock_name(TABLE) not in server.tables
+    c.lease = 0.0  # a lock a quarter of the lease old is not kept
+    assert c.commit(TABLE, DISPLAY, stage_with(server, c.holder, {"all": 1}),
+                    ["all"], [event("c.csv")], since_ns=0)
+    coming[0] = False
+    assert c.commit(TABLE, DISPLAY, stage_with(server, c.holder, {"all": 1}),
+                    ["all"], [event("d.csv")], since_ns=0)
+    assert [s.split()[0] for s in _lock_statements(server)] == ["CREATE", "DROP"] * 3
+    assert [(e.uri, e.mark) for e in server.events if e.state == "committing"] == [
+        ("a.csv", 3), ("b.csv", 4), ("c.csv", 5), ("d.csv", 6)]
+
+
 def test_an_error_before_the_attach_of_a_handed_on_commit_releases_the_lock() -> None:
     server = FakeServer()
     c = committer(server)
