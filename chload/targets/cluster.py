@@ -5,7 +5,7 @@
         [--shard HOST:TCP_PORT=http://HOST:HTTP_PORT ...] [--shard-by file]
 
 A target is a list of shards (DESIGN principle 6). When --table on a server target is a
-`Distributed(cluster, db, local, key)` table, `for_table` opens one ServerTarget per
+`Distributed(cluster, db, local, key)` table, `for_table` (cluster_open.py) opens one ServerTarget per
 shard (its first replica that answers) with its own ledger (`chload.files` on that
 shard), committer and lock, and loads each shard's local table:
 
@@ -36,7 +36,6 @@ plain MergeTree of the same keys, and ATTACH PARTITION ... FROM replicates on 18
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -55,12 +54,7 @@ from chload.targets.cluster_layout import (
     Distributed,
     Shard,
     at_once,
-    check_locals,
-    distributed_of,
     each_at_once,
-    open_shards,
-    parse_shard_map,
-    read_layout,
 )
 from chload.targets.cluster_layout import parse_distributed as parse_distributed
 from chload.targets.cluster_layout import plain_engine as plain_engine
@@ -80,8 +74,6 @@ from chload.targets.stages import seal
 if TYPE_CHECKING:
     from chload.adaptive import Controller
 
-SHARD_BY = ("auto", "file")
-_RANDOM = re.compile(r"\brand(64|Constant)?\s*\(", re.IGNORECASE)
 
 
 @dataclass(slots=True)
@@ -488,47 +480,3 @@ def _release_and_close(shard: Shard) -> None:
         shard.target.committer.release_kept()
     finally:
         shard.target.close()
-
-
-@contextlib.contextmanager
-def for_table(target: Target, table: str, shard_map: Sequence[tuple[str, str]] = (),
-              shard_by: str = "auto", env: dict[str, str] | None = None,
-              ) -> Iterator[Target]:
-    """`target`, or the ClusterTarget of its Distributed `table` (closed at the end; the
-    server target itself stays its opener's)."""
-    given = parse_shard_map(shard_map)
-    if shard_by not in SHARD_BY:
-        raise UsageError(f"--shard-by {shard_by}: use auto or file")
-    if not isinstance(target, ServerTarget):
-        if given:
-            raise UsageError("--shard: only for a Distributed table on a server target")
-        yield target
-        return
-    dist = distributed_of(target, table)
-    if dist is None:
-        if given:
-            raise UsageError(f"--shard: table {display_table(table)} is not Distributed")
-        yield target
-        return
-    layout = read_layout(target, dist, table)
-    shards = open_shards(target, table, dist, given, env or {}, layout)
-    try:
-        check_locals(shards, dist, table)
-        for shard in shards:
-            several = sum(r.shard == shard.number for r in layout) > 1
-            if several and not shard.engine.startswith("Replicated"):
-                raise UsageError(
-                    f"table {display_table(table)}: shard {shard.number} has several replicas "
-                    f"but its local table is {shard.engine.split('(')[0]}; chload loads one "
-                    "replica per shard (internal_replication): use Replicated*MergeTree")
-        by_file = shard_by == "file" or not dist.key or bool(_RANDOM.search(dist.key))
-        cluster = ClusterTarget(target, table, dist, shards, by_file)
-    except BaseException:
-        for shard in shards:
-            with contextlib.suppress(ChloadError):
-                shard.target.close()
-        raise
-    try:
-        yield cluster
-    finally:
-        cluster.close()

@@ -398,7 +398,7 @@ class ServerTarget(StageFilling):
         """This server, or the cluster of `table`'s shards when it is Distributed."""
         if not shards and shard_by in ("auto", "file") and not self._distributed(table):
             return nullcontext(self)  # the cluster modules unimported: 12 ms of every load
-        from chload.targets.cluster import for_table
+        from chload.targets.cluster_open import for_table
 
         return for_table(self, table, shards, shard_by, dict(env))
 

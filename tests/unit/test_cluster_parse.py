@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 
 from chload.errors import UsageError
-from chload.targets.cluster import (
-    ClusterTarget,
+from chload.targets.cluster import ClusterTarget
+from chload.targets.cluster_layout import (
     Distributed,
     parse_distributed,
     parse_shard_map,
