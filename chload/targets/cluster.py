@@ -5,8 +5,8 @@
         [--shard HOST:TCP_PORT=http://HOST:HTTP_PORT ...] [--shard-by file]
 
 A target is a list of shards (DESIGN principle 6). When --table on a server target is a
-`Distributed(cluster, db, local, key)` table, `for_table` (cluster_open.py) opens one ServerTarget per
-shard (its first replica that answers) with its own ledger (`chload.files` on that
+`Distributed(cluster, db, local, key)` table, `for_table` (cluster_open.py) opens one
+ServerTarget per shard (its first replica that answers) with its own ledger (`chload.files` on that
 shard), committer and lock, and loads each shard's local table:
 
 - **rows** (a deterministic sharding key): per unit, a stage `chload.stage_x` shaped
