@@ -29,26 +29,18 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts",
                                 "services"))
-from common import CACHE, TRIPS_SCHEMA, compile_chload, interleave, make_trips
+from common import CACHE, TRIPS_SCHEMA, compile_chload, interleave, make_trips, query
 
 DB = "bench_adaptive"
 SETTINGS = ("1", "2", "4", "8", "auto")
 STRESS_AT, STRESS_FOR = 1.0, 4.0  # seconds from a load's start
 FIO_AT, FIO_FOR = 6.0, 4.0
 
-
-def query(url: str, sql: str) -> str:
-    request = urllib.request.Request(f"{url}/?{urllib.parse.urlencode({'query': sql})}",
-                                     data=b"", method="POST")
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return response.read().decode()
 
 
 class Disturbance:

@@ -13,6 +13,8 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -117,3 +119,11 @@ def print_ratios(title: str, timings: dict[str, Timing], baseline: str,
         with open(out, "w") as fh:
             json.dump(result, fh, indent=2)
     return result
+
+
+def query(url: str, sql: str, timeout: float = 120) -> str:
+    """One statement to a ClickHouse server over HTTP (POST), its answer as text."""
+    request = urllib.request.Request(f"{url}/?{urllib.parse.urlencode({'query': sql})}",
+                                     data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.read().decode()

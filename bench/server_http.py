@@ -53,6 +53,7 @@ from common import (
     interleave,
     make_trips,
     print_ratios,
+    query,
     time_process,
 )
 
@@ -66,12 +67,6 @@ DB = "bench_http"
 # The table `chload load` creates from these files: chDB infers Int64 for integers.
 WIDE_SCHEMA = "id Int64, miles Int64, duration Int64, vehicle_id Int64"
 
-
-def query(url: str, sql: str) -> str:
-    request = urllib.request.Request(f"{url}/?{urllib.parse.urlencode({'query': sql})}",
-                                     data=b"", method="POST")
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return response.read().decode()
 
 
 class Tables:
