@@ -3,6 +3,8 @@ OPTIMIZE whose parts a background merge holds (code 388)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from chload.errors import EngineError, TransientError
@@ -49,7 +51,9 @@ def test_another_error_is_not_waited_for() -> None:
 
 
 def test_a_merge_that_never_ends_is_transient(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stages, "SEAL_WAIT_S", 0)
-    server = FakeServer(["busy"] * 5)
+    """Refused until the wait runs out (0.05 s here): a TransientError, after asking."""
+    monkeypatch.setattr(stages, "SEAL_WAIT_S", 0.05)
+    server = FakeServer(["busy"] * 1_000_000)
     with pytest.raises(TransientError, match="still being merged"):
-        stages.seal(server, "stage_x", sleep=lambda _s: None)  # type: ignore[arg-type]
+        stages.seal(server, "stage_x", sleep=lambda _s: time.sleep(0.001))  # type: ignore[arg-type]
+    assert server.optimizes >= 2  # it asked, waited and asked again before giving up
