@@ -965,7 +965,9 @@ def _smoke(names: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] not in ("install", "smoke"):
-        print(__doc__.split("CLI::")[1].strip("\n"), file=sys.stderr)
+        usage = (__doc__ or "").partition("CLI (")[2]
+        print("usage (" + usage.strip("\n") if usage else "usage: install|smoke SERVICE",
+              file=sys.stderr)
         return 2
     installers, smokes, _installed = _registries()
     command, choice = args[0], args[1] if len(args) > 1 else "all"
