@@ -1,6 +1,6 @@
 """`scripts/bench`: the classic ClickHouse import methods side by side with chload.
 
-    scripts/bench [--quick | --tiny] [--out DIR] [--cache DIR] [--repeats N]
+    scripts/bench [--quick | --tiny | --large] [--out DIR] [--cache DIR] [--repeats N]
                   [--budget SECONDS] [--parallel N] [--only TEXT]
 
 Generates the datasets (cached), starts a ClickHouse 18.16 server on 127.0.0.1 (stopped
@@ -10,7 +10,9 @@ from this run; chload variants that cannot run yet (e.g. a target not built) are
 reported as "not available", never estimated.
 
 Profiles: full (default; about 20 minutes on 2 cores, bounded by --budget), --quick
-(small sizes, under 10 minutes including data generation), --tiny (for the test).
+(small sizes, under 10 minutes including data generation), --tiny (for the test),
+--large (50M rows per dataset, where steady-state throughput decides, not fixed costs;
+about an hour on 2 cores, plus generating ~6 GB of data once).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class CaseSpec:
     rows: int
     files: int
     audit: bool = False  # also run the methods that add audit columns
-    server: str = "all"  # all | light (chload, chDB push, curl) server methods
+    server: str = "all"  # which server methods: all | light | lean (see SERVER_SETS)
 
 
 @dataclass(frozen=True)
@@ -58,11 +60,13 @@ class Profile:
     cases: tuple[CaseSpec, ...]
 
 
-def _trips(rows: int, files: int) -> tuple[CaseSpec, ...]:
-    return (CaseSpec("trips", "csv.gz", rows, files), CaseSpec("trips", "parquet", rows, files),
-            CaseSpec("trips", "jsonl.gz", rows, files), CaseSpec("trips", "csv", rows, files,
-                                                                  server="light"),
-            CaseSpec("trips", "jsonl", rows, files, server="light"))
+def _trips(rows: int, files: int, server: str = "all") -> tuple[CaseSpec, ...]:
+    light = "light" if server == "all" else server
+    return (CaseSpec("trips", "csv.gz", rows, files, server=server),
+            CaseSpec("trips", "parquet", rows, files, server=server),
+            CaseSpec("trips", "jsonl.gz", rows, files, server=server),
+            CaseSpec("trips", "csv", rows, files, server=light),
+            CaseSpec("trips", "jsonl", rows, files, server=light))
 
 
 PROFILES = {
@@ -77,8 +81,21 @@ PROFILES = {
         CaseSpec("streams", "jsonl.gz", 600_000, 200, audit=True),
         *_trips(4_000_000, 16),
         CaseSpec("taxi", "csv.gz", 500_000, 10), CaseSpec("taxi", "parquet", 500_000, 10))),
+    # 50M rows per dataset. Only the server methods that were ever the fastest at the
+    # smaller sizes run ("lean"; for streams only chDB's push ever was, "push"): a
+    # sequential curl of 50M streams rows would take 15 minutes and decide nothing.
+    # Taxi (150 wide columns) is left out: 50M rows would be ~5 GB of gzip CSV and ~4
+    # minutes per method; bench/memory.py covers big, wide files.
+    "large": Profile("large", repeats=2, warmup=0, budget_s=5400, cases=(
+        *_trips(50_000_000, 50, server="lean"),
+        CaseSpec("streams", "jsonl.gz", 50_000_000, 500, server="push"))),
 }
-LIGHT = {"chload", "chload --audit", "chDB SQL push (Native)", "curl POST, sequential"}
+# Server methods of a "light" or "lean" case: names, or name prefixes ending in ", ".
+SERVER_SETS = {
+    "light": ("chload", "chload --audit", "chDB SQL push (Native)", "curl POST, "),
+    "lean": ("chload", "chload --audit", "chDB SQL push (Native)", "curl POST, parallel "),
+    "push": ("chload", "chload --audit", "chDB SQL push (Native)"),
+}
 
 
 def _log(message: str) -> None:
@@ -89,8 +106,10 @@ def _log(message: str) -> None:
 def _applies(method: Method, spec: CaseSpec) -> bool:
     if spec.ext not in method.exts or (method.audit and not spec.audit):
         return False
-    light = method.name in LIGHT or method.name.startswith(("curl POST", "chload @"))
-    return method.target == "embedded" or spec.server == "all" or light
+    if method.target == "embedded" or spec.server == "all" or method.name.startswith("chload @"):
+        return True
+    return any(method.name == name or (name.endswith(" ") and method.name.startswith(name))
+               for name in SERVER_SETS[spec.server])
 
 
 def probe_chload_server(env: Env, work: str, server: Server) -> str | None:
@@ -195,6 +214,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="small sizes, < 10 minutes")
     size.add_argument("--tiny", action="store_true", help="smallest sizes, for the test")
+    size.add_argument("--large", action="store_true", help="50M rows per dataset, about an "
+                      "hour on 2 cores (steady-state throughput)")
     parser.add_argument("--out", help="where the results go (default: bench/results for a "
                         "full run, /tmp/chload-bench-PROFILE otherwise)")
     parser.add_argument("--cache", default=os.environ.get(
@@ -226,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         info = json.loads(Path(args.render, "machine.json").read_text())
         _log("re-drawn: " + ", ".join(report.write_all(args.render, results, info)))
         return 0
-    profile = PROFILES["tiny" if args.tiny else "quick" if args.quick else "full"]
+    profile = PROFILES["tiny" if args.tiny else "quick" if args.quick
+                       else "large" if args.large else "full"]
     repeats = args.repeats or profile.repeats
     deadline = started + (args.budget or profile.budget_s)
     out = args.out or (str(ROOT / "bench" / "results") if profile.name == "full"
