@@ -1,7 +1,7 @@
 """`scripts/bench`: the classic ClickHouse import methods side by side with chload.
 
     scripts/bench [--quick | --tiny | --large] [--out DIR] [--cache DIR] [--repeats N]
-                  [--budget SECONDS] [--parallel N] [--only TEXT]
+                  [--budget SECONDS] [--parallel N] [--only TEXT] [--data TEXT]
 
 Generates the datasets (cached), starts a ClickHouse 18.16 server on 127.0.0.1 (stopped
 by PID at the end), runs every method on every dataset it can take, and writes
@@ -234,6 +234,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                         "git revision (methods 'chload @REV'), alternating with the measured "
                         "one: its 'vs chload' is the A/B of the two commits in one run")
     parser.add_argument("--only", help="run only methods whose name contains this text")
+    parser.add_argument("--data", help="run only the datasets whose label ('trips csv.gz', "
+                        "'streams jsonl.gz', ...) contains this text")
     parser.add_argument("--render", metavar="DIR", help="only re-draw results.md and "
                         "results.png from DIR/results.json and DIR/machine.json")
     return parser.parse_args(argv)
@@ -268,9 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if measured else 1
 
 
-def _datasets(profile: Profile, cache: str) -> list[tuple[CaseSpec, Dataset]]:
+def _datasets(profile: Profile, cache: str, only: str | None) -> list[tuple[CaseSpec, Dataset]]:
     out = []
     for spec in profile.cases:
+        if only and only not in f"{spec.dataset} {spec.ext}":
+            continue
         t0 = time.monotonic()
         ds = ensure(Dataset(spec.dataset, spec.ext, spec.rows, spec.files), cache)
         _log(f"dataset {ds.label}: {ds.rows:,} rows, {ds.files} files, "
@@ -281,7 +285,7 @@ def _datasets(profile: Profile, cache: str) -> list[tuple[CaseSpec, Dataset]]:
 
 def _run(profile: Profile, repeats: int, args: argparse.Namespace, work: str,
          deadline: float) -> tuple[list[dict], dict]:
-    datasets = _datasets(profile, args.cache)
+    datasets = _datasets(profile, args.cache, args.data)
     src = snapshot_chload(work, args.chload)
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (src, os.environ.get("PYTHONPATH", "")) if p)  # every child measures it
