@@ -246,6 +246,9 @@ class Dataset:
         return sum(os.path.getsize(p) for p in self.paths())
 
 
+FILES_PER_QUERY = 50
+
+
 def _select(ds: Dataset) -> tuple[str, str]:
     """The generating SELECT and the PARTITION BY that splits it into `ds.files` files."""
     if ds.name == "trips":
@@ -272,12 +275,22 @@ def ensure(ds: Dataset, cache: str) -> Dataset:
     select, partition = _select(ds)
     select = f"SELECT {', '.join(column_names(ds.schema))} FROM ({select})"  # file() is positional
     pattern = os.path.join(tmp, f"{ds.name}_{{_partition_id}}.{ds.ext}")
-    chdb.query(
-        f"INSERT INTO FUNCTION file('{pattern}', '{ds.format}', '{ds.schema}', "
-        f"'{ds.compression}') PARTITION BY {partition} {select} "
-        "SETTINGS output_format_json_quote_64bit_integers = 0, "
-        "output_format_parquet_compression_method = 'zstd'"
-    )
+    whole = f"FROM numbers({ds.rows})"
+    assert select.count(whole) == 1, "each generator reads numbers(rows) once"
+    # A slice of FILES_PER_QUERY files per query: every file of a partitioned INSERT keeps
+    # its writer's buffers open, and 500 at once went past 21 GB. Rows are a function of
+    # `number` only, so the slices give the same files as one query would.
+    per_file = -(-ds.rows // ds.files)
+    step = per_file * FILES_PER_QUERY
+    for start in range(0, ds.rows, step):
+        count = min(step, ds.rows - start)
+        chdb.query(
+            f"INSERT INTO FUNCTION file('{pattern}', '{ds.format}', '{ds.schema}', "
+            f"'{ds.compression}') PARTITION BY {partition} "
+            f"{select.replace(whole, f'FROM numbers({start}, {count})')} "
+            "SETTINGS output_format_json_quote_64bit_integers = 0, "
+            "output_format_parquet_compression_method = 'zstd'"
+        )
     with open(os.path.join(tmp, ".complete"), "w") as fh:
         fh.write(f"{ds.rows}\n")
     shutil.rmtree(directory, ignore_errors=True)
