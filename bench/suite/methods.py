@@ -88,7 +88,8 @@ def _chload(audit: bool, server: bool, pythonpath: str = "") -> Build:
             where = ["--table", "t", "--target", slot.directory]
         other = ["env", f"PYTHONPATH={pythonpath}"] if pythonpath else []
         return [*other, env.python, "-m", "chload", "load", ds.glob, *where, "--schema",
-                ds.schema, "--order-by", ds.order_by, "--quiet", *(["--audit"] if audit else [])]
+                ds.schema, "--order-by", ds.order_by, "--json",  # the report: runner.costs_of
+                *(["--audit"] if audit else [])]
     return build
 
 

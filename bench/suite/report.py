@@ -59,6 +59,7 @@ def markdown(results: list[dict], machine: dict) -> str:
         "",
     ]
     lines += summary(results)
+    lines += costs(results)
     lines += versus(results)
     for dataset, fmt in _cases(results):
         rows = [r for r in results if (r["dataset"], r["format"]) == (dataset, fmt)]
@@ -114,6 +115,31 @@ def summary(results: list[dict]) -> list[str]:
         lines.append(f"| {r['dataset']} {r['format']} | {r['target']} | "
                      f"{_cell(r['method'])}: {r['rows_per_s']:,} | {_cell(best['method'])} | "
                      f"{best['rows_per_s']:,} | {best['ratio_vs_chload']:.2f}x |")
+    return [*lines, ""]
+
+
+def costs(results: list[dict]) -> list[str]:
+    """chload's fixed and per-unit costs, from its own report (`--json`, LoadReport.costs;
+    medians over the measured runs): what a short load pays that a long one amortizes."""
+    rows = [r for r in results if r["chload"] and r.get("costs")]
+    if not rows:
+        return []
+    lines = ["## chload's fixed and per-unit costs (its own report, median of the runs)", "",
+             "*first byte*: seconds from the process's start to the first data byte sent; "
+             "*setup requests*: requests to the target before that; per committed unit "
+             "(a stage: one file or a batch of small ones), the requests other than data "
+             "and their seconds.", "",
+             "| data | target | method | first byte s | setup requests | units | files "
+             "| requests / unit | ms / unit |", "|---|---|---|--:|--:|--:|--:|--:|--:|"]
+    for r in rows:
+        c = r["costs"]
+        per_unit = c.get("commit_seconds_per_unit")
+        lines.append(
+            f"| {r['dataset']} {r['format']} | {r['target']} | {_cell(r['method'])} | "
+            f"{_fmt(c.get('first_byte_s'), '.3f')} | {_fmt(c.get('setup_requests'), '.0f')} | "
+            f"{_fmt(c.get('units'), '.0f')} | {_fmt(c.get('files'), '.0f')} | "
+            f"{_fmt(c.get('commit_requests_per_unit'), '.1f')} | "
+            f"{_fmt(None if per_unit is None else per_unit * 1000, '.1f')} |")
     return [*lines, ""]
 
 

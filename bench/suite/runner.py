@@ -14,6 +14,7 @@ not measured is reported as skipped. A method that fails stops being run for tha
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -50,6 +51,7 @@ class Outcome:
     status: str = "ok"  # ok | failed | not available | skipped
     note: str = ""
     command: str = ""
+    costs: list[dict] = field(default_factory=list)  # chload's LoadReport.costs per run
 
 
 class Server:
@@ -99,7 +101,7 @@ class Runner:
         elif self.server is not None:
             self.server.query(f"DROP TABLE IF EXISTS {slot.table}")
 
-    def run_once(self, method: Method, ds: Dataset) -> tuple[float, Usage, int, list[str]]:
+    def run_once(self, method: Method, ds: Dataset) -> tuple[float, Usage, int, list[str], str]:
         """Time one run; raise RuntimeError when it fails or loads the wrong rows."""
         slot = self._slot(method, ds)
         argv = method.command(self.env, slot)
@@ -116,7 +118,7 @@ class Runner:
             self._cleanup(slot)
         if rows != ds.rows:
             raise RuntimeError(f"loaded {rows:,} rows, expected {ds.rows:,}")
-        return seconds, usage, rows, argv
+        return seconds, usage, rows, argv, out
 
     # -- one case -----------------------------------------------------------------------
     def run_case(self, case: Case, warmup: int, repeats: int,
@@ -142,7 +144,7 @@ class Runner:
     def _one(self, outcome: Outcome, measured: bool, label: str) -> None:
         method, ds = outcome.method, outcome.dataset
         try:
-            seconds, usage, rows, argv = self.run_once(method, ds)
+            seconds, usage, rows, argv, out = self.run_once(method, ds)
         except (RuntimeError, OSError, ValueError) as exc:
             # One failed run fails the method: no figure from its other runs.
             outcome.status, outcome.note = "failed", f"{label}: {exc}"
@@ -153,6 +155,8 @@ class Runner:
         if measured:
             outcome.seconds.append(seconds)
             outcome.usages.append(usage)
+            if method.chload or method.name.startswith("chload @"):
+                outcome.costs.append(costs_of(out))
         tag = label if measured else "warm-up"
         self.log(f"{ds.label:<18} {method.key:<52} {seconds:7.2f} s  "
                  f"{rows / seconds:>12,.0f} rows/s  ({tag})")
@@ -193,6 +197,23 @@ def _show(argv: list[str]) -> str:
     return text + (f" <{len(files)} files>" if files else "")
 
 
+def costs_of(stdout: str) -> dict:
+    """The fixed and per-unit costs chload reports about its own run (`--json`:
+    LoadReport.costs; empty where the commit measured does not report them)."""
+    lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
+    try:
+        costs = json.loads(lines[-1]).get("costs") if lines else None
+    except ValueError:
+        return {}
+    return costs if isinstance(costs, dict) else {}
+
+
+def _median_costs(costs: list[dict]) -> dict:
+    keys = {k for c in costs for k, v in c.items() if isinstance(v, (int, float))}
+    return {k: round(statistics.median(c[k] for c in costs if c.get(k) is not None), 4)
+            for k in sorted(keys) if any(c.get(k) is not None for c in costs)}
+
+
 def summarize(outcome: Outcome) -> dict:
     """One result object of results.json (ratio_vs_chload is filled in afterwards)."""
     ds, m = outcome.dataset, outcome.method
@@ -209,6 +230,7 @@ def summarize(outcome: Outcome) -> dict:
         "ratio_vs_chload": None, "baseline": None,
         "runs": [round(s, 6) for s in outcome.seconds],
         "note": outcome.note, "command": outcome.command, "about": m.about,
+        "costs": _median_costs(outcome.costs) if ok else {},
     }
     result.update(_mean_usage(outcome.usages if ok else []))
     return result
