@@ -46,6 +46,7 @@ from chload.errors import UsageError
 from chload.formats import FileFormat
 from chload.ledger import COMMITTING, LOADED
 from chload.runner import LOADED_ELSEWHERE, Event, FileResult, Listener
+from chload.schema import Column
 from chload.sources import SourceContext, SourceFile, StreamPosition
 from chload.sources.kafka_read import Broker, Spooled, SpoolReader, Unit, client_config
 from chload.sources.remote import RemoteSource
@@ -61,6 +62,11 @@ BATCH_SECONDS = 5.0  # --follow: a unit is cut at least this often (--batch-seco
 LINE_FORMATS = {"JSONEachRow", "JSONLines", "NDJSON", "JSONAsString", "JSONCompactEachRow",
                 "CSV", "TSV", "TabSeparated", "LineAsString", "TSKV", "CustomSeparated"}
 _EXTENSIONS = {"JSONEachRow": "jsonl", "CSV": "csv", "TSV": "tsv", "TabSeparated": "tsv"}
+# --audit: the formats whose rows are JSON objects, which the reader extends with the
+# message's Kafka columns (kafka_read.audited), and those columns' types.
+AUDIT_FORMATS = {"JSONEachRow", "JSONLines", "NDJSON"}
+AUDIT_COLUMNS = {"_topic": "LowCardinality(String)", "_partition": "UInt32",
+                 "_offset": "UInt64", "_timestamp": "DateTime64(3, 'UTC')", "_key": "String"}
 
 LoadRound = Callable[[list[SourceFile]], "LoadReport"]
 
@@ -201,6 +207,19 @@ class Options:
     follow: bool = False
     kafka_options: tuple[tuple[str, str], ...] = ()
     stop: threading.Event = field(default_factory=threading.Event)
+    audit: bool = False  # each row with its Kafka columns (AUDIT_COLUMNS)
+
+
+def with_kafka_columns(target: Target, data: list[Column]) -> list[Column]:
+    """--audit: the data's columns with the Kafka columns (which the reader writes into
+    each row) at their types: an inferred type replaced, a missing column (--schema)
+    added. `_timestamp` is DateTime('UTC') (seconds) where the target lacks DateTime64."""
+    caps = getattr(target, "caps", None)
+    types = dict(AUDIT_COLUMNS)
+    if caps is not None and "DateTime64" not in caps.types:
+        types["_timestamp"] = "DateTime('UTC')"
+    kept = [Column(c.name, types.get(c.name, c.type)) for c in data]
+    return kept + [Column(n, t) for n, t in types.items() if n not in {c.name for c in data}]
 
 
 def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRound,
@@ -212,6 +231,11 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
     if fmt.name not in LINE_FORMATS:
         raise UsageError(f"--format {fmt.name}: a Kafka load joins messages by newlines; use "
                          f"one of {', '.join(sorted(LINE_FORMATS))}")
+    if spec.audit and fmt.name not in AUDIT_FORMATS:
+        raise UsageError(f"--audit with --format {fmt.name}: the Kafka columns (_topic, "
+                         "_partition, _offset, _timestamp, _key) are added to JSON objects; "
+                         f"use one of {', '.join(sorted(AUDIT_FORMATS))}, or leave out --audit")
+    options.audit = spec.audit
     report.recovered += target.recover(table.sql)
     group = f"chload-{table.display}"
     broker = Broker(client_config(source.bootstrap, options.kafka_options),
@@ -271,10 +295,11 @@ def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], s
                 ahead = None
                 covered = {id(s.part) for s in spools}
                 spools += _read(reader, fmt, spool, [(p, p.unit(options.batch_rows), p.after)
-                                                     for p in due if id(p) not in covered])
+                                                     for p in due if id(p) not in covered],
+                                options.audit)
                 following = _following(spools, options.batch_rows)
                 if following:
-                    ahead = pool.submit(_read, reader, fmt, spool, following)
+                    ahead = pool.submit(_read, reader, fmt, spool, following, options.audit)
                 _load_round(spools, load_round, report, target, table)
                 _lag(listener, partitions)
                 last_cut = time.monotonic()
@@ -342,7 +367,7 @@ def _refresh(broker: Broker, partitions: list[Partition]) -> None:
 
 
 def _read(reader: SpoolReader, fmt: FileFormat, spool: str,
-          units: list[tuple[Partition, Unit, int]]) -> list[Spool]:
+          units: list[tuple[Partition, Unit, int]], audit: bool = False) -> list[Spool]:
     """Read units into spool files (one call for all); `after` per unit is the committed
     end its commit will require."""
     if not units:
@@ -350,7 +375,8 @@ def _read(reader: SpoolReader, fmt: FileFormat, spool: str,
     ext = _EXTENSIONS.get(fmt.name, "txt")
     paths = [os.path.join(spool, f"kafka-{u.topic}-{u.partition}-{u.first}-{u.last}.{ext}")
              for _, u, _ in units]
-    done = reader.read([(u, path) for (_, u, _), path in zip(units, paths, strict=True)])
+    done = reader.read([(u, path) for (_, u, _), path in zip(units, paths, strict=True)],
+                       audit)
     return [Spool(part, unit, after, _spooled(part, unit, after, path, read, fmt))
             for (part, unit, after), path, read in zip(units, paths, done, strict=True)]
 

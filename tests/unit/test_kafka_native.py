@@ -12,7 +12,7 @@ from chload.errors import SourceError
 from chload.formats import FileFormat
 from chload.sources import SourceFile, StreamPosition, kafka_native
 from chload.sources import kafka as K
-from chload.sources.kafka_read import Unit
+from chload.sources.kafka_read import Unit, audited
 
 
 def test_no_compiler_or_python_forced_falls_back_with_a_reason(monkeypatch, tmp_path):
@@ -85,3 +85,13 @@ def test_lag_is_reported_per_partition_and_summed_in_the_progress_view():
     view.on_event(Event("lag", "kafka://b:1/t/0", rows=40))  # the partition's latest counts
     rate = view._progress.tasks[0].fields["rate"]
     assert rate.endswith("lag 47"), rate
+
+
+def test_audited_values_keep_the_object_and_escape_the_key():
+    assert audited(b' { } ', "t", 1, 2, 3_004, None) == (
+        b' {"_topic":"t","_partition":1,"_offset":2,"_timestamp":"1970-01-01 00:00:03.004",'
+        b'"_key":""}')
+    assert audited(b'{"a":1}\n', "t", 0, 9, -1, b'a"\\\n') == (
+        b'{"a":1,"_topic":"t","_partition":0,"_offset":9,"_timestamp":'
+        b'"1970-01-01 00:00:00.000","_key":"a\\"\\\\\\u000a"}')
+    assert audited(b"not json", "t", 0, 0, 0, b"k") == b"not json"
