@@ -18,6 +18,8 @@ ClickHouse server's and the Kafka broker's own CPU over the same interval):
               at once (the C reader's cost)
   file        chload load of the JSON-lines file into a fresh embedded target (a)
   kafka       chload load kafka://... into a fresh embedded target
+  kafka_spool the same with each unit spooled to a file first, then loaded
+              (CHLOAD_KAFKA_PIPES=0; without --schema, or with an error budget, always)
   kafka_audit the same with --audit (each row's _topic, _partition, _offset, _timestamp
               and _key written into its JSON object by the reader, parsed as columns)
   kafka_250k  the same with --batch-rows 250000 (two rounds: the second is read while
@@ -25,6 +27,7 @@ ClickHouse server's and the Kafka broker's own CPU over the same interval):
   kafka_python  the same through the Python reader (CHLOAD_KAFKA_READER=python: the
               fallback when no cc or librdkafka is found; the first version's reader)
   server_kafka  chload load kafka://... into the 18.16 server
+  server_kafka_spool  the same, spooled (CHLOAD_KAFKA_PIPES=0)
   server_kafka_audit  the same with --audit
   hand_http   a hand-written consumer: consume(5000), join, POST each 100k-message batch
               to the server (INSERT ... FORMAT JSONEachRow), no ledger, no exactly-once (c)
@@ -184,10 +187,12 @@ def engine_mv(server: services.Service, name: str, rows: int, timeout: float) ->
     return arrived
 
 
-def chload(*args: str, reader: str = "") -> None:
+def chload(*args: str, reader: str = "", pipes: bool = True) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if reader:
         env["CHLOAD_KAFKA_READER"] = reader
+    if not pipes:
+        env["CHLOAD_KAFKA_PIPES"] = "0"
     done = subprocess.run([sys.executable, "-m", "chload", "load", *args, "-q"],
                           capture_output=True, text=True, env=env)
     if done.returncode:
@@ -252,6 +257,9 @@ def _methods(args: argparse.Namespace, work: Path, bootstrap: str, topic: str,
                                "--schema", SCHEMA),
         "kafka": lambda: chload(uri, "--table", "ev", "--target", str(work / f"kafka{i}"),
                                 "--schema", SCHEMA, *opts),
+        "kafka_spool": lambda: chload(uri, "--table", "ev", "--target",
+                                      str(work / f"kafkaspool{i}"), "--schema", SCHEMA, *opts,
+                                      pipes=False),
         "kafka_audit": lambda: chload(uri, "--table", "ev", "--target",
                                       str(work / f"kafkaaudit{i}"), "--schema", SCHEMA,
                                       "--audit", *opts),
@@ -263,6 +271,9 @@ def _methods(args: argparse.Namespace, work: Path, bootstrap: str, topic: str,
                                        reader="python"),
         "server_kafka": lambda: chload(uri, "--table", f"sk{i}", "--target", server.url,
                                        "--schema", SCHEMA, *opts),
+        "server_kafka_spool": lambda: chload(uri, "--table", f"sks{i}", "--target",
+                                             server.url, "--schema", SCHEMA, *opts,
+                                             pipes=False),
         "server_kafka_audit": lambda: chload(uri, "--table", f"ska{i}", "--target", server.url,
                                              "--schema", SCHEMA, "--audit", *opts),
         "hand_http": lambda: hand_http(bootstrap, topic, args.partitions, server, f"hh{i}"),
@@ -293,7 +304,7 @@ def _bench(args: argparse.Namespace, work: Path, broker: services.Service,
             seconds.setdefault(name, []).append(wall)
             cpu.setdefault(name, []).append(sum(used.values()))
         for name, table in (("server_kafka", f"sk{i}"), ("hand_http", f"hh{i}"),
-                            ("server_kafka_audit", f"ska{i}")):
+                            ("server_kafka_audit", f"ska{i}"), ("server_kafka_spool", f"sks{i}")):
             if name in seconds:
                 assert count(server, table) == args.rows, name
     best = {k: min(v) for k, v in seconds.items()}
@@ -317,6 +328,10 @@ def _ratios(best: dict[str, float], rows: dict[str, int]) -> dict[str, float]:
              "server_kafka_vs_engine_mv": ("server_kafka", "engine_mv"),
              "kafka_vs_engine_mv": ("kafka", "engine_mv"),
              "kafka_audit_vs_kafka": ("kafka_audit", "kafka"),
+             "kafka_vs_kafka_spool": ("kafka", "kafka_spool"),
+             "kafka_spool_vs_file": ("kafka_spool", "file"),
+             "server_kafka_vs_server_kafka_spool": ("server_kafka", "server_kafka_spool"),
+             "server_kafka_spool_vs_file": ("server_kafka_spool", "file"),
              "kafka_audit_vs_file": ("kafka_audit", "file"),
              "server_kafka_audit_vs_server_kafka": ("server_kafka_audit", "server_kafka"),
              "kafka_250k_vs_file": ("kafka_250k", "file"),

@@ -17,13 +17,16 @@ the measurements behind the reader, are in docs/kafka.md.
 
     plan     recover the table (settle `committing`), read each partition's committed
              end, its watermarks and the topic's id; report a topic rewound, re-created
-             or cut by retention below the ledger's end
+             or cut by retention below the ledger's end (kafka_plan.py)
     read     per round, the next unit of each partition (up to --batch-rows messages)
              into a spool, values joined by newlines: by the native reader (C through
              ctypes, all partitions in one call, no Python object per message) or,
              without cc or librdkafka, by confluent-kafka consume(5000) (kafka_read.py,
-             kafka_native.py); the next round is read in a thread while one loads
-    load     the round's spools through api._load (stage, commit, ledger); a unit
+             kafka_native.py); the next round is read in a thread while one loads.
+             Streamed instead (`streams`: --schema given, no error budget): each unit
+             into a pipe the engine parses as it fills, one reader thread per
+             partition, and a unit commits only if its reader finished it (db_pipes)
+    load     the round's units through api._load (stage, commit, ledger); a unit
              refused because its partition moved (another loader) is planned again
              from the new end; a failed unit stops its partition
 """
@@ -36,18 +39,24 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from chload.errors import UsageError
 from chload.formats import FileFormat
-from chload.ledger import COMMITTING, LOADED
 from chload.runner import LOADED_ELSEWHERE, Event, FileResult, Listener
-from chload.schema import Column
+from chload.schema import Column, quote_str
 from chload.sources import SourceContext, SourceFile, StreamPosition
+from chload.sources.kafka_plan import (
+    SCHEME,
+    Partition,
+    committed,
+    parse_uri,
+    plan,
+)
 from chload.sources.kafka_read import Broker, Spooled, SpoolReader, Unit, client_config
 from chload.sources.remote import RemoteSource
 
@@ -55,7 +64,6 @@ if TYPE_CHECKING:
     from chload.api import LoadReport, LoadSpec
     from chload.targets import Target
 
-SCHEME = "kafka://"
 BATCH_ROWS = 500_000  # messages a unit holds at most (--batch-rows)
 BATCH_SECONDS = 5.0  # --follow: a unit is cut at least this often (--batch-seconds)
 # Formats whose rows are one message each once joined by newlines.
@@ -75,129 +83,6 @@ def is_kafka(sources: Sequence[str]) -> bool:
     return any(s.lower().startswith(SCHEME) for s in sources)
 
 
-@dataclass(frozen=True, slots=True)
-class KafkaSource:
-    """What `kafka://host:port[,host:port]/topic[,topic]` names."""
-
-    bootstrap: str
-    topics: tuple[str, ...]
-
-
-def parse_uri(sources: Sequence[str]) -> KafkaSource:
-    """The one kafka:// source of a load (several topics comma-separated)."""
-    if len(sources) != 1:
-        raise UsageError("a Kafka load takes one kafka://broker:port/topic source (several "
-                         "topics comma-separated); load files with another command")
-    rest = sources[0][len(SCHEME):]
-    bootstrap, _, path = rest.partition("/")
-    if "@" in bootstrap:
-        raise UsageError("kafka://: no credentials in the URI; pass them with --kafka-option "
-                         "sasl.username=... --kafka-option 'sasl.password=${VAR}'")
-    topics = tuple(t for t in path.strip("/").split(",") if t)
-    if not bootstrap or not topics or any("/" in t for t in topics):
-        raise UsageError(f"{sources[0]}: write kafka://broker:port/topic (several topics "
-                         "comma-separated)")
-    return KafkaSource(bootstrap.lower(), topics)
-
-
-# --------------------------------------------------------------------------- planning
-
-@dataclass(slots=True)
-class Partition:
-    """One partition's place: the next offset to load, the committed end the plan
-    started from (`after`), and up to where this run loads (`end`)."""
-
-    topic: str
-    partition: int
-    stream: str
-    topic_id: str
-    next: int
-    after: int
-    end: int
-    since_seq: int = 0
-    stopped: bool = False
-
-    def unit(self, rows: int) -> Unit:
-        return Unit(self.topic, self.partition, self.next, min(self.end, self.next + rows) - 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Mark:
-    end: int  # last offset of the stream's latest committed unit + 1
-    identity: str  # that unit's identity: '<topic id>:<first>-<last>'
-
-
-def stream_of(source: KafkaSource, topic: str, partition: int) -> str:
-    return f"{SCHEME}{source.bootstrap}/{topic}/{partition}"
-
-
-def committed(target: Target, database: str, name: str, display: str,
-              ) -> tuple[dict[str, Mark], int]:
-    """Each Kafka stream's committed end in the table's own history (planner.own_history:
-    a table dropped, re-created or truncated starts again), and the ledger seq from
-    which events count (events before it were set aside)."""
-    from chload import planner
-
-    live = {e.uri: e for e in target.ledger.latest(display)
-            if e.uri.startswith(SCHEME) and e.state in (COMMITTING, LOADED)}
-    own, _ = planner.own_history(target.ledger.table_state(database, name), live)
-    since = max((e.seq for uri, e in live.items() if uri not in own), default=-1) + 1
-    marks: dict[str, Mark] = {}
-    for uri, event in own.items():
-        stream, _, span = uri.rpartition("/")
-        end = int(span.rpartition("-")[2]) + 1
-        if event.seq >= since and end > marks.get(stream, Mark(0, "")).end:
-            marks[stream] = Mark(end, event.identity)
-    return marks, since
-
-
-def plan(broker: Broker, source: KafkaSource, marks: dict[str, Mark], since: int,
-         force: bool) -> tuple[list[Partition], list[FileResult]]:
-    """Every partition of the source's topics, from its committed end (or low
-    watermark) to its high watermark now; and the partitions refused, with why."""
-    partitions: list[Partition] = []
-    refused: list[FileResult] = []
-    for topic in source.topics:
-        topic_id = broker.topic_id(topic)
-        for number in broker.partitions(topic):
-            low, high = broker.watermarks(topic, number)
-            stream = stream_of(source, topic, number)
-            part = Partition(topic, number, stream, topic_id, low, 0, high, since)
-            problem = _place(part, marks.get(stream), low, high, force)
-            if problem:
-                refused.append(FileResult(stream, "failed", error=problem))
-            else:
-                partitions.append(part)
-    return partitions, refused
-
-
-def _place(part: Partition, mark: Mark | None, low: int, high: int, force: bool) -> str:
-    """Set where the partition starts from its ledger mark; or say why it cannot."""
-    if mark is None:
-        return ""
-    where = f"kafka {part.topic}/{part.partition}"
-    old_id = mark.identity.rpartition(":")[0]
-    if old_id and part.topic_id and old_id != part.topic_id:
-        if force:  # the new topic from its start; the old one's units are set aside
-            part.since_seq = time.time_ns()
-            return ""
-        return (f"{where}: the topic was re-created (id {part.topic_id}, the ledger's "
-                f"loads are of {old_id}); nothing loaded from it: pass --force to load the "
-                "new topic from its start")
-    part.next = part.after = mark.end
-    if mark.end > high:
-        return (f"{where}: offsets end at {high} but the ledger has loaded up to "
-                f"{mark.end - 1} (topic rewound or re-created); nothing loaded from it")
-    if mark.end < low:
-        if force:
-            part.next = low
-            return ""
-        return (f"{where}: offsets {mark.end}..{low - 1} were deleted (retention) before "
-                f"chload loaded them; nothing loaded from it: pass --force to go on from "
-                f"offset {low}, without them")
-    return ""
-
-
 # --------------------------------------------------------------------------- the run
 
 @dataclass(slots=True)
@@ -208,6 +93,7 @@ class Options:
     kafka_options: tuple[tuple[str, str], ...] = ()
     stop: threading.Event = field(default_factory=threading.Event)
     audit: bool = False  # each row with its Kafka columns (AUDIT_COLUMNS)
+    pipes: bool = False  # units streamed to the engine through pipes (_stream_round)
 
 
 def with_kafka_columns(target: Target, data: list[Column]) -> list[Column]:
@@ -250,6 +136,7 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
                                                    native=True), group)
         if reader.why:
             report.notes.append(f"Kafka: the Python reader (slower): {reader.why}")
+        options.pipes = streams(spec, target, reader)
         try:
             with _spool_dir(target) as spool, _stopping(options):
                 _rounds(reader, fmt, partitions, spool, load_round, report, options,
@@ -290,6 +177,12 @@ def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], s
                     _wait(options, last_cut)
                     _refresh(reader.broker, partitions)
                     _lag(listener, partitions)
+                    continue
+                if options.pipes:  # read and parsed at once: no read-ahead
+                    _stream_round(reader, fmt, due, load_round, report, options, target,
+                                  table)
+                    _lag(listener, partitions)
+                    last_cut = time.monotonic()
                     continue
                 spools = _taken(ahead, due, options.batch_rows)
                 ahead = None
@@ -335,6 +228,51 @@ def _drop(ahead: Future[list[Spool]]) -> None:
             _remove(s.file.local_path)
     except Exception:  # noqa: BLE001 - a read ahead that nothing needs any more
         pass
+
+
+def streams(spec: LoadSpec, target: Target, reader: SpoolReader) -> bool:
+    """Whether units go to the engine through pipes, parsed as they are read: with the
+    native reader, into a target that reads pipes, when nothing reads a unit before its
+    load (--schema given: no inference; no error budget: rejects are read again from
+    the unit; no header to look for). CHLOAD_KAFKA_PIPES=0 turns it off."""
+    return (reader.native is not None and bool(getattr(target, "reads_pipes", False))
+            and spec.schema is not None and not spec.budget.allows_errors
+            and "WithNames" not in (spec.format or "")
+            and os.environ.get("CHLOAD_KAFKA_PIPES", "1") != "0")
+
+
+def _stream_round(reader: SpoolReader, fmt: FileFormat, due: list[Partition],
+                  load_round: LoadRound, report: LoadReport, options: Options,
+                  target: Target, table: Any) -> None:
+    """A round whose units stream through pipes (SpoolReader.stream): each unit's reader
+    runs while the engine parses; the unit commits only if its reader finished it
+    (db_pipes.check, through KafkaStreamSource.current)."""
+    from chload.sources import db_pipes
+
+    files, readings = [], []
+    try:
+        for p in due:
+            unit = p.unit(options.batch_rows)
+            path, reading = reader.stream(unit, options.audit)
+            readings.append(reading)
+            files.append(SourceFile(f"{p.stream}/{unit.first}-{unit.last}", 0, 0, fmt,
+                                    kind="kafka", etag=f"{p.topic_id}:{unit.first}-{unit.last}",
+                                    local_path=path,
+                                    position=StreamPosition(p.stream, p.after, p.since_seq,
+                                                            unit.first - 1)))
+        done = load_round(files)
+    finally:
+        for f in files:
+            db_pipes.release(f.local_path or "")
+    files = [replace(f, position=replace(f.position, line_base=_base(r.done)))
+             if f.position else f for f, r in zip(files, readings, strict=True)]
+    _advance(due, files, done, target, table)
+    _add(report, done.files, done)
+
+
+def _base(read: Spooled) -> int:
+    """Row n of a unit is offset base + n, where its offsets have no gap; else 0."""
+    return read.first_offset - 1 if read.contiguous and read.first_offset >= 0 else 0
 
 
 def _load_round(spools: list[Spool], load_round: LoadRound, report: LoadReport,
@@ -383,7 +321,7 @@ def _read(reader: SpoolReader, fmt: FileFormat, spool: str,
 
 def _spooled(part: Partition, unit: Unit, after: int, path: str, read: Spooled,
              fmt: FileFormat) -> SourceFile:
-    base = read.first_offset - 1 if read.contiguous and read.first_offset >= 0 else 0
+    base = _base(read)
     identity = f"{part.topic_id}:{unit.first}-{unit.last}"
     return SourceFile(f"{part.stream}/{unit.first}-{unit.last}", read.bytes, 0, fmt,
                       etag=identity, local_path=path,
@@ -416,13 +354,17 @@ def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
 
 
 def _offset_error(error: str, f: SourceFile) -> str:
-    """`<unit uri>: line N, ...` (a row of the spool) as the message's offset."""
+    """`<unit uri>: line N, ...` (a row of the spool; a streamed unit's engine error
+    says `(at row N)` instead) as the message's offset."""
     base = f.position.line_base if f.position else 0
     match = re.match(rf"^{re.escape(f.uri)}: line (\d+)", error)
-    if not match or not base:
-        return error
-    offset = base + int(match.group(1))
-    return f"{f.uri}: offset {offset}{error[match.end():]}"
+    if match and base:
+        return f"{f.uri}: offset {base + int(match.group(1))}{error[match.end():]}"
+    row = re.search(r" ?\(at row (\d+)\)", error)
+    if row and base and error.startswith(f"{f.uri}: "):
+        rest = (error[:row.start()] + error[row.end():])[len(f.uri) + 2:]
+        return f"{f.uri}: offset {base + int(row.group(1))}, {rest}"
+    return error
 
 
 def _add(report: LoadReport, results: Sequence[FileResult],
@@ -493,7 +435,30 @@ class KafkaStreamSource(RemoteSource):
                          "source of a load")
 
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
+        from chload.sources import db_pipes
+
+        if db_pipes.is_pipe(file.local_path):  # a unit streamed by _stream_round
+            args = [file.local_path or "", fmt, structure or "auto"]
+            return f"file({', '.join(quote_str(a) for a in args)})"
         raise UsageError(f"{file.uri}: a Kafka unit is read from its spool, not in place")
+
+    def current(self, file: SourceFile) -> SourceFile:
+        """A streamed unit is checked after its read: it commits only if its reader
+        finished it (db_pipes.check raises otherwise)."""
+        from chload.sources import db_pipes
+
+        if db_pipes.is_pipe(file.local_path):
+            db_pipes.check(file.local_path or "", file.uri)
+        return file
+
+    def release(self, files: Iterable[SourceFile]) -> None:
+        from chload.sources import db_pipes
+
+        for f in files:
+            db_pipes.release(f.local_path or "")
+
+    def loads_alone(self, file: SourceFile) -> bool:
+        return True  # a unit is a commit of its own, its pipe read once
 
 
 SOURCE = KafkaStreamSource()

@@ -145,12 +145,34 @@ class SpoolReader:
 
         self.broker = broker
         lib, self.why = kafka_native.load()
-        self.native = (kafka_native.NativeReader(lib, {**native_config, "group.id": group})
+        self.native_config = {**native_config, "group.id": group}
+        self.native = (kafka_native.NativeReader(lib, self.native_config)
                        if lib is not None else None)
+        self.handles: dict[tuple[str, int], Any] = {}  # stream(): one per partition
 
     def close(self) -> None:
         if self.native is not None:
             self.native.close()
+        for handle in self.handles.values():
+            handle.close()
+        self.handles.clear()
+
+    def stream(self, unit: Unit, audit: bool) -> tuple[str, PipeReading]:
+        """The unit's values streamed into a pipe as they are read, for the engine to
+        parse while they come (docs/kafka.md: read and parse overlap); the pipe's path
+        (/dev/fd/N, db_pipes) and its reading, whose `finish` says whether the unit was
+        read whole. Each partition has its own consumer handle and thread, so a writer
+        waiting on a full pipe holds up no other partition. Native reader only."""
+        from chload.sources import db_pipes, kafka_native
+
+        assert self.native is not None
+        handle = self.handles.get((unit.topic, unit.partition))
+        if handle is None:
+            handle = kafka_native.NativeReader(self.native.lib, self.native_config)
+            self.handles[(unit.topic, unit.partition)] = handle
+        read_end, write_end = db_pipes.make()
+        reading = PipeReading(handle, unit, write_end, audit)
+        return db_pipes.register(read_end, reading), reading
 
     def read(self, jobs: Sequence[tuple[Unit, str]], audit: bool = False) -> list[Spooled]:
         """Each unit's values into its path (created, or emptied); `audit`: each value
@@ -170,6 +192,44 @@ class SpoolReader:
     def _python(self, unit: Unit, path: str, audit: bool) -> Spooled:
         with open(path, "wb", buffering=1 << 20) as out:
             return self.broker.read(unit, out, audit)
+
+
+class PipeReading:
+    """A unit being read into a pipe's write end by the native reader, in a thread of
+    its own (ctypes releases the GIL); the write end is closed when the unit ends, so
+    the engine sees the end of the data there. db_pipes.check asks `finish` after the
+    engine read to the end: it raises unless the reader completed the unit."""
+
+    def __init__(self, handle: Any, unit: Unit, write_end: int, audit: bool) -> None:
+        import threading
+
+        self.unit, self.done = unit, Spooled()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(handle, write_end, audit),
+                                        name=f"chload-kafka-{unit.partition}", daemon=True)
+        self._thread.start()
+
+    def _run(self, handle: Any, write_end: int, audit: bool) -> None:
+        u = self.unit
+        try:
+            r = handle.read([(u.topic, u.partition, u.first, u.last, write_end, int(audit))])[0]
+            self.done = Spooled(int(r.messages), int(r.bytes), bool(r.contiguous),
+                                int(r.first_offset))
+        except BaseException as exc:  # noqa: BLE001 - handed to finish(), in the loader
+            self.error = exc
+        finally:
+            os.close(write_end)
+
+    def finish(self) -> None:
+        self._thread.join()
+        if self.error is not None:
+            raise SourceError(f"kafka {self.unit.topic}/{self.unit.partition} offsets "
+                              f"{self.unit.first}..{self.unit.last}: {self.error}")
+
+    def stop(self) -> None:
+        """The engine is done with the pipe (its read end closed: a writer gets EPIPE):
+        wait for the thread, so its handle is free for the partition's next unit."""
+        self._thread.join()
 
 
 @dataclass(slots=True)

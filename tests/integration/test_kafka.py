@@ -94,33 +94,38 @@ def test_the_python_reader_fallback_loads_the_same_and_says_so(kafka, target_dir
     assert _counts(target_dir, table_name) == (7_000, 7_000)
 
 
-@pytest.mark.parametrize("kills", [["after-attach", "before-attach", "after-attach:2"]])
+# Spooled units (inferred columns), and units streamed through pipes (--schema given).
+MODES = {"spooled": (), "streamed": ("--schema", "id UInt64, name String, v Float64")}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 def test_killed_three_times_mid_load_then_finished_is_exact(kafka, target_dir, table_name,
-                                                            kills):
+                                                            mode):
     topic = _topic(kafka)
     _produce(kafka, topic, range(200_000))
     uri = _uri(kafka, topic)
-    for point in kills:  # SIGKILL at the commit's narrowest windows
-        crash = _load(target_dir, uri, table_name, "--batch-rows", "5000",
-                      env={"CHLOAD_CRASH_AT": point})
+    for point in ["after-attach", "before-attach", "after-attach:2"]:  # SIGKILL at the
+        crash = _load(target_dir, uri, table_name, "--batch-rows", "5000",  # commit's
+                      *MODES[mode], env={"CHLOAD_CRASH_AT": point})  # narrowest windows
         assert crash.returncode == -9, crash.stderr
     timed = subprocess.Popen([sys.executable, "-m", "chload", "load", uri, "--table",
                               table_name, "--target", target_dir, "-q", "--batch-rows",
-                              "10000"])
+                              "10000", *MODES[mode]])
     time.sleep(3.0)  # and once at whatever instant
     timed.kill()
     timed.wait(30)
-    done = _load(target_dir, uri, table_name, "--batch-rows", "10000")
+    done = _load(target_dir, uri, table_name, "--batch-rows", "10000", *MODES[mode])
     assert done.returncode == 0, done.stderr
     assert _counts(target_dir, table_name) == (200_000, 200_000)
 
 
-def test_two_loaders_at_once_into_a_server_are_exact(kafka, clickhouse, table_name):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_two_loaders_at_once_into_a_server_are_exact(kafka, clickhouse, table_name, mode):
     topic = _topic(kafka)
     _produce(kafka, topic, range(100_000))
     target = clickhouse.url
     argv = [sys.executable, "-m", "chload", "load", _uri(kafka, topic), "--table", table_name,
-            "--target", target, "--json", "--batch-rows"]
+            "--target", target, "--json", *MODES[mode], "--batch-rows"]
     # units cut differently (5000 and 7000): only the committed-end check keeps them apart
     both = [subprocess.Popen([*argv, rows], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True) for rows in ("5000", "7000")]
