@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -201,8 +202,6 @@ class PipeReading:
     engine read to the end: it raises unless the reader completed the unit."""
 
     def __init__(self, handle: Any, unit: Unit, write_end: int, audit: bool) -> None:
-        import threading
-
         self.unit, self.done = unit, Spooled()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(handle, write_end, audit),
@@ -222,6 +221,8 @@ class PipeReading:
 
     def finish(self) -> None:
         self._thread.join()
+        if isinstance(self.error, SourceError):  # it names the unit's partition and offsets
+            raise self.error
         if self.error is not None:
             raise SourceError(f"kafka {self.unit.topic}/{self.unit.partition} offsets "
                               f"{self.unit.first}..{self.unit.last}: {self.error}")

@@ -155,13 +155,16 @@ def _wait_for_rows(clickhouse: services.Service, table: str, rows: int, loader: 
         time.sleep(0.2)
 
 
-def test_follow_loads_what_arrives_and_sigterm_ends_it_cleanly(kafka, clickhouse, table_name):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_follow_loads_what_arrives_and_sigterm_ends_it_cleanly(kafka, clickhouse, table_name,
+                                                               mode):
     topic = _topic(kafka)
     _produce(kafka, topic, range(5_000))
     loader = subprocess.Popen(
         [sys.executable, "-m", "chload", "load", _uri(kafka, topic), "--table", table_name,
          "--target", clickhouse.url, "--json", "--follow", "--batch-seconds", "0.5",
-         "--batch-rows", "2000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--batch-rows", "2000", *MODES[mode]], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_rows(clickhouse, table_name, 5_000, loader)
         _produce(kafka, topic, range(5_000, 8_000))
