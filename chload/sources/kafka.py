@@ -77,6 +77,9 @@ AUDIT_FORMATS = {"JSONEachRow", "JSONLines", "NDJSON"}
 AUDIT_COLUMNS = {"_topic": "String", "_partition": "UInt32",
                  "_offset": "UInt64", "_timestamp": "DateTime64(3, 'UTC')", "_key": "String"}
 
+# Units a streamed round reads and loads at once, at most (a reader thread, a librdkafka
+# handle and an engine INSERT each); partitions beyond it wait for the next rounds.
+STREAMED_UNITS = 8
 # Load a round's units; the int, if not None, is the number of units to load at once
 # (--workers, unless the user gave it).
 LoadRound = Callable[[list[SourceFile], int | None], "LoadReport"]
@@ -252,9 +255,12 @@ def _stream_round(reader: SpoolReader, fmt: FileFormat, due: list[Partition],
     (db_pipes.check, through KafkaStreamSource.current)."""
     from chload.sources import db_pipes
 
+    due = sorted(due, key=lambda p: p.streamed)[:STREAMED_UNITS]  # the least streamed
+    reader.keep_handles({(p.topic, p.partition) for p in due}, STREAMED_UNITS)
     files, readings = [], []
     try:
         for p in due:
+            p.streamed += 1
             unit = p.unit(options.batch_rows)
             path, reading = reader.stream(unit, options.audit)
             readings.append(reading)

@@ -63,6 +63,7 @@ class Partition:
     end: int
     since_seq: int = 0
     stopped: bool = False
+    streamed: int = 0  # rounds in which this run streamed a unit of it (kafka._stream_round)
 
     def unit(self, rows: int) -> Unit:
         return Unit(self.topic, self.partition, self.next, min(self.end, self.next + rows) - 1)

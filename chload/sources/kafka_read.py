@@ -158,6 +158,13 @@ class SpoolReader:
             handle.close()
         self.handles.clear()
 
+    def keep_handles(self, keys: set[tuple[str, int]], most: int) -> None:
+        """Close the per-partition handles of other partitions than `keys` once there
+        are more than `most` (none is in use between rounds)."""
+        if len(self.handles) > most:
+            for key in [k for k in self.handles if k not in keys]:
+                self.handles.pop(key).close()
+
     def stream(self, unit: Unit, audit: bool) -> tuple[str, PipeReading]:
         """The unit's values streamed into a pipe as they are read, for the engine to
         parse while they come (docs/kafka.md: read and parse overlap); the pipe's path

@@ -119,6 +119,17 @@ def test_killed_three_times_mid_load_then_finished_is_exact(kafka, target_dir, t
     assert _counts(target_dir, table_name) == (200_000, 200_000)
 
 
+def test_more_partitions_than_a_streamed_round_takes_load_each_once(kafka, target_dir,
+                                                                     table_name):
+    topic = _topic(kafka, partitions=11)  # 8 units per streamed round at most
+    _produce(kafka, topic, range(22_000), partitions=11)
+    report = _report(_load(target_dir, _uri(kafka, topic), table_name, "--batch-rows", "800",
+                           *MODES["streamed"]))
+    assert report["rows_loaded"] == 22_000 and report["files_failed"] == 0
+    assert report["files_loaded"] == 11 * 3  # 2,000 messages a partition: 800+800+400
+    assert _counts(target_dir, table_name) == (22_000, 22_000)
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 def test_two_loaders_at_once_into_a_server_are_exact(kafka, clickhouse, table_name, mode):
     topic = _topic(kafka)
