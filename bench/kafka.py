@@ -3,6 +3,7 @@ the 18.16 Kafka table engine, against a hand-written consumer posting batches ov
 and the bare cost of the two readers.
 
     python3 bench/kafka.py [--rows 2000000] [--partitions 4] [--repeat 1] [--only a,b]
+                           [--kafka-option name=value ...]
 
 Starts its own Kafka broker and ClickHouse 18.16 server (scripts/services), produces
 `--rows` small JSON messages (zstd) over `--partitions` partitions once, and writes the
@@ -17,11 +18,17 @@ ClickHouse server's and the Kafka broker's own CPU over the same interval):
               at once (the C reader's cost)
   file        chload load of the JSON-lines file into a fresh embedded target (a)
   kafka       chload load kafka://... into a fresh embedded target
+  kafka_spool the same with each unit spooled to a file first, then loaded
+              (CHLOAD_KAFKA_PIPES=0; without --schema, or with an error budget, always)
+  kafka_audit the same with --audit (each row's _topic, _partition, _offset, _timestamp
+              and _key written into its JSON object by the reader, parsed as columns)
   kafka_250k  the same with --batch-rows 250000 (two rounds: the second is read while
               the first loads)
   kafka_python  the same through the Python reader (CHLOAD_KAFKA_READER=python: the
               fallback when no cc or librdkafka is found; the first version's reader)
   server_kafka  chload load kafka://... into the 18.16 server
+  server_kafka_spool  the same, spooled (CHLOAD_KAFKA_PIPES=0)
+  server_kafka_audit  the same with --audit
   hand_http   a hand-written consumer: consume(5000), join, POST each 100k-message batch
               to the server (INSERT ... FORMAT JSONEachRow), no ledger, no exactly-once (c)
   engine_mv   the server's Kafka table engine + a materialized view into MergeTree (b):
@@ -99,7 +106,8 @@ def bare(bootstrap: str, topic: str, partitions: int) -> None:
         pass
 
 
-def bare_native(bootstrap: str, topic: str, partitions: int, work: Path) -> None:
+def bare_native(bootstrap: str, topic: str, partitions: int, work: Path,
+                options: tuple[tuple[str, str], ...] = ()) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
     from chload.sources import kafka_native
@@ -111,12 +119,12 @@ def bare_native(bootstrap: str, topic: str, partitions: int, work: Path) -> None
     probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
     ends = [probe.get_watermark_offsets(TopicPartition(topic, p))[1] for p in range(partitions)]
     probe.close()
-    reader = kafka_native.NativeReader(lib, {**client_config(bootstrap, (), native=True),
+    reader = kafka_native.NativeReader(lib, {**client_config(bootstrap, options, native=True),
                                                 "group.id": "n"})
     fds = [os.open(work / f"native-{p}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
            for p in range(partitions)]
     try:
-        reader.read([(topic, p, 0, ends[p] - 1, fds[p], -1) for p in range(partitions)])
+        reader.read([(topic, p, 0, ends[p] - 1, fds[p], 0) for p in range(partitions)])
     finally:
         for fd in fds:
             os.close(fd)
@@ -179,10 +187,12 @@ def engine_mv(server: services.Service, name: str, rows: int, timeout: float) ->
     return arrived
 
 
-def chload(*args: str, reader: str = "") -> None:
+def chload(*args: str, reader: str = "", pipes: bool = True) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if reader:
         env["CHLOAD_KAFKA_READER"] = reader
+    if not pipes:
+        env["CHLOAD_KAFKA_PIPES"] = "0"
     done = subprocess.run([sys.executable, "-m", "chload", "load", *args, "-q"],
                           capture_output=True, text=True, env=env)
     if done.returncode:
@@ -220,6 +230,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--engine-timeout", type=float, default=300.0)
     parser.add_argument("--only", default="", help="comma-separated methods (default: all)")
+    parser.add_argument("--kafka-option", action="append", default=[],
+                        help="name=value: a librdkafka setting for chload's Kafka methods")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="chload-bench-kafka-"))
     broker = services.start_kafka(work)
@@ -236,21 +248,34 @@ def main() -> None:
 def _methods(args: argparse.Namespace, work: Path, bootstrap: str, topic: str,
              server: services.Service, i: int, lines: str) -> dict[str, Any]:
     uri = f"kafka://{bootstrap}/{topic}"
+    opts = [a for o in args.kafka_option for a in ("--kafka-option", o)]
+    pairs = tuple(tuple(o.split("=", 1)) for o in args.kafka_option)
     return {
         "bare": lambda: bare(bootstrap, topic, args.partitions),
-        "bare_native": lambda: bare_native(bootstrap, topic, args.partitions, work),
+        "bare_native": lambda: bare_native(bootstrap, topic, args.partitions, work, pairs),
         "file": lambda: chload(lines, "--table", "ev", "--target", str(work / f"file{i}"),
                                "--schema", SCHEMA),
         "kafka": lambda: chload(uri, "--table", "ev", "--target", str(work / f"kafka{i}"),
-                                "--schema", SCHEMA),
+                                "--schema", SCHEMA, *opts),
+        "kafka_spool": lambda: chload(uri, "--table", "ev", "--target",
+                                      str(work / f"kafkaspool{i}"), "--schema", SCHEMA, *opts,
+                                      pipes=False),
+        "kafka_audit": lambda: chload(uri, "--table", "ev", "--target",
+                                      str(work / f"kafkaaudit{i}"), "--schema", SCHEMA,
+                                      "--audit", *opts),
         "kafka_250k": lambda: chload(uri, "--table", "ev", "--target",
                                      str(work / f"kafka250k{i}"), "--schema", SCHEMA,
-                                     "--batch-rows", "250000"),
+                                     "--batch-rows", "250000", *opts),
         "kafka_python": lambda: chload(uri, "--table", "ev", "--target",
                                        str(work / f"kafkapy{i}"), "--schema", SCHEMA,
                                        reader="python"),
         "server_kafka": lambda: chload(uri, "--table", f"sk{i}", "--target", server.url,
-                                       "--schema", SCHEMA),
+                                       "--schema", SCHEMA, *opts),
+        "server_kafka_spool": lambda: chload(uri, "--table", f"sks{i}", "--target",
+                                             server.url, "--schema", SCHEMA, *opts,
+                                             pipes=False),
+        "server_kafka_audit": lambda: chload(uri, "--table", f"ska{i}", "--target", server.url,
+                                             "--schema", SCHEMA, "--audit", *opts),
         "hand_http": lambda: hand_http(bootstrap, topic, args.partitions, server, f"hh{i}"),
         "engine_mv": lambda: engine_mv(server, f"em{i}", args.rows, args.engine_timeout),
     }
@@ -278,13 +303,15 @@ def _bench(args: argparse.Namespace, work: Path, broker: services.Service,
                 arrived[name] = value
             seconds.setdefault(name, []).append(wall)
             cpu.setdefault(name, []).append(sum(used.values()))
-        for name, table in (("server_kafka", f"sk{i}"), ("hand_http", f"hh{i}")):
+        for name, table in (("server_kafka", f"sk{i}"), ("hand_http", f"hh{i}"),
+                            ("server_kafka_audit", f"ska{i}"), ("server_kafka_spool", f"sks{i}")):
             if name in seconds:
                 assert count(server, table) == args.rows, name
     best = {k: min(v) for k, v in seconds.items()}
     rows = {k: arrived.get(k, args.rows) for k in best}
     return {
         "rows": args.rows, "partitions": args.partitions, "produce_s": round(produced, 2),
+        "kafka_options": args.kafka_option,
         "load_average": os.getloadavg()[0], "seconds": {k: round(v, 3) for k, v in best.items()},
         "rows_per_s": {k: round(rows[k] / v) for k, v in best.items()},
         "cpu_s_per_million_rows": {k: round(min(v) / rows[k] * 1e6, 3) for k, v in cpu.items()},
@@ -300,6 +327,13 @@ def _ratios(best: dict[str, float], rows: dict[str, int]) -> dict[str, float]:
              "server_kafka_vs_hand_http": ("server_kafka", "hand_http"),
              "server_kafka_vs_engine_mv": ("server_kafka", "engine_mv"),
              "kafka_vs_engine_mv": ("kafka", "engine_mv"),
+             "kafka_audit_vs_kafka": ("kafka_audit", "kafka"),
+             "kafka_vs_kafka_spool": ("kafka", "kafka_spool"),
+             "kafka_spool_vs_file": ("kafka_spool", "file"),
+             "server_kafka_vs_server_kafka_spool": ("server_kafka", "server_kafka_spool"),
+             "server_kafka_spool_vs_file": ("server_kafka_spool", "file"),
+             "kafka_audit_vs_file": ("kafka_audit", "file"),
+             "server_kafka_audit_vs_server_kafka": ("server_kafka_audit", "server_kafka"),
              "kafka_250k_vs_file": ("kafka_250k", "file"),
              "kafka_python_vs_file": ("kafka_python", "file"),
              "kafka_vs_kafka_python": ("kafka", "kafka_python"),

@@ -255,6 +255,10 @@ def prepare_table(
     if schema and described is not None:
         _same_names(files, described, given or [])
     data = given if given is not None else _data_columns(target, files, existing, tolerate)
+    if audit and files and files[0].uri.startswith("kafka://"):  # columns the reader adds
+        from chload.sources.kafka import with_kafka_columns
+
+        data = with_kafka_columns(target, data)
     created = False
     if existing is None and not create:
         return data, data, False

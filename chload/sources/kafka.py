@@ -17,13 +17,16 @@ the measurements behind the reader, are in docs/kafka.md.
 
     plan     recover the table (settle `committing`), read each partition's committed
              end, its watermarks and the topic's id; report a topic rewound, re-created
-             or cut by retention below the ledger's end
+             or cut by retention below the ledger's end (kafka_plan.py)
     read     per round, the next unit of each partition (up to --batch-rows messages)
              into a spool, values joined by newlines: by the native reader (C through
              ctypes, all partitions in one call, no Python object per message) or,
              without cc or librdkafka, by confluent-kafka consume(5000) (kafka_read.py,
-             kafka_native.py); the next round is read in a thread while one loads
-    load     the round's spools through api._load (stage, commit, ledger); a unit
+             kafka_native.py); the next round is read in a thread while one loads.
+             Streamed instead (`streams`: --schema given, no error budget): each unit
+             into a pipe the engine parses as it fills, one reader thread per
+             partition, and a unit commits only if its reader finished it (db_pipes)
+    load     the round's units through api._load (stage, commit, ledger); a unit
              refused because its partition moved (another loader) is planned again
              from the new end; a failed unit stops its partition
 """
@@ -36,17 +39,24 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from chload.errors import UsageError
 from chload.formats import FileFormat
-from chload.ledger import COMMITTING, LOADED
 from chload.runner import LOADED_ELSEWHERE, Event, FileResult, Listener
+from chload.schema import Column, quote_str
 from chload.sources import SourceContext, SourceFile, StreamPosition
+from chload.sources.kafka_plan import (
+    SCHEME,
+    Partition,
+    committed,
+    parse_uri,
+    plan,
+)
 from chload.sources.kafka_read import Broker, Spooled, SpoolReader, Unit, client_config
 from chload.sources.remote import RemoteSource
 
@@ -54,142 +64,29 @@ if TYPE_CHECKING:
     from chload.api import LoadReport, LoadSpec
     from chload.targets import Target
 
-SCHEME = "kafka://"
 BATCH_ROWS = 500_000  # messages a unit holds at most (--batch-rows)
 BATCH_SECONDS = 5.0  # --follow: a unit is cut at least this often (--batch-seconds)
 # Formats whose rows are one message each once joined by newlines.
 LINE_FORMATS = {"JSONEachRow", "JSONLines", "NDJSON", "JSONAsString", "JSONCompactEachRow",
                 "CSV", "TSV", "TabSeparated", "LineAsString", "TSKV", "CustomSeparated"}
 _EXTENSIONS = {"JSONEachRow": "jsonl", "CSV": "csv", "TSV": "tsv", "TabSeparated": "tsv"}
+# --audit: the formats whose rows are JSON objects, which the reader extends with the
+# message's Kafka columns (kafka_read.audited), and those columns' types. _topic is a
+# String: parsed into LowCardinality(String), 1M rows took ~0.3 s more (docs/kafka.md).
+AUDIT_FORMATS = {"JSONEachRow", "JSONLines", "NDJSON"}
+AUDIT_COLUMNS = {"_topic": "String", "_partition": "UInt32",
+                 "_offset": "UInt64", "_timestamp": "DateTime64(3, 'UTC')", "_key": "String"}
 
-LoadRound = Callable[[list[SourceFile]], "LoadReport"]
+# Units a streamed round reads and loads at once, at most (a reader thread, a librdkafka
+# handle and an engine INSERT each); partitions beyond it wait for the next rounds.
+STREAMED_UNITS = 8
+# Load a round's units; the int, if not None, is the number of units to load at once
+# (--workers, unless the user gave it).
+LoadRound = Callable[[list[SourceFile], int | None], "LoadReport"]
 
 
 def is_kafka(sources: Sequence[str]) -> bool:
     return any(s.lower().startswith(SCHEME) for s in sources)
-
-
-@dataclass(frozen=True, slots=True)
-class KafkaSource:
-    """What `kafka://host:port[,host:port]/topic[,topic]` names."""
-
-    bootstrap: str
-    topics: tuple[str, ...]
-
-
-def parse_uri(sources: Sequence[str]) -> KafkaSource:
-    """The one kafka:// source of a load (several topics comma-separated)."""
-    if len(sources) != 1:
-        raise UsageError("a Kafka load takes one kafka://broker:port/topic source (several "
-                         "topics comma-separated); load files with another command")
-    rest = sources[0][len(SCHEME):]
-    bootstrap, _, path = rest.partition("/")
-    if "@" in bootstrap:
-        raise UsageError("kafka://: no credentials in the URI; pass them with --kafka-option "
-                         "sasl.username=... --kafka-option 'sasl.password=${VAR}'")
-    topics = tuple(t for t in path.strip("/").split(",") if t)
-    if not bootstrap or not topics or any("/" in t for t in topics):
-        raise UsageError(f"{sources[0]}: write kafka://broker:port/topic (several topics "
-                         "comma-separated)")
-    return KafkaSource(bootstrap.lower(), topics)
-
-
-# --------------------------------------------------------------------------- planning
-
-@dataclass(slots=True)
-class Partition:
-    """One partition's place: the next offset to load, the committed end the plan
-    started from (`after`), and up to where this run loads (`end`)."""
-
-    topic: str
-    partition: int
-    stream: str
-    topic_id: str
-    next: int
-    after: int
-    end: int
-    since_seq: int = 0
-    stopped: bool = False
-
-    def unit(self, rows: int) -> Unit:
-        return Unit(self.topic, self.partition, self.next, min(self.end, self.next + rows) - 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Mark:
-    end: int  # last offset of the stream's latest committed unit + 1
-    identity: str  # that unit's identity: '<topic id>:<first>-<last>'
-
-
-def stream_of(source: KafkaSource, topic: str, partition: int) -> str:
-    return f"{SCHEME}{source.bootstrap}/{topic}/{partition}"
-
-
-def committed(target: Target, database: str, name: str, display: str,
-              ) -> tuple[dict[str, Mark], int]:
-    """Each Kafka stream's committed end in the table's own history (planner.own_history:
-    a table dropped, re-created or truncated starts again), and the ledger seq from
-    which events count (events before it were set aside)."""
-    from chload import planner
-
-    live = {e.uri: e for e in target.ledger.latest(display)
-            if e.uri.startswith(SCHEME) and e.state in (COMMITTING, LOADED)}
-    own, _ = planner.own_history(target.ledger.table_state(database, name), live)
-    since = max((e.seq for uri, e in live.items() if uri not in own), default=-1) + 1
-    marks: dict[str, Mark] = {}
-    for uri, event in own.items():
-        stream, _, span = uri.rpartition("/")
-        end = int(span.rpartition("-")[2]) + 1
-        if event.seq >= since and end > marks.get(stream, Mark(0, "")).end:
-            marks[stream] = Mark(end, event.identity)
-    return marks, since
-
-
-def plan(broker: Broker, source: KafkaSource, marks: dict[str, Mark], since: int,
-         force: bool) -> tuple[list[Partition], list[FileResult]]:
-    """Every partition of the source's topics, from its committed end (or low
-    watermark) to its high watermark now; and the partitions refused, with why."""
-    partitions: list[Partition] = []
-    refused: list[FileResult] = []
-    for topic in source.topics:
-        topic_id = broker.topic_id(topic)
-        for number in broker.partitions(topic):
-            low, high = broker.watermarks(topic, number)
-            stream = stream_of(source, topic, number)
-            part = Partition(topic, number, stream, topic_id, low, 0, high, since)
-            problem = _place(part, marks.get(stream), low, high, force)
-            if problem:
-                refused.append(FileResult(stream, "failed", error=problem))
-            else:
-                partitions.append(part)
-    return partitions, refused
-
-
-def _place(part: Partition, mark: Mark | None, low: int, high: int, force: bool) -> str:
-    """Set where the partition starts from its ledger mark; or say why it cannot."""
-    if mark is None:
-        return ""
-    where = f"kafka {part.topic}/{part.partition}"
-    old_id = mark.identity.rpartition(":")[0]
-    if old_id and part.topic_id and old_id != part.topic_id:
-        if force:  # the new topic from its start; the old one's units are set aside
-            part.since_seq = time.time_ns()
-            return ""
-        return (f"{where}: the topic was re-created (id {part.topic_id}, the ledger's "
-                f"loads are of {old_id}); nothing loaded from it: pass --force to load the "
-                "new topic from its start")
-    part.next = part.after = mark.end
-    if mark.end > high:
-        return (f"{where}: offsets end at {high} but the ledger has loaded up to "
-                f"{mark.end - 1} (topic rewound or re-created); nothing loaded from it")
-    if mark.end < low:
-        if force:
-            part.next = low
-            return ""
-        return (f"{where}: offsets {mark.end}..{low - 1} were deleted (retention) before "
-                f"chload loaded them; nothing loaded from it: pass --force to go on from "
-                f"offset {low}, without them")
-    return ""
 
 
 # --------------------------------------------------------------------------- the run
@@ -201,6 +98,20 @@ class Options:
     follow: bool = False
     kafka_options: tuple[tuple[str, str], ...] = ()
     stop: threading.Event = field(default_factory=threading.Event)
+    audit: bool = False  # each row with its Kafka columns (AUDIT_COLUMNS)
+    pipes: bool = False  # units streamed to the engine through pipes (_stream_round)
+
+
+def with_kafka_columns(target: Target, data: list[Column]) -> list[Column]:
+    """--audit: the data's columns with the Kafka columns (which the reader writes into
+    each row) at their types: an inferred type replaced, a missing column (--schema)
+    added. `_timestamp` is DateTime('UTC') (seconds) where the target lacks DateTime64."""
+    caps = getattr(target, "caps", None)
+    types = dict(AUDIT_COLUMNS)
+    if caps is not None and "DateTime64" not in caps.types:
+        types["_timestamp"] = "DateTime('UTC')"
+    kept = [Column(c.name, types.get(c.name, c.type)) for c in data]
+    return kept + [Column(n, t) for n, t in types.items() if n not in {c.name for c in data}]
 
 
 def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRound,
@@ -212,6 +123,11 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
     if fmt.name not in LINE_FORMATS:
         raise UsageError(f"--format {fmt.name}: a Kafka load joins messages by newlines; use "
                          f"one of {', '.join(sorted(LINE_FORMATS))}")
+    if spec.audit and fmt.name not in AUDIT_FORMATS:
+        raise UsageError(f"--audit with --format {fmt.name}: the Kafka columns (_topic, "
+                         "_partition, _offset, _timestamp, _key) are added to JSON objects; "
+                         f"use one of {', '.join(sorted(AUDIT_FORMATS))}, or leave out --audit")
+    options.audit = spec.audit
     report.recovered += target.recover(table.sql)
     group = f"chload-{table.display}"
     broker = Broker(client_config(source.bootstrap, options.kafka_options),
@@ -226,6 +142,7 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
                                                    native=True), group)
         if reader.why:
             report.notes.append(f"Kafka: the Python reader (slower): {reader.why}")
+        options.pipes = streams(spec, target, reader)
         try:
             with _spool_dir(target) as spool, _stopping(options):
                 _rounds(reader, fmt, partitions, spool, load_round, report, options,
@@ -267,14 +184,21 @@ def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], s
                     _refresh(reader.broker, partitions)
                     _lag(listener, partitions)
                     continue
+                if options.pipes:  # read and parsed at once: no read-ahead
+                    _stream_round(reader, fmt, due, load_round, report, options, target,
+                                  table)
+                    _lag(listener, partitions)
+                    last_cut = time.monotonic()
+                    continue
                 spools = _taken(ahead, due, options.batch_rows)
                 ahead = None
                 covered = {id(s.part) for s in spools}
                 spools += _read(reader, fmt, spool, [(p, p.unit(options.batch_rows), p.after)
-                                                     for p in due if id(p) not in covered])
+                                                     for p in due if id(p) not in covered],
+                                options.audit)
                 following = _following(spools, options.batch_rows)
                 if following:
-                    ahead = pool.submit(_read, reader, fmt, spool, following)
+                    ahead = pool.submit(_read, reader, fmt, spool, following, options.audit)
                 _load_round(spools, load_round, report, target, table)
                 _lag(listener, partitions)
                 last_cut = time.monotonic()
@@ -312,11 +236,62 @@ def _drop(ahead: Future[list[Spool]]) -> None:
         pass
 
 
+def streams(spec: LoadSpec, target: Target, reader: SpoolReader) -> bool:
+    """Whether units go to the engine through pipes, parsed as they are read: with the
+    native reader, into a target that reads pipes, when nothing reads a unit before its
+    load (--schema given: no inference; no error budget: rejects are read again from
+    the unit; no header to look for). CHLOAD_KAFKA_PIPES=0 turns it off."""
+    return (reader.native is not None and bool(getattr(target, "reads_pipes", False))
+            and spec.schema is not None and not spec.budget.allows_errors
+            and "WithNames" not in (spec.format or "")
+            and os.environ.get("CHLOAD_KAFKA_PIPES", "1") != "0")
+
+
+def _stream_round(reader: SpoolReader, fmt: FileFormat, due: list[Partition],
+                  load_round: LoadRound, report: LoadReport, options: Options,
+                  target: Target, table: Any) -> None:
+    """A round whose units stream through pipes (SpoolReader.stream): each unit's reader
+    runs while the engine parses; the unit commits only if its reader finished it
+    (db_pipes.check, through KafkaStreamSource.current)."""
+    from chload.sources import db_pipes
+
+    due = sorted(due, key=lambda p: p.streamed)[:STREAMED_UNITS]  # the least streamed
+    reader.keep_handles({(p.topic, p.partition) for p in due}, STREAMED_UNITS)
+    files, readings = [], []
+    try:
+        for p in due:
+            p.streamed += 1
+            unit = p.unit(options.batch_rows)
+            path, reading = reader.stream(unit, options.audit)
+            readings.append(reading)
+            files.append(SourceFile(f"{p.stream}/{unit.first}-{unit.last}", 0, 0, fmt,
+                                    kind="kafka", etag=f"{p.topic_id}:{unit.first}-{unit.last}",
+                                    local_path=path,
+                                    position=StreamPosition(p.stream, p.after, p.since_seq,
+                                                            unit.first - 1)))
+        # all at once: a unit waiting for a worker is a partition whose reader waits on
+        # its full pipe (embedded, 4 partitions: 1.37 s against 1.61 s with the target's
+        # 2 workers, best of three, docs/kafka.md)
+        done = load_round(files, len(files))
+    finally:
+        for f in files:
+            db_pipes.release(f.local_path or "")
+    files = [replace(f, position=replace(f.position, line_base=_base(r.done)))
+             if f.position else f for f, r in zip(files, readings, strict=True)]
+    _advance(due, files, done, target, table)
+    _add(report, done.files, done)
+
+
+def _base(read: Spooled) -> int:
+    """Row n of a unit is offset base + n, where its offsets have no gap; else 0."""
+    return read.first_offset - 1 if read.contiguous and read.first_offset >= 0 else 0
+
+
 def _load_round(spools: list[Spool], load_round: LoadRound, report: LoadReport,
                 target: Target, table: Any) -> None:
     files = [s.file for s in spools]
     try:
-        done = load_round(files)
+        done = load_round(files, None)
     finally:
         for f in files:
             _remove(f.local_path)
@@ -342,7 +317,7 @@ def _refresh(broker: Broker, partitions: list[Partition]) -> None:
 
 
 def _read(reader: SpoolReader, fmt: FileFormat, spool: str,
-          units: list[tuple[Partition, Unit, int]]) -> list[Spool]:
+          units: list[tuple[Partition, Unit, int]], audit: bool = False) -> list[Spool]:
     """Read units into spool files (one call for all); `after` per unit is the committed
     end its commit will require."""
     if not units:
@@ -350,14 +325,15 @@ def _read(reader: SpoolReader, fmt: FileFormat, spool: str,
     ext = _EXTENSIONS.get(fmt.name, "txt")
     paths = [os.path.join(spool, f"kafka-{u.topic}-{u.partition}-{u.first}-{u.last}.{ext}")
              for _, u, _ in units]
-    done = reader.read([(u, path) for (_, u, _), path in zip(units, paths, strict=True)])
+    done = reader.read([(u, path) for (_, u, _), path in zip(units, paths, strict=True)],
+                       audit)
     return [Spool(part, unit, after, _spooled(part, unit, after, path, read, fmt))
             for (part, unit, after), path, read in zip(units, paths, done, strict=True)]
 
 
 def _spooled(part: Partition, unit: Unit, after: int, path: str, read: Spooled,
              fmt: FileFormat) -> SourceFile:
-    base = read.first_offset - 1 if read.contiguous and read.first_offset >= 0 else 0
+    base = _base(read)
     identity = f"{part.topic_id}:{unit.first}-{unit.last}"
     return SourceFile(f"{part.stream}/{unit.first}-{unit.last}", read.bytes, 0, fmt,
                       etag=identity, local_path=path,
@@ -390,13 +366,17 @@ def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
 
 
 def _offset_error(error: str, f: SourceFile) -> str:
-    """`<unit uri>: line N, ...` (a row of the spool) as the message's offset."""
+    """`<unit uri>: line N, ...` (a row of the spool; a streamed unit's engine error
+    says `(at row N)` instead) as the message's offset."""
     base = f.position.line_base if f.position else 0
     match = re.match(rf"^{re.escape(f.uri)}: line (\d+)", error)
-    if not match or not base:
-        return error
-    offset = base + int(match.group(1))
-    return f"{f.uri}: offset {offset}{error[match.end():]}"
+    if match and base:
+        return f"{f.uri}: offset {base + int(match.group(1))}{error[match.end():]}"
+    row = re.search(r" ?\(at row (\d+)\)", error)
+    if row and base and error.startswith(f"{f.uri}: "):
+        rest = (error[:row.start()] + error[row.end():])[len(f.uri) + 2:]
+        return f"{f.uri}: offset {base + int(row.group(1))}, {rest}"
+    return error
 
 
 def _add(report: LoadReport, results: Sequence[FileResult],
@@ -467,7 +447,30 @@ class KafkaStreamSource(RemoteSource):
                          "source of a load")
 
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
+        from chload.sources import db_pipes
+
+        if db_pipes.is_pipe(file.local_path):  # a unit streamed by _stream_round
+            args = [file.local_path or "", fmt, structure or "auto"]
+            return f"file({', '.join(quote_str(a) for a in args)})"
         raise UsageError(f"{file.uri}: a Kafka unit is read from its spool, not in place")
+
+    def current(self, file: SourceFile) -> SourceFile:
+        """A streamed unit is checked after its read: it commits only if its reader
+        finished it (db_pipes.check raises otherwise)."""
+        from chload.sources import db_pipes
+
+        if db_pipes.is_pipe(file.local_path):
+            db_pipes.check(file.local_path or "", file.uri)
+        return file
+
+    def release(self, files: Iterable[SourceFile]) -> None:
+        from chload.sources import db_pipes
+
+        for f in files:
+            db_pipes.release(f.local_path or "")
+
+    def loads_alone(self, file: SourceFile) -> bool:
+        return True  # a unit is a commit of its own, its pipe read once
 
 
 SOURCE = KafkaStreamSource()

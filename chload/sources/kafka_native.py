@@ -42,12 +42,11 @@ class NativeUnit(ctypes.Structure):
 
     _fields_ = [("topic", ctypes.c_char_p), ("partition", ctypes.c_int32),
                 ("fd", ctypes.c_int32), ("first", ctypes.c_int64), ("last", ctypes.c_int64),
-                ("meta_fd", ctypes.c_int32), ("contiguous", ctypes.c_int32),
+                ("audit", ctypes.c_int32), ("contiguous", ctypes.c_int32),
                 ("messages", ctypes.c_int64), ("bytes", ctypes.c_int64),
                 ("first_offset", ctypes.c_int64), ("expect", ctypes.c_int64),
                 ("done", ctypes.c_int32), ("used", ctypes.c_int32), ("rkt", ctypes.c_void_p),
-                ("buf", ctypes.c_void_p), ("meta", ctypes.c_void_p),
-                ("meta_used", ctypes.c_size_t)]
+                ("buf", ctypes.c_void_p)]
 
 
 def librdkafka() -> str:
@@ -162,13 +161,14 @@ class NativeReader:
             self.handle = None
 
     def read(self, units: Sequence[tuple[str, int, int, int, int, int]]) -> list[NativeUnit]:
-        """(topic, partition, first, last, fd, meta_fd) each: read all at once."""
+        """(topic, partition, first, last, fd, audit) each: read all at once; `audit`:
+        each value (a JSON object) gets the message's Kafka columns (kafka_read.audited)."""
         array = (NativeUnit * len(units))()
-        for slot, (topic, partition, first, last, fd, meta_fd) in zip(array, units,
-                                                                       strict=True):
+        for slot, (topic, partition, first, last, fd, audit) in zip(array, units,
+                                                                     strict=True):
             slot.topic, slot.partition, slot.first, slot.last = (topic.encode(), partition,
                                                                  first, last)
-            slot.fd, slot.meta_fd = fd, meta_fd
+            slot.fd, slot.audit = fd, audit
         err = ctypes.create_string_buffer(1024)
         if self.lib.chl_read(self.handle, array, len(units), TIMEOUT_MS, err, len(err)):
             raise SourceError(err.value.decode(errors="replace"))

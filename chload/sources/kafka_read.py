@@ -10,10 +10,11 @@ from __future__ import annotations
 import bisect
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from chload.errors import SourceError, UsageError
 
@@ -123,13 +124,14 @@ class Broker:
             raise SourceError(f"kafka {what} at {self.config['bootstrap.servers']}: "
                               f"{exc.args[0] if exc.args else exc}") from exc
 
-    def read(self, unit: Unit, out: Any) -> Spooled:
-        """Write the values of the unit's messages to `out`, one per line."""
+    def read(self, unit: Unit, out: Any, audit: bool = False) -> Spooled:
+        """Write the values of the unit's messages to `out`, one per line (`audit`: each
+        with its Kafka columns, `audited`)."""
         from confluent_kafka import TopicPartition
 
         self.consumer.assign([TopicPartition(unit.topic, unit.partition, unit.first)])
         try:
-            return _read(self.consumer, unit, out)
+            return _read(self.consumer, unit, out, audit)
         finally:
             self.consumer.unassign()
 
@@ -144,20 +146,50 @@ class SpoolReader:
 
         self.broker = broker
         lib, self.why = kafka_native.load()
-        self.native = (kafka_native.NativeReader(lib, {**native_config, "group.id": group})
+        self.native_config = {**native_config, "group.id": group}
+        self.native = (kafka_native.NativeReader(lib, self.native_config)
                        if lib is not None else None)
+        self.handles: dict[tuple[str, int], Any] = {}  # stream(): one per partition
 
     def close(self) -> None:
         if self.native is not None:
             self.native.close()
+        for handle in self.handles.values():
+            handle.close()
+        self.handles.clear()
 
-    def read(self, jobs: Sequence[tuple[Unit, str]]) -> list[Spooled]:
-        """Each unit's values into its path (created, or emptied)."""
+    def keep_handles(self, keys: set[tuple[str, int]], most: int) -> None:
+        """Close the per-partition handles of other partitions than `keys` once there
+        are more than `most` (none is in use between rounds)."""
+        if len(self.handles) > most:
+            for key in [k for k in self.handles if k not in keys]:
+                self.handles.pop(key).close()
+
+    def stream(self, unit: Unit, audit: bool) -> tuple[str, PipeReading]:
+        """The unit's values streamed into a pipe as they are read, for the engine to
+        parse while they come (docs/kafka.md: read and parse overlap); the pipe's path
+        (/dev/fd/N, db_pipes) and its reading, whose `finish` says whether the unit was
+        read whole. Each partition has its own consumer handle and thread, so a writer
+        waiting on a full pipe holds up no other partition. Native reader only."""
+        from chload.sources import db_pipes, kafka_native
+
+        assert self.native is not None
+        handle = self.handles.get((unit.topic, unit.partition))
+        if handle is None:
+            handle = kafka_native.NativeReader(self.native.lib, self.native_config)
+            self.handles[(unit.topic, unit.partition)] = handle
+        read_end, write_end = db_pipes.make()
+        reading = PipeReading(handle, unit, write_end, audit)
+        return db_pipes.register(read_end, reading), reading
+
+    def read(self, jobs: Sequence[tuple[Unit, str]], audit: bool = False) -> list[Spooled]:
+        """Each unit's values into its path (created, or emptied); `audit`: each value
+        (a JSON object) with the message's Kafka columns as its last fields."""
         if self.native is None:
-            return [self._python(unit, path) for unit, path in jobs]
+            return [self._python(unit, path, audit) for unit, path in jobs]
         fds = [os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) for _, path in jobs]
         try:
-            done = self.native.read([(u.topic, u.partition, u.first, u.last, fd, -1)
+            done = self.native.read([(u.topic, u.partition, u.first, u.last, fd, int(audit))
                                      for (u, _), fd in zip(jobs, fds, strict=True)])
         finally:
             for fd in fds:
@@ -165,9 +197,47 @@ class SpoolReader:
         return [Spooled(int(r.messages), int(r.bytes), bool(r.contiguous), int(r.first_offset))
                 for r in done]
 
-    def _python(self, unit: Unit, path: str) -> Spooled:
+    def _python(self, unit: Unit, path: str, audit: bool) -> Spooled:
         with open(path, "wb", buffering=1 << 20) as out:
-            return self.broker.read(unit, out)
+            return self.broker.read(unit, out, audit)
+
+
+class PipeReading:
+    """A unit being read into a pipe's write end by the native reader, in a thread of
+    its own (ctypes releases the GIL); the write end is closed when the unit ends, so
+    the engine sees the end of the data there. db_pipes.check asks `finish` after the
+    engine read to the end: it raises unless the reader completed the unit."""
+
+    def __init__(self, handle: Any, unit: Unit, write_end: int, audit: bool) -> None:
+        self.unit, self.done = unit, Spooled()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(handle, write_end, audit),
+                                        name=f"chload-kafka-{unit.partition}", daemon=True)
+        self._thread.start()
+
+    def _run(self, handle: Any, write_end: int, audit: bool) -> None:
+        u = self.unit
+        try:
+            r = handle.read([(u.topic, u.partition, u.first, u.last, write_end, int(audit))])[0]
+            self.done = Spooled(int(r.messages), int(r.bytes), bool(r.contiguous),
+                                int(r.first_offset))
+        except BaseException as exc:  # noqa: BLE001 - handed to finish(), in the loader
+            self.error = exc
+        finally:
+            os.close(write_end)
+
+    def finish(self) -> None:
+        self._thread.join()
+        if isinstance(self.error, SourceError):  # it names the unit's partition and offsets
+            raise self.error
+        if self.error is not None:
+            raise SourceError(f"kafka {self.unit.topic}/{self.unit.partition} offsets "
+                              f"{self.unit.first}..{self.unit.last}: {self.error}")
+
+    def stop(self) -> None:
+        """The engine is done with the pipe (its read end closed: a writer gets EPIPE):
+        wait for the thread, so its handle is free for the partition's next unit."""
+        self._thread.join()
 
 
 @dataclass(slots=True)
@@ -181,7 +251,7 @@ class Spooled:
     first_offset: int = -1
 
 
-def _read(consumer: Any, unit: Unit, out: Any) -> Spooled:
+def _read(consumer: Any, unit: Unit, out: Any, audit: bool) -> Spooled:
     done = Spooled()
     expect, quiet_since = unit.first, time.monotonic()
     while expect <= unit.last:
@@ -193,7 +263,7 @@ def _read(consumer: Any, unit: Unit, out: Any) -> Spooled:
                                   f"{unit.last} were there at start); run again later")
             continue
         quiet_since = time.monotonic()
-        values, expect = _values(messages, unit, expect, done)
+        values, expect = _values(messages, unit, expect, done, audit)
         if values:
             block = b"\n".join(values)
             out.write(block)
@@ -203,7 +273,8 @@ def _read(consumer: Any, unit: Unit, out: Any) -> Spooled:
     return done
 
 
-def _values(messages: list, unit: Unit, expect: int, done: Spooled) -> tuple[list[bytes], int]:
+def _values(messages: list, unit: Unit, expect: int, done: Spooled,
+            audit: bool = False) -> tuple[list[bytes], int]:
     """The values of one consume() batch within the unit, and the next offset due.
 
     The usual batch (no error, no gap, no null) costs one list comprehension; any other
@@ -223,25 +294,59 @@ def _values(messages: list, unit: Unit, expect: int, done: Spooled) -> tuple[lis
     if done.first_offset < 0:
         done.first_offset = first
     if first != expect or last - first + 1 != len(messages):
-        return _slow(messages, unit, done), last + 1
-    values = [m.value() for m in messages]
+        return _slow(messages, unit, done, audit), last + 1
+    values = [_audited(m) if audit else m.value() for m in messages]
     if None in values:
         done.contiguous = False
         values = [v for v in values if v is not None]
-    return values, last + 1
+    return cast("list[bytes]", values), last + 1
 
 
-def _slow(messages: list, unit: Unit, done: Spooled) -> list[bytes]:
+def _slow(messages: list, unit: Unit, done: Spooled, audit: bool) -> list[bytes]:
     values: list[bytes] = []
     for m in messages:
         if m.error() is not None:
             _check_error(m, unit)
             continue
-        value = m.value()
+        value = _audited(m) if audit else m.value()
         if value is not None:
             values.append(value)
     done.contiguous = False
     return values
+
+
+def _audited(m: Any) -> bytes | None:
+    """A message's value with its Kafka columns (the fallback reader's; the native
+    reader's put_audited writes the same bytes)."""
+    value = m.value()
+    if value is None:
+        return None
+    return audited(value, m.topic(), m.partition(), m.offset(), m.timestamp()[1], m.key())
+
+
+def audited(value: bytes, topic: str, partition: int, offset: int, timestamp_ms: int,
+            key: bytes | None) -> bytes:
+    """--audit: a JSON object with `_topic`, `_partition`, `_offset`, `_timestamp` (UTC,
+    milliseconds) and `_key` ("" if none) as its last fields, so the engine parses them
+    as columns with the rest (docs/kafka.md); a value that is not an object goes as it
+    is, and the engine rejects it like any malformed row."""
+    body = value.rstrip(b" \t\r\n")
+    if not body.endswith(b"}"):
+        return value
+    head = body[:-1].rstrip(b" \t\r\n")
+    ms = max(0, timestamp_ms)
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}"
+    fields = (b'"_topic":' + _json_string(topic.encode()) + b',"_partition":%d,"_offset":%d,'
+              b'"_timestamp":"%s","_key":' % (partition, offset, when.encode())
+              + _json_string(key or b""))
+    return head + (b"" if head.endswith(b"{") else b",") + fields + b"}"
+
+
+def _json_string(raw: bytes) -> bytes:
+    out = raw.replace(b"\\", b"\\\\").replace(b'"', b'\\"')
+    if any(c < 0x20 for c in out):
+        out = b"".join(b"\\u%04x" % c if c < 0x20 else bytes((c,)) for c in out)
+    return b'"' + out + b'"'
 
 
 class _Offsets:

@@ -82,14 +82,15 @@ rd_kafka_topic_partition_t *rd_kafka_topic_partition_list_add(
 void rd_kafka_topic_partition_list_destroy(rd_kafka_topic_partition_list_t *);
 int rd_kafka_assign(rd_kafka_t *, const rd_kafka_topic_partition_list_t *);
 
-/* One unit: Python fills topic..meta_fd and reads the results (kafka_native.Unit). */
+/* One unit: Python fills topic..audit and reads the results (kafka_native.Unit). */
 typedef struct {
     const char *topic;
     int32_t partition;
     int32_t fd;
     int64_t first;
     int64_t last;            /* inclusive */
-    int32_t meta_fd;         /* -1, or where "offset\ttimestamp_ms\tkey_hex\n" per row goes */
+    int32_t audit;           /* 1: each JSON object gets the message's _topic, _partition,
+                                _offset, _timestamp and _key as its last fields */
     int32_t contiguous;      /* out: row n of the spool is offset first_offset + n - 1 */
     int64_t messages;        /* out: rows written (null values are skipped) */
     int64_t bytes;           /* out: bytes written to fd */
@@ -100,8 +101,6 @@ typedef struct {
     int32_t used;
     rd_kafka_topic_t *rkt;
     char *buf;
-    char *meta;
-    size_t meta_used;
 } chl_unit;
 
 #define BUF_SIZE (1 << 20)
@@ -153,44 +152,96 @@ static int flush_all(int fd, const char *buf, size_t n, char *err, size_t errlen
     return 0;
 }
 
-static int put(chl_unit *u, const void *data, size_t len, char *err, size_t errlen) {
-    if ((size_t)u->used + len + 1 > BUF_SIZE) {
+/* Append to the unit's buffer, flushing it when full; counts the unit's bytes. */
+static int emit(chl_unit *u, const void *data, size_t len, char *err, size_t errlen) {
+    u->bytes += (int64_t)len;
+    if ((size_t)u->used + len > BUF_SIZE) {
         if (flush_all(u->fd, u->buf, (size_t)u->used, err, errlen))
             return -1;
         u->used = 0;
-        if (len + 1 > BUF_SIZE) { /* a value larger than the buffer: straight out */
-            if (flush_all(u->fd, data, len, err, errlen) || flush_all(u->fd, "\n", 1, err, errlen))
-                return -1;
-            return 0;
-        }
+        if (len > BUF_SIZE) /* a value larger than the buffer: straight out */
+            return flush_all(u->fd, data, len, err, errlen);
     }
     memcpy(u->buf + u->used, data, len);
-    u->buf[u->used + len] = '\n';
-    u->used += (int32_t)(len + 1);
+    u->used += (int32_t)len;
     return 0;
 }
 
-static int put_meta(chl_unit *u, const rd_kafka_message_t *m, char *err, size_t errlen) {
-    if (u->meta_used + 64 + 2 * m->key_len > BUF_SIZE || 64 + 2 * m->key_len > BUF_SIZE) {
-        if (flush_all(u->meta_fd, u->meta, u->meta_used, err, errlen))
-            return -1;
-        u->meta_used = 0;
-        if (64 + 2 * m->key_len > BUF_SIZE)
-            return say(err, errlen, "%s: a message key over %lld bytes", u->topic, BUF_SIZE / 2);
+static int put(chl_unit *u, const void *data, size_t len, char *err, size_t errlen) {
+    if ((size_t)u->used + len + 1 <= BUF_SIZE) { /* the usual case: one copy */
+        memcpy(u->buf + u->used, data, len);
+        u->buf[u->used + len] = '\n';
+        u->used += (int32_t)(len + 1);
+        u->bytes += (int64_t)len + 1;
+        return 0;
     }
+    return emit(u, data, len, err, errlen) || emit(u, "\n", 1, err, errlen) ? -1 : 0;
+}
+
+/* `s` as a JSON string: quotes, backslashes and control bytes escaped, others as
+ * they are (the engine's JSON reader takes any bytes in a string). */
+static int emit_json_string(chl_unit *u, const unsigned char *s, size_t n, char *err,
+                            size_t errlen) {
+    char tmp[4096];
+    size_t t = 0;
+    tmp[t++] = '"';
+    for (size_t i = 0; i < n; i++) {
+        if (t > sizeof tmp - 8) {
+            if (emit(u, tmp, t, err, errlen))
+                return -1;
+            t = 0;
+        }
+        unsigned char c = s[i];
+        if (c == '"' || c == '\\') {
+            tmp[t++] = '\\';
+            tmp[t++] = (char)c;
+        } else if (c < 0x20) {
+            t += (size_t)snprintf(tmp + t, 7, "\\u%04x", c);
+        } else {
+            tmp[t++] = (char)c;
+        }
+    }
+    tmp[t++] = '"';
+    return emit(u, tmp, t, err, errlen);
+}
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+/* --audit: a JSON object's value with the message's metadata as its last fields,
+ * `{"id":1}` -> `{"id":1,"_topic":"t","_partition":0,"_offset":7,
+ * "_timestamp":"2026-11-24 05:00:00.123","_key":"k"}` (UTC; no key: ""). A value that
+ * is not an object goes as it is: the engine rejects it like any malformed row. */
+static int put_audited(chl_unit *u, const rd_kafka_message_t *m, char *err, size_t errlen) {
+    const char *v = m->payload;
+    size_t n = m->len;
+    while (n && is_space(v[n - 1]))
+        n--;
+    if (!n || v[n - 1] != '}')
+        return put(u, m->payload, m->len, err, errlen);
+    size_t k = n - 1;
+    while (k && is_space(v[k - 1]))
+        k--;
+    int empty = k && v[k - 1] == '{';
     int type = 0;
-    long long ts = (long long)rd_kafka_message_timestamp(m, &type);
-    char *p = u->meta + u->meta_used;
-    p += sprintf(p, "%lld\t%lld\t", (long long)m->offset, ts);
-    static const char hex[] = "0123456789abcdef";
-    const unsigned char *k = m->key;
-    for (size_t i = 0; k && i < m->key_len; i++) {
-        *p++ = hex[k[i] >> 4];
-        *p++ = hex[k[i] & 15];
-    }
-    *p++ = '\n';
-    u->meta_used = (size_t)(p - u->meta);
-    return 0;
+    long long ms = (long long)rd_kafka_message_timestamp(m, &type);
+    if (ms < 0)
+        ms = 0;
+    time_t secs = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&secs, &tm);
+    char head[256];
+    int h = snprintf(head, sizeof head, "%s\"_topic\":", empty ? "" : ",");
+    if (emit(u, v, k, err, errlen) || emit(u, head, (size_t)h, err, errlen) ||
+        emit_json_string(u, (const unsigned char *)u->topic, strlen(u->topic), err, errlen))
+        return -1;
+    h = snprintf(head, sizeof head, ",\"_partition\":%d,\"_offset\":%lld,\"_timestamp\":"
+                 "\"%04d-%02d-%02d %02d:%02d:%02d.%03d\",\"_key\":", (int)u->partition,
+                 (long long)m->offset, tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                 tm.tm_min, tm.tm_sec, (int)(ms % 1000));
+    if (emit(u, head, (size_t)h, err, errlen) ||
+        emit_json_string(u, m->key, m->key ? m->key_len : 0, err, errlen))
+        return -1;
+    return emit(u, "}\n", 2, err, errlen);
 }
 
 static chl_unit *unit_of(chl_unit *units, int n, const rd_kafka_message_t *m) {
@@ -236,12 +287,9 @@ static int take(chl_unit *u, const rd_kafka_message_t *m, char *err, size_t errl
     if (!m->payload) {
         u->contiguous = 0; /* a tombstone: no row */
     } else {
-        if (put(u, m->payload, m->len, err, errlen))
-            return -1;
-        if (u->meta_fd >= 0 && put_meta(u, m, err, errlen))
+        if (u->audit ? put_audited(u, m, err, errlen) : put(u, m->payload, m->len, err, errlen))
             return -1;
         u->messages++;
-        u->bytes += (int64_t)m->len + 1;
     }
     return u->expect > u->last;
 }
@@ -310,9 +358,7 @@ int chl_read(rd_kafka_t *rk, chl_unit *units, int n, int timeout_ms, char *err,
         u->done = u->first > u->last;
         u->used = 0;
         u->rkt = NULL;
-        u->meta_used = 0;
         u->buf = malloc(BUF_SIZE);
-        u->meta = u->meta_fd >= 0 ? malloc(BUF_SIZE) : NULL;
         rd_kafka_topic_partition_list_add(parts, u->topic, u->partition)->offset = u->first;
     }
     int e = rd_kafka_assign(rk, parts);
@@ -328,11 +374,8 @@ int chl_read(rd_kafka_t *rk, chl_unit *units, int n, int timeout_ms, char *err,
         chl_unit *u = &units[i];
         if (rc == 0 && u->used && flush_all(u->fd, u->buf, (size_t)u->used, err, errlen))
             rc = -1;
-        if (rc == 0 && u->meta_used && flush_all(u->meta_fd, u->meta, u->meta_used, err, errlen))
-            rc = -1;
         free(u->buf);
-        free(u->meta);
-        u->buf = u->meta = NULL;
+        u->buf = NULL;
         u->rkt = NULL;
     }
     return rc;

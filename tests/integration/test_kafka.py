@@ -94,33 +94,49 @@ def test_the_python_reader_fallback_loads_the_same_and_says_so(kafka, target_dir
     assert _counts(target_dir, table_name) == (7_000, 7_000)
 
 
-@pytest.mark.parametrize("kills", [["after-attach", "before-attach", "after-attach:2"]])
+# Spooled units (inferred columns), and units streamed through pipes (--schema given).
+MODES = {"spooled": (), "streamed": ("--schema", "id UInt64, name String, v Float64")}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 def test_killed_three_times_mid_load_then_finished_is_exact(kafka, target_dir, table_name,
-                                                            kills):
+                                                            mode):
     topic = _topic(kafka)
     _produce(kafka, topic, range(200_000))
     uri = _uri(kafka, topic)
-    for point in kills:  # SIGKILL at the commit's narrowest windows
-        crash = _load(target_dir, uri, table_name, "--batch-rows", "5000",
-                      env={"CHLOAD_CRASH_AT": point})
+    for point in ["after-attach", "before-attach", "after-attach:2"]:  # SIGKILL at the
+        crash = _load(target_dir, uri, table_name, "--batch-rows", "5000",  # commit's
+                      *MODES[mode], env={"CHLOAD_CRASH_AT": point})  # narrowest windows
         assert crash.returncode == -9, crash.stderr
     timed = subprocess.Popen([sys.executable, "-m", "chload", "load", uri, "--table",
                               table_name, "--target", target_dir, "-q", "--batch-rows",
-                              "10000"])
+                              "10000", *MODES[mode]])
     time.sleep(3.0)  # and once at whatever instant
     timed.kill()
     timed.wait(30)
-    done = _load(target_dir, uri, table_name, "--batch-rows", "10000")
+    done = _load(target_dir, uri, table_name, "--batch-rows", "10000", *MODES[mode])
     assert done.returncode == 0, done.stderr
     assert _counts(target_dir, table_name) == (200_000, 200_000)
 
 
-def test_two_loaders_at_once_into_a_server_are_exact(kafka, clickhouse, table_name):
+def test_more_partitions_than_a_streamed_round_takes_load_each_once(kafka, target_dir,
+                                                                     table_name):
+    topic = _topic(kafka, partitions=11)  # 8 units per streamed round at most
+    _produce(kafka, topic, range(22_000), partitions=11)
+    report = _report(_load(target_dir, _uri(kafka, topic), table_name, "--batch-rows", "800",
+                           *MODES["streamed"]))
+    assert report["rows_loaded"] == 22_000 and report["files_failed"] == 0
+    assert report["files_loaded"] == 11 * 3  # 2,000 messages a partition: 800+800+400
+    assert _counts(target_dir, table_name) == (22_000, 22_000)
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_two_loaders_at_once_into_a_server_are_exact(kafka, clickhouse, table_name, mode):
     topic = _topic(kafka)
     _produce(kafka, topic, range(100_000))
     target = clickhouse.url
     argv = [sys.executable, "-m", "chload", "load", _uri(kafka, topic), "--table", table_name,
-            "--target", target, "--json", "--batch-rows"]
+            "--target", target, "--json", *MODES[mode], "--batch-rows"]
     # units cut differently (5000 and 7000): only the committed-end check keeps them apart
     both = [subprocess.Popen([*argv, rows], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True) for rows in ("5000", "7000")]
@@ -150,13 +166,16 @@ def _wait_for_rows(clickhouse: services.Service, table: str, rows: int, loader: 
         time.sleep(0.2)
 
 
-def test_follow_loads_what_arrives_and_sigterm_ends_it_cleanly(kafka, clickhouse, table_name):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_follow_loads_what_arrives_and_sigterm_ends_it_cleanly(kafka, clickhouse, table_name,
+                                                               mode):
     topic = _topic(kafka)
     _produce(kafka, topic, range(5_000))
     loader = subprocess.Popen(
         [sys.executable, "-m", "chload", "load", _uri(kafka, topic), "--table", table_name,
          "--target", clickhouse.url, "--json", "--follow", "--batch-seconds", "0.5",
-         "--batch-rows", "2000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--batch-rows", "2000", *MODES[mode]], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_rows(clickhouse, table_name, 5_000, loader)
         _produce(kafka, topic, range(5_000, 8_000))

@@ -12,7 +12,7 @@ from chload.errors import SourceError
 from chload.formats import FileFormat
 from chload.sources import SourceFile, StreamPosition, kafka_native
 from chload.sources import kafka as K
-from chload.sources.kafka_read import Unit
+from chload.sources.kafka_read import Unit, audited
 
 
 def test_no_compiler_or_python_forced_falls_back_with_a_reason(monkeypatch, tmp_path):
@@ -85,3 +85,57 @@ def test_lag_is_reported_per_partition_and_summed_in_the_progress_view():
     view.on_event(Event("lag", "kafka://b:1/t/0", rows=40))  # the partition's latest counts
     rate = view._progress.tasks[0].fields["rate"]
     assert rate.endswith("lag 47"), rate
+
+
+def test_audited_values_keep_the_object_and_escape_the_key():
+    assert audited(b' { } ', "t", 1, 2, 3_004, None) == (
+        b' {"_topic":"t","_partition":1,"_offset":2,"_timestamp":"1970-01-01 00:00:03.004",'
+        b'"_key":""}')
+    assert audited(b'{"a":1}\n', "t", 0, 9, -1, b'a"\\\n') == (
+        b'{"a":1,"_topic":"t","_partition":0,"_offset":9,"_timestamp":'
+        b'"1970-01-01 00:00:00.000","_key":"a\\"\\\\\\u000a"}')
+    assert audited(b"not json", "t", 0, 0, 0, b"k") == b"not json"
+
+
+class _Handle:
+    """A native reader that writes part of a unit, then fails or finishes."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+
+    def read(self, units):
+        import os
+        import types
+
+        os.write(units[0][4], b'{"id":1}\n')
+        if self.fail:
+            raise SourceError("kafka t/0: no message at offset 1 for 30 s")
+        return [types.SimpleNamespace(messages=1, bytes=9, contiguous=1, first_offset=0)]
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_streamed_unit_commits_only_if_its_reader_finished_it(fail):
+    from chload.sources import db_pipes
+    from chload.sources.kafka_read import PipeReading
+
+    read_end, write_end = db_pipes.make()
+    reading = PipeReading(_Handle(fail), Unit("t", 0, 0, 1), write_end, False)
+    path = db_pipes.register(read_end, reading)
+    source = K.KafkaStreamSource()
+    unit = SourceFile("kafka://b:1/t/0/0-1", 0, 0, FileFormat("JSONEachRow", "none"),
+                      kind="kafka", local_path=path)
+    try:
+        source.current(unit)  # as_read: nothing yet
+        with open(path, "rb") as pipe:  # the engine reads to the end of the pipe
+            assert pipe.read() == b'{"id":1}\n'
+        if fail:
+            with pytest.raises(SourceError, match="no message at offset 1"):
+                source.current(unit)  # check_read: the reader did not finish the unit
+        else:
+            source.current(unit)
+            assert reading.done.messages == 1
+        with pytest.raises(SourceError, match="read by an earlier attempt"):
+            source.current(unit)  # a retried load cannot read the pipe again
+    finally:
+        source.release([unit])
+    assert not db_pipes.is_pipe(path)
