@@ -146,7 +146,7 @@ class EmbeddedTarget:
         errors_file = self._errors_file(stage) if job.budget.allows_errors else ""
         try:
             job = identity.as_read(job)
-            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
+            self._create_stage(stage, job.table)
             rows, rejected, read = self._insert(stage, job, errors_file)
             identity.check_read(job)
         except ChloadError as exc:
@@ -183,6 +183,15 @@ class EmbeddedTarget:
             self.loaded.add(e.moved(LOADED) for e in events)
         self._drop(stage)
         return done
+
+    def _create_stage(self, stage: str, table: str) -> None:
+        """A stage shaped like `table`, which never merges: its parts are attached as
+        they are (commit.py rule 2), so a merge there is wasted work, and its DROP waits
+        for the merge running. Measured on 2 cores, 16 Parquet files (4M rows) in two
+        stages: each DROP took ~0.7 s and the load 1.9 s; without merges 1 ms and 0.8 s.
+        (The switch lives in the table object only: nothing to undo after a crash.)"""
+        self.command(f"CREATE TABLE {DATABASE}.{stage} AS {table}")
+        self.command(f"SYSTEM STOP MERGES {DATABASE}.{stage}")
 
     def _drop(self, stage: str) -> None:
         """Drop a stage. Never raises: after its commit, an error must not make the
@@ -259,7 +268,7 @@ class EmbeddedTarget:
         done: list[Loaded] = []
         try:
             job = identity.as_read(job)
-            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
+            self._create_stage(stage, job.table)
             for f in job.files:
                 one = replace(job, file=f, batch=())
                 rows, _ = self.engine.execute(
@@ -304,7 +313,7 @@ class EmbeddedTarget:
                 f"SELECT _chload_file AS f, count() AS n FROM {DATABASE}.{raw} GROUP BY f")}
             check_present(job.files, counts, reading(self.engine, self.reader, job.read_columns))
             identity.check_read(job)
-            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}")
+            self._create_stage(stage, job.table)
             self.command(f"INSERT INTO {DATABASE}.{stage} ({', '.join(names)}) SELECT "
                          f"{', '.join(names)} FROM {DATABASE}.{raw} "
                          f"SETTINGS {_settings_sql(job)}")
