@@ -212,8 +212,8 @@ def test_text_column_of_numbers_but_a_few_is_numeric_under_a_budget() -> None:
 def test_medium_files_share_stages_balanced_and_bounded() -> None:
     from chload.targets.embedded import SHARED_FILES, share_stages
 
-    def files(*sizes_mb: float) -> list[SourceFile]:
-        return [SourceFile(f"/d/f{i:02d}.csv", int(mb * 2**20), 0, FileFormat("CSV", "none"))
+    def files(*sizes_mb: float, compression: str = "gzip") -> list[SourceFile]:
+        return [SourceFile(f"/d/f{i:02d}.csv", int(mb * 2**20), 0, FileFormat("CSV", compression))
                 for i, mb in enumerate(sizes_mb)]
 
     assert share_stages([], 2) == []
@@ -226,6 +226,24 @@ def test_medium_files_share_stages_balanced_and_bounded() -> None:
     assert max(len(g) for g in cap) <= SHARED_FILES and sum(len(g) for g in cap) == 40
     mixed = share_stages(files(12, 1, 1, 1, 1, 12), 2)
     assert sorted(sum(f.size for f in g) >> 20 for g in mixed) == [14, 14]
+    rounds = share_stages(files(*[4.5] * 16), 2)  # 72 MB: 3 groups by bytes, so 4
+    assert [len(g) for g in rounds] == [4, 4, 4, 4]
+    plain = share_stages(files(*[4.5] * 16, compression="none"), 2)  # parses 3x as fast
+    assert [len(g) for g in plain] == [8, 8]
+
+
+def test_small_files_batched_in_even_runs() -> None:
+    from chload.targets.embedded import batch_small
+
+    def files(count: int, kb: int) -> list[SourceFile]:
+        return [SourceFile(f"/d/f{i:03d}.json", kb << 10, 0, FileFormat("JSONEachRow", "gzip"))
+                for i in range(count)]
+
+    assert [len(g) for g in batch_small(files(8, 300), 2)] == [8]  # one batch, all cores
+    runs = batch_small(files(200, 133), 2)  # 26 MB: over one batch's 16 MB, so 2 even runs
+    assert [len(g) for g in runs] == [100, 100]
+    assert [f for g in runs for f in g] == files(200, 133)  # in order: runs of neighbours
+    assert [len(g) for g in batch_small(files(300, 40), 3)] == [100, 100, 100]
 
 
 def test_local_files_of_one_directory_read_as_one_list() -> None:
