@@ -48,6 +48,8 @@ from chload.sources.database import (
     workers_of,
 )
 from chload.sources.db_pipes import enlarge, write_all
+from chload.sources.mysql_native import NativeReader
+from chload.sources.mysql_native import load as load_native
 
 _INTEGERS = {"tinyint": 8, "smallint": 16, "mediumint": 32, "int": 32, "integer": 32,
              "bigint": 64}
@@ -59,6 +61,9 @@ _TIME_AXIS = {"date", "datetime", "timestamp"}
 _CHUNK = 1 << 20
 _SPECIAL = r"'[\\t\\n\\r\\\\\\x00]'"  # a tab, newline, CR, backslash or NUL (PCRE)
 _TRANSIENT_CODES = {2002, 2003, 2006, 2013, 1040, 1205}
+_SETUP = ("SET SESSION sql_mode = ''", "SET SESSION time_zone = '+00:00'",
+          "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+          "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
 
 
 class MysqlSession:
@@ -67,10 +72,11 @@ class MysqlSession:
     def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
                  workers: int) -> None:
         self.url, self.query = url, query
-        self.client = _client()
+        self.native, self.why_not_native = load_native()
+        self.client = "" if self.native else _client()
         self.password = _password(url)
         self.conn = self._connect()
-        self._readers: queue.Queue[_Reader] = queue.Queue()
+        self._readers: queue.Queue[_Reader | NativeReader] = queue.Queue()
         self._alive = 0
         self._guard = threading.Lock()
         try:
@@ -149,7 +155,7 @@ class MysqlSession:
         locked = self._lock()
         try:
             for _ in range(workers):
-                self._readers.put(_Reader.start(self))
+                self._readers.put(self._start_reader())
                 self._alive += 1
             low = high = None
             if self.info.axis:
@@ -181,6 +187,14 @@ class MysqlSession:
                 raise _error(self.url, exc, self.password) from None
         return ""
 
+    def _start_reader(self) -> _Reader | NativeReader:
+        """A reader in a new snapshot: native (libmariadb, mysql_native.py) where it
+        builds, else a client process."""
+        if self.native is None:
+            return _Reader.start(self)
+        return NativeReader.start(self.native, self.url, self.password, _SETUP,
+                                  lambda exc: _error(self.url, exc, self.password))
+
     def bounds(self, axis: str) -> tuple[str | None, str | None, int]:
         return self._bounds
 
@@ -191,16 +205,20 @@ class MysqlSession:
     # -- reading -----------------------------------------------------------------------
     def read(self, where: str, out: int) -> _Relay:
         """One reader (in the snapshot) writes the rows of `where` into `out` (owned),
-        relayed by a thread (the marker that ends them is found in 1 MiB chunks)."""
-        line = ", ".join(c.select for c in self.info.columns)  # the client puts the tabs
+        by a thread: the native reader's C call, or a relay of the client's output (the
+        marker that ends them is found in 1 MiB chunks)."""
         try:
             reader = self._take()
         except BaseException:
             os.close(out)
             raise
+        if isinstance(reader, NativeReader):  # it escapes: the plain columns
+            line = ", ".join(_ident(c.name) for c in self.info.columns)
+        else:  # the server escapes; the client puts the tabs
+            line = ", ".join(c.select for c in self.info.columns)
         return _Relay(self, reader, f"SELECT {line} FROM {self._from()} WHERE {where}", out)
 
-    def _done(self, reader: _Reader, ok: bool) -> None:
+    def _done(self, reader: _Reader | NativeReader, ok: bool) -> None:
         """A reader back to the pool after a range, or stopped if it failed (its
         output is then at an unknown point)."""
         if ok:
@@ -210,7 +228,7 @@ class MysqlSession:
             self._alive -= 1
         reader.stop(kill=True)
 
-    def _take(self) -> _Reader:
+    def _take(self) -> _Reader | NativeReader:
         while True:
             with self._guard:
                 if self._alive <= 0:
@@ -261,9 +279,7 @@ class _Reader:
         reader = cls(session, proc, errors)
         null = os.open(os.devnull, os.O_WRONLY)
         try:
-            reader.run("SET SESSION sql_mode = ''; SET SESSION time_zone = '+00:00'; "
-                       "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ; "
-                       "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY", null)
+            reader.run("; ".join(_SETUP), null)
         finally:
             os.close(null)
         return reader
@@ -298,6 +314,10 @@ class _Reader:
         text = lines[-1] if lines else f"{self.session.client} ended ({self.proc.returncode})"
         return _error(self.session.url, text, self.session.password)
 
+    def abort(self) -> None:
+        """From another thread: the range being read fails now."""
+        self.proc.kill()
+
     def stop(self, kill: bool = False) -> None:
         """End the client: by closing its input (it ends its transaction), or, when its
         output is no longer read (`kill`), at once."""
@@ -317,7 +337,7 @@ class _Relay:
     """One range relayed by a thread from a snapshot reader into `out`
     (database.Reading): the reader goes back to the pool once the range ends."""
 
-    def __init__(self, session: MysqlSession, reader: _Reader, statement: str,
+    def __init__(self, session: MysqlSession, reader: _Reader | NativeReader, statement: str,
                  out: int) -> None:
         self.session, self.reader = session, reader
         self.error: BaseException | None = None
@@ -352,7 +372,7 @@ class _Relay:
         with self.lock:
             if not self.killed and self.thread.is_alive():
                 self.killed = True  # the relay fails, and the reader is not pooled again
-                self.reader.proc.kill()
+                self.reader.abort()
         self.thread.join()
 
 
