@@ -15,6 +15,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -182,6 +183,59 @@ int chl_my_copy(MYSQL *m, const char *sql, int fd, long long *rows, char *err,
     }
     return 0;
 }
+
+/* The rows of a small statement (the session's own questions: columns, keys, bounds)
+ * as TSV in a malloc'd buffer (*out, *len; chl_my_free it); 0, else the error number. */
+int chl_my_rows(MYSQL *m, const char *sql, char **out, size_t *len, char *err,
+                size_t errlen) {
+    *out = NULL;
+    *len = 0;
+    if (mysql_real_query(m, sql, (unsigned long)strlen(sql))) {
+        say(m, err, errlen);
+        return (int)mysql_errno(m);
+    }
+    MYSQL_RES *res = mysql_store_result(m);
+    if (!res) {
+        if (!mysql_field_count(m)) return 0; /* a statement without rows */
+        say(m, err, errlen);
+        return (int)mysql_errno(m);
+    }
+    unsigned int fields = mysql_num_fields(res);
+    size_t cap = 4096, used = 0;
+    char *buf = malloc(cap);
+    MYSQL_ROW row;
+    while (buf && (row = mysql_fetch_row(res)) != NULL) {
+        unsigned long *lens = mysql_fetch_lengths(res);
+        size_t need = fields; /* separators */
+        for (unsigned int f = 0; f < fields; f++) need += row[f] ? 2 * lens[f] : 2;
+        if (used + need > cap) {
+            while (used + need > cap) cap *= 2;
+            char *more = realloc(buf, cap);
+            if (!more) free(buf);
+            buf = more;
+            if (!buf) break;
+        }
+        for (unsigned int f = 0; f < fields; f++) {
+            if (row[f]) {
+                used += escape(buf + used, row[f], lens[f]);
+            } else {
+                buf[used++] = '\\';
+                buf[used++] = 'N';
+            }
+            buf[used++] = f + 1 == fields ? '\n' : '\t';
+        }
+    }
+    mysql_free_result(res);
+    if (!buf) {
+        say(NULL, err, errlen);
+        return WRITE_FAILED;
+    }
+    *out = buf;
+    *len = used;
+    return 0;
+}
+
+void chl_my_free(char *buf) { free(buf); }
 
 /* From another thread: make a blocked read or write on the connection fail now. */
 void chl_my_abort(MYSQL *m) {

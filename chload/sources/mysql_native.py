@@ -114,6 +114,11 @@ def _bind(lib: Any) -> Any:
     lib.chl_my_copy.restype = ctypes.c_int
     lib.chl_my_copy.argtypes = [ctypes.c_void_p, text, ctypes.c_int,
                                 ctypes.POINTER(ctypes.c_longlong), text, size]
+    lib.chl_my_rows.restype = ctypes.c_int
+    lib.chl_my_rows.argtypes = [ctypes.c_void_p, text, ctypes.POINTER(ctypes.c_void_p),
+                                ctypes.POINTER(size), text, size]
+    lib.chl_my_free.restype = None
+    lib.chl_my_free.argtypes = [ctypes.c_void_p]
     lib.chl_my_abort.restype = None
     lib.chl_my_abort.argtypes = [ctypes.c_void_p]
     lib.chl_my_close.restype = None
@@ -144,6 +149,23 @@ class Connection:
         code = self.lib.chl_my_exec(self.handle, sql.encode(), err, len(err))
         if code:
             raise NativeError(code, err.value.decode(errors="replace"))
+
+    def rows(self, sql: str) -> list[tuple[str | None, ...]]:
+        """The rows of a small statement (metadata, bounds: never a table's data), each
+        field a string or None for NULL."""
+        err = ctypes.create_string_buffer(1024)
+        buf, size = ctypes.c_void_p(), ctypes.c_size_t()
+        code = self.lib.chl_my_rows(self.handle, sql.encode(), ctypes.byref(buf),
+                                    ctypes.byref(size), err, len(err))
+        if code:
+            raise NativeError(code, err.value.decode(errors="replace"))
+        if not buf.value:
+            return []
+        try:
+            text = ctypes.string_at(buf.value, size.value).decode(errors="replace")
+        finally:
+            self.lib.chl_my_free(buf)
+        return [tuple(_field(f) for f in line.split("\t")) for line in text.splitlines()]
 
     def copy(self, sql: str, fd: int) -> int:
         """The rows of `sql` as TSV into `fd`; how many. Raises NativeError (the
@@ -208,3 +230,18 @@ class NativeReader:
         if kill:
             self.conn.abort()
         self.conn.close()
+
+
+_UNESCAPE = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r", "0": "\0"}
+
+
+def _field(text: str) -> str | None:
+    """One field of `Connection.rows` (escaped as mysql_copy.c's escape())."""
+    if text == "\\N":
+        return None
+    if "\\" not in text:
+        return text
+    out, chars = [], iter(text)
+    for c in chars:
+        out.append(_UNESCAPE.get(next(chars, ""), "") if c == "\\" else c)
+    return "".join(out)
