@@ -50,12 +50,14 @@ static void say(MYSQL *m, char *err, size_t errlen) {
     snprintf(err, errlen, "%s", m ? mysql_error(m) : "out of memory");
 }
 
-/* A connection over TCP in utf8mb4, or NULL and why in err. */
+/* A connection over TCP in utf8mb4, or NULL with the error number in *code and why
+ * in err. */
 MYSQL *chl_my_open(const char *host, unsigned int port, const char *user,
                    const char *password, const char *db, unsigned int timeout,
-                   char *err, size_t errlen) {
+                   int *code, char *err, size_t errlen) {
     MYSQL *m = mysql_init(NULL);
     unsigned int tcp = PROTOCOL_TCP;
+    *code = 0;
     if (!m) {
         say(NULL, err, errlen);
         return NULL;
@@ -65,6 +67,7 @@ MYSQL *chl_my_open(const char *host, unsigned int port, const char *user,
     if (!mysql_real_connect(m, host, user, password, db, port, NULL, 0) ||
         mysql_set_character_set(m, "utf8mb4")) {
         say(m, err, errlen);
+        *code = (int)mysql_errno(m);
         mysql_close(m);
         return NULL;
     }

@@ -107,8 +107,8 @@ def _compile(compiler: str, library: str, out: Path) -> str:
 def _bind(lib: Any) -> Any:
     text, size = ctypes.c_char_p, ctypes.c_size_t
     lib.chl_my_open.restype = ctypes.c_void_p
-    lib.chl_my_open.argtypes = [text, ctypes.c_uint, text, text, text, ctypes.c_uint, text,
-                                size]
+    lib.chl_my_open.argtypes = [text, ctypes.c_uint, text, text, text, ctypes.c_uint,
+                                ctypes.POINTER(ctypes.c_int), text, size]
     lib.chl_my_exec.restype = ctypes.c_int
     lib.chl_my_exec.argtypes = [ctypes.c_void_p, text, text, size]
     lib.chl_my_copy.restype = ctypes.c_int
@@ -137,12 +137,13 @@ class Connection:
     def __init__(self, lib: Any, host: str, port: int, user: str, password: str | None,
                  database: str) -> None:
         self.lib = lib
-        err = ctypes.create_string_buffer(1024)
+        err, code = ctypes.create_string_buffer(1024), ctypes.c_int(0)
         self.handle = lib.chl_my_open(host.encode(), port, user.encode() or None,
                                       password.encode() if password is not None else None,
-                                      database.encode(), CONNECT_TIMEOUT, err, len(err))
-        if not self.handle:
-            raise NativeError(2003, err.value.decode(errors="replace"))
+                                      database.encode(), CONNECT_TIMEOUT, ctypes.byref(code),
+                                      err, len(err))
+        if not self.handle:  # 2003 (cannot connect) when libmariadb gave no number
+            raise NativeError(code.value or 2003, err.value.decode(errors="replace"))
 
     def execute(self, sql: str) -> None:
         err = ctypes.create_string_buffer(1024)

@@ -160,6 +160,23 @@ def test_password_in_the_url_is_masked_everywhere(postgres: services.Service,
     _no_password_in(target_dir)
 
 
+def test_a_wrong_mariadb_password_is_one_line_and_not_retried(mariadb: services.Service,
+                                                              table_name: str,
+                                                              target_dir: str) -> None:
+    """Access denied (1045) is the user's to fix: one line naming the source, a
+    SourceError (a connection refused is a TransientError, worth a retry), the
+    attempted password nowhere."""
+    source = Source("mysql", mariadb)
+    wrong = DATABASE_PASSWORD + "-wrong"
+    done = run_chload("load", source.url(table_name), "--table", table_name, "--target",
+                      target_dir, "--json", env={"MYSQL_PWD": wrong})
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Access denied" in lines[0] and "shop" in lines[0], lines
+    assert json.loads(done.stdout)["kind"] == "SourceError"
+    assert wrong not in done.stdout + done.stderr
+
+
 def test_kill_9_twice_then_finish_is_exact(source: Source, table_name: str,
                                            target_dir: str) -> None:
     source.orders(table_name)
