@@ -1,25 +1,22 @@
-"""MySQL and MariaDB tables and queries, read by the database's own client in one snapshot.
+"""MySQL and MariaDB tables and queries, read range by range in one snapshot.
 
-A session opens `workers` client processes (`mariadb`, or `mysql`), each in a
-REPEATABLE READ transaction started `WITH CONSISTENT SNAPSHOT`, all taken while the
-table cannot change: under `FLUSH TABLES WITH READ LOCK` if the user may (RELOAD), else
-`LOCK TABLES <table> READ` (which waits for open writers of the table to commit and
-holds new ones off), released as soon as every reader has its snapshot. So every reader
-sees the same rows of the table. A `--query` over several tables without RELOAD gets
-snapshots taken together but not under a lock (it is one unit, read by one reader in
-one transaction, so consistent in itself).
+A session opens `workers` readers, each in a REPEATABLE READ transaction started `WITH
+CONSISTENT SNAPSHOT`, all taken while the table cannot change: under `FLUSH TABLES WITH
+READ LOCK` if the user may (RELOAD), else `LOCK TABLES <table> READ` (which waits for
+open writers of the table to commit and holds new ones off), released as soon as every
+reader has its snapshot. So every reader sees the same rows. A `--query` over several
+tables without RELOAD gets snapshots taken together but not under a lock (it is one
+unit, read by one reader in one transaction, so consistent in itself).
 
-Each range is one `SELECT` on a reader, whose one column is the row as a ClickHouse TSV
-line (`CONCAT_WS`, backslash escapes and `\\N` made by the server), written by the
-client in `--batch --raw` mode straight into the spool file; then `SELECT '<marker>'`
-says where the range ends. No row passes through Python (it reads the client's output
-in 1 MiB chunks). Measured on 2 cores, 500,000 rows (bigint, int, decimal(10,2),
-datetime(6), 2 text) from MariaDB 10.11: the client into a file 0.72 s plus 0.26 s for
-chDB to load it, against 1.55 s for chDB's `mysql()` reading and inserting on its own
-connection (no shared snapshot, and the password in its query text).
+A reader is a libmariadb connection whose C reader (mysql_native.py, mysql_copy.c)
+writes each range's plain columns as TSV into the engine's pipe; where that cannot be
+built, a `mariadb` (or `mysql`) client process, whose `SELECT` has the server format
+each field (escapes, `\\N`), printed `--batch --raw` and relayed by a thread up to a
+marker row. No row passes through Python either way.
 
-The password comes from the URL, $MYSQL_PWD or ~/.my.cnf ([client] password) and
-goes to the client by its environment (MYSQL_PWD), never its command line.
+The password comes from the URL, $MYSQL_PWD or ~/.my.cnf ([client] password) and goes
+to libmariadb in this process, or to the client by its environment (MYSQL_PWD), never
+a command line.
 """
 
 from __future__ import annotations
@@ -48,6 +45,8 @@ from chload.sources.database import (
     workers_of,
 )
 from chload.sources.db_pipes import enlarge, write_all
+from chload.sources.mysql_native import Connection, NativeError, NativeReader
+from chload.sources.mysql_native import load as load_native
 
 _INTEGERS = {"tinyint": 8, "smallint": 16, "mediumint": 32, "int": 32, "integer": 32,
              "bigint": 64}
@@ -59,6 +58,10 @@ _TIME_AXIS = {"date", "datetime", "timestamp"}
 _CHUNK = 1 << 20
 _SPECIAL = r"'[\\t\\n\\r\\\\\\x00]'"  # a tab, newline, CR, backslash or NUL (PCRE)
 _TRANSIENT_CODES = {2002, 2003, 2006, 2013, 1040, 1205}
+_DENIED = (1227, 1044, 1142)  # access denied (to RELOAD, to the database, to the table)
+_SETUP = ("SET SESSION sql_mode = ''", "SET SESSION time_zone = '+00:00'",
+          "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ",
+          "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
 
 
 class MysqlSession:
@@ -67,10 +70,11 @@ class MysqlSession:
     def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
                  workers: int) -> None:
         self.url, self.query = url, query
-        self.client = _client()
+        self.native, self.why_not_native = load_native()
+        self.client = "" if self.native else _client()
         self.password = _password(url)
         self.conn = self._connect()
-        self._readers: queue.Queue[_Reader] = queue.Queue()
+        self._readers: queue.Queue[_Reader | NativeReader] = queue.Queue()
         self._alive = 0
         self._guard = threading.Lock()
         try:
@@ -82,6 +86,14 @@ class MysqlSession:
 
     # -- connecting ------------------------------------------------------------------
     def _connect(self) -> Any:
+        """The controlling connection: libmariadb's where the native reader built (no
+        pymysql import: 40-60 ms of the start), else pymysql's."""
+        if self.native is not None:
+            try:
+                return Connection(self.native, self.url.host, self.url.port, self.url.user,
+                                  self.password, self.url.database)
+            except NativeError as exc:
+                raise _error(self.url, exc, self.password) from None
         pymysql = _pymysql()
         try:
             return pymysql.connect(host=self.url.host, port=self.url.port,
@@ -91,13 +103,25 @@ class MysqlSession:
         except pymysql.Error as exc:
             raise _error(self.url, exc, self.password) from None
 
-    def _all(self, sql: str, params: tuple = ()) -> list[tuple]:
-        pymysql = _pymysql()
+    def _all(self, sql: str, params: tuple[str, ...] = ()) -> list[tuple]:
+        """The rows of `sql`, its `%s` replaced by `params` as string literals."""
+        found = self._ask(sql % tuple(_string(p) for p in params) if params else sql)
+        assert found is not None
+        return found
+
+    def _ask(self, sql: str, denied_ok: bool = False) -> list[tuple] | None:
+        """The rows of `sql`; None if `denied_ok` and the user may not run it."""
+        native = isinstance(self.conn, Connection)
+        errors = NativeError if native else _pymysql().Error
         try:
+            if native:
+                return list(self.conn.rows(sql))
             with self.conn.cursor() as cur:
-                cur.execute(sql, params or None)
+                cur.execute(sql)
                 return list(cur.fetchall())
-        except pymysql.Error as exc:
+        except errors as exc:
+            if denied_ok and exc.args and exc.args[0] in _DENIED:
+                return None
             raise _error(self.url, exc, self.password) from None
 
     # -- the table -------------------------------------------------------------------
@@ -149,7 +173,7 @@ class MysqlSession:
         locked = self._lock()
         try:
             for _ in range(workers):
-                self._readers.put(_Reader.start(self))
+                self._readers.put(self._start_reader())
                 self._alive += 1
             low = high = None
             if self.info.axis:
@@ -166,20 +190,21 @@ class MysqlSession:
 
     def _lock(self) -> str:
         """FLUSH TABLES WITH READ LOCK, else LOCK TABLES t READ; '' if neither may be."""
-        pymysql = _pymysql()
         statements = ["FLUSH TABLES WITH READ LOCK"]
         if not self.query:
             statements.append(f"LOCK TABLES {self._relation()} READ")
         for statement in statements:
-            try:
-                with self.conn.cursor() as cur:
-                    cur.execute(statement)
+            if self._ask(statement, denied_ok=True) is not None:
                 return statement
-            except pymysql.err.OperationalError as exc:
-                if exc.args and exc.args[0] in (1227, 1044, 1142):  # access denied
-                    continue
-                raise _error(self.url, exc, self.password) from None
         return ""
+
+    def _start_reader(self) -> _Reader | NativeReader:
+        """A reader in a new snapshot: native (libmariadb, mysql_native.py) where it
+        builds, else a client process."""
+        if self.native is None:
+            return _Reader.start(self)
+        return NativeReader.start(self.native, self.url, self.password, _SETUP,
+                                  lambda exc: _error(self.url, exc, self.password))
 
     def bounds(self, axis: str) -> tuple[str | None, str | None, int]:
         return self._bounds
@@ -191,16 +216,20 @@ class MysqlSession:
     # -- reading -----------------------------------------------------------------------
     def read(self, where: str, out: int) -> _Relay:
         """One reader (in the snapshot) writes the rows of `where` into `out` (owned),
-        relayed by a thread (the marker that ends them is found in 1 MiB chunks)."""
-        line = ", ".join(c.select for c in self.info.columns)  # the client puts the tabs
+        by a thread: the native reader's C call, or a relay of the client's output (the
+        marker that ends them is found in 1 MiB chunks)."""
         try:
             reader = self._take()
         except BaseException:
             os.close(out)
             raise
+        if isinstance(reader, NativeReader):  # it escapes: the plain columns
+            line = ", ".join(_ident(c.name) for c in self.info.columns)
+        else:  # the server escapes; the client puts the tabs
+            line = ", ".join(c.select for c in self.info.columns)
         return _Relay(self, reader, f"SELECT {line} FROM {self._from()} WHERE {where}", out)
 
-    def _done(self, reader: _Reader, ok: bool) -> None:
+    def _done(self, reader: _Reader | NativeReader, ok: bool) -> None:
         """A reader back to the pool after a range, or stopped if it failed (its
         output is then at an unknown point)."""
         if ok:
@@ -210,7 +239,7 @@ class MysqlSession:
             self._alive -= 1
         reader.stop(kill=True)
 
-    def _take(self) -> _Reader:
+    def _take(self) -> _Reader | NativeReader:
         while True:
             with self._guard:
                 if self._alive <= 0:
@@ -261,9 +290,7 @@ class _Reader:
         reader = cls(session, proc, errors)
         null = os.open(os.devnull, os.O_WRONLY)
         try:
-            reader.run("SET SESSION sql_mode = ''; SET SESSION time_zone = '+00:00'; "
-                       "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ; "
-                       "START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY", null)
+            reader.run("; ".join(_SETUP), null)
         finally:
             os.close(null)
         return reader
@@ -298,6 +325,10 @@ class _Reader:
         text = lines[-1] if lines else f"{self.session.client} ended ({self.proc.returncode})"
         return _error(self.session.url, text, self.session.password)
 
+    def abort(self) -> None:
+        """From another thread: the range being read fails now."""
+        self.proc.kill()
+
     def stop(self, kill: bool = False) -> None:
         """End the client: by closing its input (it ends its transaction), or, when its
         output is no longer read (`kill`), at once."""
@@ -317,7 +348,7 @@ class _Relay:
     """One range relayed by a thread from a snapshot reader into `out`
     (database.Reading): the reader goes back to the pool once the range ends."""
 
-    def __init__(self, session: MysqlSession, reader: _Reader, statement: str,
+    def __init__(self, session: MysqlSession, reader: _Reader | NativeReader, statement: str,
                  out: int) -> None:
         self.session, self.reader = session, reader
         self.error: BaseException | None = None
@@ -352,7 +383,7 @@ class _Relay:
         with self.lock:
             if not self.killed and self.thread.is_alive():
                 self.killed = True  # the relay fails, and the reader is not pooled again
-                self.reader.proc.kill()
+                self.reader.abort()
         self.thread.join()
 
 
@@ -401,6 +432,11 @@ def _literal(value: str, integer: bool) -> str:
     if integer:
         return str(int(value))
     return "'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _string(value: str) -> str:
+    """A string literal whatever the server's sql_mode (NO_BACKSLASH_ESCAPES or not)."""
+    return f"CONVERT(X'{value.encode().hex()}' USING utf8mb4)"
 
 
 def _ident(name: str) -> str:

@@ -160,6 +160,23 @@ def test_password_in_the_url_is_masked_everywhere(postgres: services.Service,
     _no_password_in(target_dir)
 
 
+def test_a_wrong_mariadb_password_is_one_line_and_not_retried(mariadb: services.Service,
+                                                              table_name: str,
+                                                              target_dir: str) -> None:
+    """Access denied (1045) is the user's to fix: one line naming the source, a
+    SourceError (a connection refused is a TransientError, worth a retry), the
+    attempted password nowhere."""
+    source = Source("mysql", mariadb)
+    wrong = DATABASE_PASSWORD + "-wrong"
+    done = run_chload("load", source.url(table_name), "--table", table_name, "--target",
+                      target_dir, "--json", env={"MYSQL_PWD": wrong})
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Access denied" in lines[0] and "shop" in lines[0], lines
+    assert json.loads(done.stdout)["kind"] == "SourceError"
+    assert wrong not in done.stdout + done.stderr
+
+
 def test_kill_9_twice_then_finish_is_exact(source: Source, table_name: str,
                                            target_dir: str) -> None:
     source.orders(table_name)
@@ -251,8 +268,11 @@ def test_types_are_carried_unchanged_postgres(postgres: services.Service, table_
     assert nulls == ["6"]
 
 
+@pytest.mark.parametrize("reader", ["native", "client"])
 def test_types_are_carried_unchanged_mariadb(mariadb: services.Service, table_name: str,
-                                             target_dir: str) -> None:
+                                             target_dir: str, reader: str) -> None:
+    """Both readers: the native one (libmariadb, escaping in C) and the `mariadb`
+    client (the server escapes), which is used where the native one cannot build."""
     source = Source("mysql", mariadb)
     source.sql(f"""CREATE TABLE {table_name} (id int PRIMARY KEY, u tinyint unsigned,
         big bigint unsigned, n decimal(20,6), d double, t text, v varchar(10), bin blob,
@@ -261,8 +281,10 @@ def test_types_are_carried_unchanged_mariadb(mariadb: services.Service, table_na
         INSERT INTO {table_name} VALUES (1, 255, 18446744073709551615, 12345678901234.123456,
         0.1, 'tab\\there\\nnew\\\\line', '', X'00095C0A0DFF', '1969-07-20',
         '2021-03-04 05:06:07.891', '2021-03-04 05:06:07', '{{"k": [1, 2]}}', 'happy'),
-        (2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)""")
-    _load(source, table_name, target_dir)
+        (2, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+        (3, 0, 0, 0, 0, 'NULL', '\\\\N', 'NULL', NULL, NULL, NULL, NULL, NULL)""")
+    _load(source, table_name, target_dir,
+          env={"CHLOAD_MYSQL_READER": reader if reader == "client" else ""})
     got = _ch(target_dir, f"SELECT u, big, toString(n), d, t, v, hex(bin), day, dt, ts, j, e "
                           f"FROM {table_name} WHERE id = 1")
     assert got == ["255", "18446744073709551615", "12345678901234.123456", "0.1",
@@ -273,6 +295,9 @@ def test_types_are_carried_unchanged_mariadb(mariadb: services.Service, table_na
                             f"countIf(isNull(bin)) + countIf(isNull(ts)) FROM {table_name} "
                             "WHERE id = 2")
     assert nulls == ["4"]
+    strings = _ch(target_dir, f"SELECT t, isNull(t), v, isNull(v), bin FROM {table_name} "
+                              "WHERE id = 3")
+    assert strings == ["NULL", "0", "\\\\N", "0", "NULL"]  # the strings, not NULL
 
 
 def test_a_type_that_cannot_be_carried_names_the_column(postgres: services.Service,
