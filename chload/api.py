@@ -138,6 +138,7 @@ class LoadReport:
     recovered: int = 0
     saturation: dict = field(default_factory=dict)  # CPU, disk, network; see monitor.py
     concurrency: dict = field(default_factory=dict)  # streams: mode, range, changes, bound
+    costs: dict = field(default_factory=dict)  # a server: fixed and per-unit costs (cost_report)
     shards: list[dict] = field(default_factory=list)  # a cluster: per shard rows, bytes, s
     notes: list[str] = field(default_factory=list)  # worth knowing, not errors (slow paths)
     files: list[FileResult] = field(default_factory=list)
@@ -288,6 +289,8 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
         adapt.finished.set()
     report.saturation = monitor.stop().to_dict() if jobs else {}
     report.concurrency = adapt.summary() if jobs else {}
+    costs = getattr(target, "cost_report", None)
+    report.costs = costs() if jobs and costs is not None else {}
     results += refused + [FileResult(f.uri, "skipped") for f in plan.skipped]
     results += [FileResult(uri, "failed", error=why, changed=True)
                 for uri, why in plan.refused.items()]
