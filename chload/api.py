@@ -138,6 +138,7 @@ class LoadReport:
     recovered: int = 0
     saturation: dict = field(default_factory=dict)  # CPU, disk, network; see monitor.py
     concurrency: dict = field(default_factory=dict)  # streams: mode, range, changes, bound
+    costs: dict = field(default_factory=dict)  # a server: fixed and per-unit costs (cost_report)
     shards: list[dict] = field(default_factory=list)  # a cluster: per shard rows, bytes, s
     notes: list[str] = field(default_factory=list)  # worth knowing, not errors (slow paths)
     files: list[FileResult] = field(default_factory=list)
@@ -184,7 +185,7 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
     if any(s.lower().startswith("kafka://") for s in spec.sources):  # a stream: units
         return _load_stream(spec, target, listener or (lambda event: None))  # by rounds
     # A pipe is read once: not where rejected rows are read again (an error budget)
-    pipes = bool(getattr(target, "reads_pipes", False)) and not spec.budget.allows_errors
+    pipes = target.reads_pipes and not spec.budget.allows_errors
     context = replace(_source_context(spec, target), pipes=pipes)
     sources = RunSources(context)
     try:
@@ -288,6 +289,7 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
         adapt.finished.set()
     report.saturation = monitor.stop().to_dict() if jobs else {}
     report.concurrency = adapt.summary() if jobs else {}
+    report.costs = target.cost_report() if jobs else {}
     results += refused + [FileResult(f.uri, "skipped") for f in plan.skipped]
     results += [FileResult(uri, "failed", error=why, changed=True)
                 for uri, why in plan.refused.items()]

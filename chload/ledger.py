@@ -192,8 +192,9 @@ class Ledger:
     def record(self, events: Sequence[FileEvent],
                mark_of: tuple[str, str] | None = None) -> None:
         """Append events. With `mark_of` (database, table), each event's `mark` is that
-        table's highest block number, read by the server as it appends: in the same
-        statement, so no attach can come between reading it and logging it."""
+        table's highest block number plus the event's own `mark` (an offset: 0, or a
+        group commit's parts attached before it), read by the server as it appends: in
+        the same statement, so no attach can come between reading it and logging it."""
         if not events:
             return
         events = [e if e.table_uuid else replace(e, table_uuid=self._uuids.get(
@@ -205,12 +206,12 @@ class Ledger:
         mark = (f"(SELECT toUInt64(max(max_block_number)) FROM system.parts WHERE active "
                 f"AND database = {quote_str(database)} AND table = {quote_str(table)})")
         selects = " UNION ALL ".join(
-            "SELECT " + ", ".join(mark if k == "mark" else _literal(v)
-                                  for k, v in asdict(e).items())
+            "SELECT " + ", ".join((f"{mark} + {int(v)}" if v else mark) if k == "mark"
+                                  else _literal(v) for k, v in asdict(e).items())
             for e in events)
         if len(selects) > _INLINE_BYTES:  # a big batch: read the mark, then append
             top = self._sql.rows(f"SELECT {mark} AS mark")[0]["mark"]
-            self._insert(FILES, (asdict(replace(e, mark=int(top))) for e in events))
+            self._insert(FILES, (asdict(replace(e, mark=int(top) + e.mark)) for e in events))
             return
         columns = ", ".join(f.name for f in fields(FileEvent))
         self._sql.command(f"INSERT INTO {FILES} ({columns}) {selects}")

@@ -241,7 +241,7 @@ def streams(spec: LoadSpec, target: Target, reader: SpoolReader) -> bool:
     native reader, into a target that reads pipes, when nothing reads a unit before its
     load (--schema given: no inference; no error budget: rejects are read again from
     the unit; no header to look for). CHLOAD_KAFKA_PIPES=0 turns it off."""
-    return (reader.native is not None and bool(getattr(target, "reads_pipes", False))
+    return (reader.native is not None and target.reads_pipes
             and spec.schema is not None and not spec.budget.allows_errors
             and "WithNames" not in (spec.format or "")
             and os.environ.get("CHLOAD_KAFKA_PIPES", "1") != "0")

@@ -70,6 +70,7 @@ class Loaded(NamedTuple):
 
 
 class Target(Protocol):
+    reads_pipes: bool  # a unit may be a pipe, read by the engine while it is written
     """Everything api.py, the planner, the runner, the ledger and rejects.py use of a
     target. EmbeddedTarget and ServerTarget implement all of it (checked by mypy:
     `_conforms` below), and so does the unit tests' FakeTarget (tests/unit/fake_target.py)."""
@@ -155,6 +156,11 @@ class Target(Protocol):
 
     def shard_report(self) -> list[dict]:
         """Per-shard rows, bytes and seconds of the last load ([] for one shard)."""
+        ...
+
+    def cost_report(self) -> dict:
+        """The last load's fixed and per-unit costs (LoadReport.costs: first data byte,
+        requests per committed unit); {} where the target does not measure them."""
         ...
 
     def close(self) -> None: ...

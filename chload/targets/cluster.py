@@ -87,6 +87,8 @@ class ClusterTarget:
     """A Distributed table's shards; the target server (`entry`) keeps the run history,
     routes rows, and answers SQL. Implements the Target protocol."""
 
+    reads_pipes = False  # piped units (Kafka, databases) are not routed to shards yet
+
     def __init__(self, entry: ServerTarget, table: str, dist: Distributed,
                  shards: list[Shard], by_file: bool) -> None:
         self.entry, self.table, self.dist, self.shards = entry, table, dist, shards
@@ -440,6 +442,9 @@ class ClusterTarget:
                   env: Mapping[str, str]) -> AbstractContextManager[Target]:
         """Already the cluster of its Distributed table."""
         return contextlib.nullcontext(self)
+
+    def cost_report(self) -> dict:
+        return {}  # per shard: shard_report
 
     def shard_report(self) -> list[dict]:
         """Per shard: where, rows and bytes committed this run, seconds committing, and

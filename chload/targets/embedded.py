@@ -337,6 +337,9 @@ class EmbeddedTarget:
     def shard_report(self) -> list[dict]:
         return []
 
+    def cost_report(self) -> dict:
+        return {}  # not measured here yet (docs/benchmarks.md traces the embedded costs)
+
     def close(self) -> None:
         self.flush()
         self.engine.close()

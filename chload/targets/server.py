@@ -134,8 +134,11 @@ class ServerTarget(StageFilling):
         self._undropped: set[str] = set()
         self._started_ns = time.time_ns()  # files committed by other runs after this count
         self._reading = threading.local()
+        self._reading_guard = threading.Lock()
         self._streams = Streams(8)  # data requests at once (above)
         self.rejects = LoaderRejects(self.engine, self._send)
+        self._setup: tuple[int, float] | None = None  # requests before the first stream
+        self._units = [0, 0]  # stages committed, files in them
 
     # -- SQL ---------------------------------------------------------------------------
     def command(self, sql: str) -> None:
@@ -235,6 +238,7 @@ class ServerTarget(StageFilling):
         runs, within `most_streams` of the server's cores, watched by `ServerWatch`
         (host pressure, server backpressure) until the controller is finished; the
         threads are enough for its bound."""
+        self._setup = self.client.stats.snapshot()
         if adapt is None:
             self._streams = Streams(streams)
             return streams + max(STAGING, streams)
@@ -281,6 +285,7 @@ class ServerTarget(StageFilling):
             raise
         if done:
             self.loaded.add([event.moved(LOADED)])
+            self._count_unit(1)
         self._drop(stage)
         return Loaded(rows, read, rejected) if done else Loaded(0, read, elsewhere=True)
 
@@ -352,8 +357,35 @@ class ServerTarget(StageFilling):
             raise BatchOverlap(f"{job.file.uri}: another load committed some files of this "
                                "batch meanwhile; loading them one by one")
         self.loaded.add(e.moved(LOADED) for e in events)
+        self._count_unit(len(events))
         self._drop(stage)
         return done
+
+    def _count_unit(self, files: int) -> None:
+        with self._reading_guard:
+            self._units[0] += 1
+            self._units[1] += files
+
+    def cost_report(self) -> dict:
+        """The run's fixed and per-unit costs (LoadReport.costs): seconds from the
+        process's start to the first data byte sent; requests before the streams opened
+        (probe, ledger, planning); and per committed unit (a stage: one file or a batch),
+        the requests other than data (stage create, seal, lock, survey, ledger, attach,
+        drop, `loaded` events, the watch's query each second) and their seconds, summed
+        over threads."""
+        stats = self.client.stats
+        setup = self._setup or stats.snapshot()
+        requests, seconds = stats.snapshot()
+        units, files = self._units
+        first = self._streams.first_at
+        return {
+            "first_byte_s": round(first - _process_started(), 3) if first else None,
+            "setup_requests": setup[0],
+            "units": units, "files": files,
+            "commit_requests_per_unit": round((requests - setup[0]) / units, 2) if units else None,
+            "commit_seconds_per_unit": round((seconds - setup[1]) / units, 4) if units else None,
+            "data_requests": self._streams.turns,
+        }
 
     def _check_engine(self, job: LoadJob) -> None:
         engine = self._engines.get(job.table)
@@ -420,6 +452,18 @@ class ServerTarget(StageFilling):
             self.engine.close()
             self.client.close()
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _process_started() -> float:
+    """When this process started (time.time() scale; to 10 ms): /proc/self/stat's start
+    in clock ticks since boot, against the boot clock now."""
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
+    return time.time() - age
 
 
 _SYSTEM_RETRY = RetryPolicy(attempts=6, base_seconds=0.01, jitter=False)  # 10 ms, 20 ms ...

@@ -96,6 +96,8 @@ class Streams:
         self._lock = threading.Lock()
         self._tickets = self._begun = 0
         self._all_begun = threading.Event()
+        self.turns = 0  # data requests begun
+        self.first_at: float | None = None  # when the first began (time.time())
 
     @property
     def count(self) -> int:
@@ -118,6 +120,8 @@ class Streams:
             busy = self._busy
         self.adapt.in_use(busy)
         with self._lock:
+            self.turns += 1
+            self.first_at = self.first_at or time.time()
             self._begun += 1
             if self._begun >= self.count:
                 self._all_begun.set()

@@ -210,3 +210,31 @@ def test_a_medium_file_deleted_after_listing_fails_alone(tmp_path: Path,
         f"{victim}: vanished after listing; it was not loaded (put it back and run the "
         "same command again to load it)"]
     assert Place(target_dir, {}, "t").count("m") == 900_000
+
+
+# -- issue 17: a group commit logs its stages in one statement ------------------------
+
+def test_a_crash_inside_a_group_commit_into_a_server_then_exactly_once(
+        clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:
+    """Six stages commit as groups (the first commit pauses with the lock, the others
+    queue behind it); a kill after the second ATTACH leaves a group logged `committing`
+    with only its first stage attached. The next load settles each stage by its own
+    mark: every row exactly once (with one mark for the whole group, the stages after
+    the first would count as attached and their rows be lost)."""
+    place = Place(_server_url(clickhouse), _server_env(clickhouse), table_name, clickhouse)
+    _write_a(tmp_path / "a")
+    glob = str(tmp_path / "a" / "*.csv")
+    crash = place.load(glob, "-t", table_name, "--workers", str(FILES_A),
+                       env={"CHLOAD_PAUSE_AT": "before-attach:0.5",
+                            "CHLOAD_CRASH_AT": "attach-partition:2"})
+    assert crash.returncode == -signal.SIGKILL, crash.stderr
+    pending = services.clickhouse_query(
+        clickhouse, f"SELECT count() FROM (SELECT uri, argMax(state, seq) AS s FROM "
+        f"chload.files WHERE target_table = 'default.{table_name}' GROUP BY uri) "
+        "WHERE s = 'committing'")
+    assert int(pending) >= 3  # a group of several stages was logged, one attached
+    assert place.count(table_name) < FILES_A * ROWS_A
+    again = place.load(glob, "-t", table_name)
+    assert again.returncode == 0, again.stderr
+    assert place.count(table_name) == FILES_A * ROWS_A
+    assert set(place.ledger(table_name).values()) == {("loaded", ROWS_A)}

@@ -84,6 +84,7 @@ class FakeTarget:
 
     display = "fake target"
     database = "default"
+    reads_pipes = False
 
     def __init__(self, workdir: str, *, transient: dict[str, int] | None = None,
                  terminal: dict[str, str] | None = None, elsewhere: Sequence[str] = (),
@@ -198,6 +199,9 @@ class FakeTarget:
 
     def shard_report(self) -> list[dict]:
         return []
+
+    def cost_report(self) -> dict:
+        return {}
 
     def close(self) -> None:
         self.closed = True
