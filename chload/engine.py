@@ -23,12 +23,24 @@ from typing import Any
 from chload.errors import ChloadError, DataError, TargetInUse, UsageError, from_engine_message
 
 LOCK_NAME = ".chload.lock"
-# chDB's file() maps a local file into memory by default (storage_file_read_method =
-# mmap), so the loader's RSS grew with the file: 5.8 GB loading a 5 GB gzip CSV, 3.3 GB
-# a 2 GB Parquet file (bench/memory.py). pread reads through bounded buffers at the same
-# speed: a 1 GB gzip CSV peaked at 1.03 GB against 1.96 GB, wall 1.01x, CPU 1.01x.
-FILE_READ_METHOD = "pread"
-
+# Settings of every chDB session, for bounded memory (bench/memory.py); a query's own
+# SETTINGS (a user's --setting) still win. On 2 cores, 1.94 GB Parquet (19.7M rows of
+# ~120 bytes) into an embedded table, peak RSS of a bare chDB insert:
+# - storage_file_read_method: chDB's file() maps a local file into memory by default
+#   (mmap), so RSS grew with the file: 5.8 GB for a 5 GB gzip CSV, 3.3 GB for the
+#   Parquet file. pread reads through bounded buffers at the same speed.
+# - min_insert_block_size_bytes: an insert squashes rows into blocks of 1M rows or 256 MB
+#   (one part each), i.e. ~128 MB a block per insert thread for wide rows, several held
+#   at once: 1.5-1.8 GB. Bounded by bytes: 32 MB 0.86-1.02 GB; CPU 0.7x as well where the
+#   stage does not merge (smaller sorts).
+# - input_format_parquet_memory_high_watermark: the Parquet reader reads row groups ahead
+#   up to 4 GB by default, more than the insert can take; at 128 MB (about one row group
+#   of 128 MB read at a time per thread) the reader's share fell from ~550 to ~390 MB.
+SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("storage_file_read_method", "pread"),
+    ("min_insert_block_size_bytes", str(32 << 20)),
+    ("input_format_parquet_memory_high_watermark", str(128 << 20)),
+)
 
 class Engine:
     """chDB sessions, one per thread, on a directory this process holds exclusively, or
@@ -63,7 +75,7 @@ class Engine:
             raise UsageError(
                 f"cannot start the loader's engine ({str(exc).splitlines()[0]}); a process "
                 "can use an embedded target or a server target, not both") from exc
-        session.query(f"SET storage_file_read_method = '{FILE_READ_METHOD}'")
+        session.query("SET " + ", ".join(f"{k} = '{v}'" for k, v in SESSION_SETTINGS))
         return session
 
     def query(self, sql: str, fmt: str = "TSV", context: str = "query") -> str:
