@@ -18,16 +18,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import glob
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from chload import native
 from chload.errors import SourceError
 
 SOURCE = Path(__file__).with_name("kafka_spool.c")
@@ -67,11 +64,6 @@ def librdkafka() -> str:
     return found or ""
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("CHLOAD_CACHE") or Path.home() / ".cache" / "chload"
-    return Path(root) / "native"
-
-
 def load() -> tuple[Any, str]:
     """The compiled reader (ctypes library), or None and why not (one line)."""
     with _lock:
@@ -86,15 +78,9 @@ def _build() -> tuple[Any, str]:
     rdkafka = librdkafka()
     if not rdkafka:
         return None, "no librdkafka found (confluent-kafka's nor the system's)"
-    digest = hashlib.sha256(SOURCE.read_bytes() + os.path.realpath(rdkafka).encode())
-    out = cache_dir() / f"chload_kafka_{digest.hexdigest()[:16]}.so"
-    if not out.exists():
-        compiler = shutil.which(os.environ.get("CC", "cc"))
-        if not compiler:
-            return None, "no C compiler (cc) to build the native Kafka reader"
-        why = _compile(compiler, rdkafka, out)
-        if why:
-            return None, why
+    out, why = native.build(SOURCE, rdkafka, "chload_kafka", "native Kafka reader")
+    if out is None:
+        return None, why
     try:
         lib = _bind(ctypes.CDLL(str(out)))
     except (OSError, AttributeError) as exc:
@@ -102,30 +88,6 @@ def _build() -> tuple[Any, str]:
     if lib.chl_unit_size() != ctypes.sizeof(NativeUnit):
         return None, "the native Kafka reader's unit struct differs from kafka_native's"
     return lib, ""
-
-
-def _compile(compiler: str, rdkafka: str, out: Path) -> str:
-    """Build into a temp name, then rename: concurrent first uses do not collide."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-    except OSError as exc:
-        return f"no cache directory for the native Kafka reader: {exc}"
-    argv = [compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE), rdkafka,
-            f"-Wl,-rpath,{os.path.dirname(os.path.realpath(rdkafka))}"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-        if done.returncode:
-            tail = (done.stderr.strip().splitlines() or ["?"])[-1]
-            return f"cc could not build the native Kafka reader: {tail}"
-        os.replace(tmp, out)
-        return ""
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"cc could not build the native Kafka reader: {exc}"
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _bind(lib: Any) -> Any:

@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from chload import native
 
 SOURCE = Path(__file__).with_name("mysql_copy.c")
 CONNECT_TIMEOUT = 10
@@ -64,44 +62,13 @@ def _build() -> tuple[Any, str]:
     library = libmariadb()
     if not library:
         return None, "no libmariadb.so.3 found (apt-get install libmariadb3)"
-    digest = hashlib.sha256(SOURCE.read_bytes() + os.path.realpath(library).encode())
-    root = os.environ.get("CHLOAD_CACHE") or Path.home() / ".cache" / "chload"
-    out = Path(root) / "native" / f"chload_mysql_{digest.hexdigest()[:16]}.so"
-    if not out.exists():
-        compiler = shutil.which(os.environ.get("CC", "cc"))
-        if not compiler:
-            return None, "no C compiler (cc) to build the native MySQL reader"
-        why = _compile(compiler, library, out)
-        if why:
-            return None, why
+    out, why = native.build(SOURCE, library, "chload_mysql", "native MySQL reader")
+    if out is None:
+        return None, why
     try:
         return _bind(ctypes.CDLL(str(out))), ""
     except (OSError, AttributeError) as exc:
         return None, f"the native MySQL reader did not load: {exc}"
-
-
-def _compile(compiler: str, library: str, out: Path) -> str:
-    """Build into a temp name, then rename: concurrent first uses do not collide."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-    except OSError as exc:
-        return f"no cache directory for the native MySQL reader: {exc}"
-    argv = [compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE), library,
-            f"-Wl,-rpath,{os.path.dirname(os.path.realpath(library))}"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-        if done.returncode:
-            tail = (done.stderr.strip().splitlines() or ["?"])[-1]
-            return f"cc could not build the native MySQL reader: {tail}"
-        os.replace(tmp, out)
-        return ""
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"cc could not build the native MySQL reader: {exc}"
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def _bind(lib: Any) -> Any:
