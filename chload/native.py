@@ -11,12 +11,45 @@ pure-Python path.
 
 from __future__ import annotations
 
+import ctypes.util
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+                "/usr/lib", "/usr/local/lib")
+
+
+class Once:
+    """A reader's library, built and loaded once per process (`build` returns the
+    ctypes library or None, and why not); threads asking at once wait for the first."""
+
+    def __init__(self, build: Callable[[], tuple[Any, str]]) -> None:
+        self._build, self._lock = build, threading.Lock()
+        self._result: tuple[Any, str] | None = None
+
+    def __call__(self) -> tuple[Any, str]:
+        with self._lock:
+            if self._result is None:
+                self._result = self._build()
+            return self._result
+
+
+def system_library(names: Sequence[str], short: str) -> str:
+    """The path of the first of `names` in the usual library folders, else what the
+    linker cache knows as `short` (only a path: cc needs a file); '' if none."""
+    for folder in LIBRARY_DIRS:
+        for name in names:
+            if os.path.exists(os.path.join(folder, name)):
+                return os.path.join(folder, name)
+    found = ctypes.util.find_library(short)
+    return found if found and os.path.isabs(found) else ""
 
 
 def cache_dir() -> Path:

@@ -19,7 +19,6 @@ import ctypes
 import ctypes.util
 import glob
 import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,8 +29,6 @@ from chload.errors import SourceError
 SOURCE = Path(__file__).with_name("kafka_spool.c")
 TIMEOUT_MS = 30_000  # no message for this long while offsets are still due: fail
 
-_lock = threading.Lock()
-_loaded: dict[str, Any] = {}
 
 
 class NativeUnit(ctypes.Structure):
@@ -56,20 +53,7 @@ def librdkafka() -> str:
     bundled = sorted(glob.glob(str(libs / "librdkafka*.so*")))
     if bundled:
         return bundled[0]
-    for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
-                   "/usr/lib", "/usr/local/lib"):
-        if os.path.exists(os.path.join(folder, "librdkafka.so.1")):
-            return os.path.join(folder, "librdkafka.so.1")
-    found = ctypes.util.find_library("rdkafka")
-    return found or ""
-
-
-def load() -> tuple[Any, str]:
-    """The compiled reader (ctypes library), or None and why not (one line)."""
-    with _lock:
-        if "lib" not in _loaded:
-            _loaded["lib"], _loaded["why"] = _build()
-        return _loaded["lib"], _loaded["why"]
+    return native.system_library(["librdkafka.so.1"], "rdkafka")
 
 
 def _build() -> tuple[Any, str]:
@@ -135,3 +119,6 @@ class NativeReader:
         if self.lib.chl_read(self.handle, array, len(units), TIMEOUT_MS, err, len(err)):
             raise SourceError(err.value.decode(errors="replace"))
         return list(array)
+
+
+load = native.Once(_build)  # the compiled reader, or None and why not (one line)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,27 +32,10 @@ SOURCE = Path(__file__).with_name("mysql_copy.c")
 CONNECT_TIMEOUT = 10
 WRITE_FAILED = -1
 
-_lock = threading.Lock()
-_loaded: dict[str, Any] = {}
-
 
 def libmariadb() -> str:
     """The system's libmariadb (or libmysqlclient) to link; '' if none."""
-    for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
-                   "/usr/lib", "/usr/local/lib"):
-        for name in ("libmariadb.so.3", "libmysqlclient.so.21"):
-            if os.path.exists(os.path.join(folder, name)):
-                return os.path.join(folder, name)
-    found = ctypes.util.find_library("mariadb")
-    return found if found and os.path.isabs(found) else ""
-
-
-def load() -> tuple[Any, str]:
-    """The compiled reader (ctypes library), or None and why not (one line)."""
-    with _lock:
-        if "lib" not in _loaded:
-            _loaded["lib"], _loaded["why"] = _build()
-        return _loaded["lib"], _loaded["why"]
+    return native.system_library(["libmariadb.so.3", "libmysqlclient.so.21"], "mariadb")
 
 
 def _build() -> tuple[Any, str]:
@@ -213,3 +195,6 @@ def _field(text: str) -> str | None:
     for c in chars:
         out.append(_UNESCAPE.get(next(chars, ""), "") if c == "\\" else c)
     return "".join(out)
+
+
+load = native.Once(_build)  # the compiled reader, or None and why not (one line)

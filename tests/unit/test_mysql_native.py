@@ -3,6 +3,10 @@ fields are unescaped, and string literals whatever the server's sql_mode."""
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from chload import native
 from chload.sources import mysql, mysql_native
 
 
@@ -19,15 +23,21 @@ def test_string_literals_carry_any_name_as_hex() -> None:
     assert mysql._string("") == "CONVERT(X'' USING utf8mb4)"
 
 
-def test_the_client_is_used_when_asked() -> None:
-    import os
-    saved = dict(mysql_native._loaded)
-    mysql_native._loaded.clear()
-    os.environ["CHLOAD_MYSQL_READER"] = "client"
-    try:
-        lib, why = mysql_native.load()
-        assert lib is None and "CHLOAD_MYSQL_READER" in why
-    finally:
-        del os.environ["CHLOAD_MYSQL_READER"]
-        mysql_native._loaded.clear()
-        mysql_native._loaded.update(saved)
+def test_the_client_is_used_when_asked(monkeypatch) -> None:
+    monkeypatch.setenv("CHLOAD_MYSQL_READER", "client")
+    lib, why = native.Once(mysql_native._build)()  # a fresh memo: the module's may be built
+    assert lib is None and "CHLOAD_MYSQL_READER" in why
+
+
+def test_a_reader_is_built_once_per_process_even_when_threads_ask_together() -> None:
+    calls = []
+
+    def build() -> tuple[object, str]:
+        calls.append(1)
+        time.sleep(0.05)  # long enough for the other threads to ask meanwhile
+        return object(), ""
+
+    once = native.Once(build)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: once(), range(4)))
+    assert len(calls) == 1 and all(g is got[0] for g in got)
