@@ -271,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _datasets(profile: Profile, cache: str, only: str | None) -> list[tuple[CaseSpec, Dataset]]:
+    labels = [f"{spec.dataset} {spec.ext}" for spec in profile.cases]
+    if only and not any(only in label for label in labels):
+        raise SystemExit(f"scripts/bench: no dataset of the {profile.name} profile matches "
+                         f"--data {only!r}; its datasets: {', '.join(labels)}")
     out = []
     for spec in profile.cases:
         if only and only not in f"{spec.dataset} {spec.ext}":
