@@ -14,9 +14,11 @@ with merges, or the disk is slow. So, as vector's adaptive request concurrency d
   load is not faster for it than at the limit below (x0.75); on the server's
   backpressure: code 252 "too many parts" (x0.5; the request is retried, never failed:
   retry.py), `DelayedInserts`, or a partition's parts near `parts_to_delay_insert`
-  (x0.75); on the loader host's saturation from PSI (`/proc/pressure/io` "full": the
-  disk stalls every task; `/proc/pressure/cpu` "some" while the loader itself uses
-  most of a core, as when its engine converts files: x0.75). CPU pressure the loader
+  (x0.75), and no increase until the server's watch finds the pressure gone
+  (`relieved`: raising the limit into it would only be cut again); on the loader
+  host's saturation from PSI (`/proc/pressure/io` "full": the disk stalls every task;
+  `/proc/pressure/cpu` "some" while the loader itself uses most of a core, as when its
+  engine converts files: x0.75). CPU pressure the loader
   does not cause (the server on the same host, another program) holds the limit
   instead of lowering it: fewer streams would not give that CPU back to the load.
 
@@ -80,6 +82,7 @@ class Controller:
         self._full = False  # every slot was in use at some moment of the window
         self._baseline: float | None = None
         self._rates: dict[int, float] = {}  # bytes/s last measured at each limit
+        self._pressed = False  # the server pushed back and has not been seen relieved
         self.changes: list[Change] = []
         self.bound = "fixed: --workers" if fixed else "the estimate held"
         self.lowest = self.highest = self.limit
@@ -116,9 +119,15 @@ class Controller:
         near parts_to_delay_insert): fewer requests, at once, once per window."""
         reason = f"server backpressure: {reason}"
         with self._lock:
+            self._pressed = True
             if self.fixed or (self.bound == reason and not self._window):
                 return  # the last cut had this reason and no request has ended since
             self._change(self.limit // 2 if severe else _lower(self.limit), reason)
+
+    def relieved(self) -> None:
+        """The server's watch found no backpressure: increases are welcome again."""
+        with self._lock:
+            self._pressed = False
 
     def host(self, pressure: Pressure) -> None:
         """The loader host's pressure over the last interval (read_pressure)."""
@@ -153,13 +162,14 @@ class Controller:
             than = "unmeasured with fewer" if below is None else f"{_per_s(below)} with fewer"
             self._change(_lower(self.limit), f"latency {ratio:.1f}x the baseline, throughput "
                          f"{_per_s(rate)} ({than})")
-        elif ratio <= HOLDS and self._full and self.limit < self.maximum:
+        elif ratio <= HOLDS and self._full and self.limit < self.maximum and not self._pressed:
             self._change(self.limit + 1, f"latency {ratio:.2f}x the baseline with every "
                          f"stream busy, throughput {_per_s(rate)}")
         else:
-            self.bound = ("maximum" if self.limit >= self.maximum and ratio <= HOLDS else
-                          f"latency {ratio:.1f}x the baseline" if ratio > HOLDS else
-                          "idle streams (fewer files than streams)")
+            if not self._pressed:  # else the bound stays the server's backpressure
+                self.bound = ("maximum" if self.limit >= self.maximum and ratio <= HOLDS else
+                              f"latency {ratio:.1f}x the baseline" if ratio > HOLDS else
+                              "idle streams (fewer files than streams)")
             self._restart()
 
     def _change(self, new: int, reason: str) -> None:

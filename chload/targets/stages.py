@@ -169,6 +169,7 @@ class ServerWatch:
     failed query is skipped: watching must never fail a load."""
 
     EVERY = 1.0
+    FIRST = 0.02  # until the first table loads
     NEAR = 0.8  # of parts_to_delay_insert: merges are falling behind
 
     def __init__(self, server: ServerTarget, adapt: Controller) -> None:
@@ -181,6 +182,14 @@ class ServerWatch:
         return self
 
     def _run(self) -> None:
+        """The server as soon as a table is being loaded (it may be near its parts limit
+        before the first request: a load of a second would otherwise end before the
+        first look), then the host and the server every second."""
+        while not self.server.loading:
+            if self.adapt.finished.wait(self.FIRST):
+                return
+        with contextlib.suppress(ChloadError):
+            self._server()
         while not self.adapt.finished.wait(self.EVERY):
             host = self.pressure()
             if host is not None:
@@ -203,3 +212,5 @@ class ServerWatch:
         elif delay_at and parts >= self.NEAR * delay_at:
             self.adapt.backpressure(f"{parts} parts in a partition, parts_to_delay_insert "
                                     f"{delay_at}")
+        else:
+            self.adapt.relieved()

@@ -102,6 +102,21 @@ def test_too_many_parts_halves_once_per_window() -> None:
     assert c.summary()["bound"] == "server backpressure: 3 inserts delayed (DelayedInserts)"
 
 
+def test_no_increase_under_backpressure_until_the_server_is_seen_relieved() -> None:
+    """A table near parts_to_delay_insert stays near it while the load adds parts: a
+    window of steady latency must not raise the limit back into the pressure."""
+    clock = Clock()
+    c = Controller(5, 8, clock=clock)
+    c.backpressure("125 parts in a partition, parts_to_delay_insert 150")
+    assert c.limit == 3
+    _window(c, clock, 1.0)
+    _window(c, clock, 1.0)
+    assert c.limit == 3 and "parts_to_delay_insert" in c.summary()["bound"]
+    c.relieved()
+    _window(c, clock, 1.0)
+    assert c.limit == 4 and "every stream busy" in c.changes[-1].reason
+
+
 def test_host_pressure_io_and_the_loaders_own_cpu() -> None:
     clock = Clock()
     c = Controller(8, 8, clock=clock)
