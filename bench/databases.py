@@ -21,6 +21,13 @@ on several connections can scale.
 
     python bench/databases.py [--rows 2000000] [--repeats 3] [--workers 1,2,4]
         [--server] [--no-embedded] [--limit-connection 0.5] [--json OUT]
+        [--variant 'onepart=--setting max_insert_block_size=4000000' ...]
+
+`--variant NAME=ARGS` adds `chload NAME --workers N` (N from `--variant-workers`) with
+ARGS appended to its command line, timed in the same rounds: a lever measured against
+the same baselines. An ARGS word starting with `?` is appended to the server target's
+URL instead (`push=?path=push`: the loader's engine parses and posts Native); such a
+variant is timed into the server only.
 
 Prints per method the median seconds, "speed x" = the fastest single-stream method's
 median (same target) / the method's (higher is faster), and the CPU seconds spent by
@@ -35,6 +42,7 @@ import compileall
 import itertools
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -42,6 +50,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -75,6 +84,27 @@ TABLES = itertools.count(1)  # server tables, one per timed command
 Method = Callable[[str], list[str]]  # a fresh work dir -> the command (argv) to time
 
 
+@dataclass(frozen=True)
+class Variant:
+    """`--variant NAME=ARGS`: chload with ARGS appended (a word starting with `?`: the
+    server target URL's suffix instead), timed with each of `workers`."""
+
+    name: str
+    args: tuple[str, ...]
+    url_suffix: str
+    workers: tuple[int, ...]
+
+
+def parse_variant(text: str, workers: tuple[int, ...]) -> Variant:
+    name, sep, rest = text.partition("=")
+    if not sep or not name.strip() or " " in name.strip():
+        raise SystemExit(f"--variant {text!r}: write NAME=ARGS (e.g. 'push=?path=push')")
+    words = shlex.split(rest)
+    suffix = "".join(w for w in words if w.startswith("?"))
+    return Variant(name.strip(), tuple(w for w in words if not w.startswith("?")), suffix,
+                   workers)
+
+
 class Bench:
     """One database, one target kind: the methods and how to run them."""
 
@@ -95,11 +125,26 @@ class Bench:
                 "--skip-column-names --quick shop -e \"SELECT id, qty, price, created, "
                 "IFNULL(note, '\\\\\\\\N'), status FROM orders\"")
 
-    def chload(self, workers: int, target: Callable[[str], list[str]]) -> Method:
+    def chload(self, workers: int, target: Callable[[str], list[str]],
+               extra: tuple[str, ...] = ()) -> Method:
         return lambda work: [sys.executable, "-m", "chload", "load", self.url, "--table",
-                             "orders", "--workers", str(workers), "-q", *target(work)]
+                             "orders", "--workers", str(workers), "-q", *target(work), *extra]
 
-    def embedded(self, workers: list[int]) -> dict[str, Method]:
+    def variants(self, variants: list[Variant], target: Callable[[str, str], list[str]],
+                 server: bool) -> dict[str, Method]:
+        """`chload NAME --workers N` for each variant (see --variant); `target(work,
+        url_suffix)` the target's arguments. A URL suffix only means something for a
+        server, so such a variant is left out of the embedded target's methods."""
+        methods: dict[str, Method] = {}
+        for v in variants:
+            if v.url_suffix and not server:
+                continue
+            for n in v.workers:
+                methods[f"chload {v.name} --workers {n}"] = self.chload(
+                    n, lambda work, v=v: target(work, v.url_suffix), v.args)
+        return methods
+
+    def embedded(self, workers: list[int], variants: list[Variant]) -> dict[str, Method]:
         fn = "postgresql" if self.kind == "postgresql" else "mysql"
         reads = (f"INSERT INTO t SELECT * FROM {fn}('{self.db.endpoint}', 'shop', 'orders', "
                  f"'loader', '{PASSWORD}')")
@@ -116,9 +161,10 @@ class Bench:
                 COLUMNS]}
         for n in workers:
             methods[f"chload --workers {n}"] = self.chload(n, lambda work: ["--target", work])
+        methods.update(self.variants(variants, lambda work, _: ["--target", work], False))
         return methods
 
-    def into_server(self, workers: list[int]) -> dict[str, Method]:
+    def into_server(self, workers: list[int], variants: list[Variant]) -> dict[str, Method]:
         assert self.server is not None
         server = self.server
         client = f"clickhouse-client --port {server.ports['tcp']}"
@@ -143,6 +189,9 @@ class Bench:
         for n in workers:
             methods[f"chload --workers {n}"] = self.chload(
                 n, lambda work: ["--target", url, "--table", table(work)])
+        methods.update(self.variants(
+            variants, lambda work, suffix: ["--target", url + suffix, "--table", table(work)],
+            True))
         return methods
 
 
@@ -191,7 +240,7 @@ def report(title: str, rows: int, medians: dict[str, dict]) -> dict:
 
 
 def run_database(kind: str, base: Path, args: argparse.Namespace, workers: list[int],
-                 server: services.Service | None) -> dict:
+                 variants: list[Variant], server: services.Service | None) -> dict:
     start, sql, fill = ((services.start_postgres, services.postgres_sql, PG_FILL)
                         if kind == "postgresql" else
                         (services.start_mariadb, services.mariadb_sql, MY_FILL))
@@ -206,11 +255,11 @@ def run_database(kind: str, base: Path, args: argparse.Namespace, workers: list[
         with limit or db_throttle.nothing():
             if args.embedded:
                 results["embedded"] = report(f"{kind} -> embedded{suffix}", args.rows,
-                                             measure(bench, bench.embedded(workers),
+                                             measure(bench, bench.embedded(workers, variants),
                                                      args.repeats))
             if server is not None:
                 results["server"] = report(f"{kind} -> 18.16 server{suffix}", args.rows,
-                                           measure(bench, bench.into_server(workers),
+                                           measure(bench, bench.into_server(workers, variants),
                                                    args.repeats))
     finally:
         db.stop()
@@ -227,9 +276,15 @@ def main() -> int:
     parser.add_argument("--limit-connection", type=float, default=0.0,
                         help="cores each source connection may use (cgroup quota)")
     parser.add_argument("--databases", default="postgresql,mysql")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="NAME=ARGS: also chload with ARGS (see the module's docstring)")
+    parser.add_argument("--variant-workers", default="1",
+                        help="the --workers values each variant is timed with")
     parser.add_argument("--json")
     args = parser.parse_args()
     workers = [int(w) for w in args.workers.split(",")]
+    variant_workers = tuple(int(w) for w in args.variant_workers.split(","))
+    variants = [parse_variant(v, variant_workers) for v in args.variant]
     base = Path(tempfile.mkdtemp(prefix="chload-bench-services-"))
     # An installed chload has its bytecode compiled; a worktree under
     # PYTHONDONTWRITEBYTECODE would compile every module on each run (0.05-0.1 CPU-s).
@@ -239,7 +294,7 @@ def main() -> int:
     results = {}
     try:
         for kind in args.databases.split(","):
-            results[kind] = run_database(kind, base, args, workers, server)
+            results[kind] = run_database(kind, base, args, workers, variants, server)
     finally:
         if server is not None:
             server.stop()
