@@ -354,6 +354,24 @@ def test_into_the_18_16_server(source: Source, clickhouse: services.Service,
     assert more["rows_loaded"] == 1000
 
 
+def test_a_range_lands_in_the_18_16_server_as_one_part_not_merged(
+        postgres: services.Service, clickhouse: services.Service, table_name: str) -> None:
+    """A range over the rows per part of a file (1,048,576 here) is still one part: the
+    stage needs no merge after the stream (a merged part has level 1, an inserted one 0)."""
+    source = Source("postgresql", postgres)
+    rows = 1_100_000
+    source.sql(ORDERS_PG.replace("timestamp NOT NULL", "timestamp(0) NOT NULL").format(
+        t=table_name, lo=1, hi=rows))
+    target = f"http://loader@127.0.0.1:{clickhouse.ports['http']}/default"
+    env = {"CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]}
+    report = _load(source, table_name, target, "--workers", "1", env=env)
+    assert report["rows_loaded"] == rows and report["files_loaded"] == 1
+    parts = run_chload("sql", f"SELECT level, rows FROM system.parts WHERE database = "
+                       f"'default' AND table = '{table_name}' AND active", "--target", target,
+                       "--format", "TSV", env=env)
+    assert parts.stdout.split() == ["0", str(rows)], parts.stdout
+
+
 def test_validate_fetches_and_parses_the_ranges_writing_nothing(
         postgres: services.Service, table_name: str, target_dir: str) -> None:
     source = Source("postgresql", postgres)
