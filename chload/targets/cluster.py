@@ -65,7 +65,7 @@ from chload.targets.cluster_ledger import (
     file_shares,
     layout_of,
 )
-from chload.targets.cluster_round import Round
+from chload.targets.cluster_round import Round, Unit
 from chload.targets.commit import stage_name
 from chload.targets.locks import sha1
 from chload.targets.server import ServerTarget, _event
@@ -74,27 +74,6 @@ from chload.targets.stages import seal
 if TYPE_CHECKING:
     from chload.adaptive import Controller
 
-
-
-@dataclass(slots=True)
-class _Unit:
-    """A routed unit waiting for its commit: its stage on every shard, the shards whose
-    ledger lacks it (`todo`), and each shard's rows and partitions (`shares`)."""
-
-    job: LoadJob
-    stage: str
-    todo: list[Shard]
-    shares: dict[int, tuple[int, list[str]]]
-    done: list[Loaded]
-    by_file: dict[str, dict[int, int]] | None
-
-    @property
-    def read(self) -> int:
-        return sum(d.bytes for d in self.done)
-
-    @property
-    def total(self) -> int:
-        return sum(rows for rows, _ in self.shares.values()) or 1
 
 
 @dataclass(slots=True)
@@ -323,7 +302,7 @@ class ClusterTarget:
         crash_point("cluster-routed")  # every shard's stage filled, none committed
         self._layout_recorded()
         committed, failed = self._round.commit(
-            _Unit(job, stage, todo, shares, done, by_file), self._commit)
+            Unit(job, stage, todo, shares, done, by_file), self._commit)
         # A commit that may have attached (not a TransientError) keeps its stage: the
         # shard's next run settles it by the mark rule (commit.py rule 4).
         keep = {n for n, exc in failed.items() if not isinstance(exc, TransientError)}
@@ -375,7 +354,7 @@ class ClusterTarget:
             per[shard] = per.get(shard, 0) + int(row["n"])
         return found
 
-    def _commit(self, units: list[_Unit]) -> list[tuple[set[int], dict[int, BaseException]]]:
+    def _commit(self, units: list[Unit]) -> list[tuple[set[int], dict[int, BaseException]]]:
         """Each unit's share on each shard into its local table with its own ledger
         entry, each shard's units as one group (commit.py `commit_group`), the shards at
         once; per unit, the shards that attached its share and the errors of those that
@@ -414,7 +393,7 @@ class ClusterTarget:
         at_once([(lambda s=s: one(s)) for s in self.shards])  # type: ignore[misc]
         return outcomes
 
-    def _events(self, unit: _Unit, shard: Shard) -> list[FileEvent]:
+    def _events(self, unit: Unit, shard: Shard) -> list[FileEvent]:
         """The unit's ledger events on `shard`: its files with their rows there."""
         rows = unit.shares[shard.number][0]
         job = unit.job

@@ -11,6 +11,30 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from chload.sources import SourceFile
+from chload.targets import Loaded, LoadJob
+from chload.targets.cluster_layout import Shard
+
+
+@dataclass(slots=True)
+class Unit:
+    """A routed unit waiting for its commit: its stage on every shard, the shards whose
+    ledger lacks it (`todo`), and each shard's rows and partitions (`shares`)."""
+
+    job: LoadJob
+    stage: str
+    todo: list[Shard]
+    shares: dict[int, tuple[int, list[str]]]
+    done: list[Loaded]
+    by_file: dict[str, dict[int, int]] | None
+
+    @property
+    def read(self) -> int:
+        return sum(d.bytes for d in self.done)
+
+    @property
+    def total(self) -> int:
+        return sum(rows for rows, _ in self.shares.values()) or 1
+
 
 T = TypeVar("T")
 R = TypeVar("R")
