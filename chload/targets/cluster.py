@@ -65,7 +65,7 @@ from chload.targets.cluster_ledger import (
     file_shares,
     layout_of,
 )
-from chload.targets.cluster_round import Round
+from chload.targets.cluster_round import Round, Unit
 from chload.targets.commit import stage_name
 from chload.targets.locks import sha1
 from chload.targets.server import ServerTarget, _event
@@ -109,6 +109,10 @@ class ClusterTarget:
         self._layout_error: ChloadError | None = None
         self._busy_since: dict[int, list] = {}  # shard -> [commits under way, since when]
         self._busy_guard = threading.Lock()
+        self._dropping: list[threading.Thread] = []  # _drop_later
+        self._loaded_at_end: dict[int, list[FileEvent]] = {}  # the last round's (_commit)
+        self._ending: threading.Thread | None = None  # the counters at the end (flush)
+        self._ends: list[shard_load.Counters | BaseException] = []
         for shard in shards:
             shard.target.committer.linger = lambda: self._round.in_flight > 1
         # The route writes each shard's rows to the replica chload chose: the target
@@ -296,13 +300,13 @@ class ClusterTarget:
         routed()
         progress(sum(d.rows for d in done), sum(d.bytes for d in done))
         crash_point("cluster-routed")  # every shard's stage filled, none committed
-        self._round.wait_if_last()
         self._layout_recorded()
-        committed, failed = self._commit(job, stage, todo, shares, done, by_file)
+        committed, failed = self._round.commit(
+            Unit(job, stage, todo, shares, done, by_file), self._commit)
         # A commit that may have attached (not a TransientError) keeps its stage: the
         # shard's next run settles it by the mark rule (commit.py rule 4).
         keep = {n for n, exc in failed.items() if not isinstance(exc, TransientError)}
-        self._drop(stage, route, [s for s in self.shards if s.number not in keep])
+        self._drop_later(stage, route, [s for s in self.shards if s.number not in keep])
         if failed:
             raise next(iter(failed.values()))
         if not committed:
@@ -350,42 +354,53 @@ class ClusterTarget:
             per[shard] = per.get(shard, 0) + int(row["n"])
         return found
 
-    def _commit(self, job: LoadJob, stage: str, todo: list[Shard],
-                shares: dict[int, tuple[int, list[str]]], done: list[Loaded],
-                by_file: dict[str, dict[int, int]] | None = None,
-                ) -> tuple[set[int], dict[int, BaseException]]:
-        """Each shard's share into its local table with its own ledger entry, the shards
-        at once; return the shards that attached theirs, and the errors of those that
+    def _commit(self, units: list[Unit]) -> list[tuple[set[int], dict[int, BaseException]]]:
+        """Each unit's share on each shard into its local table with its own ledger
+        entry, each shard's units as one group (commit.py `commit_group`), the shards at
+        once; per unit, the shards that attached its share and the errors of those that
         failed. A shard that fails stops nothing of the others: a retry loads only the
         shards still lacking the unit. A batch's files get their own rows of the shard
         where they were counted (`by_file`), else 0 (the shard's total is right)."""
-        read = sum(d.bytes for d in done)
-        total = sum(rows for rows, _ in shares.values()) or 1
+        outcomes: list[tuple[set[int], dict[int, BaseException]]] = [(set(), {}) for _ in units]
 
-        def one(shard: Shard) -> tuple[Shard, bool | BaseException]:
-            rows, partitions = shares[shard.number]
-            events = [_event(replace(job, file=f, table_display=shard.local_display), "",
-                             rows=mine, read=bytes_read) for f, mine, bytes_read in
-                      file_shares(job, shard.number, rows, read * rows // total, done,
-                                   by_file)]
-            try:
-                with self._busy(shard):
-                    ok = shard.target.committer.commit(
-                        self.local, shard.local_display, stage, partitions, events,
-                        shard.target._started_ns)
-            except ChloadError as exc:
-                return shard, exc
-            if ok:
-                shard.target.loaded.add(e.moved(LOADED) for e in events)
-                self._remember(shard, events)
-                self._count(shard, rows, read * rows // total)
-            return shard, ok
+        def one(shard: Shard) -> None:
+            mine = [(i, u) for i, u in enumerate(units) if any(s is shard for s in u.todo)]
+            if not mine:
+                return
+            events = {i: self._events(u, shard) for i, u in mine}
+            crash_point(f"cluster-commit-shard-{shard.number}")  # (tests: one shard late)
+            with self._busy(shard):
+                results = shard.target.committer.commit_group(
+                    self.local, shard.local_display,
+                    [(u.stage, u.shares[shard.number][1], events[i], shard.target._started_ns)
+                     for i, u in mine])
+            loaded: list[FileEvent] = []
+            for (i, u), result in zip(mine, results, strict=True):
+                if isinstance(result, BaseException):
+                    outcomes[i][1][shard.number] = result
+                elif result:
+                    loaded += events[i]
+                    self._remember(shard, events[i])
+                    rows = u.shares[shard.number][0]
+                    self._count(shard, rows, u.read * rows // u.total)
+                    outcomes[i][0].add(shard.number)
+            if len(units) > 1:  # the last round: written with the run's end (flush)
+                with self._busy_guard:
+                    self._loaded_at_end.setdefault(shard.number, []).extend(loaded)
+            else:
+                shard.target.loaded.add(e.moved(LOADED) for e in loaded)  # once a second
 
-        from chload.runner import on_threads
+        at_once([(lambda s=s: one(s)) for s in self.shards])  # type: ignore[misc]
+        return outcomes
 
-        results = on_threads(one, todo, len(todo) or 1)
-        return ({shard.number for shard, r in results if r is True},
-                {shard.number: r for shard, r in results if isinstance(r, BaseException)})
+    def _events(self, unit: Unit, shard: Shard) -> list[FileEvent]:
+        """The unit's ledger events on `shard`: its files with their rows there."""
+        rows = unit.shares[shard.number][0]
+        job = unit.job
+        return [_event(replace(job, file=f, table_display=shard.local_display), "",
+                       rows=mine, read=bytes_read) for f, mine, bytes_read in
+                file_shares(job, shard.number, rows, unit.read * rows // unit.total,
+                            unit.done, unit.by_file)]
 
     def _pending(self, job: LoadJob) -> list[Shard]:
         """The shards whose ledger lacks any of the job's files at their identity. A file
@@ -438,6 +453,26 @@ class ClusterTarget:
         at_once([lambda: self.entry._drop(route)] + [
             (lambda s=s: s.target._drop(stage)) for s in shards])  # type: ignore[misc]
 
+    def _drop_later(self, stage: str, route: str, shards: Sequence[Shard]) -> None:
+        """`_drop` on a thread of its own: a unit's answer does not wait for it, and the
+        last round's drops run with the end of the run (its `loaded` events and record:
+        ~40 ms of the tail here); waited for by flush and close."""
+        def drop() -> None:
+            with contextlib.suppress(ChloadError):  # left over: an orphan the next run drops
+                self._drop(stage, route, shards)
+
+        thread = threading.Thread(target=drop, name="chload_drop", daemon=True)
+        with self._busy_guard:
+            self._dropping.append(thread)
+        thread.start()
+
+    def _dropped(self) -> None:
+        """Wait for the drops under way (`_drop_later`)."""
+        with self._busy_guard:
+            threads, self._dropping = self._dropping, []
+        for thread in threads:
+            thread.join()
+
     def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
                   env: Mapping[str, str]) -> AbstractContextManager[Target]:
         """Already the cluster of its Distributed table."""
@@ -452,7 +487,9 @@ class ClusterTarget:
         counters could not be read, which fails nothing)."""
         if self._counting is not None:
             self._counting.join()
-        ends = self._read_counters() if self._counters else []
+        if self._ending is not None:
+            self._ending.join()
+        ends = (self._ends or self._read_counters()) if self._counters else []
         report = []
         for i, s in enumerate(self.shards):
             start, end = (self._counters[i], ends[i]) if ends else (None, None)
@@ -465,19 +502,35 @@ class ClusterTarget:
         return report
 
     def flush(self) -> None:
-        """The shards' waiting `loaded` events (and the entry's), at once."""
-        at_once([(lambda s=s: _release_and_flush(s)) for s in self.shards]
-                + [self.entry.flush])
+        """The shards' waiting `loaded` events (and the entry's; the last round's are
+        held for this one INSERT per shard: `_commit`), at once, with the
+        stages' drops and the shard servers' counters at the end of the load (read here,
+        with the run's last writes, for shard_report)."""
+        if self._counting is not None and self._ending is None:
+            self._counting.join()
+            if self._counters:
+                self._ending = threading.Thread(
+                    target=lambda: setattr(self, "_ends", self._read_counters()),
+                    name="chload_counters", daemon=True)
+                self._ending.start()
+        with self._busy_guard:
+            held, self._loaded_at_end = self._loaded_at_end, {}
+        at_once([(lambda s=s: _release_and_flush(s, held.get(s.number, [])))
+                 for s in self.shards]
+                + [self.entry.flush, self._dropped])
 
     def close(self) -> None:
-        """Close the shards' targets (the entry is its opener's to close)."""
+        """Close the shards' targets (the entry is its opener's to close), once the
+        stages' drops are done."""
+        self._dropped()
         each_at_once([(lambda s=s: _release_and_close(s))  # type: ignore[misc]
                       for s in self.shards])
 
 
-def _release_and_flush(shard: Shard) -> None:
+def _release_and_flush(shard: Shard, held: Sequence[FileEvent]) -> None:
     shard.target.committer.release_kept()
-    shard.target.flush()
+    shard.target.loaded.add(e.moved(LOADED) for e in held)  # (writes them if due)
+    shard.target.flush()  # (the rest: no round trip when none is left)
 
 
 def _release_and_close(shard: Shard) -> None:

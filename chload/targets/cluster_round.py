@@ -7,8 +7,47 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from chload.sources import SourceFile
+from chload.targets import Loaded, LoadJob
+from chload.targets.cluster_layout import Shard
+
+
+@dataclass(slots=True)
+class Unit:
+    """A routed unit waiting for its commit: its stage on every shard, the shards whose
+    ledger lacks it (`todo`), and each shard's rows and partitions (`shares`)."""
+
+    job: LoadJob
+    stage: str
+    todo: list[Shard]
+    shares: dict[int, tuple[int, list[str]]]
+    done: list[Loaded]
+    by_file: dict[str, dict[int, int]] | None
+
+    @property
+    def read(self) -> int:
+        return sum(d.bytes for d in self.done)
+
+    @property
+    def total(self) -> int:
+        return sum(rows for rows, _ in self.shares.values()) or 1
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(eq=False, slots=True)
+class _Parked(Generic[T, R]):
+    """A unit of the last round waiting for its group's commit, and how it ended."""
+
+    item: T
+    result: R | None = None
+    error: BaseException | None = None
+    done: bool = False
 
 
 class Round:
@@ -32,6 +71,7 @@ class Round:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.planned = self.started = self.in_flight = self.routing = 0
+        self.parked: list[_Parked] = []
 
     def plan(self, groups: list[tuple[SourceFile, ...]]) -> list[tuple[SourceFile, ...]]:
         with self.cond:
@@ -61,9 +101,42 @@ class Round:
             with self.cond:
                 self.in_flight -= 1
 
-    def wait_if_last(self) -> None:
-        """In the last round, until no unit is routing (a unit retried, or one that
-        fails, stops routing too: nothing waits for ever)."""
+    def commit(self, item: T, commit: Callable[[list[T]], list[R]]) -> R:
+        """Commit a routed unit (`commit` of a list of units returns their outcomes in
+        order). Before the last round, at once and alone. In the last round, once no unit
+        is routing (a unit retried, or one that fails, stops routing too: nothing waits
+        for ever), the first waiting thread to wake commits every unit waiting, in one
+        call; the others take their outcome from it."""
         with self.cond:
-            if self.started >= self.planned:
-                self.cond.wait_for(lambda: self.routing == 0)
+            if self.started < self.planned:
+                batch = None
+            else:
+                parked: _Parked[T, R] = _Parked(item)
+                self.parked.append(parked)
+                self.cond.wait_for(lambda: parked.done or (
+                    self.routing == 0 and any(p is parked for p in self.parked)))
+                if parked.done:
+                    return _outcome(parked)
+                batch, self.parked = self.parked, []
+        if batch is None:
+            return commit([item])[0]
+        try:
+            results: list[R] | None = commit([p.item for p in batch])
+        except BaseException as exc:
+            results = None
+            for p in batch:
+                p.error = exc
+            raise
+        finally:
+            with self.cond:
+                for i, p in enumerate(batch):
+                    p.result, p.done = (results[i] if results else None), True
+                self.cond.notify_all()
+        return _outcome(parked)
+
+
+def _outcome(parked: _Parked[T, R]) -> R:
+    if parked.error is not None:
+        raise parked.error
+    assert parked.result is not None
+    return parked.result

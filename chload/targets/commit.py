@@ -175,6 +175,24 @@ class Committer:
             raise request.error
         return bool(request.attached)
 
+    def commit_group(self, table: str, display: str,
+                     units: Sequence[tuple[str, Sequence[str] | None, Sequence[FileEvent], int]],
+                     ) -> list[bool | BaseException]:
+        """`commit` of several stages (stage, partitions, events, since_ns) at once, queued
+        together so they go as one group: one caller holding them all need not race its
+        own threads into the queue (whichever thread got the turn first led a group of
+        one). Each unit's outcome as `commit` would return or raise it."""
+        requests = [_Request(stage, parts, events, since) for stage, parts, events, since in units]
+        with self._guard:
+            turn = self._turns.setdefault(table, _Turn())
+            turn.queue.extend(requests)
+        with turn.mutex:
+            if requests and not all(r.settled for r in requests):
+                with self._guard:
+                    group, turn.queue = turn.queue, []
+                self._lead(table, display, turn, group, requests[0])
+        return [r.error if r.error is not None else bool(r.attached) for r in requests]
+
     def _lead(self, table: str, display: str, turn: _Turn, group: list[_Request],
               own: _Request) -> None:
         """Commit `group` in order; each request learns its outcome or error."""

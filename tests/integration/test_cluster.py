@@ -104,15 +104,20 @@ def test_rows_by_key_land_on_their_shard_exactly_once(weighted_cluster, trips):
 
 def test_kill_twice_mid_load_then_finish(weighted_cluster, trips):
     """8 small files go in 4 batches of 2 (one per stream), each routed to every shard and
-    committed by the 3 shards at once: the first kill lands between shards' commits of
-    a batch (some shards have it, some are `committing`, some not yet), the second
-    after a batch's rows were routed into every shard's stage, before any commit."""
+    committed by the 3 shards at once, each shard's batches as one group (one ledger
+    INSERT, then the attaches): the first kill lands between shards' commits (shard 3
+    held back before its commit; the first of shards 1 and 2 to attach its 2nd batch is
+    killed: there some batches attached, the rest `committing`; shard 3 has none), the
+    second after the batches' rows were routed again into every shard's stage, before
+    any commit (only shard 3 lacks them)."""
     table = make_tables(weighted_cluster, "intHash64(id)")
     killed = load(weighted_cluster, trips, table, "--workers", "4",
-                  env={"CHLOAD_CRASH_AT": "after-attach:2"})
+                  env={"CHLOAD_CRASH_AT": "after-attach:2",
+                       "CHLOAD_PAUSE_AT": "cluster-commit-shard-3:3"})
     assert killed.returncode == -9, killed.stderr
     shards = per_shard(weighted_cluster, table, "intHash64(id)")
     assert 0 < sum(rows for rows, _ in shards.values()) < FILES * ROWS
+    assert shards[3][0] == 0
     killed = load(weighted_cluster, trips, table, "--workers", "4",
                   env={"CHLOAD_CRASH_AT": "cluster-routed"})
     assert killed.returncode == -9, killed.stderr

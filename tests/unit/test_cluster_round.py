@@ -12,10 +12,16 @@ def test_the_last_round_commits_once_every_unit_is_routed_or_failed() -> None:
     r = Round()
     r.plan([("a",), ("b",), ("c",)])  # type: ignore[list-item]
     order: list[str] = []
+    calls: list[list[str]] = []
+
+    def commit(units: list[str]) -> list[str]:
+        calls.append(units)
+        order.extend(f"{u} commits" for u in units)
+        return [f"{u} done" for u in units]
+
     with r.unit() as routed:  # an early unit: the rest is still to start, no wait
         routed()
-        r.wait_if_last()
-        order.append("a commits")
+        assert r.commit("a", commit) == "a done"
     release_b = threading.Event()
 
     def b() -> None:
@@ -23,8 +29,7 @@ def test_the_last_round_commits_once_every_unit_is_routed_or_failed() -> None:
             release_b.wait(5)
             routed()
             order.append("b routed")
-            r.wait_if_last()
-            order.append("b commits")
+            assert r.commit("b", commit) == "b done"
 
     def c() -> None:
         try:
@@ -44,3 +49,58 @@ def test_the_last_round_commits_once_every_unit_is_routed_or_failed() -> None:
     assert order[0] == "a commits" and order[-1] == "b commits"
     assert order.index("c failed") < order.index("b commits")
     assert r.in_flight == 0 and r.routing == 0
+    assert calls == [["a"], ["b"]]
+
+
+def test_the_last_round_is_one_commit_of_every_unit_waiting() -> None:
+    r = Round()
+    r.plan([("a",), ("b",), ("c",)])  # type: ignore[list-item]
+    calls: list[list[str]] = []
+    results: dict[str, str] = {}
+    go = {u: threading.Event() for u in "abc"}
+
+    def commit(units: list[str]) -> list[str]:
+        calls.append(sorted(units))
+        return [f"{u} done" for u in units]
+
+    def unit(name: str) -> None:
+        with r.unit() as routed:
+            go[name].wait(5)
+            routed()
+            results[name] = r.commit(name, commit)
+
+    threads = [threading.Thread(target=unit, args=(u,)) for u in "abc"]
+    for t in threads:
+        t.start()
+    for u in "abc":  # routed one after the other: nobody commits before the last
+        time.sleep(0.02)
+        assert calls == []
+        go[u].set()
+    for t in threads:
+        t.join(5)
+    assert calls == [["a", "b", "c"]]
+    assert results == {u: f"{u} done" for u in "abc"}
+
+
+def test_an_error_of_the_last_round_commit_reaches_every_unit_of_it() -> None:
+    r = Round()
+    r.plan([("a",), ("b",)])  # type: ignore[list-item]
+    errors: list[str] = []
+
+    def commit(units: list[str]) -> list[str]:
+        raise RuntimeError("ledger gone")
+
+    def unit(name: str) -> None:
+        with r.unit() as routed:
+            routed()
+            try:
+                r.commit(name, commit)
+            except RuntimeError as exc:
+                errors.append(str(exc))
+
+    threads = [threading.Thread(target=unit, args=(u,)) for u in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    assert errors == ["ledger gone", "ledger gone"]
