@@ -57,7 +57,16 @@ from chload.sources.kafka_plan import (
     parse_uri,
     plan,
 )
-from chload.sources.kafka_read import Broker, Spooled, SpoolReader, Unit, client_config
+from chload.sources.kafka_read import (
+    AUDIT_CSV,
+    AUDIT_JSON,
+    AUDIT_TSV,
+    Broker,
+    Spooled,
+    SpoolReader,
+    Unit,
+    client_config,
+)
 from chload.sources.remote import RemoteSource
 
 if TYPE_CHECKING:
@@ -70,10 +79,12 @@ BATCH_SECONDS = 5.0  # --follow: a unit is cut at least this often (--batch-seco
 LINE_FORMATS = {"JSONEachRow", "JSONLines", "NDJSON", "JSONAsString", "JSONCompactEachRow",
                 "CSV", "TSV", "TabSeparated", "LineAsString", "TSKV", "CustomSeparated"}
 _EXTENSIONS = {"JSONEachRow": "jsonl", "CSV": "csv", "TSV": "tsv", "TabSeparated": "tsv"}
-# --audit: the formats whose rows are JSON objects, which the reader extends with the
-# message's Kafka columns (kafka_read.audited), and those columns' types. _topic is a
-# String: parsed into LowCardinality(String), 1M rows took ~0.3 s more (docs/kafka.md).
-AUDIT_FORMATS = {"JSONEachRow", "JSONLines", "NDJSON"}
+# --audit: the formats whose rows the reader extends with the message's Kafka columns
+# as their last fields (kafka_read.audited, audited_line), how, and those columns'
+# types. _topic is a String: parsed into LowCardinality(String), 1M rows took ~0.3 s
+# more (docs/kafka.md).
+AUDIT_FORMATS = {"JSONEachRow": AUDIT_JSON, "JSONLines": AUDIT_JSON, "NDJSON": AUDIT_JSON,
+                 "CSV": AUDIT_CSV, "TSV": AUDIT_TSV, "TabSeparated": AUDIT_TSV}
 AUDIT_COLUMNS = {"_topic": "String", "_partition": "UInt32",
                  "_offset": "UInt64", "_timestamp": "DateTime64(3, 'UTC')", "_key": "String"}
 
@@ -98,18 +109,26 @@ class Options:
     follow: bool = False
     kafka_options: tuple[tuple[str, str], ...] = ()
     stop: threading.Event = field(default_factory=threading.Event)
-    audit: bool = False  # each row with its Kafka columns (AUDIT_COLUMNS)
+    audit: int = 0  # each row with its Kafka columns (AUDIT_COLUMNS): AUDIT_FORMATS' mode
     pipes: bool = False  # units streamed to the engine through pipes (_stream_round)
 
 
-def with_kafka_columns(target: Target, data: list[Column]) -> list[Column]:
+def with_kafka_columns(target: Target, data: list[Column], fmt: str = "JSONEachRow",
+                       inferred: bool = False) -> list[Column]:
     """--audit: the data's columns with the Kafka columns (which the reader writes into
     each row) at their types: an inferred type replaced, a missing column (--schema)
-    added. `_timestamp` is DateTime('UTC') (seconds) where the target lacks DateTime64."""
+    added. `_timestamp` is DateTime('UTC') (seconds) where the target lacks DateTime64.
+    CSV and TSV rows have them as their last five fields, so they are the last five
+    columns, and inferred ones (c4..c8, named by position) take their names."""
     caps = getattr(target, "caps", None)
     types = dict(AUDIT_COLUMNS)
     if caps is not None and "DateTime64" not in caps.types:
         types["_timestamp"] = "DateTime('UTC')"
+    if AUDIT_FORMATS.get(fmt, AUDIT_JSON) != AUDIT_JSON:
+        named = [c for c in data if c.name not in types]
+        if inferred and len(named) == len(data) and len(data) > len(types):
+            named = data[:-len(types)]
+        return named + [Column(n, t) for n, t in types.items()]
     kept = [Column(c.name, types.get(c.name, c.type)) for c in data]
     return kept + [Column(n, t) for n, t in types.items() if n not in {c.name for c in data}]
 
@@ -125,9 +144,10 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
                          f"one of {', '.join(sorted(LINE_FORMATS))}")
     if spec.audit and fmt.name not in AUDIT_FORMATS:
         raise UsageError(f"--audit with --format {fmt.name}: the Kafka columns (_topic, "
-                         "_partition, _offset, _timestamp, _key) are added to JSON objects; "
-                         f"use one of {', '.join(sorted(AUDIT_FORMATS))}, or leave out --audit")
-    options.audit = spec.audit
+                         "_partition, _offset, _timestamp, _key) are added to JSON objects, "
+                         f"CSV and TSV lines; use one of {', '.join(sorted(AUDIT_FORMATS))}, "
+                         "or leave out --audit")
+    options.audit = AUDIT_FORMATS[fmt.name] if spec.audit else 0
     report.recovered += target.recover(table.sql)
     group = f"chload-{table.display}"
     broker = Broker(client_config(source.bootstrap, options.kafka_options),
@@ -317,7 +337,7 @@ def _refresh(broker: Broker, partitions: list[Partition]) -> None:
 
 
 def _read(reader: SpoolReader, fmt: FileFormat, spool: str,
-          units: list[tuple[Partition, Unit, int]], audit: bool = False) -> list[Spool]:
+          units: list[tuple[Partition, Unit, int]], audit: int = 0) -> list[Spool]:
     """Read units into spool files (one call for all); `after` per unit is the committed
     end its commit will require."""
     if not units:
