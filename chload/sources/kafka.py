@@ -91,9 +91,13 @@ AUDIT_COLUMNS = {"_topic": "String", "_partition": "UInt32",
 # Units a streamed round reads and loads at once, at most (a reader thread, a librdkafka
 # handle and an engine INSERT each); partitions beyond it wait for the next rounds.
 STREAMED_UNITS = 8
+# Messages read per partition (of the first three due) to infer the columns of a
+# streamed load without --schema into a new table (the engine infers from a sample too).
+SAMPLE_ROWS = 10_000
 # Load a round's units; the int, if not None, is the number of units to load at once
-# (--workers, unless the user gave it).
-LoadRound = Callable[[list[SourceFile], int | None], "LoadReport"]
+# (--workers, unless the user gave it); the str, if not None, the columns to read the
+# units as (--schema, or what a streamed load found: _stream_schema).
+LoadRound = Callable[[list[SourceFile], int | None, str | None], "LoadReport"]
 
 
 def is_kafka(sources: Sequence[str]) -> bool:
@@ -111,6 +115,7 @@ class Options:
     stop: threading.Event = field(default_factory=threading.Event)
     audit: int = 0  # each row with its Kafka columns (AUDIT_COLUMNS): AUDIT_FORMATS' mode
     pipes: bool = False  # units streamed to the engine through pipes (_stream_round)
+    schema: str | None = None  # what streamed units are read as (--schema, _stream_schema)
 
 
 def with_kafka_columns(target: Target, data: list[Column], fmt: str = "JSONEachRow",
@@ -162,7 +167,10 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
                                                    native=True), group)
         if reader.why:
             report.notes.append(f"Kafka: the Python reader (slower): {reader.why}")
-        options.pipes = streams(spec, target, reader)
+        options.schema = spec.schema
+        options.pipes, why = streams(spec, target, reader)
+        if why:
+            report.notes.append(f"Kafka: units spooled, not streamed (slower): {why}")
         try:
             with _spool_dir(target) as spool, _stopping(options):
                 _rounds(reader, fmt, partitions, spool, load_round, report, options,
@@ -204,6 +212,13 @@ def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], s
                     _refresh(reader.broker, partitions)
                     _lag(listener, partitions)
                     continue
+                if options.pipes and options.schema is None:
+                    options.schema, why = _stream_schema(reader, fmt, due, spool, target,
+                                                         table, options.audit)
+                    options.pipes = options.schema is not None
+                    if why:
+                        report.notes.append(f"Kafka: units spooled, not streamed (slower): "
+                                            f"{why}; pass --schema to stream them")
                 if options.pipes:  # read and parsed at once: no read-ahead
                     _stream_round(reader, fmt, due, load_round, report, options, target,
                                   table)
@@ -256,15 +271,58 @@ def _drop(ahead: Future[list[Spool]]) -> None:
         pass
 
 
-def streams(spec: LoadSpec, target: Target, reader: SpoolReader) -> bool:
-    """Whether units go to the engine through pipes, parsed as they are read: with the
-    native reader, into a target that reads pipes, when nothing reads a unit before its
-    load (--schema given: no inference; no error budget: rejects are read again from
-    the unit; no header to look for). CHLOAD_KAFKA_PIPES=0 turns it off."""
-    return (reader.native is not None and target.reads_pipes
-            and spec.schema is not None and not spec.budget.allows_errors
-            and "WithNames" not in (spec.format or "")
-            and os.environ.get("CHLOAD_KAFKA_PIPES", "1") != "0")
+def streams(spec: LoadSpec, target: Target, reader: SpoolReader) -> tuple[bool, str]:
+    """Whether units go to the engine through pipes, parsed as they are read, and if
+    not, why (for the report's notes; "" where it says so already or the user chose):
+    with the native reader, into a target that reads pipes, when nothing reads a unit
+    before its load (no error budget: rejects are read again from the unit; no header
+    to look for; the columns known before: --schema, or _stream_schema's).
+    CHLOAD_KAFKA_PIPES=0 turns it off."""
+    if reader.native is None or os.environ.get("CHLOAD_KAFKA_PIPES", "1") == "0":
+        return False, ""  # the Python reader has its note; the user's choice needs none
+    if not target.reads_pipes or "WithNames" in (spec.format or ""):
+        return False, "the target or the format cannot read a unit as it is read"
+    if spec.budget.allows_errors:
+        return False, ("an error budget (--max-errors, --max-error-ratio) reads a unit's "
+                       "rejected rows again, from its spool")
+    return True, ""
+
+
+def _stream_schema(reader: SpoolReader, fmt: FileFormat, due: list[Partition], spool: str,
+                   target: Target, table: Any, audit: int) -> tuple[str | None, str]:
+    """The columns a streamed load reads its units as, without --schema: an existing
+    table's own (what a spooled load reads a CSV as, and a JSON row's fields name them),
+    or, for a new table, those the engine infers from a sample of the first messages of
+    up to three partitions (a separate read, not a unit: nothing of it commits). None
+    and why, and the load spools as before, where the table has a DEFAULT (or other
+    computed) column, which a JSON row may or may not carry, or the sample says nothing."""
+    from chload import planner
+    from chload.errors import ChloadError
+    from chload.schema import AUDIT_COLUMNS as OWN
+    from chload.schema import structure
+
+    existing = target.table_columns(table.sql)
+    if existing is not None:
+        kept = [c for c in existing if c.name not in OWN]
+        if any(c.default_kind for c in kept) or not kept:
+            return None, (f"{table.display} has a DEFAULT or computed column, which a row "
+                          "may carry or not")
+        return structure(kept), ""
+    sample = [(p, Unit(p.topic, p.partition, p.next, min(p.end, p.next + SAMPLE_ROWS) - 1),
+               p.after) for p in due[:3]]
+    spools: list[Spool] = []
+    try:
+        spools = _read(reader, fmt, spool, sample, audit)
+        files = [s.file for s in spools if s.file.size]
+        data, _, _ = planner.prepare_table(target, table, files, existing=None, schema=None,
+                                           order_by=None, partition_by=None,
+                                           audit=bool(audit), create=False)
+    except ChloadError as exc:
+        return None, f"the columns of a sample of the first messages: {exc}"
+    finally:
+        for s in spools:
+            _remove(s.file.local_path)
+    return (structure(data), "") if data else (None, "no columns in the first messages")
 
 
 def _stream_round(reader: SpoolReader, fmt: FileFormat, due: list[Partition],
@@ -292,7 +350,7 @@ def _stream_round(reader: SpoolReader, fmt: FileFormat, due: list[Partition],
         # all at once: a unit waiting for a worker is a partition whose reader waits on
         # its full pipe (embedded, 4 partitions: 1.37 s against 1.61 s with the target's
         # 2 workers, best of three, docs/kafka.md)
-        done = load_round(files, len(files))
+        done = load_round(files, len(files), options.schema)
     finally:
         for f in files:
             db_pipes.release(f.local_path or "")
@@ -311,7 +369,7 @@ def _load_round(spools: list[Spool], load_round: LoadRound, report: LoadReport,
                 target: Target, table: Any) -> None:
     files = [s.file for s in spools]
     try:
-        done = load_round(files, None)
+        done = load_round(files, None, None)
     finally:
         for f in files:
             _remove(f.local_path)
