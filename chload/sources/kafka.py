@@ -23,7 +23,8 @@ the measurements behind the reader, are in docs/kafka.md.
              ctypes, all partitions in one call, no Python object per message) or,
              without cc or librdkafka, by confluent-kafka consume(5000) (kafka_read.py,
              kafka_native.py); the next round is read in a thread while one loads.
-             Streamed instead (`streams`: --schema given, no error budget): each unit
+             Streamed instead (`streams`: no error budget; the columns from --schema,
+             the table or a sample, `_stream_schema`): each unit
              into a pipe the engine parses as it fills, one reader thread per
              partition, and a unit commits only if its reader finished it (db_pipes)
     load     the round's units through api._load (stage, commit, ledger); a unit
