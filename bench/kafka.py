@@ -19,7 +19,9 @@ ClickHouse server's and the Kafka broker's own CPU over the same interval):
   file        chload load of the JSON-lines file into a fresh embedded target (a)
   kafka       chload load kafka://... into a fresh embedded target
   kafka_spool the same with each unit spooled to a file first, then loaded
-              (CHLOAD_KAFKA_PIPES=0; without --schema, or with an error budget, always)
+              (CHLOAD_KAFKA_PIPES=0; with an error budget, always)
+  kafka_inferred  the same as kafka without --schema: the columns inferred from a sample
+              of the first messages, then streamed
   kafka_audit the same with --audit (each row's _topic, _partition, _offset, _timestamp
               and _key written into its JSON object by the reader, parsed as columns)
   kafka_250k  the same with --batch-rows 250000 (two rounds: the second is read while
@@ -28,6 +30,7 @@ ClickHouse server's and the Kafka broker's own CPU over the same interval):
               fallback when no cc or librdkafka is found; the first version's reader)
   server_kafka  chload load kafka://... into the 18.16 server
   server_kafka_spool  the same, spooled (CHLOAD_KAFKA_PIPES=0)
+  server_kafka_inferred  the same without --schema (a sample's columns, streamed)
   server_kafka_audit  the same with --audit
   hand_http   a hand-written consumer: consume(5000), join, POST each 100k-message batch
               to the server (INSERT ... FORMAT JSONEachRow), no ledger, no exactly-once (c)
@@ -260,6 +263,8 @@ def _methods(args: argparse.Namespace, work: Path, bootstrap: str, topic: str,
         "kafka_spool": lambda: chload(uri, "--table", "ev", "--target",
                                       str(work / f"kafkaspool{i}"), "--schema", SCHEMA, *opts,
                                       pipes=False),
+        "kafka_inferred": lambda: chload(uri, "--table", "ev", "--target",
+                                         str(work / f"kafkainf{i}"), *opts),
         "kafka_audit": lambda: chload(uri, "--table", "ev", "--target",
                                       str(work / f"kafkaaudit{i}"), "--schema", SCHEMA,
                                       "--audit", *opts),
@@ -274,6 +279,8 @@ def _methods(args: argparse.Namespace, work: Path, bootstrap: str, topic: str,
         "server_kafka_spool": lambda: chload(uri, "--table", f"sks{i}", "--target",
                                              server.url, "--schema", SCHEMA, *opts,
                                              pipes=False),
+        "server_kafka_inferred": lambda: chload(uri, "--table", f"ski{i}", "--target",
+                                                server.url, *opts),
         "server_kafka_audit": lambda: chload(uri, "--table", f"ska{i}", "--target", server.url,
                                              "--schema", SCHEMA, "--audit", *opts),
         "hand_http": lambda: hand_http(bootstrap, topic, args.partitions, server, f"hh{i}"),
@@ -304,7 +311,8 @@ def _bench(args: argparse.Namespace, work: Path, broker: services.Service,
             seconds.setdefault(name, []).append(wall)
             cpu.setdefault(name, []).append(sum(used.values()))
         for name, table in (("server_kafka", f"sk{i}"), ("hand_http", f"hh{i}"),
-                            ("server_kafka_audit", f"ska{i}"), ("server_kafka_spool", f"sks{i}")):
+                            ("server_kafka_audit", f"ska{i}"), ("server_kafka_spool", f"sks{i}"),
+                            ("server_kafka_inferred", f"ski{i}")):
             if name in seconds:
                 assert count(server, table) == args.rows, name
     best = {k: min(v) for k, v in seconds.items()}
@@ -326,7 +334,8 @@ def _ratios(best: dict[str, float], rows: dict[str, int]) -> dict[str, float]:
     pairs = [  # each gives the ratio named '<a>_vs_<b>'
         ("kafka", "file"), ("server_kafka", "file"), ("server_kafka", "hand_http"),
         ("server_kafka", "engine_mv"), ("kafka", "engine_mv"), ("kafka_audit", "kafka"),
-        ("kafka", "kafka_spool"), ("kafka_spool", "file"),
+        ("kafka", "kafka_spool"), ("kafka_spool", "file"), ("kafka_inferred", "file"),
+        ("server_kafka_inferred", "file"), ("server_kafka_inferred", "hand_http"),
         ("server_kafka", "server_kafka_spool"), ("server_kafka_spool", "file"),
         ("kafka_audit", "file"), ("server_kafka_audit", "server_kafka"),
         ("kafka_250k", "file"), ("kafka_python", "file"), ("kafka", "kafka_python"),

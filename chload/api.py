@@ -209,9 +209,10 @@ def _load_stream(spec: LoadSpec, target: Target, listener: Listener) -> LoadRepo
                             spec.kafka_options)
     sources = RunSources(_source_context(spec, target))  # the spooled units are local files
     try:
-        kafka.load(spec, target, listener, lambda units, workers: _load(
-            replace(spec, workers=spec.workers or workers), target, sources, units,
-            listener, run_id=report.run_id, record=False), table, report, options)
+        kafka.load(spec, target, listener, lambda units, workers, schema: _load(
+            replace(spec, workers=spec.workers or workers, schema=schema or spec.schema),
+            target, sources, units, listener, run_id=report.run_id, record=False),
+            table, report, options)
     finally:
         sources.close()
     report.seconds = time.monotonic() - clock

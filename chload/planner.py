@@ -258,7 +258,7 @@ def prepare_table(
     if audit and files and files[0].uri.startswith("kafka://"):  # columns the reader adds
         from chload.sources.kafka import with_kafka_columns
 
-        data = with_kafka_columns(target, data)
+        data = with_kafka_columns(target, data, files[0].format.name, given is None)
     created = False
     if existing is None and not create:
         return data, data, False

@@ -23,7 +23,8 @@ the measurements behind the reader, are in docs/kafka.md.
              ctypes, all partitions in one call, no Python object per message) or,
              without cc or librdkafka, by confluent-kafka consume(5000) (kafka_read.py,
              kafka_native.py); the next round is read in a thread while one loads.
-             Streamed instead (`streams`: --schema given, no error budget): each unit
+             Streamed instead (`streams`: no error budget; the columns from --schema,
+             the table or a sample, `_stream_schema`): each unit
              into a pipe the engine parses as it fills, one reader thread per
              partition, and a unit commits only if its reader finished it (db_pipes)
     load     the round's units through api._load (stage, commit, ledger); a unit
@@ -57,7 +58,16 @@ from chload.sources.kafka_plan import (
     parse_uri,
     plan,
 )
-from chload.sources.kafka_read import Broker, Spooled, SpoolReader, Unit, client_config
+from chload.sources.kafka_read import (
+    AUDIT_CSV,
+    AUDIT_JSON,
+    AUDIT_TSV,
+    Broker,
+    Spooled,
+    SpoolReader,
+    Unit,
+    client_config,
+)
 from chload.sources.remote import RemoteSource
 
 if TYPE_CHECKING:
@@ -70,19 +80,25 @@ BATCH_SECONDS = 5.0  # --follow: a unit is cut at least this often (--batch-seco
 LINE_FORMATS = {"JSONEachRow", "JSONLines", "NDJSON", "JSONAsString", "JSONCompactEachRow",
                 "CSV", "TSV", "TabSeparated", "LineAsString", "TSKV", "CustomSeparated"}
 _EXTENSIONS = {"JSONEachRow": "jsonl", "CSV": "csv", "TSV": "tsv", "TabSeparated": "tsv"}
-# --audit: the formats whose rows are JSON objects, which the reader extends with the
-# message's Kafka columns (kafka_read.audited), and those columns' types. _topic is a
-# String: parsed into LowCardinality(String), 1M rows took ~0.3 s more (docs/kafka.md).
-AUDIT_FORMATS = {"JSONEachRow", "JSONLines", "NDJSON"}
+# --audit: the formats whose rows the reader extends with the message's Kafka columns
+# as their last fields (kafka_read.audited, audited_line), how, and those columns'
+# types. _topic is a String: parsed into LowCardinality(String), 1M rows took ~0.3 s
+# more (docs/kafka.md).
+AUDIT_FORMATS = {"JSONEachRow": AUDIT_JSON, "JSONLines": AUDIT_JSON, "NDJSON": AUDIT_JSON,
+                 "CSV": AUDIT_CSV, "TSV": AUDIT_TSV, "TabSeparated": AUDIT_TSV}
 AUDIT_COLUMNS = {"_topic": "String", "_partition": "UInt32",
                  "_offset": "UInt64", "_timestamp": "DateTime64(3, 'UTC')", "_key": "String"}
 
 # Units a streamed round reads and loads at once, at most (a reader thread, a librdkafka
 # handle and an engine INSERT each); partitions beyond it wait for the next rounds.
 STREAMED_UNITS = 8
+# Messages read per partition (of the first three due) to infer the columns of a
+# streamed load without --schema into a new table (the engine infers from a sample too).
+SAMPLE_ROWS = 10_000
 # Load a round's units; the int, if not None, is the number of units to load at once
-# (--workers, unless the user gave it).
-LoadRound = Callable[[list[SourceFile], int | None], "LoadReport"]
+# (--workers, unless the user gave it); the str, if not None, the columns to read the
+# units as (--schema, or what a streamed load found: _stream_schema).
+LoadRound = Callable[[list[SourceFile], int | None, str | None], "LoadReport"]
 
 
 def is_kafka(sources: Sequence[str]) -> bool:
@@ -98,18 +114,27 @@ class Options:
     follow: bool = False
     kafka_options: tuple[tuple[str, str], ...] = ()
     stop: threading.Event = field(default_factory=threading.Event)
-    audit: bool = False  # each row with its Kafka columns (AUDIT_COLUMNS)
+    audit: int = 0  # each row with its Kafka columns (AUDIT_COLUMNS): AUDIT_FORMATS' mode
     pipes: bool = False  # units streamed to the engine through pipes (_stream_round)
+    schema: str | None = None  # what streamed units are read as (--schema, _stream_schema)
 
 
-def with_kafka_columns(target: Target, data: list[Column]) -> list[Column]:
+def with_kafka_columns(target: Target, data: list[Column], fmt: str = "JSONEachRow",
+                       inferred: bool = False) -> list[Column]:
     """--audit: the data's columns with the Kafka columns (which the reader writes into
     each row) at their types: an inferred type replaced, a missing column (--schema)
-    added. `_timestamp` is DateTime('UTC') (seconds) where the target lacks DateTime64."""
+    added. `_timestamp` is DateTime('UTC') (seconds) where the target lacks DateTime64.
+    CSV and TSV rows have them as their last five fields, so they are the last five
+    columns, and inferred ones (c4..c8, named by position) take their names."""
     caps = getattr(target, "caps", None)
     types = dict(AUDIT_COLUMNS)
     if caps is not None and "DateTime64" not in caps.types:
         types["_timestamp"] = "DateTime('UTC')"
+    if AUDIT_FORMATS.get(fmt, AUDIT_JSON) != AUDIT_JSON:
+        named = [c for c in data if c.name not in types]
+        if inferred and len(named) == len(data) and len(data) > len(types):
+            named = data[:-len(types)]
+        return named + [Column(n, t) for n, t in types.items()]
     kept = [Column(c.name, types.get(c.name, c.type)) for c in data]
     return kept + [Column(n, t) for n, t in types.items() if n not in {c.name for c in data}]
 
@@ -125,9 +150,10 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
                          f"one of {', '.join(sorted(LINE_FORMATS))}")
     if spec.audit and fmt.name not in AUDIT_FORMATS:
         raise UsageError(f"--audit with --format {fmt.name}: the Kafka columns (_topic, "
-                         "_partition, _offset, _timestamp, _key) are added to JSON objects; "
-                         f"use one of {', '.join(sorted(AUDIT_FORMATS))}, or leave out --audit")
-    options.audit = spec.audit
+                         "_partition, _offset, _timestamp, _key) are added to JSON objects, "
+                         f"CSV and TSV lines; use one of {', '.join(sorted(AUDIT_FORMATS))}, "
+                         "or leave out --audit")
+    options.audit = AUDIT_FORMATS[fmt.name] if spec.audit else 0
     report.recovered += target.recover(table.sql)
     group = f"chload-{table.display}"
     broker = Broker(client_config(source.bootstrap, options.kafka_options),
@@ -142,7 +168,10 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
                                                    native=True), group)
         if reader.why:
             report.notes.append(f"Kafka: the Python reader (slower): {reader.why}")
-        options.pipes = streams(spec, target, reader)
+        options.schema = spec.schema
+        options.pipes, why = streams(spec, target, reader)
+        if why:
+            report.notes.append(f"Kafka: units spooled, not streamed (slower): {why}")
         try:
             with _spool_dir(target) as spool, _stopping(options):
                 _rounds(reader, fmt, partitions, spool, load_round, report, options,
@@ -184,6 +213,13 @@ def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], s
                     _refresh(reader.broker, partitions)
                     _lag(listener, partitions)
                     continue
+                if options.pipes and options.schema is None:
+                    options.schema, why = _stream_schema(reader, fmt, due, spool, target,
+                                                         table, options.audit)
+                    options.pipes = options.schema is not None
+                    if why:
+                        report.notes.append(f"Kafka: units spooled, not streamed (slower): "
+                                            f"{why}; pass --schema to stream them")
                 if options.pipes:  # read and parsed at once: no read-ahead
                     _stream_round(reader, fmt, due, load_round, report, options, target,
                                   table)
@@ -236,15 +272,58 @@ def _drop(ahead: Future[list[Spool]]) -> None:
         pass
 
 
-def streams(spec: LoadSpec, target: Target, reader: SpoolReader) -> bool:
-    """Whether units go to the engine through pipes, parsed as they are read: with the
-    native reader, into a target that reads pipes, when nothing reads a unit before its
-    load (--schema given: no inference; no error budget: rejects are read again from
-    the unit; no header to look for). CHLOAD_KAFKA_PIPES=0 turns it off."""
-    return (reader.native is not None and target.reads_pipes
-            and spec.schema is not None and not spec.budget.allows_errors
-            and "WithNames" not in (spec.format or "")
-            and os.environ.get("CHLOAD_KAFKA_PIPES", "1") != "0")
+def streams(spec: LoadSpec, target: Target, reader: SpoolReader) -> tuple[bool, str]:
+    """Whether units go to the engine through pipes, parsed as they are read, and if
+    not, why (for the report's notes; "" where it says so already or the user chose):
+    with the native reader, into a target that reads pipes, when nothing reads a unit
+    before its load (no error budget: rejects are read again from the unit; no header
+    to look for; the columns known before: --schema, or _stream_schema's).
+    CHLOAD_KAFKA_PIPES=0 turns it off."""
+    if reader.native is None or os.environ.get("CHLOAD_KAFKA_PIPES", "1") == "0":
+        return False, ""  # the Python reader has its note; the user's choice needs none
+    if not target.reads_pipes or "WithNames" in (spec.format or ""):
+        return False, "the target or the format cannot read a unit as it is read"
+    if spec.budget.allows_errors:
+        return False, ("an error budget (--max-errors, --max-error-ratio) reads a unit's "
+                       "rejected rows again, from its spool")
+    return True, ""
+
+
+def _stream_schema(reader: SpoolReader, fmt: FileFormat, due: list[Partition], spool: str,
+                   target: Target, table: Any, audit: int) -> tuple[str | None, str]:
+    """The columns a streamed load reads its units as, without --schema: an existing
+    table's own (what a spooled load reads a CSV as, and a JSON row's fields name them),
+    or, for a new table, those the engine infers from a sample of the first messages of
+    up to three partitions (a separate read, not a unit: nothing of it commits). None
+    and why, and the load spools as before, where the table has a DEFAULT (or other
+    computed) column, which a JSON row may or may not carry, or the sample says nothing."""
+    from chload import planner
+    from chload.errors import ChloadError
+    from chload.schema import AUDIT_COLUMNS as OWN
+    from chload.schema import structure
+
+    existing = target.table_columns(table.sql)
+    if existing is not None:
+        kept = [c for c in existing if c.name not in OWN]
+        if any(c.default_kind for c in kept) or not kept:
+            return None, (f"{table.display} has a DEFAULT or computed column, which a row "
+                          "may carry or not")
+        return structure(kept), ""
+    sample = [(p, Unit(p.topic, p.partition, p.next, min(p.end, p.next + SAMPLE_ROWS) - 1),
+               p.after) for p in due[:3]]
+    spools: list[Spool] = []
+    try:
+        spools = _read(reader, fmt, spool, sample, audit)
+        files = [s.file for s in spools if s.file.size]
+        data, _, _ = planner.prepare_table(target, table, files, existing=None, schema=None,
+                                           order_by=None, partition_by=None,
+                                           audit=bool(audit), create=False)
+    except ChloadError as exc:
+        return None, f"the columns of a sample of the first messages: {exc}"
+    finally:
+        for s in spools:
+            _remove(s.file.local_path)
+    return (structure(data), "") if data else (None, "no columns in the first messages")
 
 
 def _stream_round(reader: SpoolReader, fmt: FileFormat, due: list[Partition],
@@ -272,7 +351,7 @@ def _stream_round(reader: SpoolReader, fmt: FileFormat, due: list[Partition],
         # all at once: a unit waiting for a worker is a partition whose reader waits on
         # its full pipe (embedded, 4 partitions: 1.37 s against 1.61 s with the target's
         # 2 workers, best of three, docs/kafka.md)
-        done = load_round(files, len(files))
+        done = load_round(files, len(files), options.schema)
     finally:
         for f in files:
             db_pipes.release(f.local_path or "")
@@ -291,7 +370,7 @@ def _load_round(spools: list[Spool], load_round: LoadRound, report: LoadReport,
                 target: Target, table: Any) -> None:
     files = [s.file for s in spools]
     try:
-        done = load_round(files, None)
+        done = load_round(files, None, None)
     finally:
         for f in files:
             _remove(f.local_path)
@@ -317,7 +396,7 @@ def _refresh(broker: Broker, partitions: list[Partition]) -> None:
 
 
 def _read(reader: SpoolReader, fmt: FileFormat, spool: str,
-          units: list[tuple[Partition, Unit, int]], audit: bool = False) -> list[Spool]:
+          units: list[tuple[Partition, Unit, int]], audit: int = 0) -> list[Spool]:
     """Read units into spool files (one call for all); `after` per unit is the committed
     end its commit will require."""
     if not units:

@@ -107,8 +107,9 @@ class NativeReader:
             self.handle = None
 
     def read(self, units: Sequence[tuple[str, int, int, int, int, int]]) -> list[NativeUnit]:
-        """(topic, partition, first, last, fd, audit) each: read all at once; `audit`:
-        each value (a JSON object) gets the message's Kafka columns (kafka_read.audited)."""
+        """(topic, partition, first, last, fd, audit) each: read all at once; `audit`
+        (kafka_read.AUDIT_*): each value gets the message's Kafka columns as its last
+        fields (kafka_read.audited, audited_line)."""
         array = (NativeUnit * len(units))()
         for slot, (topic, partition, first, last, fd, audit) in zip(array, units,
                                                                      strict=True):

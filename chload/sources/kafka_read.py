@@ -20,6 +20,8 @@ from chload.errors import SourceError, UsageError
 
 CONSUME_BATCH = 5_000  # messages per consume() call (docs/kafka.md: 100k was slower)
 READ_TIMEOUT = 30.0  # seconds without a message while a unit's offsets are still due
+# --audit: how each row gets its Kafka columns (0: not at all), kafka_spool.c's AUDIT_*
+AUDIT_JSON, AUDIT_CSV, AUDIT_TSV = 1, 2, 3
 
 # The native reader parses every fetched message, also those past a unit's last offset:
 # 16 MB per partition (the Python reader's, fewer consume() calls) read far past a
@@ -124,7 +126,7 @@ class Broker:
             raise SourceError(f"kafka {what} at {self.config['bootstrap.servers']}: "
                               f"{exc.args[0] if exc.args else exc}") from exc
 
-    def read(self, unit: Unit, out: Any, audit: bool = False) -> Spooled:
+    def read(self, unit: Unit, out: Any, audit: int = 0) -> Spooled:
         """Write the values of the unit's messages to `out`, one per line (`audit`: each
         with its Kafka columns, `audited`)."""
         from confluent_kafka import TopicPartition
@@ -165,7 +167,7 @@ class SpoolReader:
             for key in [k for k in self.handles if k not in keys]:
                 self.handles.pop(key).close()
 
-    def stream(self, unit: Unit, audit: bool) -> tuple[str, PipeReading]:
+    def stream(self, unit: Unit, audit: int) -> tuple[str, PipeReading]:
         """The unit's values streamed into a pipe as they are read, for the engine to
         parse while they come (docs/kafka.md: read and parse overlap); the pipe's path
         (/dev/fd/N, db_pipes) and its reading, whose `finish` says whether the unit was
@@ -182,14 +184,14 @@ class SpoolReader:
         reading = PipeReading(handle, unit, write_end, audit)
         return db_pipes.register(read_end, reading), reading
 
-    def read(self, jobs: Sequence[tuple[Unit, str]], audit: bool = False) -> list[Spooled]:
+    def read(self, jobs: Sequence[tuple[Unit, str]], audit: int = 0) -> list[Spooled]:
         """Each unit's values into its path (created, or emptied); `audit`: each value
         (a JSON object) with the message's Kafka columns as its last fields."""
         if self.native is None:
             return [self._python(unit, path, audit) for unit, path in jobs]
         fds = [os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600) for _, path in jobs]
         try:
-            done = self.native.read([(u.topic, u.partition, u.first, u.last, fd, int(audit))
+            done = self.native.read([(u.topic, u.partition, u.first, u.last, fd, audit)
                                      for (u, _), fd in zip(jobs, fds, strict=True)])
         finally:
             for fd in fds:
@@ -197,7 +199,7 @@ class SpoolReader:
         return [Spooled(int(r.messages), int(r.bytes), bool(r.contiguous), int(r.first_offset))
                 for r in done]
 
-    def _python(self, unit: Unit, path: str, audit: bool) -> Spooled:
+    def _python(self, unit: Unit, path: str, audit: int) -> Spooled:
         with open(path, "wb", buffering=1 << 20) as out:
             return self.broker.read(unit, out, audit)
 
@@ -208,17 +210,17 @@ class PipeReading:
     the engine sees the end of the data there. db_pipes.check asks `finish` after the
     engine read to the end: it raises unless the reader completed the unit."""
 
-    def __init__(self, handle: Any, unit: Unit, write_end: int, audit: bool) -> None:
+    def __init__(self, handle: Any, unit: Unit, write_end: int, audit: int) -> None:
         self.unit, self.done = unit, Spooled()
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(handle, write_end, audit),
                                         name=f"chload-kafka-{unit.partition}", daemon=True)
         self._thread.start()
 
-    def _run(self, handle: Any, write_end: int, audit: bool) -> None:
+    def _run(self, handle: Any, write_end: int, audit: int) -> None:
         u = self.unit
         try:
-            r = handle.read([(u.topic, u.partition, u.first, u.last, write_end, int(audit))])[0]
+            r = handle.read([(u.topic, u.partition, u.first, u.last, write_end, audit)])[0]
             self.done = Spooled(int(r.messages), int(r.bytes), bool(r.contiguous),
                                 int(r.first_offset))
         except BaseException as exc:  # noqa: BLE001 - handed to finish(), in the loader
@@ -251,7 +253,7 @@ class Spooled:
     first_offset: int = -1
 
 
-def _read(consumer: Any, unit: Unit, out: Any, audit: bool) -> Spooled:
+def _read(consumer: Any, unit: Unit, out: Any, audit: int) -> Spooled:
     done = Spooled()
     expect, quiet_since = unit.first, time.monotonic()
     while expect <= unit.last:
@@ -274,7 +276,7 @@ def _read(consumer: Any, unit: Unit, out: Any, audit: bool) -> Spooled:
 
 
 def _values(messages: list, unit: Unit, expect: int, done: Spooled,
-            audit: bool = False) -> tuple[list[bytes], int]:
+            audit: int = 0) -> tuple[list[bytes], int]:
     """The values of one consume() batch within the unit, and the next offset due.
 
     The usual batch (no error, no gap, no null) costs one list comprehension; any other
@@ -295,37 +297,39 @@ def _values(messages: list, unit: Unit, expect: int, done: Spooled,
         done.first_offset = first
     if first != expect or last - first + 1 != len(messages):
         return _slow(messages, unit, done, audit), last + 1
-    values = [_audited(m) if audit else m.value() for m in messages]
+    values = [_audited(m, audit) if audit else m.value() for m in messages]
     if None in values:
         done.contiguous = False
         values = [v for v in values if v is not None]
     return cast("list[bytes]", values), last + 1
 
 
-def _slow(messages: list, unit: Unit, done: Spooled, audit: bool) -> list[bytes]:
+def _slow(messages: list, unit: Unit, done: Spooled, audit: int) -> list[bytes]:
     values: list[bytes] = []
     for m in messages:
         if m.error() is not None:
             _check_error(m, unit)
             continue
-        value = _audited(m) if audit else m.value()
+        value = _audited(m, audit) if audit else m.value()
         if value is not None:
             values.append(value)
     done.contiguous = False
     return values
 
 
-def _audited(m: Any) -> bytes | None:
+def _audited(m: Any, mode: int) -> bytes | None:
     """A message's value with its Kafka columns (the fallback reader's; the native
-    reader's put_audited writes the same bytes)."""
+    reader's put_audited and put_audited_line write the same bytes)."""
     value = m.value()
     if value is None:
         return None
-    return audited(value, m.topic(), m.partition(), m.offset(), m.timestamp()[1], m.key())
+    add = audited if mode == AUDIT_JSON else audited_line
+    return add(value, m.topic(), m.partition(), m.offset(), m.timestamp()[1], m.key(),
+               mode)
 
 
 def audited(value: bytes, topic: str, partition: int, offset: int, timestamp_ms: int,
-            key: bytes | None) -> bytes:
+            key: bytes | None, mode: int = 1) -> bytes:
     """--audit: a JSON object with `_topic`, `_partition`, `_offset`, `_timestamp` (UTC,
     milliseconds) and `_key` ("" if none) as its last fields, so the engine parses them
     as columns with the rest (docs/kafka.md); a value that is not an object goes as it
@@ -334,12 +338,42 @@ def audited(value: bytes, topic: str, partition: int, offset: int, timestamp_ms:
     if not body.endswith(b"}"):
         return value
     head = body[:-1].rstrip(b" \t\r\n")
-    ms = max(0, timestamp_ms)
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}"
     fields = (b'"_topic":' + _json_string(topic.encode()) + b',"_partition":%d,"_offset":%d,'
-              b'"_timestamp":"%s","_key":' % (partition, offset, when.encode())
+              b'"_timestamp":"%s","_key":' % (partition, offset, _stamp(timestamp_ms))
               + _json_string(key or b""))
     return head + (b"" if head.endswith(b"{") else b",") + fields + b"}"
+
+
+def audited_line(value: bytes, topic: str, partition: int, offset: int, timestamp_ms: int,
+                 key: bytes | None, mode: int) -> bytes:
+    """--audit, CSV (`mode` AUDIT_CSV) and TSV lines: the five Kafka columns as the
+    line's last fields, quoted or escaped as the format wants (no key: empty)."""
+    line = value.rstrip(b"\r\n")
+    if mode == AUDIT_CSV:
+        return b"%s,%s,%d,%d,\"%s\",%s" % (line, _csv_string(topic.encode()), partition,
+                                           offset, _stamp(timestamp_ms), _csv_string(key or b""))
+    return b"%s\t%s\t%d\t%d\t%s\t%s" % (line, _tsv_string(topic.encode()), partition, offset,
+                                        _stamp(timestamp_ms), _tsv_string(key or b""))
+
+
+def _stamp(timestamp_ms: int) -> bytes:
+    ms = max(0, timestamp_ms)
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}"
+    return when.encode()
+
+
+def _csv_string(raw: bytes) -> bytes:
+    return b'"' + raw.replace(b'"', b'""') + b'"'
+
+
+_TSV_ESCAPES = {ord("\\"): b"\\\\", ord("\t"): b"\\t", ord("\n"): b"\\n", ord("\r"): b"\\r",
+                0: b"\\0"}
+
+
+def _tsv_string(raw: bytes) -> bytes:
+    if not any(c in _TSV_ESCAPES for c in raw):
+        return raw
+    return b"".join(_TSV_ESCAPES.get(c, bytes((c,))) for c in raw)
 
 
 def _json_string(raw: bytes) -> bytes:

@@ -89,8 +89,9 @@ typedef struct {
     int32_t fd;
     int64_t first;
     int64_t last;            /* inclusive */
-    int32_t audit;           /* 1: each JSON object gets the message's _topic, _partition,
-                                _offset, _timestamp and _key as its last fields */
+    int32_t audit;           /* each row gets the message's _topic, _partition, _offset,
+                                _timestamp and _key as its last fields: 1 a JSON object's,
+                                2 a CSV line's, 3 a TSV line's (AUDIT_* below) */
     int32_t contiguous;      /* out: row n of the spool is offset first_offset + n - 1 */
     int64_t messages;        /* out: rows written (null values are skipped) */
     int64_t bytes;           /* out: bytes written to fd */
@@ -103,6 +104,9 @@ typedef struct {
     char *buf;
 } chl_unit;
 
+#define AUDIT_JSON 1
+#define AUDIT_CSV 2
+#define AUDIT_TSV 3
 #define BUF_SIZE (1 << 20)
 #define BATCH 8192
 
@@ -207,6 +211,87 @@ static int emit_json_string(chl_unit *u, const unsigned char *s, size_t n, char 
 
 static int is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
 
+/* The message's timestamp as `YYYY-MM-DD hh:mm:ss.mmm` (UTC; none: the epoch). */
+static int stamp(const rd_kafka_message_t *m, char *out, size_t size) {
+    int type = 0;
+    long long ms = (long long)rd_kafka_message_timestamp(m, &type);
+    if (ms < 0)
+        ms = 0;
+    time_t secs = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&secs, &tm);
+    return snprintf(out, size, "%04d-%02d-%02d %02d:%02d:%02d.%03d", tm.tm_year + 1900,
+                    tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                    (int)(ms % 1000));
+}
+
+/* `s` as a CSV field: quoted, a quote doubled (any other byte as it is). */
+static int emit_csv_string(chl_unit *u, const char *s, size_t n, char *err, size_t errlen) {
+    if (emit(u, "\"", 1, err, errlen))
+        return -1;
+    for (const char *q; n && (q = memchr(s, '"', n)) != NULL; n -= (size_t)(q + 1 - s), s = q + 1)
+        if (emit(u, s, (size_t)(q + 1 - s), err, errlen) || emit(u, "\"", 1, err, errlen))
+            return -1;
+    return emit(u, s, n, err, errlen) || emit(u, "\"", 1, err, errlen) ? -1 : 0;
+}
+
+/* `s` as a TSV field: backslash, tab, newline, carriage return and NUL escaped. */
+static int emit_tsv_string(chl_unit *u, const unsigned char *s, size_t n, char *err,
+                           size_t errlen) {
+    char tmp[4096];
+    size_t t = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (t > sizeof tmp - 4) {
+            if (emit(u, tmp, t, err, errlen))
+                return -1;
+            t = 0;
+        }
+        unsigned char c = s[i];
+        const char *esc = c == '\\' ? "\\\\" : c == '\t' ? "\\t" : c == '\n' ? "\\n"
+                        : c == '\r' ? "\\r" : c == 0 ? "\\0" : NULL;
+        if (esc) {
+            tmp[t++] = esc[0];
+            tmp[t++] = esc[1];
+        } else {
+            tmp[t++] = (char)c;
+        }
+    }
+    return emit(u, tmp, t, err, errlen);
+}
+
+/* --audit, CSV and TSV: the line with the message's metadata as its last five fields,
+ * `1,a` -> `1,a,"t",0,7,"2026-11-24 05:00:00.123","k"` (TSV: tab-separated, escaped;
+ * no key: empty). A trailing line break of the value is dropped first. */
+static int put_audited_line(chl_unit *u, const rd_kafka_message_t *m, char *err,
+                            size_t errlen) {
+    const char *v = m->payload;
+    size_t n = m->len;
+    while (n && (v[n - 1] == '\n' || v[n - 1] == '\r'))
+        n--;
+    int csv = u->audit == AUDIT_CSV;
+    char sep = csv ? ',' : '\t';
+    char when[64];
+    stamp(m, when, sizeof when);
+    char mid[160];
+    int h = csv ? snprintf(mid, sizeof mid, ",%d,%lld,\"%s\",", (int)u->partition,
+                           (long long)m->offset, when)
+                : snprintf(mid, sizeof mid, "\t%d\t%lld\t%s\t", (int)u->partition,
+                           (long long)m->offset, when);
+    const unsigned char *key = m->key ? m->key : (const unsigned char *)"";
+    size_t key_len = m->key ? m->key_len : 0;
+    if (emit(u, v, n, err, errlen) || emit(u, &sep, 1, err, errlen))
+        return -1;
+    if (csv ? emit_csv_string(u, u->topic, strlen(u->topic), err, errlen)
+            : emit_tsv_string(u, (const unsigned char *)u->topic, strlen(u->topic), err, errlen))
+        return -1;
+    if (emit(u, mid, (size_t)h, err, errlen))
+        return -1;
+    if (csv ? emit_csv_string(u, (const char *)key, key_len, err, errlen)
+            : emit_tsv_string(u, key, key_len, err, errlen))
+        return -1;
+    return emit(u, "\n", 1, err, errlen);
+}
+
 /* --audit: a JSON object's value with the message's metadata as its last fields,
  * `{"id":1}` -> `{"id":1,"_topic":"t","_partition":0,"_offset":7,
  * "_timestamp":"2026-11-24 05:00:00.123","_key":"k"}` (UTC; no key: ""). A value that
@@ -222,22 +307,15 @@ static int put_audited(chl_unit *u, const rd_kafka_message_t *m, char *err, size
     while (k && is_space(v[k - 1]))
         k--;
     int empty = k && v[k - 1] == '{';
-    int type = 0;
-    long long ms = (long long)rd_kafka_message_timestamp(m, &type);
-    if (ms < 0)
-        ms = 0;
-    time_t secs = (time_t)(ms / 1000);
-    struct tm tm;
-    gmtime_r(&secs, &tm);
+    char when[64];
+    stamp(m, when, sizeof when);
     char head[256];
     int h = snprintf(head, sizeof head, "%s\"_topic\":", empty ? "" : ",");
     if (emit(u, v, k, err, errlen) || emit(u, head, (size_t)h, err, errlen) ||
         emit_json_string(u, (const unsigned char *)u->topic, strlen(u->topic), err, errlen))
         return -1;
     h = snprintf(head, sizeof head, ",\"_partition\":%d,\"_offset\":%lld,\"_timestamp\":"
-                 "\"%04d-%02d-%02d %02d:%02d:%02d.%03d\",\"_key\":", (int)u->partition,
-                 (long long)m->offset, tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                 tm.tm_min, tm.tm_sec, (int)(ms % 1000));
+                 "\"%s\",\"_key\":", (int)u->partition, (long long)m->offset, when);
     if (emit(u, head, (size_t)h, err, errlen) ||
         emit_json_string(u, m->key, m->key ? m->key_len : 0, err, errlen))
         return -1;
@@ -287,7 +365,10 @@ static int take(chl_unit *u, const rd_kafka_message_t *m, char *err, size_t errl
     if (!m->payload) {
         u->contiguous = 0; /* a tombstone: no row */
     } else {
-        if (u->audit ? put_audited(u, m, err, errlen) : put(u, m->payload, m->len, err, errlen))
+        int rc = !u->audit                ? put(u, m->payload, m->len, err, errlen)
+                 : u->audit == AUDIT_JSON ? put_audited(u, m, err, errlen)
+                                          : put_audited_line(u, m, err, errlen);
+        if (rc)
             return -1;
         u->messages++;
     }

@@ -7,6 +7,7 @@ unique across a topic, so `count() = uniqExact(id) = produced` is the exactly-on
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -94,8 +95,13 @@ def test_the_python_reader_fallback_loads_the_same_and_says_so(kafka, target_dir
     assert _counts(target_dir, table_name) == (7_000, 7_000)
 
 
-# Spooled units (inferred columns), and units streamed through pipes (--schema given).
-MODES = {"spooled": (), "streamed": ("--schema", "id UInt64, name String, v Float64")}
+# Units spooled (CHLOAD_KAFKA_PIPES=0), streamed through pipes with the columns inferred
+# from a sample (or the table), and streamed with --schema: (arguments, environment).
+MODES: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
+    "spooled": ((), {"CHLOAD_KAFKA_PIPES": "0"}),
+    "streamed": ((), {}),
+    "streamed-schema": (("--schema", "id UInt64, name String, v Float64"), {}),
+}
 
 
 @pytest.mark.parametrize("mode", list(MODES))
@@ -104,19 +110,42 @@ def test_killed_three_times_mid_load_then_finished_is_exact(kafka, target_dir, t
     topic = _topic(kafka)
     _produce(kafka, topic, range(200_000))
     uri = _uri(kafka, topic)
+    args, env = MODES[mode]
     for point in ["after-attach", "before-attach", "after-attach:2"]:  # SIGKILL at the
         crash = _load(target_dir, uri, table_name, "--batch-rows", "5000",  # commit's
-                      *MODES[mode], env={"CHLOAD_CRASH_AT": point})  # narrowest windows
+                      *args, env={**env, "CHLOAD_CRASH_AT": point})  # narrowest windows
         assert crash.returncode == -9, crash.stderr
     timed = subprocess.Popen([sys.executable, "-m", "chload", "load", uri, "--table",
                               table_name, "--target", target_dir, "-q", "--batch-rows",
-                              "10000", *MODES[mode]])
+                              "10000", *args], env={**os.environ, **env})
     time.sleep(3.0)  # and once at whatever instant
     timed.kill()
     timed.wait(30)
-    done = _load(target_dir, uri, table_name, "--batch-rows", "10000", *MODES[mode])
+    done = _load(target_dir, uri, table_name, "--batch-rows", "10000", *args, env=env)
     assert done.returncode == 0, done.stderr
     assert _counts(target_dir, table_name) == (200_000, 200_000)
+
+
+def test_without_schema_units_stream_as_a_sample_or_the_table_says(kafka, target_dir,
+                                                                    table_name):
+    """No --schema: a new table's columns from a sample of the first messages, then the
+    existing table's; both stream (a spooled load says why in its notes)."""
+    topic = _topic(kafka)
+    _produce(kafka, topic, range(4_000))
+    first = _report(_load(target_dir, _uri(kafka, topic), table_name))
+    assert (first["rows_loaded"], first["notes"]) == (4_000, [])
+    _produce(kafka, topic, range(4_000, 6_000))
+    again = _report(_load(target_dir, _uri(kafka, topic), table_name))
+    assert (again["rows_loaded"], again["notes"]) == (2_000, [])
+    assert _counts(target_dir, table_name) == (6_000, 6_000)
+    alter = run_chload("sql", f"ALTER TABLE {table_name} ADD COLUMN w UInt8 DEFAULT 7",
+                       "--target", target_dir)
+    assert alter.returncode == 0, alter.stderr
+    _produce(kafka, topic, range(6_000, 7_000))
+    spooled = _report(_load(target_dir, _uri(kafka, topic), table_name))
+    assert spooled["rows_loaded"] == 1_000
+    assert any("DEFAULT" in n and "spooled" in n for n in spooled["notes"]), spooled["notes"]
+    assert _counts(target_dir, table_name) == (7_000, 7_000)
 
 
 def test_more_partitions_than_a_streamed_round_takes_load_each_once(kafka, target_dir,
@@ -124,7 +153,7 @@ def test_more_partitions_than_a_streamed_round_takes_load_each_once(kafka, targe
     topic = _topic(kafka, partitions=11)  # 8 units per streamed round at most
     _produce(kafka, topic, range(22_000), partitions=11)
     report = _report(_load(target_dir, _uri(kafka, topic), table_name, "--batch-rows", "800",
-                           *MODES["streamed"]))
+                           *MODES["streamed-schema"][0]))
     assert report["rows_loaded"] == 22_000 and report["files_failed"] == 0
     assert report["files_loaded"] == 11 * 3  # 2,000 messages a partition: 800+800+400
     assert _counts(target_dir, table_name) == (22_000, 22_000)
@@ -136,10 +165,11 @@ def test_two_loaders_at_once_into_a_server_are_exact(kafka, clickhouse, table_na
     _produce(kafka, topic, range(100_000))
     target = clickhouse.url
     argv = [sys.executable, "-m", "chload", "load", _uri(kafka, topic), "--table", table_name,
-            "--target", target, "--json", *MODES[mode], "--batch-rows"]
+            "--target", target, "--json", *MODES[mode][0], "--batch-rows"]
     # units cut differently (5000 and 7000): only the committed-end check keeps them apart
     both = [subprocess.Popen([*argv, rows], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True) for rows in ("5000", "7000")]
+                             text=True, env={**os.environ, **MODES[mode][1]})
+            for rows in ("5000", "7000")]
     outs = [p.communicate(timeout=300) for p in both]
     assert [p.returncode for p in both] == [0, 0], [o[1] for o in outs]
     loaded = sum(json.loads(o[0].splitlines()[-1])["rows_loaded"] for o in outs)
@@ -174,8 +204,8 @@ def test_follow_loads_what_arrives_and_sigterm_ends_it_cleanly(kafka, clickhouse
     loader = subprocess.Popen(
         [sys.executable, "-m", "chload", "load", _uri(kafka, topic), "--table", table_name,
          "--target", clickhouse.url, "--json", "--follow", "--batch-seconds", "0.5",
-         "--batch-rows", "2000", *MODES[mode]], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+         "--batch-rows", "2000", *MODES[mode][0]], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, **MODES[mode][1]})
     try:
         _wait_for_rows(clickhouse, table_name, 5_000, loader)
         _produce(kafka, topic, range(5_000, 8_000))
@@ -204,6 +234,7 @@ def test_malformed_messages_within_budget_go_to_rejects_with_offsets(kafka, targ
     report = _report(_load(target_dir, _uri(kafka, topic), table_name, "--schema",
                            "id UInt64, name String, v Float64", "--max-errors", "20"))
     assert (report["rows_loaded"], report["rows_rejected"]) == (9_990, 10)
+    assert any("error budget" in n for n in report["notes"])  # so spooled, said why
     errors = json.loads(run_chload("errors", "--table", table_name, "--target", target_dir,
                                    "--json").stdout)
     assert sorted(e["line"] for e in errors) == bad_ids  # offsets: message i is offset i

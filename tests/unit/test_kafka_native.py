@@ -12,7 +12,7 @@ from chload.errors import SourceError
 from chload.formats import FileFormat
 from chload.sources import SourceFile, StreamPosition, kafka_native
 from chload.sources import kafka as K
-from chload.sources.kafka_read import Unit, audited
+from chload.sources.kafka_read import AUDIT_CSV, AUDIT_TSV, Unit, audited, audited_line
 
 
 def test_no_compiler_or_python_forced_falls_back_with_a_reason(monkeypatch, tmp_path):
@@ -139,3 +139,11 @@ def test_a_streamed_unit_commits_only_if_its_reader_finished_it(fail):
     finally:
         source.release([unit])
     assert not db_pipes.is_pipe(path)
+
+
+def test_audited_lines_quote_csv_and_escape_tsv():
+    assert audited_line(b'1,"a,b"\r\n', "t", 2, 7, 3_004, b'k"1', AUDIT_CSV) == (
+        b'1,"a,b","t",2,7,"1970-01-01 00:00:03.004","k""1"')
+    assert audited_line(b"1\tx\n", "t", 0, 9, 0, b"a\tb\\\n\x00", AUDIT_TSV) == (
+        b"1\tx\tt\t0\t9\t1970-01-01 00:00:00.000\ta\\tb\\\\\\n\\0")
+    assert audited_line(b"1", "t", 0, 1, 0, None, AUDIT_TSV).endswith(b"00.000\t")
