@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -101,6 +102,8 @@ class EmbeddedTarget:
         # A directory this process made holds only the ledger until it creates a table:
         # no table to describe, no commit to settle (two queries less at start-up).
         self._fresh = new
+        self._units = [0, 0]  # committed units (stages) and their files, for cost_report
+        self._units_guard = threading.Lock()
 
     # -- SQL ---------------------------------------------------------------------------
     def command(self, sql: str) -> None:
@@ -188,6 +191,9 @@ class EmbeddedTarget:
             raise
         if done:
             self.loaded.add(e.moved(LOADED) for e in events)
+            with self._units_guard:
+                self._units[0] += 1
+                self._units[1] += len(events)
         self._drop(stage)
         return done
 
@@ -338,7 +344,31 @@ class EmbeddedTarget:
         return []
 
     def cost_report(self) -> dict:
-        return {}  # not measured here yet (docs/benchmarks.md traces the embedded costs)
+        """The run's fixed and per-unit costs (LoadReport.costs), as a server target's:
+        seconds from the process's start to the first INSERT into a stage; queries before
+        it (ledger, probe, table); per committed unit (a stage: one file or a group), the
+        queries other than the INSERT (stage create and drop, the group's views, commit,
+        ledger) and their seconds, summed over threads; and the engine's sessions (one
+        per thread) with the seconds they took to open (the first imports chDB)."""
+        from chload.targets.server import _process_started  # at the end: no start-up cost
+
+        stats = self.engine.stats
+        queries, seconds = stats.others()
+        setup = stats.setup or (queries, seconds)
+        units, files = self._units
+        first = stats.first_data_at
+        return {
+            "first_byte_s": round(first - _process_started(), 3) if first else None,
+            "setup_requests": setup[0],
+            "setup_seconds": round(setup[1], 4),
+            "units": units, "files": files,
+            "commit_requests_per_unit": round((queries - setup[0]) / units, 2) if units else None,
+            "commit_seconds_per_unit": round((seconds - setup[1]) / units, 4) if units else None,
+            "data_requests": stats.data_queries,
+            "data_seconds": round(stats.data_seconds, 3),
+            "sessions": stats.sessions,
+            "session_open_seconds": round(stats.open_seconds, 3),
+        }
 
     def close(self) -> None:
         self.flush()
