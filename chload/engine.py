@@ -30,15 +30,20 @@ LOCK_NAME = ".chload.lock"
 # - storage_file_read_method: chDB's file() maps a local file into memory by default
 #   (mmap), so RSS grew with the file: 5.8 GB for a 5 GB gzip CSV, 3.3 GB for the
 #   Parquet file. pread reads through bounded buffers at the same speed.
+# - BLOCK_SETTINGS, for an insert of much data (the embedded target sets them per
+#   insert, only there: targets/embedded.py LARGE_UNIT_BYTES).
+SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("storage_file_read_method", "pread"),
+)
 # - min_insert_block_size_bytes: an insert squashes rows into blocks of 1M rows or 256 MB
 #   (one part each), i.e. ~128 MB a block per insert thread for wide rows, several held
-#   at once: 1.5-1.8 GB. Bounded by bytes: 32 MB 0.86-1.02 GB; CPU 0.7x as well where the
-#   stage does not merge (smaller sorts).
+#   at once: 1.5-1.8 GB. Bounded by bytes: 32 MB 0.86-1.02 GB.
 # - input_format_parquet_memory_high_watermark: the Parquet reader reads row groups ahead
 #   up to 4 GB by default, more than the insert can take; at 128 MB (about one row group
 #   of 128 MB read at a time per thread) the reader's share fell from ~550 to ~390 MB.
-SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
-    ("storage_file_read_method", "pread"),
+# Both cost where the data is small: more, smaller parts of wide rows (taxi, 10 x 5 MB
+# gzip CSV of 51 columns: 3.7-4.4 CPU s against 3.0-3.7 without; bench/results.md).
+BLOCK_SETTINGS: tuple[tuple[str, str], ...] = (
     ("min_insert_block_size_bytes", str(32 << 20)),
     ("input_format_parquet_memory_high_watermark", str(128 << 20)),
 )
@@ -90,8 +95,11 @@ class Engine:
     in memory (`path=None`: the loader's own engine for a server target, which keeps
     nothing). Sessions open on first use."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None,
+                 settings: tuple[tuple[str, str], ...] = SESSION_SETTINGS + BLOCK_SETTINGS,
+                 ) -> None:
         self.path = os.path.abspath(path) if path else None
+        self.settings = settings  # every session's (SET at open)
         self._lock = _acquire(self.path) if self.path else None
         self._local = threading.local()
         self._sessions: list[Any] = []
@@ -121,7 +129,8 @@ class Engine:
             raise UsageError(
                 f"cannot start the loader's engine ({str(exc).splitlines()[0]}); a process "
                 "can use an embedded target or a server target, not both") from exc
-        session.query("SET " + ", ".join(f"{k} = '{v}'" for k, v in SESSION_SETTINGS))
+        if self.settings:
+            session.query("SET " + ", ".join(f"{k} = '{v}'" for k, v in self.settings))
         return session
 
     def query(self, sql: str, fmt: str = "TSV", context: str = "query") -> str:

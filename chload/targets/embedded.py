@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from chload import rejects
-from chload.engine import Engine
+from chload.engine import BLOCK_SETTINGS, SESSION_SETTINGS, Engine
 from chload.errors import ChloadError, DataError, TransientError, UsageError, pinpointed
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, LoadedEvents
 from chload.rejects import ErrorBudget
@@ -72,6 +72,13 @@ MEDIUM_FILE_BYTES = 16 << 20
 SHARED_FILES = 16
 SHARED_BYTES = 32 << 20
 
+# An insert whose data may hold more than this in memory (stored bytes, times
+# _EXPANSION when compressed or columnar; unknown for a stream) has its blocks bounded by
+# bytes (engine.BLOCK_SETTINGS): below it, its blocks are no bigger than its data, and
+# the bound would only cut its parts smaller (more CPU for wide rows).
+LARGE_UNIT_BYTES = 256 << 20
+_EXPANSION = 6
+
 # Settings every load runs with; user --setting values come after and win.
 LOAD_SETTINGS: tuple[tuple[str, str], ...] = (
     ("input_format_parallel_parsing", "1"),
@@ -90,7 +97,7 @@ class EmbeddedTarget:
         self.path = os.path.abspath(path)
         self.display = f"embedded ClickHouse in {path}"
         new = not os.path.isdir(self.path)
-        self.engine = Engine(self.path)
+        self.engine = Engine(self.path, SESSION_SETTINGS)  # block bounds: _settings_sql
         self.ledger = Ledger(self)
         if new or not self.ledger.complete():
             self.ledger.ensure()
@@ -418,8 +425,20 @@ def _settings_sql(job: LoadJob, extra: Sequence[tuple[str, str]] = ()) -> str:
         parallel = job.threads > len(job.files)
         threads = (("max_threads", str(job.threads)), ("max_insert_threads", str(job.threads)),
                    ("input_format_parallel_parsing", "1" if parallel else "0"))
-    pairs = dict((*LOAD_SETTINGS, *threads, *extra, *job.settings))
+    blocks = BLOCK_SETTINGS if _large(job.files) else ()
+    pairs = dict((*LOAD_SETTINGS, *blocks, *threads, *extra, *job.settings))
     return settings_sql(pairs.items())
+
+
+def _large(files: Sequence[SourceFile]) -> bool:
+    """Whether an insert of `files` may hold more than LARGE_UNIT_BYTES in memory."""
+    if any(f.is_stream or not f.size for f in files):
+        return True
+    return sum(f.size * (1 if _plain(f) else _EXPANSION) for f in files) >= LARGE_UNIT_BYTES
+
+
+def _plain(f: SourceFile) -> bool:
+    return f.format.compression == "none" and f.format.name not in _COLUMNAR
 
 
 def _insert_sql(stage: str, job: LoadJob, reader: Callable[..., str],
@@ -496,8 +515,7 @@ def _parse_cost(f: SourceFile) -> int:
     """The bytes of gzip CSV that take as long to parse as `f`: its size, or a third of
     it for uncompressed text (measured on 2 cores: 72.8 MB of plain CSV and 21.2 MB of
     the same rows gzipped both took ~1.2 s), so 32 MB of plain JSON is not a group."""
-    plain = f.format.compression == "none" and f.format.name not in _COLUMNAR
-    return f.size // 3 if plain else f.size
+    return f.size // 3 if _plain(f) else f.size
 
 
 _COLUMNAR = frozenset({"Parquet", "ORC", "Avro", "Arrow", "ArrowStream", "Native"})
