@@ -239,7 +239,8 @@ def test_small_files_batched_in_even_runs() -> None:
         return [SourceFile(f"/d/f{i:03d}.json", kb << 10, 0, FileFormat("JSONEachRow", "gzip"))
                 for i in range(count)]
 
-    assert [len(g) for g in batch_small(files(8, 300), 2)] == [8]  # one batch, all cores
+    assert [len(g) for g in batch_small(files(3, 300), 2)] == [3]  # < 1 MB: one batch
+    assert [len(g) for g in batch_small(files(8, 300), 2)] == [4, 4]  # a batch a core
     runs = batch_small(files(200, 133), 2)  # 26 MB: over one batch's 16 MB, so 2 even runs
     assert [len(g) for g in runs] == [100, 100]
     assert [f for g in runs for f in g] == files(200, 133)  # in order: runs of neighbours
