@@ -210,7 +210,7 @@ def test_text_column_of_numbers_but_a_few_is_numeric_under_a_budget() -> None:
 
 
 def test_medium_files_share_stages_balanced_and_bounded() -> None:
-    from chload.targets.embedded import SHARED_FILES, share_stages
+    from chload.targets.embedded_groups import SHARED_FILES, share_stages
 
     def files(*sizes_mb: float, compression: str = "gzip") -> list[SourceFile]:
         return [SourceFile(f"/d/f{i:02d}.csv", int(mb * 2**20), 0, FileFormat("CSV", compression))
@@ -233,7 +233,7 @@ def test_medium_files_share_stages_balanced_and_bounded() -> None:
 
 
 def test_small_files_batched_in_even_runs() -> None:
-    from chload.targets.embedded import batch_small
+    from chload.targets.embedded_groups import batch_small
 
     def files(count: int, kb: int) -> list[SourceFile]:
         return [SourceFile(f"/d/f{i:03d}.json", kb << 10, 0, FileFormat("JSONEachRow", "gzip"))
