@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,35 +30,88 @@ LOCK_NAME = ".chload.lock"
 # - storage_file_read_method: chDB's file() maps a local file into memory by default
 #   (mmap), so RSS grew with the file: 5.8 GB for a 5 GB gzip CSV, 3.3 GB for the
 #   Parquet file. pread reads through bounded buffers at the same speed.
+# - BLOCK_SETTINGS, for an insert of much data (the embedded target sets them per
+#   insert, only there: targets/embedded.py LARGE_UNIT_BYTES).
+SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("storage_file_read_method", "pread"),
+)
 # - min_insert_block_size_bytes: an insert squashes rows into blocks of 1M rows or 256 MB
 #   (one part each), i.e. ~128 MB a block per insert thread for wide rows, several held
-#   at once: 1.5-1.8 GB. Bounded by bytes: 32 MB 0.86-1.02 GB; CPU 0.7x as well where the
-#   stage does not merge (smaller sorts).
+#   at once: 1.5-1.8 GB. Bounded by bytes: 32 MB 0.86-1.02 GB.
 # - input_format_parquet_memory_high_watermark: the Parquet reader reads row groups ahead
 #   up to 4 GB by default, more than the insert can take; at 128 MB (about one row group
 #   of 128 MB read at a time per thread) the reader's share fell from ~550 to ~390 MB.
-SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
-    ("storage_file_read_method", "pread"),
+# Both cost where the data is small: more, smaller parts of wide rows (taxi, 10 x 5 MB
+# gzip CSV of 51 columns: 3.7-4.4 CPU s against 3.0-3.7 without; bench/results.md).
+BLOCK_SETTINGS: tuple[tuple[str, str], ...] = (
     ("min_insert_block_size_bytes", str(32 << 20)),
     ("input_format_parquet_memory_high_watermark", str(128 << 20)),
 )
+
+
+class QueryStats:
+    """What an engine's queries cost, for a target's cost report (EmbeddedTarget.cost_report):
+    how many and their seconds summed over threads, data queries (a load's INSERT) apart,
+    and the count and seconds of the others before the first data query began (set-up:
+    ledger, probe, table)."""
+
+    def __init__(self) -> None:
+        self.queries = self.data_queries = 0
+        self.seconds = self.data_seconds = 0.0
+        self.first_data_at: float | None = None  # time.time() when the first began
+        self.setup: tuple[int, float] | None = None
+        self.sessions = 0
+        self.open_seconds = 0.0  # opening sessions (the first one imports chDB)
+        self._guard = threading.Lock()
+
+    def opened(self, seconds: float) -> None:
+        with self._guard:
+            self.sessions += 1
+            self.open_seconds += seconds
+
+    def begin(self, data: bool) -> None:
+        if data and self.first_data_at is None:
+            with self._guard:
+                if self.first_data_at is None:
+                    self.first_data_at = time.time()
+                    self.setup = (self.queries, self.seconds)
+
+    def add(self, seconds: float, data: bool) -> None:
+        with self._guard:
+            self.queries += 1
+            self.seconds += seconds
+            if data:
+                self.data_queries += 1
+                self.data_seconds += seconds
+
+    def others(self) -> tuple[int, float]:
+        """(queries, seconds) of the queries other than data so far."""
+        with self._guard:
+            return self.queries - self.data_queries, self.seconds - self.data_seconds
+
 
 class Engine:
     """chDB sessions, one per thread, on a directory this process holds exclusively, or
     in memory (`path=None`: the loader's own engine for a server target, which keeps
     nothing). Sessions open on first use."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None,
+                 settings: tuple[tuple[str, str], ...] = SESSION_SETTINGS + BLOCK_SETTINGS,
+                 ) -> None:
         self.path = os.path.abspath(path) if path else None
+        self.settings = settings  # every session's (SET at open)
         self._lock = _acquire(self.path) if self.path else None
         self._local = threading.local()
         self._sessions: list[Any] = []
         self._guard = threading.Lock()
+        self.stats = QueryStats()
 
     def _session(self) -> Any:
         session = getattr(self._local, "session", None)
         if session is None:
+            began = time.monotonic()
             session = self._open()
+            self.stats.opened(time.monotonic() - began)
             with self._guard:
                 self._sessions.append(session)
             self._local.session = session
@@ -75,7 +129,8 @@ class Engine:
             raise UsageError(
                 f"cannot start the loader's engine ({str(exc).splitlines()[0]}); a process "
                 "can use an embedded target or a server target, not both") from exc
-        session.query("SET " + ", ".join(f"{k} = '{v}'" for k, v in SESSION_SETTINGS))
+        if self.settings:
+            session.query("SET " + ", ".join(f"{k} = '{v}'" for k, v in self.settings))
         return session
 
     def query(self, sql: str, fmt: str = "TSV", context: str = "query") -> str:
@@ -87,7 +142,7 @@ class Engine:
                 errors: Callable[[str], ChloadError] | None = None) -> tuple[int, int]:
         """Run a write; return (rows written, bytes read from storage) from the engine.
         `errors` turns the engine's message into the error to raise (default: by code)."""
-        result = self._run(sql, "TSV", context, errors)
+        result = self._run(sql, "TSV", context, errors, data=True)
         return int(result.rows_written()), int(result.storage_bytes_read())
 
     def rows(self, sql: str, context: str = "query") -> list[dict[str, Any]]:
@@ -104,15 +159,20 @@ class Engine:
             raise _convert(exc, context) from exc
 
     def _run(self, sql: str, fmt: str, context: str,
-             errors: Callable[[str], ChloadError] | None = None) -> Any:
+             errors: Callable[[str], ChloadError] | None = None, data: bool = False) -> Any:
+        session = self._session()
+        self.stats.begin(data)
+        began = time.monotonic()
         try:
-            return self._session().query(sql, fmt)
+            return session.query(sql, fmt)
         except ChloadError:
             raise
         except Exception as exc:  # chdb raises ChdbError / RuntimeError with the engine text
             if errors is not None and not isinstance(exc, UnicodeDecodeError):
                 raise errors(str(exc)) from exc
             raise _convert(exc, context) from exc
+        finally:
+            self.stats.add(time.monotonic() - began, data)
 
     def close(self) -> None:
         with self._guard:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -28,7 +29,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from chload import rejects
-from chload.engine import Engine
+from chload.engine import BLOCK_SETTINGS, SESSION_SETTINGS, Engine
 from chload.errors import ChloadError, DataError, TransientError, UsageError, pinpointed
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, LoadedEvents
 from chload.rejects import ErrorBudget
@@ -50,26 +51,21 @@ from chload.sources import (
     table_function,
     table_function_many,
 )
-from chload.targets import BATCH_BYTES, BATCH_FILES, Loaded, LoadJob, Target
+from chload.targets import Loaded, LoadJob, Target
 from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
+from chload.targets.embedded_groups import plain_text, plan_groups
 from chload.targets.locks import ProcessLock
 from chload.targets.vanished import check_present, explain_gone, reading
 
 if TYPE_CHECKING:
     from chload.adaptive import Controller
 
-# Files below this are batched. Measured on 2 cores, gzip CSV of 4 narrow columns,
-# batched vs one by one: 40 x 260 KB 0.88 s vs 1.2-1.6 s, 20 x 680 KB 0.95 s vs 1.17 s,
-# 16 x 1.3 MB 1.6-2.2 s vs 1.2-1.3 s (when a batch was parsed once more, from memory).
-# (A server target batches up to 4 MB: there a file costs ~8 requests.)
-SMALL_FILE_BYTES = 1 << 20
-# Files from SMALL_FILE_BYTES to this share a stage and a commit, up to SHARED_FILES and
-# SHARED_BYTES (about 2-3 s of parsing gzip CSV on one core; _parse_cost) a group, so
-# a crash costs little redone work; larger files have a stage each, whose ~25-45 ms
-# is little next to their parse.
-MEDIUM_FILE_BYTES = 16 << 20
-SHARED_FILES = 16
-SHARED_BYTES = 32 << 20
+# An insert whose data may hold more than this in memory (stored bytes, times
+# _EXPANSION when compressed or columnar; unknown for a stream) has its blocks bounded by
+# bytes (engine.BLOCK_SETTINGS): below it, its blocks are no bigger than its data, and
+# the bound would only cut its parts smaller (more CPU for wide rows).
+LARGE_UNIT_BYTES = 256 << 20
+_EXPANSION = 6
 
 # Settings every load runs with; user --setting values come after and win.
 LOAD_SETTINGS: tuple[tuple[str, str], ...] = (
@@ -89,7 +85,7 @@ class EmbeddedTarget:
         self.path = os.path.abspath(path)
         self.display = f"embedded ClickHouse in {path}"
         new = not os.path.isdir(self.path)
-        self.engine = Engine(self.path)
+        self.engine = Engine(self.path, SESSION_SETTINGS)  # block bounds: _settings_sql
         self.ledger = Ledger(self)
         if new or not self.ledger.complete():
             self.ledger.ensure()
@@ -101,6 +97,8 @@ class EmbeddedTarget:
         # A directory this process made holds only the ledger until it creates a table:
         # no table to describe, no commit to settle (two queries less at start-up).
         self._fresh = new
+        self._units = [0, 0]  # committed units (stages) and their files, for cost_report
+        self._units_guard = threading.Lock()
 
     # -- SQL ---------------------------------------------------------------------------
     def command(self, sql: str) -> None:
@@ -188,6 +186,9 @@ class EmbeddedTarget:
             raise
         if done:
             self.loaded.add(e.moved(LOADED) for e in events)
+            with self._units_guard:
+                self._units[0] += 1
+                self._units[1] += len(events)
         self._drop(stage)
         return done
 
@@ -338,7 +339,31 @@ class EmbeddedTarget:
         return []
 
     def cost_report(self) -> dict:
-        return {}  # not measured here yet (docs/benchmarks.md traces the embedded costs)
+        """The run's fixed and per-unit costs (LoadReport.costs), as a server target's:
+        seconds from the process's start to the first INSERT into a stage; queries before
+        it (ledger, probe, table); per committed unit (a stage: one file or a group), the
+        queries other than the INSERT (stage create and drop, the group's views, commit,
+        ledger) and their seconds, summed over threads; and the engine's sessions (one
+        per thread) with the seconds they took to open (the first imports chDB)."""
+        from chload.targets.server import _process_started  # at the end: no start-up cost
+
+        stats = self.engine.stats
+        queries, seconds = stats.others()
+        setup = stats.setup or (queries, seconds)
+        units, files = self._units
+        first = stats.first_data_at
+        return {
+            "first_byte_s": round(first - _process_started(), 3) if first else None,
+            "setup_requests": setup[0],
+            "setup_seconds": round(setup[1], 4),
+            "units": units, "files": files,
+            "commit_requests_per_unit": round((queries - setup[0]) / units, 2) if units else None,
+            "commit_seconds_per_unit": round((seconds - setup[1]) / units, 4) if units else None,
+            "data_requests": stats.data_queries,
+            "data_seconds": round(stats.data_seconds, 3),
+            "sessions": stats.sessions,
+            "session_open_seconds": round(stats.open_seconds, 3),
+        }
 
     def close(self) -> None:
         self.flush()
@@ -388,8 +413,16 @@ def _settings_sql(job: LoadJob, extra: Sequence[tuple[str, str]] = ()) -> str:
         parallel = job.threads > len(job.files)
         threads = (("max_threads", str(job.threads)), ("max_insert_threads", str(job.threads)),
                    ("input_format_parallel_parsing", "1" if parallel else "0"))
-    pairs = dict((*LOAD_SETTINGS, *threads, *extra, *job.settings))
+    blocks = BLOCK_SETTINGS if _large(job.files) else ()
+    pairs = dict((*LOAD_SETTINGS, *blocks, *threads, *extra, *job.settings))
     return settings_sql(pairs.items())
+
+
+def _large(files: Sequence[SourceFile]) -> bool:
+    """Whether an insert of `files` may hold more than LARGE_UNIT_BYTES in memory."""
+    if any(f.is_stream or not f.size for f in files):
+        return True
+    return sum(f.size * (1 if plain_text(f) else _EXPANSION) for f in files) >= LARGE_UNIT_BYTES
 
 
 def _insert_sql(stage: str, job: LoadJob, reader: Callable[..., str],
@@ -404,90 +437,3 @@ def _event(job: LoadJob, state: str, stage: str = "", rows: int = 0, read: int =
     f = job.file
     return FileEvent(job.table_display, f.uri, f.identity, f.size, f.mtime_ns, state,
                      rows, read, error, job.run_id, stage)
-
-
-def plan_groups(files: Sequence[SourceFile], budget: ErrorBudget,
-                workers: int) -> list[tuple[SourceFile, ...]]:
-    """Group files, so that many of them do not cost a stage and a commit each.
-
-    Small files (< 1 MB) and medium ones (< 16 MB, in smaller groups) are parsed
-    together, each group by one INSERT into one stage (_load_flow). Either kind goes in
-    balanced rounds: one group (all cores on it, the engine spreads its files over
-    them), or a multiple of
-    `workers` groups of about equal bytes, so that no worker idles through a last round
-    the others have no share of (16 CSV files of 4.5 MB in 3 groups on 2 workers: the
-    third group ran alone, a third of the load on one core). Files with an error budget
-    load alone: the engine's errors file does not say which file a rejected row came from.
-    """
-    if budget.allows_errors:
-        return [(f,) for f in files]
-    alone = [f for f in files if f.size >= SMALL_FILE_BYTES or f.is_stream]
-    small = [f for f in files if not (f.size >= SMALL_FILE_BYTES or f.is_stream)]
-    medium = [f for f in alone if _medium(f)]
-    large = [(f,) for f in alone if not _medium(f)]
-    return large + batch_small(small, workers) + share_stages(medium, workers)
-
-
-def batch_small(files: Sequence[SourceFile], workers: int) -> list[tuple[SourceFile, ...]]:
-    """Small files in runs of neighbours (one file() reads a run of one directory)."""
-    return balanced(files, workers, BATCH_FILES, BATCH_BYTES, at_least_workers=False)
-
-
-def share_stages(files: Sequence[SourceFile], workers: int) -> list[tuple[SourceFile, ...]]:
-    """Medium files in groups, at least one per worker."""
-    return balanced(files, workers, SHARED_FILES, SHARED_BYTES, at_least_workers=True)
-
-
-def balanced(files: Sequence[SourceFile], workers: int, most_files: int, most_bytes: int,
-             at_least_workers: bool) -> list[tuple[SourceFile, ...]]:
-    """`files` in as few groups as `most_files` and `most_bytes` allow (at least one per
-    worker if `at_least_workers`), rounded up to a multiple of `workers` when more than
-    one, of about equal bytes each."""
-    if not files:
-        return []
-    total = sum(_parse_cost(f) for f in files)
-    count = max(-(-len(files) // most_files), -(-total // most_bytes),
-                min(workers, len(files)) if at_least_workers else 1)
-    if count > 1:
-        count = min(len(files), -(-count // workers) * workers)
-    if not at_least_workers:
-        return _runs(files, count, most_files)
-    groups: list[list[int]] = [[] for _ in range(count)]
-    sizes = [0] * count
-    for i in sorted(range(len(files)), key=lambda i: -files[i].size):
-        g = min((g for g in range(count) if len(groups[g]) < most_files),
-                key=sizes.__getitem__)
-        groups[g].append(i)
-        sizes[g] += files[i].size
-    return [tuple(files[i] for i in sorted(g)) for g in groups if g]
-
-
-def _parse_cost(f: SourceFile) -> int:
-    """The bytes of gzip CSV that take as long to parse as `f`: its size, or a third of
-    it for uncompressed text (measured on 2 cores: 72.8 MB of plain CSV and 21.2 MB of
-    the same rows gzipped both took ~1.2 s), so 32 MB of plain JSON is not a group."""
-    plain = f.format.compression == "none" and f.format.name not in _COLUMNAR
-    return f.size // 3 if plain else f.size
-
-
-_COLUMNAR = frozenset({"Parquet", "ORC", "Avro", "Arrow", "ArrowStream", "Native"})
-
-
-def _runs(files: Sequence[SourceFile], count: int, most_files: int) -> list[tuple[SourceFile, ...]]:
-    """`files` cut in order into about `count` runs of equal bytes (neighbours share a
-    directory: one file() reads a run, sources.table_function_many), `most_files` at most."""
-    total = sum(f.size for f in files) or 1
-    runs: list[tuple[SourceFile, ...]] = []
-    current: list[SourceFile] = []
-    done = 0
-    for f in files:
-        current.append(f)
-        done += f.size
-        if len(current) >= most_files or done * count >= total * (len(runs) + 1):
-            runs.append(tuple(current))
-            current = []
-    return runs + ([tuple(current)] if current else [])
-
-
-def _medium(f: SourceFile) -> bool:
-    return SMALL_FILE_BYTES <= f.size < MEDIUM_FILE_BYTES and not f.is_stream

@@ -47,6 +47,11 @@ def test_load_rerun_force(trips: Path, target_dir: str) -> None:
     assert (report["files_loaded"], report["rows_loaded"]) == (20, 1_000_000)
     assert report["files_failed"] == 0 and report["bytes_read"] > 0
     assert count(target_dir, "trips") == (1_000_000, 1_000_000)
+    costs = report["costs"]  # the fixed and per-unit costs, as a server target reports them
+    assert costs["files"] == 20 and 1 <= costs["units"] <= 20
+    assert costs["data_requests"] >= costs["units"] and costs["setup_requests"] > 0
+    assert 0 < costs["first_byte_s"] < report["seconds"] + 60
+    assert costs["commit_requests_per_unit"] > 0 and costs["commit_seconds_per_unit"] > 0
 
     code, report = load_json(str(trips), "--table", "trips", "--target", target_dir)
     assert (code, report["files_loaded"], report["files_skipped"]) == (0, 0, 20)

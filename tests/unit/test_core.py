@@ -210,7 +210,7 @@ def test_text_column_of_numbers_but_a_few_is_numeric_under_a_budget() -> None:
 
 
 def test_medium_files_share_stages_balanced_and_bounded() -> None:
-    from chload.targets.embedded import SHARED_FILES, share_stages
+    from chload.targets.embedded_groups import SHARED_FILES, share_stages
 
     def files(*sizes_mb: float, compression: str = "gzip") -> list[SourceFile]:
         return [SourceFile(f"/d/f{i:02d}.csv", int(mb * 2**20), 0, FileFormat("CSV", compression))
@@ -233,13 +233,14 @@ def test_medium_files_share_stages_balanced_and_bounded() -> None:
 
 
 def test_small_files_batched_in_even_runs() -> None:
-    from chload.targets.embedded import batch_small
+    from chload.targets.embedded_groups import batch_small
 
     def files(count: int, kb: int) -> list[SourceFile]:
         return [SourceFile(f"/d/f{i:03d}.json", kb << 10, 0, FileFormat("JSONEachRow", "gzip"))
                 for i in range(count)]
 
-    assert [len(g) for g in batch_small(files(8, 300), 2)] == [8]  # one batch, all cores
+    assert [len(g) for g in batch_small(files(3, 300), 2)] == [3]  # < 1 MB: one batch
+    assert [len(g) for g in batch_small(files(8, 300), 2)] == [4, 4]  # a batch a core
     runs = batch_small(files(200, 133), 2)  # 26 MB: over one batch's 16 MB, so 2 even runs
     assert [len(g) for g in runs] == [100, 100]
     assert [f for g in runs for f in g] == files(200, 133)  # in order: runs of neighbours
