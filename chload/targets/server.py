@@ -34,13 +34,14 @@ the ledger, or `display`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 
@@ -96,6 +97,7 @@ from chload.targets.stages import (
     most_streams,
     seal,
     streams_for,
+    unit_costs,
 )
 from chload.targets.vanished import explain_gone
 
@@ -140,6 +142,8 @@ class ServerTarget(StageFilling):
         self.rejects = LoaderRejects(self.engine, self._send)
         self._setup: tuple[int, float] | None = None  # requests before the first stream
         self._units = [0, 0]  # stages committed, files in them
+        self._in_flight = 0  # units from their start to the end of their commit
+        self.committer.linger = lambda: self._in_flight > 1
 
     # -- SQL ---------------------------------------------------------------------------
     def command(self, sql: str) -> None:
@@ -249,7 +253,24 @@ class ServerTarget(StageFilling):
         return adapt.maximum + max(STAGING, adapt.limit)
 
     # -- loading -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _unit(self) -> Iterator[None]:
+        """One unit in flight, from its start to the end of its commit: while another
+        is, the table's commit lock is kept after a commit for the next (commit.py
+        `linger`) and released at flush(), a lock CREATE and DROP less per unit."""
+        with self._reading_guard:
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._reading_guard:
+                self._in_flight -= 1
+
     def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
+        with self._unit():
+            return self._load_file(job, progress)
+
+    def _load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
         self._check_engine(job)
         stage = stage_name(self.committer.holder)
         errors_file = (os.path.join(self.path, f"rejects-{stage}.csv")
@@ -325,6 +346,11 @@ class ServerTarget(StageFilling):
         return group_small_files(files, min(BATCH_FILES, max(1, per_stream)), BATCHED_BELOW)
 
     def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
+        with self._unit():
+            return self._load_batch(job, progress)
+
+    def _load_batch(self, job: LoadJob, progress: Callable[[int, int], None],
+                    ) -> list[Loaded]:
         """Several small files through one stage and one commit, each file's rows counted
         as it lands. Any failure before the commit raises, and the runner loads the files
         one by one; after the commit begins nothing is retried (rule 5 of commit.py makes
@@ -376,25 +402,8 @@ class ServerTarget(StageFilling):
             self._units[1] += files
 
     def cost_report(self) -> dict:
-        """The run's fixed and per-unit costs (LoadReport.costs): seconds from the
-        process's start to the first data byte sent; requests before the streams opened
-        (probe, ledger, planning); and per committed unit (a stage: one file or a batch),
-        the requests other than data (stage create, seal, lock, survey, ledger, attach,
-        drop, `loaded` events, the watch's query each second) and their seconds, summed
-        over threads."""
-        stats = self.client.stats
-        setup = self._setup or stats.snapshot()
-        requests, seconds = stats.snapshot()
-        units, files = self._units
-        first = self._streams.first_at
-        return {
-            "first_byte_s": round(first - _process_started(), 3) if first else None,
-            "setup_requests": setup[0],
-            "units": units, "files": files,
-            "commit_requests_per_unit": round((requests - setup[0]) / units, 2) if units else None,
-            "commit_seconds_per_unit": round((seconds - setup[1]) / units, 4) if units else None,
-            "data_requests": self._streams.turns,
-        }
+        """The run's fixed and per-unit costs (LoadReport.costs): stages.unit_costs."""
+        return unit_costs(self.client.stats, self._setup, self._units, self._streams)
 
     def _check_engine(self, job: LoadJob) -> None:
         engine = self._engines.get(job.table)
@@ -428,7 +437,9 @@ class ServerTarget(StageFilling):
 
     # -- ledger ------------------------------------------------------------------------
     def flush(self) -> None:
-        """Write the `loaded` events still waiting (ledger.LoadedEvents)."""
+        """Release the commit locks kept for further units (`_unit`), and write the
+        `loaded` events still waiting (ledger.LoadedEvents)."""
+        self.committer.release_kept()
         self.loaded.flush()
 
     def recover(self, table: str) -> int:
@@ -461,18 +472,6 @@ class ServerTarget(StageFilling):
             self.engine.close()
             self.client.close()
             shutil.rmtree(self.path, ignore_errors=True)
-
-
-def _process_started() -> float:
-    """When this process started (time.time() scale; to 10 ms): /proc/self/stat's start
-    in clock ticks since boot, against the boot clock now."""
-    try:
-        with open("/proc/self/stat") as fh:
-            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.time()
-    return time.time() - age
 
 
 _SYSTEM_RETRY = RetryPolicy(attempts=6, base_seconds=0.01, jitter=False)  # 10 ms, 20 ms ...
