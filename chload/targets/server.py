@@ -34,14 +34,13 @@ the ledger, or `display`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 
@@ -142,8 +141,6 @@ class ServerTarget(StageFilling):
         self.rejects = LoaderRejects(self.engine, self._send)
         self._setup: tuple[int, float] | None = None  # requests before the first stream
         self._units = [0, 0]  # stages committed, files in them
-        self._in_flight = 0  # units from their start to the end of their commit
-        self.committer.linger = lambda: self._in_flight > 1
 
     # -- SQL ---------------------------------------------------------------------------
     def command(self, sql: str) -> None:
@@ -253,24 +250,7 @@ class ServerTarget(StageFilling):
         return adapt.maximum + max(STAGING, adapt.limit)
 
     # -- loading -----------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _unit(self) -> Iterator[None]:
-        """One unit in flight, from its start to the end of its commit: while another
-        is, the table's commit lock is kept after a commit for the next (commit.py
-        `linger`) and released at flush(), a lock CREATE and DROP less per unit."""
-        with self._reading_guard:
-            self._in_flight += 1
-        try:
-            yield
-        finally:
-            with self._reading_guard:
-                self._in_flight -= 1
-
     def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
-        with self._unit():
-            return self._load_file(job, progress)
-
-    def _load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
         self._check_engine(job)
         stage = stage_name(self.committer.holder)
         errors_file = (os.path.join(self.path, f"rejects-{stage}.csv")
@@ -346,11 +326,6 @@ class ServerTarget(StageFilling):
         return group_small_files(files, min(BATCH_FILES, max(1, per_stream)), BATCHED_BELOW)
 
     def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
-        with self._unit():
-            return self._load_batch(job, progress)
-
-    def _load_batch(self, job: LoadJob, progress: Callable[[int, int], None],
-                    ) -> list[Loaded]:
         """Several small files through one stage and one commit, each file's rows counted
         as it lands. Any failure before the commit raises, and the runner loads the files
         one by one; after the commit begins nothing is retried (rule 5 of commit.py makes
@@ -437,9 +412,7 @@ class ServerTarget(StageFilling):
 
     # -- ledger ------------------------------------------------------------------------
     def flush(self) -> None:
-        """Release the commit locks kept for further units (`_unit`), and write the
-        `loaded` events still waiting (ledger.LoadedEvents)."""
-        self.committer.release_kept()
+        """Write the `loaded` events still waiting (ledger.LoadedEvents)."""
         self.loaded.flush()
 
     def recover(self, table: str) -> int:
