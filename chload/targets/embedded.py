@@ -32,6 +32,7 @@ from chload import rejects
 from chload.engine import BLOCK_SETTINGS, SESSION_SETTINGS, Engine
 from chload.errors import ChloadError, DataError, TransientError, UsageError, pinpointed
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, LoadedEvents
+from chload.monitor import process_started
 from chload.rejects import ErrorBudget
 from chload.schema import (
     AUDIT_COLUMNS,
@@ -345,15 +346,13 @@ class EmbeddedTarget:
         queries other than the INSERT (stage create and drop, the group's views, commit,
         ledger) and their seconds, summed over threads; and the engine's sessions (one
         per thread) with the seconds they took to open (the first imports chDB)."""
-        from chload.targets.server import _process_started  # at the end: no start-up cost
-
         stats = self.engine.stats
         queries, seconds = stats.others()
         setup = stats.setup or (queries, seconds)
         units, files = self._units
         first = stats.first_data_at
         return {
-            "first_byte_s": round(first - _process_started(), 3) if first else None,
+            "first_byte_s": round(first - process_started(), 3) if first else None,
             "setup_requests": setup[0],
             "setup_seconds": round(setup[1], 4),
             "units": units, "files": files,

@@ -8,7 +8,6 @@ which the attach needs (commit.py rule 2), and what the load's units cost
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING
 from chload.adaptive import MAX_STREAMS, Controller, PressureReader
 from chload.errors import ChloadError, TransientError, backpressure
 from chload.ledger import DATABASE
+from chload.monitor import process_started
 from chload.retry import RetryPolicy, Sleep
 from chload.schema import quote_str, split_table
 
@@ -233,7 +233,7 @@ def unit_costs(stats: RequestStats, setup: tuple[int, float] | None,
     first = streams.first_at
     per_unit = count or None
     return {
-        "first_byte_s": round(first - _process_started(), 3) if first else None,
+        "first_byte_s": round(first - process_started(), 3) if first else None,
         "setup_requests": setup[0],
         "units": count, "files": files,
         "commit_requests_per_unit": round((requests - setup[0]) / per_unit, 2)
@@ -242,15 +242,3 @@ def unit_costs(stats: RequestStats, setup: tuple[int, float] | None,
         if per_unit else None,
         "data_requests": streams.turns,
     }
-
-
-def _process_started() -> float:
-    """When this process started (time.time() scale; to 10 ms): /proc/self/stat's start
-    in clock ticks since boot, against the boot clock now."""
-    try:
-        with open("/proc/self/stat") as fh:
-            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return time.time()
-    return time.time() - age
