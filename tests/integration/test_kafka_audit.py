@@ -4,9 +4,9 @@ reader and the Python fallback, into the embedded engine and into 18.16."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 import services
@@ -23,27 +23,34 @@ def _key(i: int) -> bytes | None:
     return [None, b"k%d" % i, b'q"uote\\%d' % i, b"tab\t\x01%d" % i][i % 4]
 
 
-def _produce(kafka: services.Service, topic: str, n: int, partitions: int) -> dict[int, tuple]:
-    """Messages with keys and timestamps; id -> (partition, offset, timestamp ms, key)
-    as the broker acknowledged them."""
+def _produce(kafka: services.Service, topic: str, n: int, partitions: int,
+             value: Callable[[int], bytes] | None = None) -> dict[int, tuple]:
+    """Messages with keys and timestamps (JSON values unless `value` makes them); id ->
+    (partition, offset, timestamp ms, key) as the broker acknowledged them."""
     from confluent_kafka import Producer
 
+    value = value or _json_value
+    sent: dict[bytes, int] = {}
     acked: dict[int, tuple] = {}
 
     def done(err, msg) -> None:
         assert err is None, err
-        i = json.loads(msg.value())["id"]
-        acked[i] = (msg.partition(), msg.offset(), msg.timestamp()[1], msg.key())
+        acked[sent[msg.value()]] = (msg.partition(), msg.offset(), msg.timestamp()[1],
+                                    msg.key())
 
     producer = Producer({"bootstrap.servers": kafka.extra["bootstrap"], "linger.ms": 5})
     for i in range(n):
-        value = b'{"id":%d,"name":"u%d"}' % (i, i) if i % 5 else b' { "id" : %d } ' % i
-        producer.produce(topic, value, key=_key(i), partition=i % partitions,
+        sent[value(i)] = i
+        producer.produce(topic, value(i), key=_key(i), partition=i % partitions,
                          timestamp=BASE_MS + 1001 * i, on_delivery=done)
         producer.poll(0)
     assert producer.flush(60) == 0
     assert len(acked) == n
     return acked
+
+
+def _json_value(i: int) -> bytes:
+    return b'{"id":%d,"name":"u%d"}' % (i, i) if i % 5 else b' { "id" : %d } ' % i
 
 
 def _rows(target: str, table: str, millis: bool) -> dict[int, tuple]:
@@ -94,25 +101,11 @@ def _produce_lines(kafka: services.Service, topic: str, n: int, partitions: int,
                    fmt: str) -> dict[int, tuple]:
     """CSV or TSV lines (a field the format must quote or escape in each, a trailing
     line break in some) with keys and timestamps, as `_produce`."""
-    from confluent_kafka import Producer
+    def line(i: int) -> bytes:
+        return (b'%d,"a, ""b"" %d",%d.5' % (i, i, i) if fmt == "CSV"
+                else b"%d\ta\\tb\\\\ %d\t%d.5" % (i, i, i)) + (b"\n" if i % 3 == 0 else b"")
 
-    acked: dict[int, tuple] = {}
-
-    def done(err, msg) -> None:
-        assert err is None, err
-        acked[int(msg.value().split(b"," if fmt == "CSV" else b"\t")[0])] = (
-            msg.partition(), msg.offset(), msg.timestamp()[1], msg.key())
-
-    producer = Producer({"bootstrap.servers": kafka.extra["bootstrap"], "linger.ms": 5})
-    for i in range(n):
-        value = (b'%d,"a, ""b"" %d",%d.5' % (i, i, i) if fmt == "CSV"
-                 else b"%d\ta\\tb\\\\ %d\t%d.5" % (i, i, i)) + (b"\n" if i % 3 == 0 else b"")
-        producer.produce(topic, value, key=_key(i), partition=i % partitions,
-                         timestamp=BASE_MS + 1001 * i, on_delivery=done)
-        producer.poll(0)
-    assert producer.flush(60) == 0
-    assert len(acked) == n
-    return acked
+    return _produce(kafka, topic, n, partitions, line)
 
 
 @pytest.mark.parametrize(("fmt", "reader"), [("CSV", "native"), ("TSV", "native"),
