@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from chload.errors import EngineError, TransientError
+from chload.errors import ChloadError, EngineError, TransientError, missing_table
 from chload.ledger import DATABASE
 from chload.retry import RetryPolicy
 from chload.schema import quote_str
@@ -178,7 +178,12 @@ class TableLock:
             except EngineError as exc:
                 if exc.code != _TABLE_EXISTS:
                     raise
-            holder, age, busy = self._state(lock)
+            try:
+                holder, age, busy = self._state(lock)
+            except ChloadError as exc:  # 18.16: "Table chload.lock_x doesn't exist"
+                if missing_table(exc) != lock:
+                    raise
+                continue  # released between the CREATE and the look: take it now
             if age is None or not self.stale(holder, age, busy):
                 return False
             self._break(table, lock, holder)

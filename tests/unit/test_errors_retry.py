@@ -249,3 +249,25 @@ def test_the_lock_wait_backs_off_under_its_policy_until_its_deadline(
         lock.acquire("db.t", "db.t")
     assert clock.slept[:6] == [0.02, 0.04, 0.08, 0.16, 0.32, 0.5]
     assert sum(clock.slept) == pytest.approx(2.0)
+
+
+def test_a_lock_released_between_the_create_and_the_look_is_taken() -> None:
+    """Two chloads: the CREATE finds the lock (57); the holder drops it before the look
+    at its holder, which 18.16 answers with "doesn't exist": take it, do not fail."""
+    from chload.errors import SchemaError
+    from chload.targets import locks
+
+    creates: list[str] = []
+
+    def command(sql: str, query_id: str) -> None:
+        creates.append(sql)
+        if len(creates) == 1:
+            raise EngineError("lock exists", 57)
+
+    def rows(sql: str) -> list[dict]:
+        raise SchemaError(f"server: Table chload.{locks.lock_name('db.t')} doesn't exist.")
+
+    lock = locks.TableLock(locks.Sql(command, rows), locks.Holder("here", 2, 2),
+                           sleep=lambda s: None)
+    lock.acquire("db.t", "db.t")
+    assert len(creates) == 2 and all(c.startswith("CREATE TABLE") for c in creates)
