@@ -180,6 +180,10 @@ def test_two_loaders_at_once_into_a_server_are_exact(kafka, clickhouse, table_na
     assert _counts(target, table_name) == (110_000, 110_000)
 
 
+def _report_of(stdout: str) -> dict:
+    return json.loads(stdout.splitlines()[-1]) if stdout.strip() else {"files": []}
+
+
 def _group_partitions(report: dict) -> set[str]:
     """The partitions a process's report says it loaded, as a member of its group."""
     notes = [n for n in report["notes"] if "consumer group" in n]
@@ -196,7 +200,9 @@ def test_two_loaders_in_a_group_split_the_partitions_exactly(kafka, clickhouse, 
     both = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in both]
-    assert [p.returncode for p in both] == [0, 0], [o[1] for o in outs]
+    assert [p.returncode for p in both] == [0, 0], [
+        (o[1], [f.get("error") for f in _report_of(o[0])["files"] if f["status"] == "failed"])
+        for o in outs]
     assert time.monotonic() - started < 240
     reports = [json.loads(o[0].splitlines()[-1]) for o in outs]
     assert sum(r["rows_loaded"] for r in reports) == 200_000
