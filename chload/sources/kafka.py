@@ -12,7 +12,8 @@ last offset of its committed units, plus one. Units are planned from there (or t
 watermark) to the high watermark seen at start, and each commits only while that end
 is still the one its plan saw (commit.py rule 5, sources.StreamPosition). So a kill at
 any instant, two chloads on one topic at once, or a rerun load each offset once:
-consumer-group offsets decide nothing (none are committed). The argument in full, and
+consumer-group offsets decide nothing (none are committed; the group, kafka_group.py,
+only splits the partitions between processes). The argument in full, and
 the measurements behind the reader, are in docs/kafka.md.
 
     plan     recover the table (settle `committing`), read each partition's committed
@@ -51,6 +52,7 @@ from chload.formats import FileFormat
 from chload.runner import LOADED_ELSEWHERE, Event, FileResult, Listener
 from chload.schema import Column, quote_str
 from chload.sources import SourceContext, SourceFile, StreamPosition
+from chload.sources.kafka_group import Share, group_id, note, share
 from chload.sources.kafka_plan import (
     SCHEME,
     Partition,
@@ -155,7 +157,7 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
                          "or leave out --audit")
     options.audit = AUDIT_FORMATS[fmt.name] if spec.audit else 0
     report.recovered += target.recover(table.sql)
-    group = f"chload-{table.display}"
+    group = group_id(options.kafka_options, table.display)
     broker = Broker(client_config(source.bootstrap, options.kafka_options),
                     client_config(source.bootstrap, options.kafka_options, consumer=False), group)
     try:
@@ -172,12 +174,16 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
         options.pipes, why = streams(spec, target, reader)
         if why:
             report.notes.append(f"Kafka: units spooled, not streamed (slower): {why}")
+        owned = share(broker.config, source.topics, group, target, table, options.stop)
         try:
             with _spool_dir(target) as spool, _stopping(options):
                 _rounds(reader, fmt, partitions, spool, load_round, report, options,
-                        target, table, listener)
+                        owned, listener)
         finally:
             reader.close()
+            if owned.membership is not None:
+                owned.membership.close()
+                report.notes.append(note(owned.membership.group, report.files))
     finally:
         broker.close()
     return report
@@ -194,10 +200,12 @@ class Spool:
 
 
 def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], spool: str,
-            load_round: LoadRound, report: LoadReport, options: Options, target: Target,
-            table: Any, listener: Listener) -> None:
-    """Per round, the next unit of every partition with offsets due, loaded together;
-    with --follow, watermarks are read again and rounds go on until stopped. While a
+            load_round: LoadRound, report: LoadReport, options: Options, share: Share,
+            listener: Listener) -> None:
+    """Per round, the next unit of every partition this run owns (share.due) with
+    offsets due, loaded together; without --follow, the run ends when the ledger has
+    every partition at its end (loaded here or by another member of the group); with
+    --follow, watermarks are read again and rounds go on until stopped. While a
     round loads, a reader thread reads the next one (as if this one commits: a unit
     whose partition did not end where it begins is dropped unread by the engine)."""
     last_cut = time.monotonic()
@@ -205,10 +213,14 @@ def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], s
     with ThreadPoolExecutor(1, thread_name_prefix="chload-kafka-read") as pool:
         try:
             while not options.stop.is_set():
-                due = [p for p in partitions if not p.stopped and p.next < p.end]
+                due = share.due(partitions)
+                target, table = share.target, share.table
                 if not due:
                     if not options.follow:
-                        return
+                        if share.finished(partitions):
+                            return
+                        options.stop.wait(0.5)  # another member's partitions, in flight
+                        continue
                     _wait(options, last_cut)
                     _refresh(reader.broker, partitions)
                     _lag(listener, partitions)
@@ -424,14 +436,15 @@ def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
     """Move each partition on after its unit: loaded, the next offset; refused (another
     loader moved the partition), from the ledger's end again; failed, stop it."""
     results = {r.uri: r for r in done.files}
-    moved = False
+    moved: list[Partition] = []
     for part, f in zip(due, files, strict=True):
         result = results.get(f.uri)
         end = int(f.uri.rpartition("-")[2]) + 1
         if result is not None and result.status == "loaded":
             part.next = part.after = end
-        elif result is not None and result.note == LOADED_ELSEWHERE:
-            moved = True
+        elif result is not None and (result.note == LOADED_ELSEWHERE
+                                     or result.status == "skipped"):
+            moved.append(part)  # the ledger has it: another loader's since the plan
         else:
             part.stopped = True
             if result is not None and result.error:
@@ -442,6 +455,8 @@ def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
             mark = marks.get(part.stream)
             if mark is not None and mark.end > part.after:
                 part.next = part.after = max(part.next, mark.end)
+            elif any(part is m for m in moved):
+                part.stopped = True  # skipped, yet the ledger's end did not move: not again
 
 
 def _offset_error(error: str, f: SourceFile) -> str:

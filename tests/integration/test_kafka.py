@@ -180,6 +180,68 @@ def test_two_loaders_at_once_into_a_server_are_exact(kafka, clickhouse, table_na
     assert _counts(target, table_name) == (110_000, 110_000)
 
 
+def _report_of(stdout: str) -> dict:
+    return json.loads(stdout.splitlines()[-1]) if stdout.strip() else {"files": []}
+
+
+def _group_partitions(report: dict) -> set[str]:
+    """The partitions a process's report says it loaded, as a member of its group."""
+    notes = [n for n in report["notes"] if "consumer group" in n]
+    assert len(notes) == 1, report["notes"]
+    return {p for p in notes[0].rpartition("partitions ")[2].split(", ") if p != "none"}
+
+
+def test_two_loaders_in_a_group_split_the_partitions_exactly(kafka, clickhouse, table_name):
+    topic = _topic(kafka)
+    _produce(kafka, topic, range(200_000))
+    argv = [sys.executable, "-m", "chload", "load", _uri(kafka, topic), "--table", table_name,
+            "--target", clickhouse.url, "--json", "--batch-rows", "2000"]
+    started = time.monotonic()
+    both = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in both]
+    assert [p.returncode for p in both] == [0, 0], [
+        (o[1], [f.get("error") for f in _report_of(o[0])["files"] if f["status"] == "failed"])
+        for o in outs]
+    assert time.monotonic() - started < 240
+    reports = [json.loads(o[0].splitlines()[-1]) for o in outs]
+    assert sum(r["rows_loaded"] for r in reports) == 200_000
+    assert _counts(clickhouse.url, table_name) == (200_000, 200_000)
+    split = [_group_partitions(r) for r in reports]
+    everything = {f"{topic}/{n}" for n in range(4)}
+    assert split[0] | split[1] == everything, split
+    # the group splits them: at most one (the first in, before the other joined) has all
+    assert min(len(s) for s in split) < 4 and all(s for s in split), split
+
+
+def test_a_member_killed_mid_load_hands_its_partitions_over(kafka, clickhouse, table_name):
+    topic = _topic(kafka)
+    _produce(kafka, topic, range(200_000))
+    argv = [sys.executable, "-m", "chload", "load", _uri(kafka, topic), "--table", table_name,
+            "--target", clickhouse.url, "--json", "--batch-rows", "2000"]
+    both = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    _wait_for_rows(clickhouse, table_name, 20_000, both[0])
+    both[0].send_signal(signal.SIGKILL)
+    both[0].communicate(timeout=30)
+    out, err = both[1].communicate(timeout=240)  # after session.timeout.ms (10 s)
+    assert both[1].returncode == 0, err
+    assert _group_partitions(json.loads(out.splitlines()[-1])) == {
+        f"{topic}/{n}" for n in range(4)}  # its own, then the killed member's
+    assert _counts(clickhouse.url, table_name) == (200_000, 200_000)
+
+
+def test_one_loader_in_a_group_loads_every_partition(kafka, clickhouse, table_name):
+    topic = _topic(kafka)
+    _produce(kafka, topic, range(20_000))
+    report = _report(_load(clickhouse.url, _uri(kafka, topic), table_name,
+                           "--kafka-option", f"group.id=g-{table_name}"))
+    assert report["rows_loaded"] == 20_000
+    assert any(f"consumer group g-{table_name}:" in n for n in report["notes"])
+    assert _group_partitions(report) == {f"{topic}/{n}" for n in range(4)}
+    assert _counts(clickhouse.url, table_name) == (20_000, 20_000)
+
+
 def _server_count(clickhouse: services.Service, table: str) -> int:
     try:
         return int(services.clickhouse_query(clickhouse, f"SELECT count() FROM {table}"))
