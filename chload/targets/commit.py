@@ -391,6 +391,7 @@ class Committer:
                 with contextlib.suppress(ChloadError):
                     self.lock.release(table)
         if turn.held_since is None:
+            _crash_point("before-lock")  # tests: let another run plan before this commit
             self.lock.acquire(table, display)
             turn.held_since = time.monotonic()
         turn.attaching = False

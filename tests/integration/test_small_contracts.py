@@ -171,9 +171,12 @@ def test_the_losing_concurrent_load_reports_skipped(
     assert load(target, files[0], "-t", table_name)[0] == 0  # the table exists
     argv = [sys.executable, "-m", "chload", "load", str(tmp_path / "trips"), "-t",
             table_name, "--target", target[0], "--json"]
-    # Each commit waits 2 s inside the commit lock: both runs plan every file before
-    # either has committed one, so the race is certain, not a matter of timing.
-    pause = {"CHLOAD_PAUSE_AT": "before-attach:2"}
+    # Each run waits 3 s before taking the commit lock: both plan every file before
+    # either has logged a commit, so the race is certain, not a matter of timing. (A
+    # pause inside the lock was not: a run that starts while the other's `committing`
+    # entries are logged settles them under the lock first, then finds every file
+    # loaded and plans none: all skipped, none raced.)
+    pause = {"CHLOAD_PAUSE_AT": "before-lock:3"}
     procs = [subprocess.Popen(argv, env={**os.environ, **target[1], **pause},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
