@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from chload.errors import ChloadError, DataError, TargetInUse, UsageError, from_engine_message
+from chload.monitor import CallStats
 
 LOCK_NAME = ".chload.lock"
 # Settings of every chDB session, for bounded memory (bench/memory.py); a query's own
@@ -49,20 +50,17 @@ BLOCK_SETTINGS: tuple[tuple[str, str], ...] = (
 )
 
 
-class QueryStats:
-    """What an engine's queries cost, for a target's cost report (EmbeddedTarget.cost_report):
-    how many and their seconds summed over threads, data queries (a load's INSERT) apart,
-    and the count and seconds of the others before the first data query began (set-up:
-    ledger, probe, table)."""
+class QueryStats(CallStats):
+    """An engine's queries (CallStats), with the count and seconds of those before the
+    first data query began (set-up: ledger, probe, table) and the sessions opened, for
+    EmbeddedTarget.cost_report."""
 
     def __init__(self) -> None:
-        self.queries = self.data_queries = 0
-        self.seconds = self.data_seconds = 0.0
+        super().__init__()
         self.first_data_at: float | None = None  # time.time() when the first began
         self.setup: tuple[int, float] | None = None
         self.sessions = 0
         self.open_seconds = 0.0  # opening sessions (the first one imports chDB)
-        self._guard = threading.Lock()
 
     def opened(self, seconds: float) -> None:
         with self._guard:
@@ -74,20 +72,7 @@ class QueryStats:
             with self._guard:
                 if self.first_data_at is None:
                     self.first_data_at = time.time()
-                    self.setup = (self.queries, self.seconds)
-
-    def add(self, seconds: float, data: bool) -> None:
-        with self._guard:
-            self.queries += 1
-            self.seconds += seconds
-            if data:
-                self.data_queries += 1
-                self.data_seconds += seconds
-
-    def others(self) -> tuple[int, float]:
-        """(queries, seconds) of the queries other than data so far."""
-        with self._guard:
-            return self.queries - self.data_queries, self.seconds - self.data_seconds
+                    self.setup = (self.calls, self.seconds)
 
 
 class Engine:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 import resource
+import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 
@@ -178,3 +180,48 @@ def process_started() -> float:
     except (OSError, ValueError, IndexError):
         return time.time()
     return time.time() - age
+
+
+class CallStats:
+    """What a target's calls cost, for its cost report: how many (a server's requests,
+    an engine's queries) and their seconds summed over threads, data calls (a load's
+    INSERT with its rows) apart."""
+
+    def __init__(self) -> None:
+        self.calls = self.data_calls = 0
+        self.seconds = self.data_seconds = 0.0
+        self._guard = threading.Lock()
+
+    def add(self, seconds: float, data: bool) -> None:
+        with self._guard:
+            self.calls += 1
+            self.seconds += seconds
+            if data:
+                self.data_calls += 1
+                self.data_seconds += seconds
+
+    def others(self) -> tuple[int, float]:
+        """(calls, seconds) of the calls other than data so far."""
+        with self._guard:
+            return self.calls - self.data_calls, self.seconds - self.data_seconds
+
+
+def unit_costs(stats: CallStats, setup: tuple[int, float] | None, units: Sequence[int],
+               first_data_at: float | None, data_calls: int) -> dict:
+    """A load's fixed and per-unit costs (LoadReport.costs), either target's: seconds
+    from the process's start to the first data call (`first_data_at`, time.time());
+    calls before it (`setup`: probe, ledger, planning; None: none began); and per
+    committed unit (`units`: stages, files; a stage is one file or a batch), the calls
+    other than data (stage create, seal, lock, survey, ledger, attach, drop, `loaded`
+    events) and their seconds, summed over threads."""
+    calls, seconds = stats.others()
+    setup = setup or (calls, seconds)
+    count, files = units
+    return {
+        "first_byte_s": round(first_data_at - process_started(), 3) if first_data_at else None,
+        "setup_requests": setup[0],
+        "units": count, "files": files,
+        "commit_requests_per_unit": round((calls - setup[0]) / count, 2) if count else None,
+        "commit_seconds_per_unit": round((seconds - setup[1]) / count, 4) if count else None,
+        "data_requests": data_calls,
+    }

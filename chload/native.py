@@ -71,6 +71,19 @@ def build(source: Path, library: str, prefix: str, what: str) -> tuple[Path | No
     return (None, why) if why else (out, "")
 
 
+def load(source: Path, library: str, prefix: str, what: str,
+         bind: Callable[[Any], Any]) -> tuple[Any, str]:
+    """`build`, then load the result and `bind` its functions' types: the bound library,
+    or None and why not."""
+    out, why = build(source, library, prefix, what)
+    if out is None:
+        return None, why
+    try:
+        return bind(ctypes.CDLL(str(out))), ""
+    except (OSError, AttributeError) as exc:
+        return None, f"the {what} did not load: {exc}"
+
+
 def _compile(compiler: str, source: Path, library: str, out: Path, what: str) -> str:
     """Build into a temp name, then rename: concurrent first uses do not collide."""
     try:

@@ -168,11 +168,9 @@ class Share:
 def share(config: dict[str, Any], topics: Sequence[str], group: str, target: Target,
           table: Any, stop: threading.Event) -> Share:
     """The partitions a run loads: into a server, those its consumer group gives it;
-    into an embedded directory (one writer at a time), all of them, no group joined.
+    into a target with one writer at a time (an embedded directory), all of them, no group joined.
     If the group gives nothing within FIRST_ASSIGNMENT seconds, all of them too."""
-    from chload.targets.embedded import EmbeddedTarget
-
-    if isinstance(target, EmbeddedTarget):
+    if target.single_writer:
         return Share(None, target, table)
     membership = Membership(config, group, topics)
     if not membership.wait(stop):

@@ -62,13 +62,9 @@ def _build() -> tuple[Any, str]:
     rdkafka = librdkafka()
     if not rdkafka:
         return None, "no librdkafka found (confluent-kafka's nor the system's)"
-    out, why = native.build(SOURCE, rdkafka, "chload_kafka", "native Kafka reader")
-    if out is None:
+    lib, why = native.load(SOURCE, rdkafka, "chload_kafka", "native Kafka reader", _bind)
+    if lib is None:
         return None, why
-    try:
-        lib = _bind(ctypes.CDLL(str(out)))
-    except (OSError, AttributeError) as exc:
-        return None, f"the native Kafka reader did not load: {exc}"
     if lib.chl_unit_size() != ctypes.sizeof(NativeUnit):
         return None, "the native Kafka reader's unit struct differs from kafka_native's"
     return lib, ""

@@ -323,13 +323,13 @@ def _audited(m: Any, mode: int) -> bytes | None:
     value = m.value()
     if value is None:
         return None
-    add = audited if mode == AUDIT_JSON else audited_line
-    return add(value, m.topic(), m.partition(), m.offset(), m.timestamp()[1], m.key(),
-               mode)
+    fields = (m.topic(), m.partition(), m.offset(), m.timestamp()[1], m.key())
+    return audited(value, *fields) if mode == AUDIT_JSON else audited_line(value, *fields,
+                                                                           mode)
 
 
 def audited(value: bytes, topic: str, partition: int, offset: int, timestamp_ms: int,
-            key: bytes | None, mode: int = 1) -> bytes:
+            key: bytes | None) -> bytes:
     """--audit: a JSON object with `_topic`, `_partition`, `_offset`, `_timestamp` (UTC,
     milliseconds) and `_key` ("" if none) as its last fields, so the engine parses them
     as columns with the rest (docs/kafka.md); a value that is not an object goes as it

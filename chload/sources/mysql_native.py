@@ -44,13 +44,7 @@ def _build() -> tuple[Any, str]:
     library = libmariadb()
     if not library:
         return None, "no libmariadb.so.3 found (apt-get install libmariadb3)"
-    out, why = native.build(SOURCE, library, "chload_mysql", "native MySQL reader")
-    if out is None:
-        return None, why
-    try:
-        return _bind(ctypes.CDLL(str(out))), ""
-    except (OSError, AttributeError) as exc:
-        return None, f"the native MySQL reader did not load: {exc}"
+    return native.load(SOURCE, library, "chload_mysql", "native MySQL reader", _bind)
 
 
 def _bind(lib: Any) -> Any:

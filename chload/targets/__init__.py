@@ -71,6 +71,7 @@ class Loaded(NamedTuple):
 
 class Target(Protocol):
     reads_pipes: bool  # a unit may be a pipe, read by the engine while it is written
+    single_writer: bool  # no other process can load into it meanwhile (its own lock)
     """Everything api.py, the planner, the runner, the ledger and rejects.py use of a
     target. EmbeddedTarget and ServerTarget implement all of it (checked by mypy:
     `_conforms` below), and so does the unit tests' FakeTarget (tests/unit/fake_target.py)."""

@@ -88,6 +88,7 @@ class ClusterTarget:
     routes rows, and answers SQL. Implements the Target protocol."""
 
     reads_pipes = False  # piped units (Kafka, databases) are not routed to shards yet
+    single_writer = False
 
     def __init__(self, entry: ServerTarget, table: str, dist: Distributed,
                  shards: list[Shard], by_file: bool) -> None:

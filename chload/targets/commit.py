@@ -163,14 +163,7 @@ class Committer:
         and one survey, and logs and attaches their stages one after the other.
         """
         request = _Request(stage, partitions, events, since_ns, follows)
-        with self._guard:
-            turn = self._turns.setdefault(table, _Turn())
-            turn.queue.append(request)
-        with turn.mutex:
-            if not request.settled:
-                with self._guard:
-                    group, turn.queue = turn.queue, []
-                self._lead(table, display, turn, group, request)
+        self._submit(table, display, [request])
         if request.error is not None:
             raise request.error
         return bool(request.attached)
@@ -183,6 +176,12 @@ class Committer:
         own threads into the queue (whichever thread got the turn first led a group of
         one). Each unit's outcome as `commit` would return or raise it."""
         requests = [_Request(stage, parts, events, since) for stage, parts, events, since in units]
+        self._submit(table, display, requests)
+        return [r.error if r.error is not None else bool(r.attached) for r in requests]
+
+    def _submit(self, table: str, display: str, requests: list[_Request]) -> None:
+        """Queue `requests` for the table's turn; when it comes, unless another leader
+        settled them all meanwhile, lead every request queued by then as one group."""
         with self._guard:
             turn = self._turns.setdefault(table, _Turn())
             turn.queue.extend(requests)
@@ -191,7 +190,6 @@ class Committer:
                 with self._guard:
                     group, turn.queue = turn.queue, []
                 self._lead(table, display, turn, group, requests[0])
-        return [r.error if r.error is not None else bool(r.attached) for r in requests]
 
     def _lead(self, table: str, display: str, turn: _Turn, group: list[_Request],
               own: _Request) -> None:

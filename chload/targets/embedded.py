@@ -32,7 +32,7 @@ from chload import rejects
 from chload.engine import BLOCK_SETTINGS, SESSION_SETTINGS, Engine
 from chload.errors import ChloadError, DataError, TransientError, UsageError, pinpointed
 from chload.ledger import DATABASE, FAILED, LOADED, FileEvent, Ledger, LoadedEvents
-from chload.monitor import process_started
+from chload.monitor import unit_costs
 from chload.rejects import ErrorBudget
 from chload.schema import (
     AUDIT_COLUMNS,
@@ -80,6 +80,7 @@ class EmbeddedTarget:
 
     database = "default"  # what a bare --table name means
     reads_pipes = True  # the engine is in this process: a fetched unit may be a pipe
+    single_writer = True  # the directory's flock (engine.py)
     # it reads as /dev/fd/N while the source writes (SourceContext.pipes)
 
     def __init__(self, path: str) -> None:
@@ -347,22 +348,12 @@ class EmbeddedTarget:
         ledger) and their seconds, summed over threads; and the engine's sessions (one
         per thread) with the seconds they took to open (the first imports chDB)."""
         stats = self.engine.stats
-        queries, seconds = stats.others()
-        setup = stats.setup or (queries, seconds)
-        units, files = self._units
-        first = stats.first_data_at
-        return {
-            "first_byte_s": round(first - process_started(), 3) if first else None,
-            "setup_requests": setup[0],
-            "setup_seconds": round(setup[1], 4),
-            "units": units, "files": files,
-            "commit_requests_per_unit": round((queries - setup[0]) / units, 2) if units else None,
-            "commit_seconds_per_unit": round((seconds - setup[1]) / units, 4) if units else None,
-            "data_requests": stats.data_queries,
-            "data_seconds": round(stats.data_seconds, 3),
-            "sessions": stats.sessions,
-            "session_open_seconds": round(stats.open_seconds, 3),
-        }
+        setup = stats.setup or stats.others()
+        return {**unit_costs(stats, setup, self._units, stats.first_data_at, stats.data_calls),
+                "setup_seconds": round(setup[1], 4),
+                "data_seconds": round(stats.data_seconds, 3),
+                "sessions": stats.sessions,
+                "session_open_seconds": round(stats.open_seconds, 3)}
 
     def close(self) -> None:
         self.flush()

@@ -48,6 +48,7 @@ from chload.errors import (
     UsageError,
     server_error,
 )
+from chload.monitor import CallStats
 
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 900.0  # the server answers an INSERT only once it has parsed the whole body
@@ -145,36 +146,12 @@ def parse_target_url(value: str, env: Mapping[str, str] | None = None) -> Target
 Body = bytes | BinaryIO | Iterable[bytes] | None
 
 
-class RequestStats:
-    """What a client's requests cost, for the report (ServerTarget.cost_report): how
-    many and their seconds summed over threads, apart for data requests (an INSERT with
-    a body; a push through chDB's url() is not one of this client's)."""
-
-    def __init__(self) -> None:
-        self.requests = self.data_requests = 0
-        self.seconds = self.data_seconds = 0.0
-        self._guard = threading.Lock()
-
-    def add(self, seconds: float, data: bool) -> None:
-        with self._guard:
-            self.requests += 1
-            self.seconds += seconds
-            if data:
-                self.data_requests += 1
-                self.data_seconds += seconds
-
-    def snapshot(self) -> tuple[int, float]:
-        """(requests, seconds) of the requests other than data so far."""
-        with self._guard:
-            return self.requests - self.data_requests, self.seconds - self.data_seconds
-
-
 class HttpClient:
     """Thread-safe: each thread keeps its own keep-alive connection."""
 
     def __init__(self, url: TargetURL) -> None:
         self.url = url
-        self.stats = RequestStats()
+        self.stats = CallStats()  # requests; data: an INSERT with a body
         self._local = threading.local()
         self._all: list[_Connection] = []
         self._guard = threading.Lock()

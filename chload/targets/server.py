@@ -66,6 +66,7 @@ from chload.ledger import (
     Ledger,
     LoadedEvents,
 )
+from chload.monitor import unit_costs
 from chload.rejects import ErrorBudget
 from chload.retry import RetryPolicy, retry
 from chload.schema import (
@@ -96,7 +97,6 @@ from chload.targets.stages import (
     most_streams,
     seal,
     streams_for,
-    unit_costs,
 )
 from chload.targets.vanished import explain_gone
 
@@ -110,6 +110,7 @@ class ServerTarget(StageFilling):
     """A ClickHouse server; the ledger lives in its `chload` database."""
 
     reads_pipes = True  # a piped unit is posted chunked as it comes (fill.py, is_pipe)
+    single_writer = False
 
     def __init__(self, url: TargetURL) -> None:
         self.url = url
@@ -240,7 +241,7 @@ class ServerTarget(StageFilling):
         runs, within `most_streams` of the server's cores, watched by `ServerWatch`
         (host pressure, server backpressure) until the controller is finished; the
         threads are enough for its bound."""
-        self._setup = self.client.stats.snapshot()
+        self._setup = self.client.stats.others()
         if adapt is None:
             self._streams = Streams(streams)
             return streams + max(STAGING, streams)
@@ -377,8 +378,10 @@ class ServerTarget(StageFilling):
             self._units[1] += files
 
     def cost_report(self) -> dict:
-        """The run's fixed and per-unit costs (LoadReport.costs): stages.unit_costs."""
-        return unit_costs(self.client.stats, self._setup, self._units, self._streams)
+        """The run's fixed and per-unit costs (LoadReport.costs, monitor.unit_costs); the
+        per-unit requests include the watch's query each second."""
+        return unit_costs(self.client.stats, self._setup, self._units,
+                          self._streams.first_at, self._streams.turns)
 
     def _check_engine(self, job: LoadJob) -> None:
         engine = self._engines.get(job.table)

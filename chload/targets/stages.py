@@ -1,8 +1,7 @@
 """A server target's stages, around their filling (fill.py): how many data requests
 run at once and when the files beyond them create their stages (`Streams`,
 `streams_for`), sealing a filled stage to one part per partition (`seal`),
-which the attach needs (commit.py rule 2), and what the load's units cost
-(`unit_costs`).
+which the attach needs (commit.py rule 2), and the server's watch (`ServerWatch`).
 """
 
 from __future__ import annotations
@@ -10,18 +9,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from chload.adaptive import MAX_STREAMS, Controller, PressureReader
 from chload.errors import ChloadError, TransientError, backpressure
 from chload.ledger import DATABASE
-from chload.monitor import process_started
 from chload.retry import RetryPolicy, Sleep
 from chload.schema import quote_str, split_table
 
 if TYPE_CHECKING:
-    from chload.targets.http import RequestStats
     from chload.targets.server import ServerTarget
 
 STAGING = 2  # files in flight beyond the streams, at least (see ServerTarget.open_streams)
@@ -217,28 +214,3 @@ class ServerWatch:
                                     f"{delay_at}")
         else:
             self.adapt.relieved()
-
-
-def unit_costs(stats: RequestStats, setup: tuple[int, float] | None,
-               units: Sequence[int], streams: Streams) -> dict:
-    """A server load's fixed and per-unit costs (LoadReport.costs): seconds from the
-    process's start to the first data byte sent; requests before the streams opened
-    (`setup`: probe, ledger, planning); and per committed unit (`units`: stages, files;
-    a stage is one file or a batch), the requests other than data (stage create, seal,
-    lock, survey, ledger, attach, drop, `loaded` events, the watch's query each second)
-    and their seconds, summed over threads."""
-    setup = setup or stats.snapshot()
-    requests, seconds = stats.snapshot()
-    count, files = units
-    first = streams.first_at
-    per_unit = count or None
-    return {
-        "first_byte_s": round(first - process_started(), 3) if first else None,
-        "setup_requests": setup[0],
-        "units": count, "files": files,
-        "commit_requests_per_unit": round((requests - setup[0]) / per_unit, 2)
-        if per_unit else None,
-        "commit_seconds_per_unit": round((seconds - setup[1]) / per_unit, 4)
-        if per_unit else None,
-        "data_requests": streams.turns,
-    }
