@@ -23,7 +23,8 @@ the measurements behind the reader, are in docs/kafka.md.
              into a spool, values joined by newlines: by the native reader (C through
              ctypes, all partitions in one call, no Python object per message) or,
              without cc or librdkafka, by confluent-kafka consume(5000) (kafka_read.py,
-             kafka_native.py); the next round is read in a thread while one loads.
+             kafka_native.py; spool files: kafka_units.py); the next round is read in a
+             thread while one loads.
              Streamed instead (`streams`: no error budget; the columns from --schema,
              the table or a sample, `_stream_schema`): each unit
              into a pipe the engine parses as it fills, one reader thread per
@@ -38,7 +39,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -65,10 +65,19 @@ from chload.sources.kafka_read import (
     AUDIT_JSON,
     AUDIT_TSV,
     Broker,
-    Spooled,
     SpoolReader,
     Unit,
     client_config,
+)
+from chload.sources.kafka_units import (
+    Spool,
+    drop_ahead,
+    following,
+    line_base,
+    read_units,
+    remove,
+    spool_dir,
+    taken,
 )
 from chload.sources.remote import RemoteSource
 
@@ -81,7 +90,6 @@ BATCH_SECONDS = 5.0  # --follow: a unit is cut at least this often (--batch-seco
 # Formats whose rows are one message each once joined by newlines.
 LINE_FORMATS = {"JSONEachRow", "JSONLines", "NDJSON", "JSONAsString", "JSONCompactEachRow",
                 "CSV", "TSV", "TabSeparated", "LineAsString", "TSKV", "CustomSeparated"}
-_EXTENSIONS = {"JSONEachRow": "jsonl", "CSV": "csv", "TSV": "tsv", "TabSeparated": "tsv"}
 # --audit: the formats whose rows the reader extends with the message's Kafka columns
 # as their last fields (kafka_read.audited, audited_line), how, and those columns'
 # types. _topic is a String: parsed into LowCardinality(String), 1M rows took ~0.3 s
@@ -176,7 +184,7 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
             report.notes.append(f"Kafka: units spooled, not streamed (slower): {why}")
         owned = share(broker.config, source.topics, group, target, table, options.stop)
         try:
-            with _spool_dir(target) as spool, _stopping(options):
+            with spool_dir(target) as spool, _stopping(options):
                 _rounds(reader, fmt, partitions, spool, load_round, report, options,
                         owned, listener)
         finally:
@@ -187,16 +195,6 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
     finally:
         broker.close()
     return report
-
-
-@dataclass(slots=True)
-class Spool:
-    """A unit read into its spool file, and the committed end its commit requires."""
-
-    part: Partition
-    unit: Unit
-    after: int
-    file: SourceFile
 
 
 def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], spool: str,
@@ -238,50 +236,21 @@ def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], s
                     _lag(listener, partitions)
                     last_cut = time.monotonic()
                     continue
-                spools = _taken(ahead, due, options.batch_rows)
+                spools = taken(ahead, due, options.batch_rows)
                 ahead = None
                 covered = {id(s.part) for s in spools}
-                spools += _read(reader, fmt, spool, [(p, p.unit(options.batch_rows), p.after)
+                spools += read_units(reader, fmt, spool, [(p, p.unit(options.batch_rows), p.after)
                                                      for p in due if id(p) not in covered],
                                 options.audit)
-                following = _following(spools, options.batch_rows)
-                if following:
-                    ahead = pool.submit(_read, reader, fmt, spool, following, options.audit)
+                after = following(spools, options.batch_rows)
+                if after:
+                    ahead = pool.submit(read_units, reader, fmt, spool, after, options.audit)
                 _load_round(spools, load_round, report, target, table)
                 _lag(listener, partitions)
                 last_cut = time.monotonic()
         finally:
             if ahead is not None:
-                _drop(ahead)
-
-
-def _following(spools: list[Spool], rows: int) -> list[tuple[Partition, Unit, int]]:
-    """The unit after each spool's, where its partition has offsets due beyond it."""
-    return [(s.part, Unit(s.part.topic, s.part.partition, s.unit.last + 1,
-                          min(s.part.end, s.unit.last + 1 + rows) - 1), s.unit.last + 1)
-            for s in spools if s.unit.last + 1 < s.part.end]
-
-
-def _taken(ahead: Future[list[Spool]] | None, due: list[Partition], rows: int) -> list[Spool]:
-    """The spools read ahead that still follow their partition's end; others removed."""
-    if ahead is None:
-        return []
-    kept = []
-    for s in ahead.result():
-        due_now = any(s.part is p for p in due)
-        if due_now and s.unit.first == s.part.next == s.after == s.part.after:
-            kept.append(s)
-        else:
-            _remove(s.file.local_path)
-    return kept
-
-
-def _drop(ahead: Future[list[Spool]]) -> None:
-    try:
-        for s in ahead.result():
-            _remove(s.file.local_path)
-    except Exception:  # noqa: BLE001 - a read ahead that nothing needs any more
-        pass
+                drop_ahead(ahead)
 
 
 def streams(spec: LoadSpec, target: Target, reader: SpoolReader) -> tuple[bool, str]:
@@ -325,7 +294,7 @@ def _stream_schema(reader: SpoolReader, fmt: FileFormat, due: list[Partition], s
                p.after) for p in due[:3]]
     spools: list[Spool] = []
     try:
-        spools = _read(reader, fmt, spool, sample, audit)
+        spools = read_units(reader, fmt, spool, sample, audit)
         files = [s.file for s in spools if s.file.size]
         data, _, _ = planner.prepare_table(target, table, files, existing=None, schema=None,
                                            order_by=None, partition_by=None,
@@ -334,7 +303,7 @@ def _stream_schema(reader: SpoolReader, fmt: FileFormat, due: list[Partition], s
         return None, f"the columns of a sample of the first messages: {exc}"
     finally:
         for s in spools:
-            _remove(s.file.local_path)
+            remove(s.file.local_path)
     return (structure(data), "") if data else (None, "no columns in the first messages")
 
 
@@ -367,15 +336,10 @@ def _stream_round(reader: SpoolReader, fmt: FileFormat, due: list[Partition],
     finally:
         for f in files:
             db_pipes.release(f.local_path or "")
-    files = [replace(f, position=replace(f.position, line_base=_base(r.done)))
+    files = [replace(f, position=replace(f.position, line_base=line_base(r.done)))
              if f.position else f for f, r in zip(files, readings, strict=True)]
     _advance(due, files, done, target, table)
     _add(report, done.files, done)
-
-
-def _base(read: Spooled) -> int:
-    """Row n of a unit is offset base + n, where its offsets have no gap; else 0."""
-    return read.first_offset - 1 if read.contiguous and read.first_offset >= 0 else 0
 
 
 def _load_round(spools: list[Spool], load_round: LoadRound, report: LoadReport,
@@ -385,7 +349,7 @@ def _load_round(spools: list[Spool], load_round: LoadRound, report: LoadReport,
         done = load_round(files, None, None)
     finally:
         for f in files:
-            _remove(f.local_path)
+            remove(f.local_path)
     _advance([s.part for s in spools], files, done, target, table)
     _add(report, done.files, done)
 
@@ -405,30 +369,6 @@ def _refresh(broker: Broker, partitions: list[Partition]) -> None:
     for p in partitions:
         if not p.stopped:
             p.end = broker.watermarks(p.topic, p.partition)[1]
-
-
-def _read(reader: SpoolReader, fmt: FileFormat, spool: str,
-          units: list[tuple[Partition, Unit, int]], audit: int = 0) -> list[Spool]:
-    """Read units into spool files (one call for all); `after` per unit is the committed
-    end its commit will require."""
-    if not units:
-        return []
-    ext = _EXTENSIONS.get(fmt.name, "txt")
-    paths = [os.path.join(spool, f"kafka-{u.topic}-{u.partition}-{u.first}-{u.last}.{ext}")
-             for _, u, _ in units]
-    done = reader.read([(u, path) for (_, u, _), path in zip(units, paths, strict=True)],
-                       audit)
-    return [Spool(part, unit, after, _spooled(part, unit, after, path, read, fmt))
-            for (part, unit, after), path, read in zip(units, paths, done, strict=True)]
-
-
-def _spooled(part: Partition, unit: Unit, after: int, path: str, read: Spooled,
-             fmt: FileFormat) -> SourceFile:
-    base = _base(read)
-    identity = f"{part.topic_id}:{unit.first}-{unit.last}"
-    return SourceFile(f"{part.stream}/{unit.first}-{unit.last}", read.bytes, 0, fmt,
-                      etag=identity, local_path=path,
-                      position=StreamPosition(part.stream, after, part.since_seq, base))
 
 
 def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
@@ -487,27 +427,6 @@ def _add(report: LoadReport, results: Sequence[FileResult],
         report.created_table = report.created_table or done.created_table
         report.table_reset = report.table_reset or done.table_reset
         report.saturation = done.saturation or report.saturation
-
-
-@contextmanager
-def _spool_dir(target: Target) -> Iterator[str]:
-    """Spools in the target's tmp directory (an embedded target's; else the system's)."""
-    home = str(getattr(target, "path", ""))
-    base = os.path.join(home, "tmp") if home and os.path.isdir(home) else None
-    if base:
-        os.makedirs(base, exist_ok=True)
-    path = tempfile.mkdtemp(prefix="chload-kafka-", dir=base)
-    try:
-        yield path
-    finally:
-        for name in os.listdir(path):
-            _remove(os.path.join(path, name))
-        os.rmdir(path)
-
-
-def _remove(path: str | None) -> None:
-    if path and os.path.exists(path):
-        os.remove(path)
 
 
 @contextmanager
