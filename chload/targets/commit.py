@@ -82,12 +82,18 @@ from chload.ledger import COMMITTING, DATABASE, LOADED, FileEvent, Ledger
 from chload.retry import RetryPolicy
 from chload.schema import quote_str, split_table
 from chload.sources import StreamPosition
+from chload.targets.commit_orphans import committing_stages, orphan
 from chload.targets.commit_request import (
+    _bare,
+    _crash_point,
     _ends,
     _files,
+    _interrupted,
     _moved,
     _not_committed,
+    _start_sql,
     _stream_ends_sql,
+    block_tops,
 )
 from chload.targets.commit_request import _Request as _Request
 from chload.targets.commit_request import _taken as _taken
@@ -97,12 +103,10 @@ from chload.targets.locks import (
     Holder,
     Sql,
     TableLock,
-    _start_time,
     dirty_name,
     lock_name,
 )
 
-ORPHAN_STAGE_SECONDS = 24 * 3600  # a stage of another machine untouched this long is dropped
 _lock_name, _dirty_name = lock_name, dirty_name
 # Waits bounded by a deadline (RetryPolicy.tries), not by a number of tries:
 SETTLE_EVERY = RetryPolicy(attempts=0, base_seconds=2.0, max_seconds=2.0, jitter=False)
@@ -341,7 +345,7 @@ class Committer:
             partitions = partitions if partitions is not None else self.partitions(stage)
             self.ledger.record(list(events), mark_of=split_table(table))
             return partitions
-        tops = self._tops([table, f"{DATABASE}.{stage}"])
+        tops = block_tops(self.sql, [table, f"{DATABASE}.{stage}"])
         for event in events:
             event.mark = max(tops.get(table, {}).values(), default=0)
         self.ledger.record(list(events))
@@ -438,15 +442,7 @@ class Committer:
         files) and drop stages no commit needs. One query when there is nothing to do,
         the usual case: no file of the table is `committing` and no lock was broken (a
         lock still held by a dead process is broken by the first commit, rule 3)."""
-        rows = self.sql.rows(
-            f"SELECT 'dirty' AS k, name AS a, toUInt64(0) AS age FROM system.tables WHERE "
-            f"database = '{DATABASE}' AND name = {quote_str(_dirty_name(table))} "
-            f"UNION ALL SELECT 'committing', uri, toUInt64(0) FROM (SELECT uri, "
-            f"argMax(state, seq) AS st FROM {DATABASE}.files WHERE target_table = "
-            f"{quote_str(display)} GROUP BY uri) WHERE st = '{COMMITTING}' "
-            f"UNION ALL SELECT 'stage', name, toUInt64(now() - metadata_modification_time) "
-            f"FROM system.tables WHERE database = '{DATABASE}' AND (startsWith(name, "
-            f"'stage_') OR startsWith(name, 'lockbroken_'))")
+        rows = self.sql.rows(_start_sql(_dirty_name(table), display))
         settled = 0
         if any(row["k"] in ("dirty", "committing") for row in rows):
             settled = self.recover(table, display)
@@ -483,7 +479,7 @@ class Committer:
         if not event.stage:
             return
         stage = f"{DATABASE}.{_bare(event.stage)}"
-        tops = self._tops([table, stage])
+        tops = block_tops(self.sql, [table, stage])
         done = {p for p, top in tops.get(table, {}).items() if top > event.mark}
         for partition in sorted(set(tops.get(stage, {})) - done):
             self._run(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
@@ -491,21 +487,7 @@ class Committer:
 
     def partitions(self, stage: str) -> list[str]:
         """The partition ids of a stage (chload.<stage>) that hold rows."""
-        return sorted(self._tops([f"{DATABASE}.{stage}"]).get(f"{DATABASE}.{stage}", {}))
-
-    def _tops(self, tables: list[str]) -> dict[str, dict[str, int]]:
-        """table -> partition id -> highest block number over its active parts."""
-        pairs = [split_table(t) for t in tables]
-        where = " OR ".join(f"(database = {quote_str(d)} AND table = {quote_str(n)})"
-                            for d, n in pairs)
-        found: dict[str, dict[str, int]] = {}
-        for row in self.sql.rows(
-                f"SELECT database, table, partition_id, max(max_block_number) AS top FROM "
-                f"system.parts WHERE active AND ({where}) GROUP BY database, table, "
-                f"partition_id"):
-            name = tables[pairs.index((row["database"], row["table"]))]
-            found.setdefault(name, {})[row["partition_id"]] = int(row["top"])
-        return found
+        return sorted(block_tops(self.sql, [f"{DATABASE}.{stage}"]).get(f"{DATABASE}.{stage}", {}))
 
     def _run(self, statement: str, table: str = "") -> None:
         """A statement whose query id says who runs it, for which table (see _wait_idle)."""
@@ -515,55 +497,12 @@ class Committer:
     # -- orphans ---------------------------------------------------------------------
     def drop_orphans(self, rows: list[dict]) -> int:
         """Drop the stages in `rows` (name, age in seconds) that no commit needs: their
-        process is gone (or, elsewhere, a day old)."""
-        keep = self._committing_stages([r["name"] for r in rows])
+        process is gone (or, elsewhere, a day old): commit_orphans.py."""
+        keep = committing_stages(self.sql, [r["name"] for r in rows])
         dropped = 0
         for row in rows:
-            if row["name"] not in keep and self._orphan(row["name"], int(row["age"])):
+            if row["name"] not in keep and orphan(row["name"], int(row["age"]),
+                                                  self.lock.exclusive, self.holder, self.lease):
                 self._run(f"DROP TABLE IF EXISTS {DATABASE}.{row['name']}")
                 dropped += 1
         return dropped
-
-    def _orphan(self, name: str, age: int) -> bool:
-        """Is this stage (or broken lock) of nobody? Under an exclusive lock (embedded),
-        every stage not of this process; else those of a dead process on this machine,
-        and any untouched for a day (ORPHAN_STAGE_SECONDS) elsewhere."""
-        if name.startswith("lockbroken_"):
-            return age > self.lease
-        parts = name.split("_")
-        if self.lock.exclusive:
-            return parts[1:3] != [self.holder.machine, str(self.holder.pid)]
-        if len(parts) != 4 or not parts[2].isdigit():
-            return age > ORPHAN_STAGE_SECONDS
-        if parts[1] == self.holder.machine:
-            return int(parts[2]) != self.holder.pid and _start_time(int(parts[2])) < 0
-        return age > ORPHAN_STAGE_SECONDS
-
-    def _committing_stages(self, names: list[str]) -> set[str]:
-        """Those of `names` that a file of any table, still `committing`, needs."""
-        listed = ", ".join(quote_str(s) for n in names for s in (n, f"{DATABASE}.{n}"))
-        rows = self.sql.rows(
-            f"SELECT stage FROM (SELECT argMax(state, seq) AS st, argMax(stage, seq) AS stage "
-            f"FROM {DATABASE}.files WHERE uri IN (SELECT uri FROM {DATABASE}.files WHERE "
-            f"stage IN ({listed})) GROUP BY target_table, uri) WHERE st = '{COMMITTING}'")
-        return {_bare(r["stage"]) for r in rows}
-
-
-def _interrupted(request: _Request, display: str, cause: BaseException) -> CommitInterrupted:
-    """A request logged `committing` whose attach this process could not finish: never
-    retried here (its stage is kept); the next holder of the lock settles it (rule 4)."""
-    return CommitInterrupted(
-        f"{_files(request.events)}: commit into {display} interrupted ({cause}); run the "
-        "same command again to finish it (no file will be loaded twice)")
-
-
-def _crash_point(name: str) -> None:
-    """A crash point of the commit, under its name and its older server- name."""
-    crash_point(name)
-    crash_point(f"server-{name}")
-
-
-def _bare(stage: str) -> str:
-    """A stage's name in the chload database (before the committer, the embedded
-    target logged it qualified: chload.stage_x)."""
-    return stage.removeprefix(f"{DATABASE}.")

@@ -1,8 +1,9 @@
 """A commit request, and what the committer's survey decides of it (commit.py rule 5):
 whether another load committed its files meanwhile, where each stream it follows ends,
-and what a request learns when its group stopped before it. Apart from commit.py so the
+what a request learns when its group stopped before it, and the queries a run's first
+look (`_start_sql`) and the mark rule (`block_tops`) ask. Apart from commit.py so the
 protocol's module holds the protocol (the lock, the log, the attach, settling); these
-are pure functions of the survey's rows.
+are functions of the survey's rows, or build its queries.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chload.errors import TransientError, retyped
+from chload.errors import CommitInterrupted, TransientError, retyped
+from chload.faults import crash_point
 from chload.ledger import COMMITTING, DATABASE, LOADED, FileEvent
-from chload.schema import quote_str
+from chload.schema import quote_str, split_table
 from chload.sources import StreamPosition
+from chload.targets.locks import Sql
 
 
 @dataclass(slots=True)
@@ -91,3 +94,53 @@ def _not_committed(request: _Request, cause: BaseException) -> BaseException:
 def _files(events: Sequence[FileEvent]) -> str:
     first = events[0].uri
     return first if len(events) == 1 else f"{first} and {len(events) - 1} more files"
+
+
+def _start_sql(dirty: str, display: str) -> str:
+    """A run's first look at a table (Committer.start), in one query: its dirty marker
+    (a broken lock), its files still `committing`, and every stage (or broken lock)
+    with its age in seconds."""
+    return (
+        f"SELECT 'dirty' AS k, name AS a, toUInt64(0) AS age FROM system.tables WHERE "
+        f"database = '{DATABASE}' AND name = {quote_str(dirty)} "
+        f"UNION ALL SELECT 'committing', uri, toUInt64(0) FROM (SELECT uri, "
+        f"argMax(state, seq) AS st FROM {DATABASE}.files WHERE target_table = "
+        f"{quote_str(display)} GROUP BY uri) WHERE st = '{COMMITTING}' "
+        f"UNION ALL SELECT 'stage', name, toUInt64(now() - metadata_modification_time) "
+        f"FROM system.tables WHERE database = '{DATABASE}' AND (startsWith(name, "
+        f"'stage_') OR startsWith(name, 'lockbroken_'))")
+
+
+def block_tops(sql: Sql, tables: list[str]) -> dict[str, dict[str, int]]:
+    """table -> partition id -> highest block number over its active parts."""
+    pairs = [split_table(t) for t in tables]
+    where = " OR ".join(f"(database = {quote_str(d)} AND table = {quote_str(n)})"
+                        for d, n in pairs)
+    found: dict[str, dict[str, int]] = {}
+    for row in sql.rows(
+            f"SELECT database, table, partition_id, max(max_block_number) AS top FROM "
+            f"system.parts WHERE active AND ({where}) GROUP BY database, table, "
+            f"partition_id"):
+        name = tables[pairs.index((row["database"], row["table"]))]
+        found.setdefault(name, {})[row["partition_id"]] = int(row["top"])
+    return found
+
+
+def _interrupted(request: _Request, display: str, cause: BaseException) -> CommitInterrupted:
+    """A request logged `committing` whose attach this process could not finish: never
+    retried here (its stage is kept); the next holder of the lock settles it (rule 4)."""
+    return CommitInterrupted(
+        f"{_files(request.events)}: commit into {display} interrupted ({cause}); run the "
+        "same command again to finish it (no file will be loaded twice)")
+
+
+def _crash_point(name: str) -> None:
+    """A crash point of the commit, under its name and its older server- name."""
+    crash_point(name)
+    crash_point(f"server-{name}")
+
+
+def _bare(stage: str) -> str:
+    """A stage's name in the chload database (before the committer, the embedded
+    target logged it qualified: chload.stage_x)."""
+    return stage.removeprefix(f"{DATABASE}.")

@@ -12,6 +12,7 @@ from chload.errors import SourceError
 from chload.formats import FileFormat
 from chload.sources import SourceFile, StreamPosition, kafka_native
 from chload.sources import kafka as K
+from chload.sources import kafka_units as U
 from chload.sources.kafka_read import AUDIT_CSV, AUDIT_TSV, Unit, audited, audited_line
 
 
@@ -47,26 +48,26 @@ def _part(next_: int, end: int) -> K.Partition:
     return K.Partition("t", 0, "kafka://b:1/t/0", "id", next_, next_, end)
 
 
-def _spool(part: K.Partition, first: int, last: int, after: int) -> K.Spool:
+def _spool(part: K.Partition, first: int, last: int, after: int) -> U.Spool:
     f = SourceFile(f"{part.stream}/{first}-{last}", 1, 0, FileFormat("JSONEachRow", "none"),
                    local_path=None, position=StreamPosition(part.stream, after, 0, 0))
-    return K.Spool(part, Unit("t", 0, first, last), after, f)
+    return U.Spool(part, Unit("t", 0, first, last), after, f)
 
 
 def test_the_round_after_follows_each_unit_up_to_the_partition_end():
     part = _part(0, 250)
-    following = K._following([_spool(part, 0, 99, 0)], 100)
+    following = U.following([_spool(part, 0, 99, 0)], 100)
     assert [(u.first, u.last, after) for _, u, after in following] == [(100, 199, 100)]
-    assert K._following([_spool(part, 200, 249, 200)], 100) == []  # nothing after it
-    tail = K._following([_spool(part, 100, 199, 100)], 100)
+    assert U.following([_spool(part, 200, 249, 200)], 100) == []  # nothing after it
+    tail = U.following([_spool(part, 100, 199, 100)], 100)
     assert [(u.first, u.last) for _, u, _ in tail] == [(200, 249)]
 
 
 def test_a_spool_read_ahead_is_used_only_where_its_partition_ended_as_planned():
     loaded, refused = _part(100, 300), _part(0, 300)  # the first round: loaded; refused
-    ahead: Future[list[K.Spool]] = Future()
+    ahead: Future[list[U.Spool]] = Future()
     ahead.set_result([_spool(loaded, 100, 199, 100), _spool(refused, 100, 199, 100)])
-    kept = K._taken(ahead, [loaded, refused], 100)
+    kept = U.taken(ahead, [loaded, refused], 100)
     assert [s.part for s in kept] == [loaded]
 
 

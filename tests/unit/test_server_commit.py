@@ -25,6 +25,7 @@ from chload.targets.commit import (
     _Turn,
     stage_name,
 )
+from chload.targets.commit_orphans import orphan
 from chload.targets.locks import TableLock
 
 TABLE, DISPLAY = "`db`.`t`", "db.t"
@@ -449,12 +450,16 @@ def test_holder_round_trip_and_liveness() -> None:
 
 
 def test_orphan_stages() -> None:
-    c = committer(FakeServer())
-    me = c.holder
-    assert not c._orphan(f"stage_{me.machine}_{me.pid}_abcd1234", 10**6)  # ours, live
-    assert c._orphan(f"stage_{me.machine}_{2**22 + 7}_abcd1234", 0)  # dead process here
-    assert not c._orphan(f"stage_{'0' * 12}_42_abcd1234", 3600)  # elsewhere, recent
-    assert c._orphan(f"stage_{'0' * 12}_42_abcd1234", 2 * 86400)  # elsewhere, a day old
+    me = Holder.this_process()
+
+    def gone(name: str, age: int) -> bool:
+        return orphan(name, age, False, me, 60.0)
+
+    assert not gone(f"stage_{me.machine}_{me.pid}_abcd1234", 10**6)  # ours, live
+    assert gone(f"stage_{me.machine}_{2**22 + 7}_abcd1234", 0)  # dead process here
+    assert not gone(f"stage_{'0' * 12}_42_abcd1234", 3600)  # elsewhere, recent
+    assert gone(f"stage_{'0' * 12}_42_abcd1234", 2 * 86400)  # elsewhere, a day old
+    assert gone("lockbroken_x", 61) and not gone("lockbroken_x", 59)  # older than the lease
 
 
 class _Killed(BaseException):
