@@ -341,7 +341,7 @@ class ServerTarget(StageFilling):
             self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
                          f"{self.stage_engines.get(job.table, '')}")
             if self._gathers(job):
-                done = self._gather(job, stage)
+                done = self._flow(job, stage)
             else:
                 total = 0
                 for f in job.files:
