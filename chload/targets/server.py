@@ -80,11 +80,10 @@ from chload.schema import (
 )
 from chload.sources import SourceFile, identity, table_function
 from chload.targets import (
-    BATCH_FILES,
     Loaded,
     LoadJob,
     Target,
-    group_small_files,
+    server_groups,
 )
 from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
 from chload.targets.fill import JSON_LINES, StageFilling
@@ -100,8 +99,6 @@ from chload.targets.stages import (
 )
 from chload.targets.vanished import explain_gone
 
-# Files below this share a stage and a commit (plan_batches); larger ones load alone.
-BATCHED_BELOW = 512 << 10
 _MERGE_TREE = ("MergeTree", "ReplacingMergeTree", "SummingMergeTree", "AggregatingMergeTree",
                "CollapsingMergeTree", "VersionedCollapsingMergeTree", "GraphiteMergeTree")
 
@@ -306,39 +303,18 @@ class ServerTarget(StageFilling):
 
     def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,
                      workers: int) -> list[tuple[SourceFile, ...]]:
-        """Group small files (< BATCHED_BELOW): one stage and one commit for up to 256
-        of them (16 MB), and at least as many groups as streams, so every stream has work.
-
-        Larger files load alone, each its own stage streamed at once: a raw batch (a
-        request per file, a part per file) must be merged to one part per partition
-        before the attach (commit.py rule 2), and that merge cost 18.16 about what
-        parsing the rows again does (2 gzip CSV files of 250,000 rows: OPTIMIZE FINAL
-        117 ms, posting one file 136 ms); a gathered batch reads every file into the
-        loader's memory before its first byte is sent. Measured into 18.16 on 2 cores,
-        16 files of 1.3 MB (4M rows): gzip CSV 1.12 s alone against 1.37-1.63 s in
-        batches of 2; Parquet 1.12 s against 1.97-2.00 s (first byte 0.3 s, not 0.8-1.1 s).
-        Below 512 KB (~100,000 rows) the unit's own cost (stage, commit: ~5 requests)
-        outweighs the merge, and gathering many small JSON files is what makes them fast.
-        """
+        """Files in groups of one stage and one commit each (server_groups.py says
+        which share one); with an error budget each alone (the engine's errors file
+        does not say which file a rejected row came from)."""
         if budget.allows_errors:
             return [(f,) for f in files]
-        small = [f for f in files if f.size < BATCHED_BELOW]
-        groups = min(workers, os.cpu_count() or 1) if self._flows(small) else workers
-        per_group = -(-len(small) // max(1, groups))  # every stream gets work
-        return group_small_files(files, min(BATCH_FILES, max(1, per_group)), BATCHED_BELOW)
+        return server_groups.plan(files, workers, self._pushed, JSON_LINES)
 
-    def _flows(self, files: Sequence[SourceFile]) -> bool:
-        """Do these small files go through the loader's engine in batches (fill.py
-        `_gathers`: a format or compression the server does not read, or JSON lines)?
-        Then a batch is one INSERT in chDB, parsed on one of the loader's cores, so a
-        batch per core: more only add requests and commits. Measured into 18.16 on 2
-        cores, 200 gzip JSON files of 3,000 rows: 1.21 s in 2 batches, 1.35 s in 8
-        (chDB's own push 1.23 s, same run). (Whether --audit or the table's columns
-        send them there too is known only per job; JSON lines of numbers only, which
-        the server parses itself, are rare.)"""
-        return any(self.url.path == "push" or f.format.name in JSON_LINES or not f.local_path
-                   or not self.caps.parses(f.format.name)
-                   or not self.caps.accepts(f.format.compression) for f in files)
+    def _pushed(self, f: SourceFile) -> bool:
+        """Must the loader's engine read `f`, whatever the job (fill.py `path_for`)?"""
+        return (self.url.path == "push" or not f.local_path
+                or not self.caps.parses(f.format.name)
+                or not self.caps.accepts(f.format.compression))
 
     def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
         """Several small files through one stage and one commit, each file's rows counted
