@@ -1,6 +1,7 @@
 """How a server target fills a stage: the bytes posted as they are (raw), rows pushed
-through the loader's engine (push), or a batch gathered in that engine first; and how
-many rows go into each part the server writes.
+through the loader's engine (push), a batch streamed through that engine (one INSERT
+for all its files, their rows counted on the way: `_flow`; over https gathered there
+first: `_gather`); and how many rows go into each part the server writes.
 
 Split from server.py, whose ServerTarget mixes `StageFilling` in: these are the ways
 into a fresh stage (server.py's docstring says when each is taken, and why); the
@@ -139,7 +140,7 @@ class StageFilling:
         return max(DEFAULT_PART_ROWS, min(MAX_PART_ROWS, budget // max(1, width)))
 
     def _gathers(self, job: LoadJob) -> bool:
-        """Gather a batch in the loader's engine (below) when it would push anyway, and
+        """Read a batch in the loader's engine (`_flow`) when it would push anyway, and
         for JSON lines with other than numeric columns. Measured into 18.16 on 2 cores:
         200 files of stream snapshots (strings, dates, an array): 18.16 spent 6 s of CPU
         parsing 600,000 rows, chDB gathering 2.4-3.1 s in all against 6.6-7.9 s a

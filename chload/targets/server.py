@@ -317,7 +317,7 @@ class ServerTarget(StageFilling):
                 or not self.caps.accepts(f.format.compression))
 
     def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
-        """Several small files through one stage and one commit, each file's rows counted
+        """Several files through one stage and one commit, each file's rows counted
         as it lands. Any failure before the commit raises, and the runner loads the files
         one by one; after the commit begins nothing is retried (rule 5 of commit.py makes
         a file-by-file retry of a batch that may have committed load nothing)."""
