@@ -308,7 +308,8 @@ class ServerTarget(StageFilling):
         does not say which file a rejected row came from)."""
         if budget.allows_errors:
             return [(f,) for f in files]
-        return server_groups.plan(files, workers, self._pushed, JSON_LINES)
+        return server_groups.plan(files, workers, self._pushed, JSON_LINES,
+                                  streamed=not self.url.secure)
 
     def _pushed(self, f: SourceFile) -> bool:
         """Must the loader's engine read `f`, whatever the job (fill.py `path_for`)?"""

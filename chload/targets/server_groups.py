@@ -25,7 +25,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from chload.sources import SourceFile
-from chload.targets import BATCH_FILES, group_small_files
+from chload.targets import BATCH_BYTES, BATCH_FILES, group_small_files
 
 BATCHED_BELOW = 512 << 10  # raw: files below this share a stage and a commit
 FLOW_BELOW = 64 << 20  # through the loader's engine: files below this share one
@@ -33,9 +33,13 @@ FLOW_BYTES = 256 << 20  # ... up to this many bytes (as stored) a group
 
 
 def plan(files: Sequence[SourceFile], workers: int, pushed: Callable[[SourceFile], bool],
-         json_lines: frozenset[str]) -> list[tuple[SourceFile, ...]]:
+         json_lines: frozenset[str], streamed: bool = True) -> list[tuple[SourceFile, ...]]:
     """`files` in groups, each loaded by one stage and one commit. `pushed(f)`: must the
-    loader's engine read `f` (the server cannot)?"""
+    loader's engine read `f` (the server cannot)? `streamed`: False where a group is
+    gathered in the loader's memory before it is sent (https, fill.py `_gather`):
+    then only small files share a stage, up to BATCH_BYTES a group (bounded memory)."""
+    if not streamed:
+        pushed = _never
     cores = max(1, min(workers, os.cpu_count() or 1))
     shared = [f for f in files if not f.is_stream and (
         (f.size < FLOW_BELOW and pushed(f))
@@ -44,15 +48,21 @@ def plan(files: Sequence[SourceFile], workers: int, pushed: Callable[[SourceFile
     rest = [f for f in files if id(f) not in taken]
     small = sum(f.size < BATCHED_BELOW for f in rest)
     per_group = -(-small // max(1, workers))  # every stream gets work
+    most = FLOW_BYTES if streamed else BATCH_BYTES
     return (group_small_files(rest, min(BATCH_FILES, max(1, per_group)), BATCHED_BELOW)
-            + (balanced(shared, cores) if shared else []))
+            + (balanced(shared, cores, most) if shared else []))
 
 
-def balanced(files: Sequence[SourceFile], cores: int) -> list[tuple[SourceFile, ...]]:
-    """`files` in `cores` groups (more when FLOW_BYTES or BATCH_FILES ask: then a
+def _never(f: SourceFile) -> bool:
+    return False
+
+
+def balanced(files: Sequence[SourceFile], cores: int,
+             most_bytes: int = FLOW_BYTES) -> list[tuple[SourceFile, ...]]:
+    """`files` in `cores` groups (more when `most_bytes` or BATCH_FILES ask: then a
     multiple of `cores`), of about equal bytes, each in the files' order."""
     total = sum(f.size for f in files)
-    count = max(cores, -(-total // FLOW_BYTES), -(-len(files) // BATCH_FILES))
+    count = max(cores, -(-total // most_bytes), -(-len(files) // BATCH_FILES))
     count = min(len(files), -(-count // cores) * cores)
     groups: list[list[int]] = [[] for _ in range(count)]
     sizes = [0] * count

@@ -59,3 +59,12 @@ def test_mixed_loads_keep_each_kind_whole() -> None:
     groups = _plan(files)
     assert sorted(len(g) for g in groups) == [1, 1, 1, 1, 2, 2]
     assert sum(len(g) for g in groups) == 8
+
+
+def test_gathered_in_memory_only_small_files_share_and_by_16_mb() -> None:
+    """Over https a group is gathered in the loader's memory before it is sent."""
+    groups = plan(_files(10, 6 << 20, PARQUET), 8, lambda f: True, JSON_LINES, streamed=False)
+    assert [len(g) for g in groups] == [1] * 10
+    groups = plan(_files(200, 400 << 10, JSON_GZ), 8, lambda f: False, JSON_LINES,
+                  streamed=False)
+    assert len(groups) == 6 and sum(len(g) for g in groups) == 200  # 78 MB by <= 16 MB
