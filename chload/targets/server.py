@@ -126,6 +126,7 @@ class ServerTarget(StageFilling):
         self.path = tempfile.mkdtemp(prefix="chload-server-")  # spooled stdin lives here
         self.loaded = LoadedEvents(self.ledger)
         self._engines: dict[str, str] = {}
+        self._width = 0  # columns of the table last asked for (the run's table)
         # table -> ' ENGINE = ...' of its stages: a cluster's Replicated local tables,
         # staged in a plain MergeTree of the same keys (targets/cluster.py)
         self.stage_engines: dict[str, str] = {}
@@ -203,8 +204,10 @@ class ServerTarget(StageFilling):
         for row in rows:
             if row["engine"]:
                 self._engines[table] = row["engine"]
-        return [Column(r["name"], r["type"], r["default_kind"]) for r in rows
-                if not r["engine"]] or None
+        columns = [Column(r["name"], r["type"], r["default_kind"]) for r in rows
+                   if not r["engine"]]
+        self._width = len(columns) or self._width  # (the run's table: plan_batches)
+        return columns or None
 
     def create_table(self, table: str, columns: Sequence[Column], order_by: str | None,
                      partition_by: str | None) -> None:
@@ -309,7 +312,7 @@ class ServerTarget(StageFilling):
         if budget.allows_errors:
             return [(f,) for f in files]
         return server_groups.plan(files, workers, self._pushed, JSON_LINES,
-                                  streamed=not self.url.secure)
+                                  streamed=not self.url.secure, columns=self._width)
 
     def _pushed(self, f: SourceFile) -> bool:
         """Must the loader's engine read `f`, whatever the job (fill.py `path_for`)?"""

@@ -68,3 +68,13 @@ def test_gathered_in_memory_only_small_files_share_and_by_16_mb() -> None:
     groups = plan(_files(200, 400 << 10, JSON_GZ), 8, lambda f: False, JSON_LINES,
                   streamed=False)
     assert len(groups) == 6 and sum(len(g) for g in groups) == 200  # 78 MB by <= 16 MB
+
+
+def test_into_a_narrow_table_larger_pushed_files_load_alone() -> None:
+    """Few columns: a part costs little and a shared stage's rows are sorted and
+    written at its stream's end; small files still share."""
+    def narrow(files: list[SourceFile]) -> list[int]:
+        return [len(g) for g in plan(files, 8, lambda f: True, JSON_LINES, columns=4)]
+
+    assert narrow(_files(16, 1 << 20, PARQUET)) == [1] * 16
+    assert narrow(_files(40, 100 << 10, PARQUET)) == [20, 20]
