@@ -44,8 +44,10 @@ LOADING, COMMITTING, LOADED, FAILED = "loading", "committing", "loaded", "failed
 # Events logged with their mark in one statement (INSERT ... SELECT, one arm per event),
 # at most: 18.16 plans a UNION ALL of many arms slowly, under the commit lock. Measured
 # on 2 cores, 100 events: 73-92 ms in one statement, 8-12 ms reading the mark first and
-# appending the rows as JSON; 1 event: 3 ms either way, one round trip fewer inline.
-_INLINE_EVENTS = 4
+# appending the rows as JSON; 1 event: 3 ms either way, one round trip fewer inline;
+# 25: 15-27 ms against (interpolated) ~5-8. A raw load's groups (a file a stage, at
+# most a stage per stream: 8) stay inline, as before.
+_INLINE_EVENTS = 8
 
 
 class Sql(Protocol):
