@@ -112,6 +112,18 @@ def _applies(method: Method, spec: CaseSpec) -> bool:
                for name in SERVER_SETS[spec.server])
 
 
+def select(methods: list[Method], only: str | None) -> list[Method]:
+    """The methods `--only TEXT` runs: those whose key contains TEXT, and with them every
+    chload variant on their targets, the measured one (the baseline of every ratio) and
+    `--chload-vs`'s (the A/B), so `--only 'chload [server]' --chload-vs REV` runs both
+    commits into the server and nothing into the embedded engine."""
+    if not only:
+        return methods
+    targets = {m.target for m in methods if only in m.key}
+    return [m for m in methods if only in m.key
+            or (m.target in targets and (m.chload or m.name.startswith("chload @")))]
+
+
 def probe_chload_server(env: Env, work: str, server: Server) -> str | None:
     """None when `chload load --target http://...` loads a 3-row file into the server;
     else why not (the first line chload printed)."""
@@ -233,7 +245,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--chload-vs", metavar="REV", help="also measure chload at this "
                         "git revision (methods 'chload @REV'), alternating with the measured "
                         "one: its 'vs chload' is the A/B of the two commits in one run")
-    parser.add_argument("--only", help="run only methods whose name contains this text")
+    parser.add_argument("--only", help="run only the methods whose name [target] contains "
+                        "this text, and chload's variants (--chload-vs's too) on their targets")
     parser.add_argument("--data", help="run only the datasets whose label ('trips csv.gz', "
                         "'streams jsonl.gz', ...) contains this text")
     parser.add_argument("--render", metavar="DIR", help="only re-draw results.md and "
@@ -302,8 +315,8 @@ def _run(profile: Profile, repeats: int, args: argparse.Namespace, work: str,
         server.query(f"CREATE DATABASE IF NOT EXISTS {env.database}")
         why_not = probe_chload_server(env, work, server)
         _log("chload server target: " + (why_not or "available"))
-        methods = [m for m in all_methods(args.parallel) + _vs_methods(args.chload_vs, work)
-                   if not args.only or args.only in m.key or m.chload]
+        methods = select(all_methods(args.parallel) + _vs_methods(args.chload_vs, work),
+                         args.only)
         unavailable = {m.key: why_not for m in methods
                        if why_not and m.chload and m.target == "server"}
         runner = Runner(env, work, server, deadline, _log)

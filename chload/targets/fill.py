@@ -1,6 +1,7 @@
 """How a server target fills a stage: the bytes posted as they are (raw), rows pushed
-through the loader's engine (push), or a batch gathered in that engine first; and how
-many rows go into each part the server writes.
+through the loader's engine (push), a batch streamed through that engine (one INSERT
+for all its files, their rows counted on the way: `_flow`; over https gathered there
+first: `_gather`); and how many rows go into each part the server writes.
 
 Split from server.py, whose ServerTarget mixes `StageFilling` in: these are the ways
 into a fresh stage (server.py's docstring says when each is taken, and why); the
@@ -37,6 +38,7 @@ from chload.targets.push import (
     PUSH_SETTINGS,
     push_error,
     push_sql,
+    push_url,
     select_many_sql,
     select_sql,
     stream_push,
@@ -45,6 +47,7 @@ from chload.targets.stages import Streams
 from chload.targets.vanished import check_present, open_listed, reading
 
 RAW, PUSH = "raw", "push"
+FLOW_DATABASE = "chload_flow"  # the loader's engine's tables of a streamed batch (_flow)
 PIPE_CHUNK = 1 << 20  # bytes read from a pipe per HTTP chunk
 JSON_LINES = frozenset({"JSONEachRow", "JSONLines", "NDJSON"})
 _NUMERIC = re.compile(r"^(Nullable\()?(U?Int\d+|Float\d+|Decimal.*)\)?$")
@@ -137,7 +140,7 @@ class StageFilling:
         return max(DEFAULT_PART_ROWS, min(MAX_PART_ROWS, budget // max(1, width)))
 
     def _gathers(self, job: LoadJob) -> bool:
-        """Gather a batch in the loader's engine (below) when it would push anyway, and
+        """Read a batch in the loader's engine (`_flow`) when it would push anyway, and
         for JSON lines with other than numeric columns. Measured into 18.16 on 2 cores:
         200 files of stream snapshots (strings, dates, an array): 18.16 spent 6 s of CPU
         parsing 600,000 rows, chDB gathering 2.4-3.1 s in all against 6.6-7.9 s a
@@ -147,6 +150,64 @@ class StageFilling:
             return True
         return (job.file.format.name in JSON_LINES
                 and not all(_NUMERIC.match(c.type) for c in job.columns))
+
+    def _batch_select(self, job: LoadJob, audit: dict[str, str] | None) -> str:
+        """Every file of a batch, read as the table's columns, each row's uri as
+        `_chload_file`: one table function where the files can share one."""
+        return select_many_sql(job.files, job.columns, job.read_columns, audit,
+                               "_chload_file") or " UNION ALL ".join(
+            f"SELECT *, {quote_str(f.uri)} AS _chload_file FROM "
+            f"({select_sql(f, job.columns, job.read_columns, audit)})" for f in job.files)
+
+    def _flow(self, job: LoadJob, stage: str) -> list[Loaded]:
+        """A batch of small files streamed to the stage as the loader's engine reads
+        them, each file's rows counted on the way: one INSERT into a Null table in the
+        engine, whose two views push the rows to the server (a URL table: one Native
+        request) and count them per file (a Memory table).
+
+        Measured into 18.16 on 2 cores, 200 gzip JSON files of 3,000 rows in 2 batches:
+        0.71 s, as fast as chDB's own push of the same files (0.77 s); gathering each
+        batch in a Memory table first and pushing it after took 2-3 s (8 batches), the
+        server idle until every file was read (first byte 0.8-0.9 s).
+        Over https the engine cannot reach the server with our CA (push.py): _gather."""
+        if self.url.secure:
+            return self._gather(job, stage)
+        columns, audit = self._push_columns(job)
+        names = ", ".join(quote_ident(c.name) for c in columns)
+        context = f"batch of {len(job.files)} files from {job.file.uri}"
+        flow = f"{FLOW_DATABASE}.f{os.urandom(6).hex()}"
+        insert = f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT Native"
+        squash = {"min_insert_block_size_rows": str(self._part_rows(job)),
+                  "min_insert_block_size_bytes": str(PART_BYTES), **self.insert_params}
+        url = push_url(self.url, insert, self._push_encoding(), squash)
+        tables = [
+            f"CREATE DATABASE IF NOT EXISTS {FLOW_DATABASE} ENGINE = Memory",  # (no disk:
+            # the URL table's DDL holds the password)
+            f"CREATE TABLE {flow}_in ({structure(columns)}, _chload_file "
+            "LowCardinality(String)) ENGINE = Null",  # (a String per row cost 4M narrow
+            # rows of Parquet 0.2 s; `_file` is LowCardinality, and so stays the tag)
+            f"CREATE TABLE {flow}_out ({structure(columns)}) ENGINE = {url}",
+            f"CREATE TABLE {flow}_n (f String, n UInt64) ENGINE = Memory",
+            f"CREATE MATERIALIZED VIEW {flow}_push TO {flow}_out AS SELECT {names} "
+            f"FROM {flow}_in",
+            f"CREATE MATERIALIZED VIEW {flow}_count TO {flow}_n AS SELECT _chload_file AS f, "
+            f"count() AS n FROM {flow}_in GROUP BY f"]
+        try:
+            for sql in tables:
+                self.engine.query(sql, "TSV", context)
+            with self._streams.data() as sent:
+                sent.bytes = sum(f.size for f in job.files)
+                self.engine.execute(
+                    f"INSERT INTO {flow}_in {self._batch_select(job, audit)} SETTINGS "
+                    f"{settings_sql(self._push_settings(job))}", context,
+                    partial(push_error, context=context, url=self.url))
+            counts = {r["f"]: int(r["n"]) for r in self.engine.rows(
+                f"SELECT f, sum(n) AS n FROM {flow}_n GROUP BY f", context)}
+        finally:
+            for name in ("_push", "_count", "_in", "_out", "_n"):
+                self.engine.query(f"DROP TABLE IF EXISTS {flow}{name}", "TSV", context)
+        check_present(job.files, counts, reading(self.engine, self.reader, job.read_columns))
+        return [Loaded(counts.get(f.uri, 0), f.size) for f in job.files]
 
     def _gather(self, job: LoadJob, stage: str,
                 inspect: Callable[[str], None] | None = None) -> list[Loaded]:
@@ -161,10 +222,7 @@ class StageFilling:
         columns, audit = self._push_columns(job)
         memory = f"chload_batch_{os.urandom(6).hex()}"
         context = f"batch of {len(job.files)} files from {job.file.uri}"
-        union = select_many_sql(job.files, job.columns, job.read_columns, audit,
-                                "_chload_file") or " UNION ALL ".join(
-            f"SELECT *, {quote_str(f.uri)} AS _chload_file FROM "
-            f"({select_sql(f, job.columns, job.read_columns, audit)})" for f in job.files)
+        union = self._batch_select(job, audit)
         self.engine.query(f"CREATE TABLE {memory} ({structure(columns)}, _chload_file String) "
                           "ENGINE = Memory", "TSV", context)
         try:

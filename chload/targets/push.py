@@ -95,11 +95,28 @@ def push_sql(url: TargetURL, insert: str, columns: Sequence[Column], select: str
              server_settings: Mapping[str, str] | None = None) -> str:
     """chDB's INSERT INTO FUNCTION url(...) that sends `select` as Native to `insert`
     (`server_settings` apply to the server's INSERT)."""
-    params = urllib.parse.urlencode({"query": insert, **(server_settings or {})})
-    headers = ", ".join(f"{quote_str(k)}={quote_str(v)}" for k, v in url.auth_headers().items())
-    target = (f"url({quote_str(f'{url.base}/?{params}')}, 'Native', "
-              f"{quote_str(structure(columns))}, {quote_str(compression)}, headers({headers}))")
+    target = (f"url({_url_args(url, insert, server_settings)}, 'Native', "
+              f"{quote_str(structure(columns))}, {quote_str(compression)}, "
+              f"{_headers(url)})")
     return f"INSERT INTO FUNCTION {target} {select} SETTINGS {settings_sql(settings)}"
+
+
+def push_url(url: TargetURL, insert: str, compression: str,
+             server_settings: Mapping[str, str] | None = None) -> str:
+    """`URL(...)`: the engine of a table in the loader's engine whose inserts the
+    server runs as `insert` (FORMAT Native), one request per INSERT."""
+    return (f"URL({_url_args(url, insert, server_settings)}, 'Native', "
+            f"{quote_str(compression)}, {_headers(url)})")
+
+
+def _url_args(url: TargetURL, insert: str, server_settings: Mapping[str, str] | None) -> str:
+    params = urllib.parse.urlencode({"query": insert, **(server_settings or {})})
+    return quote_str(f"{url.base}/?{params}")
+
+
+def _headers(url: TargetURL) -> str:
+    pairs = ", ".join(f"{quote_str(k)}={quote_str(v)}" for k, v in url.auth_headers().items())
+    return f"headers({pairs})"
 
 
 

@@ -80,14 +80,13 @@ from chload.schema import (
 )
 from chload.sources import SourceFile, identity, table_function
 from chload.targets import (
-    BATCH_FILES,
     Loaded,
     LoadJob,
     Target,
-    group_small_files,
+    server_groups,
 )
 from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
-from chload.targets.fill import StageFilling
+from chload.targets.fill import JSON_LINES, StageFilling
 from chload.targets.http import HttpClient, TargetURL
 from chload.targets.loader_rejects import LoaderRejects
 from chload.targets.stages import (
@@ -100,8 +99,6 @@ from chload.targets.stages import (
 )
 from chload.targets.vanished import explain_gone
 
-# Files below this share a stage and a commit (plan_batches); larger ones load alone.
-BATCHED_BELOW = 512 << 10
 _MERGE_TREE = ("MergeTree", "ReplacingMergeTree", "SummingMergeTree", "AggregatingMergeTree",
                "CollapsingMergeTree", "VersionedCollapsingMergeTree", "GraphiteMergeTree")
 
@@ -129,6 +126,7 @@ class ServerTarget(StageFilling):
         self.path = tempfile.mkdtemp(prefix="chload-server-")  # spooled stdin lives here
         self.loaded = LoadedEvents(self.ledger)
         self._engines: dict[str, str] = {}
+        self._width = 0  # columns of the table last asked for (the run's table)
         # table -> ' ENGINE = ...' of its stages: a cluster's Replicated local tables,
         # staged in a plain MergeTree of the same keys (targets/cluster.py)
         self.stage_engines: dict[str, str] = {}
@@ -206,8 +204,10 @@ class ServerTarget(StageFilling):
         for row in rows:
             if row["engine"]:
                 self._engines[table] = row["engine"]
-        return [Column(r["name"], r["type"], r["default_kind"]) for r in rows
-                if not r["engine"]] or None
+        columns = [Column(r["name"], r["type"], r["default_kind"]) for r in rows
+                   if not r["engine"]]
+        self._width = len(columns) or self._width  # (the run's table: plan_batches)
+        return columns or None
 
     def create_table(self, table: str, columns: Sequence[Column], order_by: str | None,
                      partition_by: str | None) -> None:
@@ -306,28 +306,22 @@ class ServerTarget(StageFilling):
 
     def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,
                      workers: int) -> list[tuple[SourceFile, ...]]:
-        """Group small files (< BATCHED_BELOW): one stage and one commit for up to 256
-        of them (16 MB), and at least as many groups as streams, so every stream has work.
-
-        Larger files load alone, each its own stage streamed at once: a raw batch (a
-        request per file, a part per file) must be merged to one part per partition
-        before the attach (commit.py rule 2), and that merge cost 18.16 about what
-        parsing the rows again does (2 gzip CSV files of 250,000 rows: OPTIMIZE FINAL
-        117 ms, posting one file 136 ms); a gathered batch reads every file into the
-        loader's memory before its first byte is sent. Measured into 18.16 on 2 cores,
-        16 files of 1.3 MB (4M rows): gzip CSV 1.12 s alone against 1.37-1.63 s in
-        batches of 2; Parquet 1.12 s against 1.97-2.00 s (first byte 0.3 s, not 0.8-1.1 s).
-        Below 512 KB (~100,000 rows) the unit's own cost (stage, commit: ~5 requests)
-        outweighs the merge, and gathering many small JSON files is what makes them fast.
-        """
+        """Files in groups of one stage and one commit each (server_groups.py says
+        which share one); with an error budget each alone (the engine's errors file
+        does not say which file a rejected row came from)."""
         if budget.allows_errors:
             return [(f,) for f in files]
-        small = sum(f.size < BATCHED_BELOW for f in files)
-        per_stream = -(-small // max(1, workers))  # every stream gets work
-        return group_small_files(files, min(BATCH_FILES, max(1, per_stream)), BATCHED_BELOW)
+        return server_groups.plan(files, workers, self._pushed, JSON_LINES,
+                                  streamed=not self.url.secure, columns=self._width)
+
+    def _pushed(self, f: SourceFile) -> bool:
+        """Must the loader's engine read `f`, whatever the job (fill.py `path_for`)?"""
+        return (self.url.path == "push" or not f.local_path
+                or not self.caps.parses(f.format.name)
+                or not self.caps.accepts(f.format.compression))
 
     def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
-        """Several small files through one stage and one commit, each file's rows counted
+        """Several files through one stage and one commit, each file's rows counted
         as it lands. Any failure before the commit raises, and the runner loads the files
         one by one; after the commit begins nothing is retried (rule 5 of commit.py makes
         a file-by-file retry of a batch that may have committed load nothing)."""
@@ -341,7 +335,7 @@ class ServerTarget(StageFilling):
             self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
                          f"{self.stage_engines.get(job.table, '')}")
             if self._gathers(job):
-                done = self._gather(job, stage)
+                done = self._flow(job, stage)
             else:
                 total = 0
                 for f in job.files:
