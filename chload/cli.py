@@ -222,6 +222,10 @@ def _settings(values: Sequence[str], flag: str = "--setting") -> tuple[tuple[str
 
 
 def _load(args: argparse.Namespace) -> int:
+    if "://" not in (args.target or os.environ.get("CHLOAD_TARGET", "")):
+        from chload.engine import prefetch
+
+        prefetch()  # an embedded target: chDB imports while chload.api does
     from chload.api import load
 
     spec = _spec(args)
