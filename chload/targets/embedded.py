@@ -38,6 +38,7 @@ from chload.ledger import (
     FileEvent,
     Ledger,
     LoadedEvents,
+    TableState,
     create_statements,
 )
 from chload.monitor import unit_costs
@@ -96,7 +97,7 @@ class EmbeddedTarget:
         self.display = f"embedded ClickHouse in {path}"
         new = not os.path.isdir(self.path)
         self.engine = Engine(self.path, SESSION_SETTINGS)  # block bounds: _settings_sql
-        self.ledger = Ledger(self)
+        self.ledger: Ledger = _Ledger(self)
         if new:  # every table of the ledger and of rejected rows, in one call
             self.command(";\n".join((*create_statements(), rejects.DDL)))
         elif not self.ledger.complete():
@@ -108,7 +109,7 @@ class EmbeddedTarget:
         self._started_ns = time.time_ns()  # files committed by other runs after this count
         # A directory this process made holds only the ledger until it creates a table:
         # no table to describe, no commit to settle (two queries less at start-up).
-        self._fresh = new
+        self.fresh = new
         self._units = [0, 0]  # committed units (stages) and their files, for cost_report
         self._units_guard = threading.Lock()
 
@@ -120,7 +121,7 @@ class EmbeddedTarget:
         return self.engine.rows(sql, f"target {self.path}")
 
     def text(self, sql: str, fmt: str) -> str:
-        self._fresh = False  # the user's SQL may create a table
+        self.fresh = False  # the user's SQL may create a table
         return self.engine.query(sql, fmt, "query")
 
     infer_rows = rows
@@ -129,7 +130,7 @@ class EmbeddedTarget:
         return table_function(file, fmt, structure(columns) if columns else None)
 
     def table_columns(self, table: str) -> list[Column] | None:
-        if self._fresh:
+        if self.fresh:
             return None
         database, name = split_table(table)
         rows = self.rows(
@@ -140,7 +141,7 @@ class EmbeddedTarget:
 
     def create_table(self, table: str, columns: Sequence[Column], order_by: str | None,
                      partition_by: str | None) -> None:
-        self._fresh = False
+        self.fresh = False
         self.command(create_table_sql(table, columns, order_by, partition_by))
 
     @property
@@ -303,12 +304,11 @@ class EmbeddedTarget:
                 f"({names}) AS SELECT {names} FROM {DATABASE}.{raw}",
                 f"CREATE MATERIALIZED VIEW {DATABASE}.{to_counts} TO {DATABASE}.{counts} AS "
                 f"SELECT _chload_file AS f, count() AS n FROM {DATABASE}.{raw} GROUP BY f"))
-            self.engine.execute(f"INSERT INTO {DATABASE}.{raw} "
-                                f"{_batch_select_sql(job, self.reader)} "
-                                f"SETTINGS {_settings_sql(job)}",
-                                f"batch of {len(job.files)} files from {job.file.uri}")
-            rows = {r["f"]: int(r["n"]) for r in self.rows(
-                f"SELECT f, sum(n) AS n FROM {DATABASE}.{counts} GROUP BY f")}
+            rows = {r["f"]: int(r["n"]) for r in self.engine.execute_rows(
+                f"INSERT INTO {DATABASE}.{raw} {_batch_select_sql(job, self.reader)} "
+                f"SETTINGS {_settings_sql(job)};\n"
+                f"SELECT f, sum(n) AS n FROM {DATABASE}.{counts} GROUP BY f",
+                f"batch of {len(job.files)} files from {job.file.uri}")}
             check_present(job.files, rows, reading(self.engine, self.reader, job.read_columns))
             identity.check_read(job)
         except ChloadError:
@@ -331,7 +331,7 @@ class EmbeddedTarget:
     # -- recovery ----------------------------------------------------------------------
     def recover(self, table: str) -> int:
         """Settle what interrupted commits left (commit.py); return how many files."""
-        if self._fresh:
+        if self.fresh:
             return 0
         return self.committer.start(table, display_table(table))
 
@@ -367,6 +367,22 @@ class EmbeddedTarget:
     def close(self) -> None:
         self.flush()
         self.engine.close()
+
+
+class _Ledger(Ledger):
+    """The ledger of an embedded target: in a directory this process made, until it
+    creates a table, no table exists and no file was loaded into one (two queries less
+    at start-up)."""
+
+    def __init__(self, target: EmbeddedTarget) -> None:
+        super().__init__(target)
+        self._target = target
+
+    def table_state(self, database: str, name: str) -> TableState:
+        return TableState(False) if self._target.fresh else super().table_state(database, name)
+
+    def loaded(self, target_table: str) -> dict[str, FileEvent]:
+        return {} if self._target.fresh else super().loaded(target_table)
 
 
 def _names(job: LoadJob) -> list[str]:
