@@ -22,15 +22,16 @@ from chload.errors import ChloadError, UsageError
 def run() -> None:
     """The `chload` command (and `python -m chload`): main(), then exit.
 
-    When the engine was never started in this process (a server target on the raw path,
-    `files`, `sql`, `history`), everything is done when main() returns: output written,
-    ledger flushed, connections closed, temporary files removed. Python's teardown after
-    that (freeing every object and module) takes 10-20 ms on these machines, 1% of a
-    10M-row load into a server, so the process ends without it. With chDB loaded the
-    normal exit runs: the engine has its own shutdown.
+    When main() returns, everything is done: output written, ledger flushed, connections
+    closed, temporary files removed, and every engine (chDB) session closed. Python's
+    teardown after that (freeing every object and module) takes 10-20 ms on these
+    machines, 1% of a 10M-row load into a server; with chDB loaded, its library's own
+    teardown makes it 40-120 ms, 4-10% of a 1 s embedded load. So the process ends
+    without it. (A session still open, e.g. a library caller's, keeps the normal exit.)
     """
     code = main()
-    if "chdb" not in sys.modules:
+    engine = sys.modules.get("chload.engine")
+    if "chdb" not in sys.modules or (engine is not None and engine.idle()):
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -221,6 +222,10 @@ def _settings(values: Sequence[str], flag: str = "--setting") -> tuple[tuple[str
 
 
 def _load(args: argparse.Namespace) -> int:
+    if "://" not in (args.target or os.environ.get("CHLOAD_TARGET", "")):
+        from chload.engine import prefetch
+
+        prefetch()  # an embedded target: chDB imports while chload.api does
     from chload.api import load
 
     spec = _spec(args)

@@ -137,6 +137,11 @@ class TableState:
     rows: int = 0  # in its active parts
 
 
+def create_statements() -> list[str]:
+    """The ledger's database and tables, as a new ledger gets them (every column)."""
+    return [f"CREATE DATABASE IF NOT EXISTS {DATABASE}", _FILES_DDL, _RUNS_DDL]
+
+
 class Ledger:
     """Reads and appends file events and run records in the target."""
 
@@ -154,9 +159,8 @@ class Ledger:
         return LEDGER_TABLES <= present
 
     def ensure(self) -> None:
-        self._sql.command(f"CREATE DATABASE IF NOT EXISTS {DATABASE}")
-        self._sql.command(_FILES_DDL)
-        self._sql.command(_RUNS_DDL)
+        for statement in create_statements():
+            self._sql.command(statement)
         self._add_columns()
 
     def _add_columns(self) -> None:

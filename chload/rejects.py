@@ -35,7 +35,7 @@ _ENGINE_UNLIMITED = 10**12
 REJECT_COLUMNS = (("target_table", "String"), ("uri", "String"), ("stage", "String"),
                   ("run_id", "String"), ("line", "UInt64"), ("error", "String"),
                   ("raw", "String"), ("seq", "UInt64"))
-_DDL = f"""CREATE TABLE IF NOT EXISTS {REJECTS} (
+DDL = f"""CREATE TABLE IF NOT EXISTS {REJECTS} (
     target_table String, uri String, stage String, run_id String, line UInt64,
     error String, raw String, seq UInt64,
     at DateTime MATERIALIZED toDateTime(intDiv(seq, 1000000000))
@@ -95,7 +95,7 @@ class ErrorBudget:
 
 
 def ensure(sql: Sql) -> None:
-    sql.command(_DDL)
+    sql.command(DDL)
 
 
 def parse_one_sql(fmt: FileFormat, structure: str, text: str) -> str:
