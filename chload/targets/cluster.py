@@ -47,7 +47,7 @@ from chload.errors import ChloadError, DataError, SourceError, TransientError, U
 from chload.faults import crash_point
 from chload.ledger import DATABASE, LOADED, FileEvent, Ledger
 from chload.rejects import ErrorBudget
-from chload.schema import Column, display_table, quote_ident
+from chload.schema import Column, display_table, quote_ident, split_table
 from chload.sources import SourceFile, identity
 from chload.targets import Loaded, LoadJob, Target, group_small_files, shard_load
 from chload.targets.cluster_end import Ending
@@ -55,6 +55,7 @@ from chload.targets.cluster_layout import (
     Distributed,
     Shard,
     at_once,
+    each_at_once,
 )
 from chload.targets.cluster_layout import parse_distributed as parse_distributed
 from chload.targets.cluster_layout import plain_engine as plain_engine
@@ -101,6 +102,8 @@ class ClusterTarget(Ending):
                         f"({len(shards)} shards, by {'file' if by_file else 'row'})")
         self.ledger: Ledger = ClusterLedger(self)
         self.known = _Loaded()
+        self.columns_read: list[Column] | None = None  # (cluster_open: table_columns)
+        self.read_ahead: dict[int, list] = {}  # shard -> its ledger's answers (_recover)
         self._round = Round()
         self._counters: list[shard_load.Counters | BaseException] = []  # at open_streams
         self._counting: threading.Thread | None = None
@@ -146,6 +149,11 @@ class ClusterTarget(Ending):
         return self.entry.reader(file, fmt, columns)
 
     def table_columns(self, table: str) -> list[Column] | None:
+        """The Distributed table's columns as read when it was opened (cluster_layout
+        `describe`), the first time; asked again, the server's answer."""
+        if table == self.table and self.columns_read is not None:
+            columns, self.columns_read = self.columns_read, None
+            return columns
         return self.entry.table_columns(table)
 
     def create_table(self, table: str, columns: Sequence[Column], order_by: str | None,
@@ -158,10 +166,21 @@ class ClusterTarget(Ending):
     def recover(self, table: str) -> int:
         """Settle each shard's crashed commits (its own ledger and lock), and drop this
         machine's orphaned route tables on the target server."""
-        settled = at_once([lambda s=s: s.target.committer.start(
-            self.local, s.local_display) for s in self.shards] + [
+        settled = at_once([lambda s=s: self._recover(s) for s in self.shards] + [
             lambda: self.entry.committer.start(self.table, self.table_display)])
         return sum(settled[:-1])
+
+    def _recover(self, shard: Shard) -> int:
+        """Settle the shard's crashed commits, then read at once what planning asks of
+        its ledger next (cluster_ledger: table state, loaded units, layout record): one
+        round trip after recovery instead of two in a chain, each waiting for every
+        shard."""
+        settled = shard.target.committer.start(self.local, shard.local_display)
+        ledger, local = shard.target.ledger, split_table(self.local)
+        self.read_ahead[shard.number] = each_at_once([
+            lambda: ledger.table_state(*local), lambda: ledger.loaded(shard.local_display),
+            lambda: ledger.latest(f"{shard.local_display} {LAYOUT}", [LAYOUT])])
+        return settled
 
     def default_workers(self, files: Sequence[SourceFile]) -> int:
         return self.entry.default_workers(files)
