@@ -305,6 +305,7 @@ class ClusterTarget(Ending):
                     f"CREATE TABLE {DATABASE}.{route} AS {self.table} ENGINE = Distributed("
                     f"{quote_ident(self.dist.cluster)}, {DATABASE}, {stage}, {self.dist.key})")])
             done, by_file = self._route(job, route, stage)
+            self._drop_later(None, route, [])  # (not left for the tail: 10 DROPs fewer)
             sealed = at_once([lambda s=s: seal(s.target, stage)  # type: ignore[misc]
                                for s in self.shards])
             shares = {s.number: share for s, share in zip(self.shards, sealed, strict=True)}
@@ -322,7 +323,7 @@ class ClusterTarget(Ending):
         # A commit that may have attached (not a TransientError) keeps its stage: the
         # shard's next run settles it by the mark rule (commit.py rule 4).
         keep = {n for n, exc in failed.items() if not isinstance(exc, TransientError)}
-        self._drop_later(stage, route, [s for s in self.shards if s.number not in keep])
+        self._drop_later(stage, None, [s for s in self.shards if s.number not in keep])
         if failed:
             raise next(iter(failed.values()))
         if not committed:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from chload.errors import ChloadError
 from chload.ledger import LOADED, FileEvent
@@ -35,13 +35,17 @@ class Ending:
                              for s in self.shards])
 
 
-    def _drop(self, stage: str, route: str, shards: Sequence[Shard]) -> None:
+    def _drop(self, stage: str | None, route: str | None, shards: Sequence[Shard]) -> None:
         """Drop the route and the stages, at once (one the server did not drop now is
         tried again at close; a stage of a process gone is an orphan the next run drops)."""
-        at_once([lambda: self.entry._drop(route)] + [
-            (lambda s=s: s.target._drop(stage)) for s in shards])  # type: ignore[misc]
+        calls: list[Callable[[], None]] = [] if route is None else [
+            lambda: self.entry._drop(route)]
+        if stage is not None:
+            calls += [(lambda s=s: s.target._drop(stage)) for s in shards]  # type: ignore[misc]
+        at_once(calls)
 
-    def _drop_later(self, stage: str, route: str, shards: Sequence[Shard]) -> None:
+    def _drop_later(self, stage: str | None, route: str | None,
+                    shards: Sequence[Shard]) -> None:
         """`_drop` on a thread of its own: a unit's answer does not wait for it, and the
         last round's drops run with the end of the run (its `loaded` events and record:
         ~40 ms of the tail here); waited for by flush and close."""
@@ -86,9 +90,9 @@ class Ending:
 
     def flush(self) -> None:
         """The shards' waiting `loaded` events (and the entry's; the last round's are
-        held for this one INSERT per shard: `_commit`), at once, with the
-        stages' drops and the shard servers' counters at the end of the load (read here,
-        with the run's last writes, for shard_report)."""
+        held for this one INSERT per shard: `_commit`), at once, with their kept locks'
+        release, the stages' drops and the shard servers' counters at the end of the load
+        (read here, with the run's last writes, for shard_report)."""
         if self._counting is not None and self._ending is None:
             self._counting.join()
             if self._counters:
@@ -98,8 +102,8 @@ class Ending:
                 self._ending.start()
         with self._busy_guard:
             held, self._loaded_at_end = self._loaded_at_end, {}
-        at_once([(lambda s=s: _release_and_flush(s, held.get(s.number, [])))
-                 for s in self.shards]
+        at_once([(lambda s=s: s.target.committer.release_kept()) for s in self.shards]
+                + [(lambda s=s: _flush(s, held.get(s.number, []))) for s in self.shards]
                 + [self.entry.flush, self._dropped])
 
     def close(self) -> None:
@@ -110,8 +114,10 @@ class Ending:
                       for s in self.shards])
 
 
-def _release_and_flush(shard: Shard, held: Sequence[FileEvent]) -> None:
-    shard.target.committer.release_kept()
+def _flush(shard: Shard, held: Sequence[FileEvent]) -> None:
+    """The shard's `loaded` events, while its kept lock is released (flush): the lock
+    guards attaches, and `committing` already says these attached (a chain of two
+    round trips before, 10-35 ms each in the tail while the drops ran)."""
     shard.target.loaded.add(e.moved(LOADED) for e in held)  # (writes them if due)
     shard.target.flush()  # (the rest: no round trip when none is left)
 
