@@ -203,18 +203,26 @@ class Ledger:
             self._insert(FILES, (asdict(e) for e in events))
             return
         database, table = mark_of
-        mark = (f"(SELECT toUInt64(max(max_block_number)) FROM system.parts WHERE active "
-                f"AND database = {quote_str(database)} AND table = {quote_str(table)})")
-        selects = " UNION ALL ".join(
-            "SELECT " + ", ".join((f"{mark} + {int(v)}" if v else mark) if k == "mark"
-                                  else _literal(v) for k, v in asdict(e).items())
-            for e in events)
-        if len(selects) > _INLINE_BYTES:  # a big batch: read the mark, then append
-            top = self._sql.rows(f"SELECT {mark} AS mark")[0]["mark"]
+        rows = [asdict(e) for e in events]
+        tuples = ", ".join("(" + ", ".join(_literal(v) for v in r.values()) + ")" for r in rows)
+        if len(tuples) > _INLINE_BYTES:  # a big batch: read the mark, then append
+            top = self._sql.rows(f"SELECT (SELECT toUInt64(max(max_block_number)) FROM "
+                                 f"system.parts WHERE active AND database = "
+                                 f"{quote_str(database)} AND table = {quote_str(table)}) "
+                                 "AS mark")[0]["mark"]
             self._insert(FILES, (asdict(replace(e, mark=int(top) + e.mark)) for e in events))
             return
+        # One scan of system.parts for the whole group, the events ARRAY JOINed to it:
+        # a UNION ALL of a SELECT per event, each with its own scalar subquery, cost
+        # 18.16 8 ms of CPU for 10 events against 4 (a group's log, under the lock)
+        values = ", ".join(f"m + e.{i}" if k == "mark" else f"e.{i}"
+                           for i, k in enumerate(rows[0], start=1))
         columns = ", ".join(f.name for f in fields(FileEvent))
-        self._sql.command(f"INSERT INTO {FILES} ({columns}) {selects}")
+        self._sql.command(
+            f"INSERT INTO {FILES} ({columns}) SELECT {values} FROM (SELECT toUInt64(max("
+            f"max_block_number)) AS m FROM system.parts WHERE active AND database = "
+            f"{quote_str(database)} AND table = {quote_str(table)}) ARRAY JOIN [{tuples}] "
+            "AS e")
 
     def record_run(self, run: RunRecord) -> None:
         self._insert(RUNS, [asdict(run)])
