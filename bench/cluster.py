@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +40,6 @@ from common import (  # noqa: E402
     interleave,
     make_trips,
     print_ratios,
-    time_process,
 )
 
 KEY = "cityHash64(id)"
@@ -144,14 +144,26 @@ def run(args: argparse.Namespace, c: Cluster, csv: list[str]) -> None:
 
     def curl(parallel: int, sync: int) -> list[str]:
         insert = urllib.parse.quote_plus(f"INSERT INTO default.{c.table} FORMAT CSVWithNames")
-        return ["sh", "-c", f"printf '%s\\n' {files} | xargs -P{parallel} -I{{}} curl -sSf "
+        return ["sh", "-c", f"printf '%s\\n' {files} | xargs -P{parallel} -I{{}} curl -sS "
+                "--fail-with-body "
                 f"-H 'Content-Encoding: gzip' --data-binary @{{}} "
                 f"'{c.urls[0]}/?query={insert}&insert_distributed_sync={sync}'"]
 
     def timed(build, settle: bool = False) -> float:  # noqa: ANN001
-        c.fresh()
-        started = time.perf_counter()
-        time_process(build())
+        for attempt in range(1 if build is chload else 2):  # chload: no second try
+            c.fresh()
+            started = time.perf_counter()
+            done = subprocess.run(build(), capture_output=True, text=True, timeout=900)
+            if done.returncode == 0:
+                break
+            # a classic way's server error (e.g. a 500 of the async insert, seen once
+            # under load) is shown and that run tried once more, not the whole bench lost
+            again = build is not chload and not attempt
+            print(f"{' '.join(build()[:3])[:80]}...: failed ({done.stdout[-300:]}"
+                  f"{done.stderr[-300:]}); {'again' if again else 'giving up'}",
+                  file=sys.stderr)
+        else:
+            sys.exit("benchmark step failed twice")
         while settle and sum(n for n, _ in c.counts()) < total:
             time.sleep(0.01)
         seconds = time.perf_counter() - started

@@ -48,6 +48,7 @@ LOADING, COMMITTING, LOADED, FAILED = "loading", "committing", "loaded", "failed
 # 25: 15-27 ms against (interpolated) ~5-8. A raw load's groups (a file a stage, at
 # most a stage per stream: 8) stay inline, as before.
 _INLINE_EVENTS = 8
+_INLINE_BYTES = 128 << 10  # and never a statement near the server's max_query_size (256 KiB)
 
 
 class Sql(Protocol):
@@ -214,18 +215,27 @@ class Ledger:
             self._insert(FILES, (asdict(e) for e in events))
             return
         database, table = mark_of
-        mark = (f"(SELECT toUInt64(max(max_block_number)) FROM system.parts WHERE active "
-                f"AND database = {quote_str(database)} AND table = {quote_str(table)})")
-        if len(events) > _INLINE_EVENTS:  # read the mark, then append (the caller holds
-            top = self._sql.rows(f"SELECT {mark} AS mark")[0]["mark"]  # the commit lock)
+        rows = [asdict(e) for e in events]
+        tuples = ", ".join("(" + ", ".join(_literal(v) for v in r.values()) + ")" for r in rows)
+        if len(events) > _INLINE_EVENTS or len(tuples) > _INLINE_BYTES:  # read the mark,
+            # then append (the caller holds the commit lock)
+            top = self._sql.rows(f"SELECT (SELECT toUInt64(max(max_block_number)) FROM "
+                                 f"system.parts WHERE active AND database = "
+                                 f"{quote_str(database)} AND table = {quote_str(table)}) "
+                                 "AS mark")[0]["mark"]
             self._insert(FILES, (asdict(replace(e, mark=int(top) + e.mark)) for e in events))
             return
-        selects = " UNION ALL ".join(
-            "SELECT " + ", ".join((f"{mark} + {int(v)}" if v else mark) if k == "mark"
-                                  else _literal(v) for k, v in asdict(e).items())
-            for e in events)
+        # One scan of system.parts for the whole group, the events ARRAY JOINed to it:
+        # a UNION ALL of a SELECT per event, each with its own scalar subquery, cost
+        # 18.16 8 ms of CPU for 10 events against 4 (a group's log, under the lock)
+        values = ", ".join(f"m + e.{i}" if k == "mark" else f"e.{i}"
+                           for i, k in enumerate(rows[0], start=1))
         columns = ", ".join(f.name for f in fields(FileEvent))
-        self._sql.command(f"INSERT INTO {FILES} ({columns}) {selects}")
+        self._sql.command(
+            f"INSERT INTO {FILES} ({columns}) SELECT {values} FROM (SELECT toUInt64(max("
+            f"max_block_number)) AS m FROM system.parts WHERE active AND database = "
+            f"{quote_str(database)} AND table = {quote_str(table)}) ARRAY JOIN [{tuples}] "
+            "AS e")
 
     def record_run(self, run: RunRecord) -> None:
         self._insert(RUNS, [asdict(run)])

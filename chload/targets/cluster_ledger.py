@@ -19,20 +19,21 @@ mode (row/file) changed. Units loaded whole under the old layout stay loaded.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from chload.errors import UsageError
 from chload.ledger import FAILED, FileEvent, Ledger, TableState
 from chload.schema import split_table
 from chload.sources import SourceFile
 from chload.targets import Loaded, LoadJob
-from chload.targets.cluster_layout import at_once
+from chload.targets.cluster_layout import Shard, at_once
 
 if TYPE_CHECKING:
     from chload.targets.cluster import ClusterTarget
 
+T = TypeVar("T")
 LAYOUT = "layout"  # the state of a shard's layout record
 
 
@@ -53,8 +54,8 @@ class ClusterLedger(Ledger):
         if not self._ours(f"{database}.{name}"):
             return super().table_state(database, name)
         local = split_table(c.local)
-        states = at_once([lambda s=s: s.target.ledger.table_state(*local)  # type: ignore[misc]
-                          for s in c.shards])
+        states = at_once([lambda s=s: self._ahead(s, 0, lambda: s.target.ledger.table_state(
+            *local)) for s in c.shards])  # type: ignore[misc]
         return TableState(all(s.exists for s in states), "", sum(s.rows for s in states))
 
     def loaded(self, target_table: str) -> dict[str, FileEvent]:
@@ -64,9 +65,10 @@ class ClusterLedger(Ledger):
         if not self._ours(target_table):
             return super().loaded(target_table)
         n = len(c.shards)
-        found_on = at_once([(lambda s=s: s.target.ledger.loaded(
-            s.local_display)) for s in c.shards] + [(lambda s=s: s.target.ledger.latest(
-                f"{s.local_display} {LAYOUT}", [LAYOUT])) for s in c.shards])
+        found_on = at_once([(lambda s=s: self._ahead(s, 1, lambda: s.target.ledger.loaded(
+            s.local_display))) for s in c.shards] + [(lambda s=s: self._ahead(
+                s, 2, lambda: s.target.ledger.latest(f"{s.local_display} {LAYOUT}",
+                                                     [LAYOUT]))) for s in c.shards])
         c.known.by_shard = {s.number: f for s, f in zip(c.shards, found_on[:n], strict=True)}
         c.relayout = check_layout(c, {s.number: f[-1].identity if f else None
                                       for s, f in zip(c.shards, found_on[n:], strict=True)})
@@ -84,6 +86,16 @@ class ClusterLedger(Ledger):
             found[uri] = replace(first[0], target_table=target_table,
                                  rows=sum(e.rows for e in first))
         return found
+
+    def _ahead(self, shard: Shard, i: int, ask: Callable[[], T]) -> T:
+        """The shard's answer read ahead at recovery (ClusterTarget._recover), once;
+        else (or if reading it failed) asked now."""
+        ahead = self.cluster.read_ahead.get(shard.number)
+        if ahead is not None and ahead[i] is not None and not isinstance(ahead[i],
+                                                                         BaseException):
+            found, ahead[i] = ahead[i], None
+            return found
+        return ask()
 
     def latest(self, target_table: str, states: Sequence[str] | None = None) -> list[FileEvent]:
         """Each unit's latest event on each shard, named `<table> shard N` (the per-shard

@@ -16,10 +16,10 @@ from chload.targets import Target
 from chload.targets.cluster import ClusterTarget
 from chload.targets.cluster_layout import (
     check_locals,
-    distributed_of,
+    describe,
+    layout_from,
     open_shards,
     parse_shard_map,
-    read_layout,
 )
 from chload.targets.server import ServerTarget
 
@@ -41,13 +41,14 @@ def for_table(target: Target, table: str, shard_map: Sequence[tuple[str, str]] =
             raise UsageError("--shard: only for a Distributed table on a server target")
         yield target
         return
-    dist = distributed_of(target, table)
+    described = describe(target, table)
+    dist = described.dist
     if dist is None:
         if given:
             raise UsageError(f"--shard: table {display_table(table)} is not Distributed")
         yield target
         return
-    layout = read_layout(target, dist, table)
+    layout = layout_from(target, described, table)
     shards = open_shards(target, table, dist, given, env or {}, layout)
     try:
         check_locals(shards, dist, table)
@@ -60,6 +61,7 @@ def for_table(target: Target, table: str, shard_map: Sequence[tuple[str, str]] =
                     "replica per shard (internal_replication): use Replicated*MergeTree")
         by_file = shard_by == "file" or not dist.key or bool(_RANDOM.search(dist.key))
         cluster = ClusterTarget(target, table, dist, shards, by_file)
+        cluster.columns_read = described.columns
     except BaseException:
         for shard in shards:
             with contextlib.suppress(ChloadError):

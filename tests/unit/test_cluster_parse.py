@@ -12,6 +12,8 @@ from chload.errors import UsageError
 from chload.targets.cluster import ClusterTarget
 from chload.targets.cluster_layout import (
     Distributed,
+    describe,
+    layout_from,
     parse_distributed,
     parse_shard_map,
     plain_engine,
@@ -77,3 +79,40 @@ def test_a_file_changed_between_shards_commits_is_refused() -> None:
     assert [s.number for s in cluster._pending(job(old))] == [2, 3]
     with pytest.raises(SourceError, match="changed since shard 1 loaded it"):
         cluster._pending(job(SourceFile("f", 2, 2, fmt, etag="v2")))
+
+
+class _Answers:
+    """A server answering `describe`'s one query with the rows given."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rows_given, self.asked = rows, 0
+        self.url = type("U", (), {"display": "http://default@ch1:8123/default"})()
+
+    def rows(self, sql: str) -> list[dict]:
+        self.asked += 1
+        return self.rows_given
+
+
+def test_one_query_describes_the_table_its_columns_and_its_cluster() -> None:
+    def replica(cluster: str, shard: int, number: int, port: int) -> dict:
+        return {"k": "replica", "a": cluster, "b": str(shard), "c": str(shard), "d": str(number),
+                "e": "127.0.0.1", "f": f"{port} {int(shard == 1)}"}
+    server = _Answers([
+        {"k": "engine", "a": "Distributed", "b": "Distributed(c, default, t_local, id)",
+         "c": "", "d": "", "e": "", "f": ""},
+        {"k": "column", "a": "id", "b": "UInt64", "c": "", "d": "", "e": "", "f": ""},
+        replica("other", 1, 1, 9500), replica("c", 2, 1, 9002), replica("c", 1, 2, 9011),
+        replica("c", 1, 1, 9001)])
+    got = describe(server, "default.t")  # type: ignore[arg-type]
+    assert server.asked == 1
+    assert got.dist == Distributed("c", "default", "t_local", "id")
+    assert [(c.name, c.type) for c in got.columns or []] == [("id", "UInt64")]
+    layout = layout_from(server, got, "default.t")  # type: ignore[arg-type]
+    assert [(r.shard, r.number, r.port, r.weight, r.is_local) for r in layout] == [
+        (1, 1, 9001, 1, True), (1, 2, 9011, 1, True), (2, 1, 9002, 2, False)]
+    with pytest.raises(UsageError, match="cluster c is not in system.clusters"):
+        layout_from(server, describe(_Answers(server.rows_given[:2]), "default.t"),  # type: ignore[arg-type]
+                    "default.t")
+    plain = describe(_Answers([{"k": "engine", "a": "MergeTree", "b": "MergeTree ORDER BY id",
+                                "c": "", "d": "", "e": "", "f": ""}]), "default.t")  # type: ignore[arg-type]
+    assert plain.dist is None and plain.columns is None
