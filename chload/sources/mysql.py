@@ -39,8 +39,10 @@ from chload.sources.database import (
     cannot_carry,
     nullable,
     range_predicate,
+    stream_read,
     workers_of,
 )
+from chload.sources.db_pipes import Reading
 from chload.sources.mysql_client import ClientReader, client
 from chload.sources.mysql_native import Connection, NativeError, NativeReader
 from chload.sources.mysql_native import load as load_native
@@ -224,6 +226,9 @@ class MysqlSession:
         else:  # the server escapes; the client puts the tabs
             line = ", ".join(c.select for c in self.info.columns)
         return _Relay(self, reader, f"SELECT {line} FROM {self._from()} WHERE {where}", out)
+
+    def stream(self, where: str) -> tuple[int, Reading]:
+        return stream_read(self, where)
 
     def _done(self, reader: ClientReader | NativeReader, ok: bool) -> None:
         """A reader back to the pool after a range, or stopped if it failed (its
