@@ -1,4 +1,4 @@
-"""A database session begun while the target opens (db_early): claimed by a run with
+"""A PostgreSQL session begun while the target opens (db_early): claimed by a run with
 the same options, closed otherwise, its error raised where the run lists."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from chload.sources import SourceContext, db_early
 from chload.sources.postgres import PostgresSource
 
 URL = "postgresql://loader@db:5432/shop/public.orders"
+MY_URL = "mysql://loader@db:3306/shop/orders"
 
 
 class _Session:
@@ -61,4 +62,5 @@ def test_its_error_is_raised_by_the_claim(made: list[_Session]) -> None:
 def test_only_a_single_database_source_begins_early(made: list[_Session]) -> None:
     db_early.begin(["data/*.csv"], None, None, 1)()
     db_early.begin([URL, URL], None, None, 1)()
+    db_early.begin([MY_URL], None, None, 1)()  # MySQL: where the run lists (db_early)
     assert made == []
