@@ -27,7 +27,9 @@ on several connections can scale.
 ARGS appended to its command line, timed in the same rounds: a lever measured against
 the same baselines. An ARGS word starting with `?` is appended to the server target's
 URL instead (`push=?path=push`: the loader's engine parses and posts Native); such a
-variant is timed into the server only.
+variant is timed into the server only. A word starting with `@` names another chload
+tree to run instead of this one (its PYTHONPATH: `base=@/tmp/chload-base`, a checkout
+of the commit before a change): an A/B of two commits in the same rounds.
 
 Prints per method the median seconds, "speed x" = the fastest single-stream method's
 median (same target) / the method's (higher is faster), and the CPU seconds spent by
@@ -93,6 +95,7 @@ class Variant:
     args: tuple[str, ...]
     url_suffix: str
     workers: tuple[int, ...]
+    tree: str = ""  # another chload checkout to run (PYTHONPATH), '' : this one
 
 
 def parse_variant(text: str, workers: tuple[int, ...]) -> Variant:
@@ -101,8 +104,11 @@ def parse_variant(text: str, workers: tuple[int, ...]) -> Variant:
         raise SystemExit(f"--variant {text!r}: write NAME=ARGS (e.g. 'push=?path=push')")
     words = shlex.split(rest)
     suffix = "".join(w for w in words if w.startswith("?"))
-    return Variant(name.strip(), tuple(w for w in words if not w.startswith("?")), suffix,
-                   workers)
+    tree = "".join(w[1:] for w in words if w.startswith("@"))
+    if tree:
+        compileall.compile_dir(str(Path(tree) / "chload"), quiet=1)
+    return Variant(name.strip(), tuple(w for w in words if w[:1] not in "?@"), suffix,
+                   workers, tree)
 
 
 class Bench:
@@ -126,9 +132,12 @@ class Bench:
                 "IFNULL(note, '\\\\\\\\N'), status FROM orders\"")
 
     def chload(self, workers: int, target: Callable[[str], list[str]],
-               extra: tuple[str, ...] = ()) -> Method:
-        return lambda work: [sys.executable, "-m", "chload", "load", self.url, "--table",
-                             "orders", "--workers", str(workers), "-q", *target(work), *extra]
+               extra: tuple[str, ...] = (), tree: str = "") -> Method:
+        """`chload load` of the table (`tree`: another checkout's, by its PYTHONPATH)."""
+        where = ["env", f"PYTHONPATH={tree}"] if tree else []
+        return lambda work: [*where, sys.executable, "-m", "chload", "load", self.url,
+                             "--table", "orders", "--workers", str(workers), "-q",
+                             *target(work), *extra]
 
     def variants(self, variants: list[Variant], target: Callable[[str, str], list[str]],
                  server: bool) -> dict[str, Method]:
@@ -141,7 +150,7 @@ class Bench:
                 continue
             for n in v.workers:
                 methods[f"chload {v.name} --workers {n}"] = self.chload(
-                    n, lambda work, v=v: target(work, v.url_suffix), v.args)
+                    n, lambda work, v=v: target(work, v.url_suffix), v.args, v.tree)
         return methods
 
     def embedded(self, workers: list[int], variants: list[Variant]) -> dict[str, Method]:

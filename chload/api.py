@@ -32,7 +32,7 @@ from chload.loadrun import (
 from chload.monitor import Monitor
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
-from chload.sources import RunSources, SourceContext, SourceFile, kind_of
+from chload.sources import RunSources, SourceContext, SourceFile, db_early, kind_of
 from chload.targets import LoadJob, Target, TargetSpec, open_target
 from chload.validation import FileCheck as FileCheck
 from chload.validation import validate as validate
@@ -166,11 +166,15 @@ def load(sources: Sources | LoadSpec, table: str | None = None, *,
     pairs. A wrong type or an unknown option is a UsageError naming it.
     """
     spec = sources if isinstance(sources, LoadSpec) else _spec("load", sources, table, options)
-    target = open_target(_target_spec(spec.target))
-    try:
-        return _load_into(spec, target, listener)
+    early = db_early.begin(spec.sources, spec.query, spec.incremental_by, spec.workers)
+    try:  # (a database's snapshot is taken while the target opens)
+        target = open_target(_target_spec(spec.target))
+        try:
+            return _load_into(spec, target, listener)
+        finally:
+            target.close()
     finally:
-        target.close()
+        early()
 
 
 def _target_spec(target: str | None, create: bool = True) -> TargetSpec:

@@ -59,7 +59,7 @@ from urllib.parse import unquote, urlsplit
 from chload.errors import SchemaError, SourceError, UsageError
 from chload.formats import FileFormat
 from chload.schema import Column, quote_ident, quote_str, structure
-from chload.sources import Source, SourceContext, SourceFile, db_pipes
+from chload.sources import Source, SourceContext, SourceFile, db_early, db_pipes
 from chload.sources.db_pipes import Reading
 
 URL_KINDS = {"postgresql": "postgresql", "postgres": "postgresql", "mysql": "mysql",
@@ -258,9 +258,23 @@ class Session(Protocol):
         it); `finish` says whether every row was written."""
         ...
 
+    def stream(self, where: str) -> tuple[int, Reading]:
+        """`read` into a new pipe: (its read end, for the engine; the reading)."""
+        ...
+
     def predicate(self, axis: str, r: Range) -> str: ...
 
     def close(self) -> None: ...
+
+
+def stream_read(session: Session, where: str) -> tuple[int, Reading]:
+    """Session.stream of a session that has no pipe of its own ready: a new one."""
+    read_end, write_end = db_pipes.make()
+    try:
+        return read_end, session.read(where, write_end)
+    except BaseException:
+        os.close(read_end)
+        raise
 
 
 def plan_units(session: Session, kind: str, loaded: Sequence[tuple[str, str]],
@@ -340,7 +354,8 @@ class DatabaseSource:
             raise UsageError(f"{redact(pattern)}: a database source loads alone; name it as "
                              "the only source")
         self.context = context
-        self.session = self._session(parse_url(pattern, context.select), context)
+        self.session = db_early.claim(pattern, db_early.key(context)) or self._session(
+            parse_url(pattern, context.select), context)
         committed = context.committed() if context.committed is not None else {}
         return plan_units(self.session, self.kind, sorted(committed.items()),
                           workers_of(context), bool(context.incremental_by), context.force)
@@ -379,12 +394,7 @@ class DatabaseSource:
     def _piped(self, session: Session, file: SourceFile) -> SourceFile:
         """The range as a pipe the engine reads while the client writes (same uri,
         identity and kind: `current` checks it was read whole before the commit)."""
-        read_end, write_end = db_pipes.make()
-        try:
-            reading = session.read(file.location, write_end)
-        except BaseException:
-            os.close(read_end)
-            raise
+        read_end, reading = session.stream(file.location)
         path = db_pipes.register(read_end, reading)
         return replace(file, local_path=path, location="", size=0)
 

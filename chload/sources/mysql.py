@@ -25,11 +25,8 @@ import configparser
 import os
 import queue
 import re
-import shutil
-import subprocess
-import tempfile
 import threading
-from typing import IO, Any
+from typing import Any
 
 from chload.errors import ChloadError, SourceError, TransientError, UsageError
 from chload.sources import SourceContext
@@ -42,9 +39,11 @@ from chload.sources.database import (
     cannot_carry,
     nullable,
     range_predicate,
+    stream_read,
     workers_of,
 )
-from chload.sources.db_pipes import enlarge, write_all
+from chload.sources.db_pipes import Reading
+from chload.sources.mysql_client import ClientReader, client
 from chload.sources.mysql_native import Connection, NativeError, NativeReader
 from chload.sources.mysql_native import load as load_native
 
@@ -55,7 +54,6 @@ _TEXT = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum"
 _PLAIN = {"float": "Float32", "double": "Float64", "real": "Float64", "date": "Date32",
           "year": "UInt16"}
 _TIME_AXIS = {"date", "datetime", "timestamp"}
-_CHUNK = 1 << 20
 _SPECIAL = r"'[\\t\\n\\r\\\\\\x00]'"  # a tab, newline, CR, backslash or NUL (PCRE)
 _TRANSIENT_CODES = {2002, 2003, 2006, 2013, 1040, 1205}
 _DENIED = (1227, 1044, 1142)  # access denied (to RELOAD, to the database, to the table)
@@ -71,10 +69,10 @@ class MysqlSession:
                  workers: int) -> None:
         self.url, self.query = url, query
         self.native, self.why_not_native = load_native()
-        self.client = "" if self.native else _client()
+        self.client = "" if self.native else client()
         self.password = _password(url)
         self.conn = self._connect()
-        self._readers: queue.Queue[_Reader | NativeReader] = queue.Queue()
+        self._readers: queue.Queue[ClientReader | NativeReader] = queue.Queue()
         self._alive = 0
         self._guard = threading.Lock()
         try:
@@ -198,13 +196,13 @@ class MysqlSession:
                 return statement
         return ""
 
-    def _start_reader(self) -> _Reader | NativeReader:
+    def _start_reader(self) -> ClientReader | NativeReader:
         """A reader in a new snapshot: native (libmariadb, mysql_native.py) where it
         builds, else a client process."""
+        fail = lambda exc: _error(self.url, exc, self.password)  # noqa: E731
         if self.native is None:
-            return _Reader.start(self)
-        return NativeReader.start(self.native, self.url, self.password, _SETUP,
-                                  lambda exc: _error(self.url, exc, self.password))
+            return ClientReader.start(self.client, self.url, self.password, _SETUP, fail)
+        return NativeReader.start(self.native, self.url, self.password, _SETUP, fail)
 
     def bounds(self, axis: str) -> tuple[str | None, str | None, int]:
         return self._bounds
@@ -229,7 +227,10 @@ class MysqlSession:
             line = ", ".join(c.select for c in self.info.columns)
         return _Relay(self, reader, f"SELECT {line} FROM {self._from()} WHERE {where}", out)
 
-    def _done(self, reader: _Reader | NativeReader, ok: bool) -> None:
+    def stream(self, where: str) -> tuple[int, Reading]:
+        return stream_read(self, where)
+
+    def _done(self, reader: ClientReader | NativeReader, ok: bool) -> None:
         """A reader back to the pool after a range, or stopped if it failed (its
         output is then at an unknown point)."""
         if ok:
@@ -239,7 +240,7 @@ class MysqlSession:
             self._alive -= 1
         reader.stop(kill=True)
 
-    def _take(self) -> _Reader | NativeReader:
+    def _take(self) -> ClientReader | NativeReader:
         while True:
             with self._guard:
                 if self._alive <= 0:
@@ -263,92 +264,11 @@ class MysqlSession:
             pass
 
 
-class _Reader:
-    """A client process in one snapshot, fed statements on stdin; its output goes to a
-    spool file up to the marker that follows each statement."""
-
-    def __init__(self, session: MysqlSession, proc: subprocess.Popen[bytes],
-                 errors: IO[bytes]) -> None:
-        self.session, self.proc, self.errors = session, proc, errors
-        self.marker = f"chload-end-{os.urandom(8).hex()}".encode()
-
-    @classmethod
-    def start(cls, session: MysqlSession) -> _Reader:
-        url = session.url
-        argv = [session.client, "--no-defaults", "--protocol=TCP", "-h", url.host, "-P",
-                str(url.port), *(["-u", url.user] if url.user else []), "--batch", "--raw",
-                "--skip-column-names", "--unbuffered", "--quick",
-                "--default-character-set=utf8mb4", url.database]
-        env = {**os.environ}
-        if session.password is not None:
-            env["MYSQL_PWD"] = session.password
-        errors = tempfile.TemporaryFile()
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=errors, env=env)
-        assert proc.stdout is not None
-        enlarge(proc.stdout.fileno())  # fewer, larger reads by the relay
-        reader = cls(session, proc, errors)
-        null = os.open(os.devnull, os.O_WRONLY)
-        try:
-            reader.run("; ".join(_SETUP), null)
-        finally:
-            os.close(null)
-        return reader
-
-    def run(self, statement: str, out: int) -> None:
-        """Run `statement`; write what it prints to the file descriptor `out`."""
-        end = self.marker + b"\n"
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            self.proc.stdin.write(f"{statement};\nSELECT '{self.marker.decode()}';\n".encode())
-            self.proc.stdin.flush()
-        except OSError:
-            raise self._failed() from None
-        fd, held = self.proc.stdout.fileno(), b""  # held: the last bytes, maybe the marker's
-        while True:
-            chunk = os.read(fd, _CHUNK)
-            if not chunk:
-                raise self._failed()
-            if len(chunk) < len(end):  # (rare) a short read: join it to what is held
-                chunk, held = held + chunk, b""
-            write_all(out, held)
-            if chunk.endswith(end):
-                write_all(out, memoryview(chunk)[:-len(end)])
-                return
-            write_all(out, memoryview(chunk)[:-len(end)])
-            held = chunk[-len(end):]
-
-    def _failed(self) -> ChloadError:
-        self.proc.wait()
-        self.errors.seek(0)
-        lines = self.errors.read().decode(errors="replace").strip().splitlines()
-        text = lines[-1] if lines else f"{self.session.client} ended ({self.proc.returncode})"
-        return _error(self.session.url, text, self.session.password)
-
-    def abort(self) -> None:
-        """From another thread: the range being read fails now."""
-        self.proc.kill()
-
-    def stop(self, kill: bool = False) -> None:
-        """End the client: by closing its input (it ends its transaction), or, when its
-        output is no longer read (`kill`), at once."""
-        try:
-            if kill:
-                raise OSError
-            if self.proc.stdin:
-                self.proc.stdin.close()
-            self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
-        self.errors.close()
-
-
 class _Relay:
     """One range relayed by a thread from a snapshot reader into `out`
     (database.Reading): the reader goes back to the pool once the range ends."""
 
-    def __init__(self, session: MysqlSession, reader: _Reader | NativeReader, statement: str,
+    def __init__(self, session: MysqlSession, reader: ClientReader | NativeReader, statement: str,
                  out: int) -> None:
         self.session, self.reader = session, reader
         self.error: BaseException | None = None
@@ -456,14 +376,6 @@ def _password(url: DbUrl) -> str | None:
         return None
     value = parser.get("client", "password", fallback=None)
     return value.strip("'\"") if value else None
-
-
-def _client() -> str:
-    found = shutil.which("mariadb") or shutil.which("mysql")
-    if not found:
-        raise UsageError("the mariadb (or mysql) client is needed on this machine to read "
-                         "MySQL/MariaDB: install it (e.g. apt-get install mariadb-client)")
-    return found
 
 
 def _pymysql() -> Any:

@@ -29,7 +29,7 @@ import tempfile
 from typing import IO
 
 from chload.errors import ChloadError, SourceError, TransientError, UsageError
-from chload.sources import SourceContext
+from chload.sources import SourceContext, db_pipes
 from chload.sources.database import (
     DatabaseSource,
     DbColumn,
@@ -39,7 +39,9 @@ from chload.sources.database import (
     cannot_carry,
     nullable,
     range_predicate,
+    stream_read,
 )
+from chload.sources.db_pipes import Reading
 
 # format_type() name -> ClickHouse type (scalars whose COPY text ClickHouse reads as is)
 TYPES = {
@@ -68,10 +70,17 @@ WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY
 class PostgresSession:
     """One snapshot of one PostgreSQL table (or query), read range by range."""
 
-    def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None) -> None:
+    def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
+                 pipes: bool = False) -> None:
         self.url, self.query = url, query
         self.psql = _client()
-        self.control = _Control(url, self.psql)
+        self.spare: tuple[int, subprocess.Popen[bytes], IO[bytes]] | None = (
+            self._spawn() if pipes else None)  # (ranges are streamed: SourceContext.pipes)
+        try:
+            self.control = _Control(url, self.psql)
+        except BaseException:
+            self._drop_spare()
+            raise
         try:
             self.info = self._describe(incremental_by)
             self._all("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -137,36 +146,63 @@ class PostgresSession:
                                lambda value: _literal(value, self.info.axis_integer))
 
     # -- reading -----------------------------------------------------------------------
-    def read(self, where: str, out: int) -> _Psql:
-        """`psql` in the snapshot: COPY (the range) TO STDOUT, into `out` (owned)."""
+    def _script(self, where: str) -> bytes:
         selects = ", ".join(c.select for c in self.info.columns)
-        script = (f"\\set ON_ERROR_STOP 1\nBEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;\n"
-                  f"SET TRANSACTION SNAPSHOT '{self.snapshot}';\nSET DateStyle = ISO;\n"
-                  "SET extra_float_digits = 1;\nSET bytea_output = hex;\n"
-                  f"COPY (SELECT {selects} FROM {self._from()} WHERE {where}) TO STDOUT;\n"
-                  "COMMIT;\n")
-        argv = [self.psql, "-X", "-q", *_where(self.url)]
-        env = _env(self.url)
+        return (f"\\set ON_ERROR_STOP 1\nBEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;\n"
+                f"SET TRANSACTION SNAPSHOT '{self.snapshot}';\nSET DateStyle = ISO;\n"
+                "SET extra_float_digits = 1;\nSET bytea_output = hex;\n"
+                f"COPY (SELECT {selects} FROM {self._from()} WHERE {where}) TO STDOUT;\n"
+                "COMMIT;\n").encode()
+
+    def _start(self, out: int) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+        """A `psql` writing into `out` (owned), waiting on stdin for its script: it
+        connects meanwhile."""
         errors = tempfile.TemporaryFile()
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=out, stderr=errors,
-                                    env=env)
+            proc = subprocess.Popen([self.psql, "-X", "-q", *_where(self.url)],
+                                    stdin=subprocess.PIPE, stdout=out, stderr=errors,
+                                    env=_env(self.url))
         except BaseException:
             errors.close()
             raise
         finally:
             os.close(out)
-        reading = _Psql(self.url, proc, errors)
+        return proc, errors
+
+    def _spawn(self) -> tuple[int, subprocess.Popen[bytes], IO[bytes]]:
+        """The first range's `psql` and its pipe, started with the controlling one so
+        that both connect at once (a connection is 30-40 ms of the start)."""
+        read_end, write_end = db_pipes.make()
         try:
-            assert proc.stdin is not None
-            proc.stdin.write(script.encode())  # a few hundred bytes: never blocks
-            proc.stdin.close()
-        except OSError:
-            pass  # psql ended already: finish() says why
-        return reading
+            return (read_end, *self._start(write_end))
+        except BaseException:
+            os.close(read_end)
+            raise
+
+    def _drop_spare(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            os.close(spare[0])
+            _Psql(self.url, spare[1], spare[2]).stop()
+
+    def read(self, where: str, out: int) -> _Psql:
+        """`psql` in the snapshot: COPY (the range) TO STDOUT, into `out` (owned)."""
+        return _Psql(self.url, *self._start(out)).feed(self._script(where))
+
+    def stream(self, where: str) -> tuple[int, Reading]:
+        """`read` into a pipe: the one psql started with the session, if still alive."""
+        spare, self.spare = self.spare, None
+        if spare is not None and spare[1].poll() is None:
+            return spare[0], _Psql(self.url, spare[1], spare[2]).feed(self._script(where))
+        if spare is not None:
+            os.close(spare[0])
+            _Psql(self.url, spare[1], spare[2]).stop()
+        return stream_read(self, where)
 
     def close(self) -> None:
-        self.control.stop()
+        self._drop_spare()
+        if hasattr(self, "control"):
+            self.control.stop()
 
 
 class _Control:
@@ -243,6 +279,17 @@ class _Psql:
 
     def __init__(self, url: DbUrl, proc: subprocess.Popen[bytes], errors: IO[bytes]) -> None:
         self.url, self.proc, self.errors = url, proc, errors
+
+    def feed(self, script: bytes) -> _Psql:
+        """Give psql its statements (a few hundred bytes: never blocks) and end its
+        input, so it exits after them."""
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(script)
+            self.proc.stdin.close()
+        except OSError:
+            pass  # psql ended already: finish() says why
+        return self
 
     def finish(self) -> None:
         try:
@@ -347,7 +394,7 @@ class PostgresSource(DatabaseSource):
     schemes: tuple[str, ...] = ("postgresql", "postgres")
 
     def _session(self, url: DbUrl, context: SourceContext) -> PostgresSession:
-        return PostgresSession(url, context.select, context.incremental_by)
+        return PostgresSession(url, context.select, context.incremental_by, context.pipes)
 
 
 SOURCE = PostgresSource()

@@ -1,0 +1,66 @@
+"""A PostgreSQL session begun while the target opens (db_early): claimed by a run with
+the same options, closed otherwise, its error raised where the run lists."""
+
+from __future__ import annotations
+
+import pytest
+
+from chload.errors import SourceError
+from chload.sources import SourceContext, db_early
+from chload.sources.postgres import PostgresSource
+
+URL = "postgresql://loader@db:5432/shop/public.orders"
+MY_URL = "mysql://loader@db:3306/shop/orders"
+
+
+class _Session:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def made(monkeypatch: pytest.MonkeyPatch) -> list[_Session]:
+    sessions: list[_Session] = []
+
+    def session(self: PostgresSource, url: object, context: SourceContext) -> _Session:
+        if context.select == "fail":
+            raise SourceError("db:5432: refused")
+        sessions.append(_Session())
+        return sessions[-1]
+
+    monkeypatch.setattr(PostgresSource, "_session", session)
+    return sessions
+
+
+def _key(select: str | None = None, workers: int | None = 1) -> object:
+    return db_early.key(SourceContext(select=select, workers=workers, pipes=True))
+
+
+def test_the_run_with_the_same_options_takes_the_session(made: list[_Session]) -> None:
+    cleanup = db_early.begin([URL], None, None, 1)
+    assert db_early.claim(URL, _key()) is made[0]
+    cleanup()
+    assert not made[0].closed  # the run's now: it closes it
+
+
+def test_other_options_or_no_claim_close_it(made: list[_Session]) -> None:
+    db_early.begin([URL], None, None, 1)
+    assert db_early.claim(URL, _key(workers=2)) is None and made[0].closed
+    db_early.begin([URL], None, None, 1)()  # the target did not open: nobody claimed it
+    assert made[1].closed
+
+
+def test_its_error_is_raised_by_the_claim(made: list[_Session]) -> None:
+    db_early.begin([URL.rsplit("/", 1)[0]], "fail", None, 1)
+    with pytest.raises(SourceError, match="refused"):
+        db_early.claim(URL.rsplit("/", 1)[0], _key("fail"))
+
+
+def test_only_a_single_database_source_begins_early(made: list[_Session]) -> None:
+    db_early.begin(["data/*.csv"], None, None, 1)()
+    db_early.begin([URL, URL], None, None, 1)()
+    db_early.begin([MY_URL], None, None, 1)()  # MySQL: where the run lists (db_early)
+    assert made == []
