@@ -20,7 +20,8 @@ The protocol, the same for both:
             String DEFAULT '<machine:pid:start>') ENGINE = Memory)
     log     ledger event `committing` (file, stage, mark), where the mark is
             max(max_block_number) of the table's active parts, read by the engine in
-            the same INSERT ... SELECT that logs it
+            the same INSERT ... SELECT that logs it (a group of more than 8 events:
+            read just before, still under the lock; ledger._INLINE_EVENTS)
     attach  ALTER TABLE t ATTACH PARTITION ID 'p' FROM chload.stage_x, per partition
             (log and attach again for each further stage of a group commit)
     unlock  release the lock; later: ledger `loaded` (in batches, ledger.LoadedEvents),
