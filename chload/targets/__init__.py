@@ -254,3 +254,17 @@ def group_small_files(files: Sequence[SourceFile], per_batch: int = BATCH_FILES,
     if current:
         groups.append(tuple(current))
     return groups
+
+
+def spread_by_size(files: Sequence[SourceFile], count: int,
+                   per_group: int = BATCH_FILES) -> list[tuple[SourceFile, ...]]:
+    """`files` in up to `count` groups of about equal bytes (largest first, each into the
+    lightest group with room for `per_group` files), each group in the files' order."""
+    groups: list[list[int]] = [[] for _ in range(count)]
+    sizes = [0] * count
+    for i in sorted(range(len(files)), key=lambda i: -files[i].size):
+        g = min((g for g in range(count) if len(groups[g]) < per_group),
+                key=sizes.__getitem__)
+        groups[g].append(i)
+        sizes[g] += files[i].size
+    return [tuple(files[i] for i in sorted(g)) for g in groups if g]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from chload.rejects import ErrorBudget
 from chload.sources import SourceFile
-from chload.targets import BATCH_BYTES, BATCH_FILES
+from chload.targets import BATCH_BYTES, BATCH_FILES, spread_by_size
 
 # Files below this are batched. Measured on 2 cores, gzip CSV of 4 narrow columns,
 # batched vs one by one: 40 x 260 KB 0.88 s vs 1.2-1.6 s, 20 x 680 KB 0.95 s vs 1.17 s,
@@ -82,14 +82,7 @@ def balanced(files: Sequence[SourceFile], workers: int, most_files: int, most_by
         count = min(len(files), -(-count // workers) * workers)
     if runs:
         return _runs(files, count, most_files)
-    groups: list[list[int]] = [[] for _ in range(count)]
-    sizes = [0] * count
-    for i in sorted(range(len(files)), key=lambda i: -files[i].size):
-        g = min((g for g in range(count) if len(groups[g]) < most_files),
-                key=sizes.__getitem__)
-        groups[g].append(i)
-        sizes[g] += files[i].size
-    return [tuple(files[i] for i in sorted(g)) for g in groups if g]
+    return spread_by_size(files, count, most_files)
 
 
 def _parse_cost(f: SourceFile) -> int:

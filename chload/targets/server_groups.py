@@ -31,7 +31,7 @@ import os
 from collections.abc import Callable, Sequence
 
 from chload.sources import SourceFile
-from chload.targets import BATCH_BYTES, BATCH_FILES, group_small_files
+from chload.targets import BATCH_BYTES, BATCH_FILES, group_small_files, spread_by_size
 
 BATCHED_BELOW = 512 << 10  # raw: files below this share a stage and a commit
 WIDE_COLUMNS = 16  # through the loader's engine: larger files share one in tables this wide
@@ -73,11 +73,4 @@ def balanced(files: Sequence[SourceFile], cores: int,
     total = sum(f.size for f in files)
     count = max(cores, -(-total // most_bytes), -(-len(files) // BATCH_FILES))
     count = min(len(files), -(-count // cores) * cores)
-    groups: list[list[int]] = [[] for _ in range(count)]
-    sizes = [0] * count
-    for i in sorted(range(len(files)), key=lambda i: -files[i].size):
-        g = min((g for g in range(count) if len(groups[g]) < BATCH_FILES),
-                key=sizes.__getitem__)
-        groups[g].append(i)
-        sizes[g] += files[i].size
-    return [tuple(files[i] for i in sorted(g)) for g in groups if g]
+    return spread_by_size(files, count)
