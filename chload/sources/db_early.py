@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from chload.sources import SourceContext
@@ -28,7 +28,7 @@ from chload.sources import SourceContext
 @dataclass
 class _Early:
     key: Hashable
-    thread: threading.Thread
+    thread: threading.Thread = field(default_factory=threading.Thread)
     session: Any = None
     error: BaseException | None = None
 
@@ -53,7 +53,7 @@ def begin(patterns: Sequence[str], select: str | None, incremental_by: str | Non
     assert isinstance(source, DatabaseSource)
     context = SourceContext(select=select, incremental_by=incremental_by, workers=workers,
                             pipes=True)
-    early = _Early(key(context), threading.Thread(name="chload_db_early", daemon=True))
+    early = _Early(key(context))
 
     def start() -> None:
         try:
@@ -63,9 +63,11 @@ def begin(patterns: Sequence[str], select: str | None, incremental_by: str | Non
 
     early.thread = threading.Thread(target=start, name="chload_db_early", daemon=True)
     with _GUARD:
+        if pattern in _EARLY:  # another run of this process began one: this run makes
+            return lambda: None  # its own where it lists, as without this module
         _EARLY[pattern] = early
     early.thread.start()
-    return lambda: _close(claim(pattern, early.key, error=False))
+    return lambda: _close(_unclaimed(pattern, early))
 
 
 def key(context: SourceContext) -> Hashable:
@@ -73,21 +75,31 @@ def key(context: SourceContext) -> Hashable:
     return (context.select, context.incremental_by, context.workers, context.pipes)
 
 
-def claim(pattern: str, wanted: Hashable, error: bool = True) -> Any:
+def claim(pattern: str, wanted: Hashable) -> Any:
     """The session begun for `pattern`, if its options are `wanted`; else None (one
-    begun with other options is closed). Its error is raised here (`error`)."""
+    begun with other options is closed). Its error is raised here."""
     with _GUARD:
         early = _EARLY.pop(pattern, None)
     if early is None:
         return None
     early.thread.join()
     if early.error is not None:
-        if error:
-            raise early.error
-        return None
+        raise early.error
     if early.key != wanted:
         _close(early.session)
         return None
+    return early.session
+
+
+def _unclaimed(pattern: str, early: _Early) -> Any:
+    """At the end of the run that began `early`: its session if no `list` claimed it
+    (the target failed to open, or the run never listed), to be closed; an error of
+    it is the run's no more."""
+    with _GUARD:
+        if _EARLY.get(pattern) is not early:
+            return None  # claimed (or never registered)
+        del _EARLY[pattern]
+    early.thread.join()
     return early.session
 
 

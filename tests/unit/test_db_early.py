@@ -64,3 +64,16 @@ def test_only_a_single_database_source_begins_early(made: list[_Session]) -> Non
     db_early.begin([URL, URL], None, None, 1)()
     db_early.begin([MY_URL], None, None, 1)()  # MySQL: where the run lists (db_early)
     assert made == []
+
+
+def test_two_runs_of_one_process_never_take_or_close_each_others(made: list[_Session]) -> None:
+    first = db_early.begin([URL], None, None, 1)
+    second = db_early.begin([URL], None, None, 1)  # one is in flight: this run makes its own
+    assert len(made) == 1
+    assert db_early.claim(URL, _key()) is made[0]  # the first run lists and takes it
+    third = db_early.begin([URL], None, None, 1)  # a third run, while the first goes on
+    first()  # the first ends: the third's session is not its to close
+    second()
+    assert len(made) == 2 and not made[1].closed
+    third()  # unclaimed: closed by its own run
+    assert made[1].closed and not made[0].closed
