@@ -9,10 +9,12 @@ options are the ones it was begun with; else it is closed and a new one made. No
 is read before `list`: a session holds a snapshot and connections only. A session no
 run claims (the target failed to open) is closed by `begin`'s cleanup.
 
-PostgreSQL only: a MySQL/MariaDB session (13 ms: libmariadb connects fast) begun early
-made `--workers 2` into the embedded target slower in two runs (1.76 against 1.55 s,
-2.51 against 1.94 s, same CPU: bench/databases.py with the commit before as a variant),
-not understood, so it is begun where the run lists, as before.
+PostgreSQL only: a MySQL/MariaDB session begun early made `--workers 2` into the
+embedded target slower in two runs (1.76 against 1.55 s, 2.51 against 1.94 s, same CPU:
+bench/databases.py with the commit before as a variant), not understood, so it is begun
+where the run lists, as before. It cannot matter: the whole session (libmariadb's
+connect, describe, lock, snapshot, unlock) was 4 ms in a trace (docs/databases.md run
+H), all that beginning it early could save.
 """
 
 from __future__ import annotations

@@ -63,3 +63,30 @@ def test_uri_ranges_read_back() -> None:
     assert parse_range(f"{prefix}#id(100,200]", prefix) == ("id", Range("100", "200"))
     assert parse_range(f"{prefix}#all", prefix) is None
     assert parse_range("postgresql://db:5432/shop/public.other#id(,1]", prefix) is None
+
+
+def test_debian_psql_wrapper_is_skipped_for_the_newest_client(tmp_path, monkeypatch) -> None:
+    """pg_wrapper (a Perl start per psql) is replaced by the newest installed psql, as the
+    wrapper itself picks with -h; any other psql is run as found."""
+    from chload.sources import postgres
+
+    lib = tmp_path / "lib"
+    for version in ("9.6", "13", "15", "notes"):
+        (lib / version / "bin").mkdir(parents=True)
+        (lib / version / "bin" / "psql").write_text("#!/bin/sh\n")
+        (lib / version / "bin" / "psql").chmod(0o755)
+    wrapper = tmp_path / "pg_wrapper"
+    wrapper.write_text("#!/usr/bin/perl\n")
+    (tmp_path / "psql").symlink_to(wrapper)
+    monkeypatch.setattr(postgres, "_PG_LIB", str(lib))
+    assert postgres._unwrapped(str(tmp_path / "psql")) == str(lib / "15" / "bin" / "psql")
+    from chload.sources.database import parse_url
+
+    env = postgres._env(parse_url("postgresql://u@h/db/t", None),
+                        str(lib / "15" / "bin" / "psql"))
+    assert env["PGSYSCONFDIR"]  # what the wrapper would have set
+    plain = tmp_path / "plain-psql"
+    plain.write_text("#!/bin/sh\n")
+    assert postgres._unwrapped(str(plain)) == str(plain)
+    monkeypatch.setattr(postgres, "_PG_LIB", str(tmp_path / "none"))
+    assert postgres._unwrapped(str(tmp_path / "psql")) == str(tmp_path / "psql")
