@@ -44,13 +44,14 @@ def begin(patterns: Sequence[str], select: str | None, incremental_by: str | Non
     """Start the session of a run's one database source in a thread; the cleanup to
     call when the run ends (it closes the session if `list` did not claim it)."""
     from chload.sources import SCHEMES, source_for
-    from chload.sources.database import DatabaseSource, parse_url
 
     if len(patterns) != 1 or "://" not in patterns[0]:
         return lambda: None
     pattern = patterns[0]
     if SCHEMES.get(pattern.split("://")[0].lower()) != "postgres":
         return lambda: None  # MySQL/MariaDB: begun early it was slower (below)
+    # imported only now: database.py brings hashlib (OpenSSL), ~6 ms of every file load
+    from chload.sources.database import DatabaseSource, parse_url
     source = source_for(pattern)
     assert isinstance(source, DatabaseSource)
     context = SourceContext(select=select, incremental_by=incremental_by, workers=workers,

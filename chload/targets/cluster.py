@@ -114,6 +114,7 @@ class ClusterTarget(Ending):
         self._busy_since: dict[int, list] = {}  # shard -> [commits under way, since when]
         self._busy_guard = threading.Lock()
         self._dropping: list[threading.Thread] = []  # _drop_later
+        self._end_drops: dict[int, list[str]] = {}  # shard -> the last round's stages
         self._loaded_at_end: dict[int, list[FileEvent]] = {}  # the last round's (_commit)
         self._ending: threading.Thread | None = None  # the counters at the end (flush)
         self._ends: list[shard_load.Counters | BaseException] = []
@@ -323,7 +324,7 @@ class ClusterTarget(Ending):
         # A commit that may have attached (not a TransientError) keeps its stage: the
         # shard's next run settles it by the mark rule (commit.py rule 4).
         keep = {n for n, exc in failed.items() if not isinstance(exc, TransientError)}
-        self._drop_later(stage, None, [s for s in self.shards if s.number not in keep])
+        self._drop_stage(stage, [s for s in self.shards if s.number not in keep])
         if failed:
             raise next(iter(failed.values()))
         if not committed:

@@ -73,6 +73,12 @@ class Round:
         self.planned = self.started = self.in_flight = self.routing = 0
         self.parked: list[_Parked] = []
 
+    @property
+    def final(self) -> bool:
+        """Every planned unit has started: the last round."""
+        with self.cond:
+            return self.started >= self.planned
+
     def plan(self, groups: list[tuple[SourceFile, ...]]) -> list[tuple[SourceFile, ...]]:
         with self.cond:
             self.planned, self.started = len(groups), 0

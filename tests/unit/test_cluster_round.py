@@ -104,3 +104,12 @@ def test_an_error_of_the_last_round_commit_reaches_every_unit_of_it() -> None:
     for t in threads:
         t.join(5)
     assert errors == ["ledger gone", "ledger gone"]
+
+
+def test_final_is_set_once_every_planned_unit_has_started() -> None:
+    r = Round()
+    r.plan([("a",), ("b",)])  # type: ignore[list-item]
+    with r.unit():
+        assert not r.final
+        with r.unit():
+            assert r.final
