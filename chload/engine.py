@@ -25,8 +25,13 @@ from chload.errors import ChloadError, DataError, TargetInUse, UsageError, from_
 from chload.monitor import CallStats
 
 LOCK_NAME = ".chload.lock"
-# Settings of every chDB session, for bounded memory (bench/memory.py); a query's own
-# SETTINGS (a user's --setting) still win. On 2 cores, 1.94 GB Parquet (19.7M rows of
+# Settings of every chDB session; a query's own SETTINGS (a user's --setting) still win.
+# - compile_*: no JIT. The engine compiles an expression (LLVM) the third time it sees
+#   it, 25-40 ms each: a commit's survey (argMax) and block-number query (max) hit it on
+#   the fourth unit, so the last commit of 16 plain JSON files in 4 groups took 70 ms
+#   instead of 15 (on 2 cores), at the very end of the load where nothing overlaps it;
+#   a load's own expressions are column copies, too cheap to gain from compiling.
+# For bounded memory (bench/memory.py), on 2 cores, 1.94 GB Parquet (19.7M rows of
 # ~120 bytes) into an embedded table, peak RSS of a bare chDB insert:
 # - storage_file_read_method: chDB's file() maps a local file into memory by default
 #   (mmap), so RSS grew with the file: 5.8 GB for a 5 GB gzip CSV, 3.3 GB for the
@@ -35,6 +40,8 @@ LOCK_NAME = ".chload.lock"
 #   insert, only there: targets/embedded.py LARGE_UNIT_BYTES).
 SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
     ("storage_file_read_method", "pread"),
+    ("compile_aggregate_expressions", "0"),
+    ("compile_expressions", "0"),
 )
 # - min_insert_block_size_bytes: an insert squashes rows into blocks of 1M rows or 256 MB
 #   (one part each), i.e. ~128 MB a block per insert thread for wide rows, several held
