@@ -1,0 +1,36 @@
+"""The loader's engine reads Parquet for a push in blocks of ~16 MB of the table's rows
+(fill.py parquet_block_rows), not chDB's default 65,409 rows: a narrow file's row group
+goes to the server as one Native block, a wide table's rows as by default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from chload.engine import Engine
+from chload.schema import Column
+from chload.targets.fill import parquet_block_rows
+
+NARROW = [Column("id", "UInt64"), Column("miles", "UInt32"), Column("duration", "UInt32"),
+          Column("vehicle_id", "UInt8")]
+WIDE = [Column("id", "UInt64")] + [Column(f"s{i}", "String") for i in range(40)]
+
+
+def _blocks(engine: Engine, path: Path, columns: list[Column]) -> tuple[int, int]:
+    out = engine.query(f"SELECT uniqExact(blockNumber()), count() FROM file('{path}', "
+                       "'Parquet') SETTINGS max_threads = 1, input_format_parquet_max_block_"
+                       f"size = {parquet_block_rows(columns)}")
+    blocks, rows = out.split()
+    return int(blocks), int(rows)
+
+
+def test_a_narrow_row_group_is_one_block_and_a_wide_one_as_by_default(tmp_path: Path) -> None:
+    engine = Engine(None)
+    path = tmp_path / "one_row_group.parquet"
+    try:
+        engine.query(f"INSERT INTO FUNCTION file('{path}', 'Parquet') SELECT number AS id "
+                     "FROM numbers(200000)")
+        assert _blocks(engine, path, NARROW) == (1, 200000)  # 4 by chDB's default
+        assert _blocks(engine, path, WIDE) == (4, 200000)  # 16 MB: 65,409 rows of 2.6 KB
+        assert parquet_block_rows(NARROW) == (16 << 20) // 17
+    finally:
+        engine.close()
