@@ -253,10 +253,14 @@ class StageFilling:
 
     def _push_settings(self, job: LoadJob, extra: Sequence[tuple[str, str]] = (),
                        ) -> tuple[tuple[str, str], ...]:
-        """The loader's settings for a push; `extra` before the user's, which win."""
-        return (*PUSH_SETTINGS, ("session_timezone", self.caps.timezone),
-                ("input_format_parquet_max_block_size", str(parquet_block_rows(job.columns))),
-                *extra, *job.settings)
+        """The loader's settings for a push; `extra` over the loader's own, the user's
+        over all. Each name once: in a SETTINGS clause with a name twice, chDB keeps the
+        first (`max_block_size=1000, max_block_size=100000` reads blocks of 1,000 rows),
+        so a user's `--setting input_format_parallel_parsing=0` was ignored."""
+        merged = dict((*PUSH_SETTINGS, ("session_timezone", self.caps.timezone),
+                       ("input_format_parquet_max_block_size",
+                        str(parquet_block_rows(job.columns))), *extra, *job.settings))
+        return tuple(merged.items())
 
     def _push(self, job: LoadJob, stage: str, select: str | None = None,
               extra: Sequence[tuple[str, str]] = ()) -> int:

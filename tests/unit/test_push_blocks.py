@@ -1,14 +1,19 @@
-"""The loader's engine reads Parquet for a push in blocks of ~16 MB of the table's rows
-(fill.py parquet_block_rows), not chDB's default 65,409 rows: a narrow file's row group
-goes to the server as one Native block, a wide table's rows as by default."""
+"""The settings of a push (fill.py): the loader's engine reads Parquet in blocks of ~16 MB
+of the table's rows (parquet_block_rows), not chDB's default 65,409 rows, so a narrow
+file's row group goes to the server as one Native block, a wide table's rows as by
+default; and a user's --setting wins over the loader's own."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from chload.capabilities import Capabilities
 from chload.engine import Engine
-from chload.schema import Column
-from chload.targets.fill import parquet_block_rows
+from chload.formats import FileFormat
+from chload.schema import Column, settings_sql
+from chload.sources import SourceFile
+from chload.targets import LoadJob
+from chload.targets.fill import StageFilling, parquet_block_rows
 
 NARROW = [Column("id", "UInt64"), Column("miles", "UInt32"), Column("duration", "UInt32"),
           Column("vehicle_id", "UInt8")]
@@ -34,3 +39,22 @@ def test_a_narrow_row_group_is_one_block_and_a_wide_one_as_by_default(tmp_path: 
         assert parquet_block_rows(NARROW) == (16 << 20) // 17
     finally:
         engine.close()
+
+
+def test_a_users_setting_wins_over_the_loaders_in_a_push() -> None:
+    """chDB keeps the first of a name given twice in SETTINGS: each name goes once."""
+    filling = StageFilling()
+    filling.caps = Capabilities("18.16.1", timezone="Etc/UTC")
+    f = SourceFile("/d/a.jsonl", 100, 1, FileFormat("JSONEachRow", "none"))
+    job = LoadJob(file=f, table="t", table_display="t", columns=NARROW, read_columns=NARROW,
+                  audit=False, run_id="run",
+                  settings=(("input_format_parallel_parsing", "0"), ("session_timezone", "UTC")))
+    settings = filling._push_settings(job)
+    assert len({name for name, _ in settings}) == len(settings)
+    engine = Engine(None)
+    try:
+        got = engine.query("SELECT getSetting('input_format_parallel_parsing'), "
+                           f"getSetting('session_timezone') SETTINGS {settings_sql(settings)}")
+    finally:
+        engine.close()
+    assert got.split() == ["false", "UTC"]
