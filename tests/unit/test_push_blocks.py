@@ -1,7 +1,8 @@
 """The settings of a push (fill.py): the loader's engine reads Parquet in blocks of ~16 MB
 of the table's rows (parquet_block_rows), not chDB's default 65,409 rows, so a narrow
 file's row group goes to the server as one Native block, a wide table's rows as by
-default; and a user's --setting wins over the loader's own."""
+default; files too small to split are parsed without parallel parsing; and a user's
+--setting wins over the loader's own."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from chload.formats import FileFormat
 from chload.schema import Column, settings_sql
 from chload.sources import SourceFile
 from chload.targets import LoadJob
-from chload.targets.fill import StageFilling, parquet_block_rows
+from chload.targets.fill import SERIAL_PARSE_BELOW, StageFilling, parquet_block_rows
 
 NARROW = [Column("id", "UInt64"), Column("miles", "UInt32"), Column("duration", "UInt32"),
           Column("vehicle_id", "UInt8")]
@@ -58,3 +59,20 @@ def test_a_users_setting_wins_over_the_loaders_in_a_push() -> None:
     finally:
         engine.close()
     assert got.split() == ["false", "UTC"]
+
+
+def test_only_small_files_are_parsed_without_parallel_parsing() -> None:
+    filling = StageFilling()
+    filling.caps = Capabilities("18.16.1")
+
+    def parallel(*sizes: int) -> str:
+        files = tuple(SourceFile(f"/d/{i}.jsonl.gz", size, 1, FileFormat("JSONEachRow", "gzip"))
+                      for i, size in enumerate(sizes))
+        job = LoadJob(file=files[0], table="t", table_display="t", columns=NARROW,
+                      read_columns=NARROW, audit=False, settings=(), run_id="run",
+                      batch=files if len(files) > 1 else ())
+        return dict(filling._push_settings(job))["input_format_parallel_parsing"]
+
+    assert parallel(130_000, 140_000) == "0"
+    assert parallel(130_000, SERIAL_PARSE_BELOW) == "1"  # one file large enough to split
+    assert parallel(0) == "1"  # a pipe: its size unknown
