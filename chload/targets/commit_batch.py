@@ -1,14 +1,17 @@
 """When a server target's loaded stages commit: together, in fewer groups.
 
 Every group commit writes one part of the ledger (`committing`, with the marks) and
-takes and drops the lock, and a part of `chload.files` (15 columns) cost 18.16 15-28 ms
-of CPU to write, traced on 2 cores while a load ran: as much as parsing 100,000 CSV rows,
-taken from the streams the server parses. A stage that commits as soon as it is filled
-commits nearly alone (16 gzip CSV files at 8 streams: 5 groups, 7 ledger parts in all,
-~200 ms of the server's CPU). So a filled stage waits here for others and they commit
-as one group (commit.py `commit_group`), when the first of these holds:
+takes and drops the lock, and a part of `chload.files` (15 columns) cost 18.16 3-10 ms
+of CPU on an idle server and up to 29 ms while a load's INSERTs ran (traced on 2
+cores), taken from the streams the server parses. Stages committed as soon as filled
+went in small groups (16 gzip CSV files at 8 streams: 5 groups, 7 ledger parts a run).
+So a filled stage waits here for others and they commit as one group (commit.py
+`commit_group`), when the first of these holds:
 
-- no other unit of this target is being filled (nothing is about to join);
+- fewer than `slack` units of this target are being filled: the load's last round,
+  whose units commit as they come (as they did before: those that come while a commit
+  runs go in the next group), since every stage left waiting until the end would
+  lengthen the load's tail by its attach (5 ms a stage of 51 columns here);
 - as many wait as there are files staged beyond the streams (`slack`): each waiting unit
   holds the thread that would stage the next file, and once `slack` wait, the streams
   have no staged file left for when they finish;
@@ -92,7 +95,7 @@ class CommitBatcher:
         waiting = self._waiting.get(key, [])
         if not waiting:
             return []
-        due = (self._filling == 0 or len(waiting) >= self.slack
+        due = (self._filling < self.slack or len(waiting) >= self.slack
                or time.monotonic() - waiting[0].since >= self.max_wait)
         if not due:
             return []
