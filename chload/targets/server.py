@@ -40,6 +40,7 @@ import shutil
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
@@ -52,6 +53,7 @@ from chload.errors import (
     ChloadError,
     DataError,
     SchemaError,
+    TerminalError,
     TransientError,
     UsageError,
     missing_table,
@@ -86,6 +88,7 @@ from chload.targets import (
     server_groups,
 )
 from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
+from chload.targets.commit_batch import CommitBatcher
 from chload.targets.fill import JSON_LINES, StageFilling
 from chload.targets.http import HttpClient, TargetURL
 from chload.targets.loader_rejects import LoaderRejects
@@ -114,18 +117,19 @@ class ServerTarget(StageFilling):
         self.database = self.url.database  # what a bare --table name means
         self.client = HttpClient(self.url)
         self.where = f"server {self.url.host}:{self.url.port}"
-        self.caps: Capabilities = probe(lambda sql: self._ask(sql, "TSV"),
-                                        self._accepts_encoding)
+        self.caps: Capabilities = self._probe()
         self.display = f"ClickHouse {self.caps.version} at {self.url.display}"
         self.ledger = Ledger(self)
         if not LEDGER_TABLES <= self.caps.ledger_tables:
             self.ledger.ensure()
             rejects.ensure(self)
         self.committer = Committer(Sql(self._command_id, self.rows), self.ledger)
+        self.batcher = CommitBatcher(self.committer, STAGING)
         self.engine = Engine(None)  # chDB in memory, started on first use
         self.path = tempfile.mkdtemp(prefix="chload-server-")  # spooled stdin lives here
         self.loaded = LoadedEvents(self.ledger)
         self._engines: dict[str, str] = {}
+        self._columns_asked: dict[str, list[Column] | None] = {}  # (see _distributed)
         self._width = 0  # columns of the table last asked for (the run's table)
         # table -> ' ENGINE = ...' of its stages: a cluster's Replicated local tables,
         # staged in a plain MergeTree of the same keys (targets/cluster.py)
@@ -153,7 +157,8 @@ class ServerTarget(StageFilling):
         text = self._ask(sql, "JSONEachRow", {"output_format_json_quote_64bit_integers": "0"})
         return [json.loads(line) for line in text.splitlines() if line]
 
-    def _ask(self, sql: str, fmt: str, params: dict[str, str] | None = None) -> str:
+    def _ask(self, sql: str, fmt: str, params: dict[str, str] | None = None,
+             body: bytes | None = None, encoding: str = "") -> str:
         """chload's own query, answered as text.
 
         18.16 lists system.tables (and parts) by name and fails the whole query with
@@ -161,7 +166,11 @@ class ServerTarget(StageFilling):
         meanwhile: another stream's stage, after its commit. Asked again, it answers.
         """
         def ask() -> str:
-            return self.client.post(sql, context=self.where, fmt=fmt, params=params).decode()
+            if body is None:
+                return self.client.post(sql, context=self.where, fmt=fmt,
+                                        params=params).decode()
+            return self.client.request(None, body, context=self.where, headers={
+                "Content-Encoding": encoding}, params={"default_format": fmt}).decode()
 
         def meanwhile(exc: BaseException) -> bool:
             return isinstance(exc, SchemaError) and _dropped_meanwhile(sql, exc)
@@ -196,6 +205,8 @@ class ServerTarget(StageFilling):
 
     def table_columns(self, table: str) -> list[Column] | None:
         """The table's columns (None: no such table); its engine is noted on the way."""
+        if table in self._columns_asked:  # just asked, to know its engine (_distributed)
+            return self._columns_asked.pop(table)
         database, name = split_table(table)
         where = f"database = {quote_str(database)} AND "
         rows = self.rows(f"SELECT name, type, default_kind, '' AS engine FROM system.columns "
@@ -242,6 +253,7 @@ class ServerTarget(StageFilling):
         (host pressure, server backpressure) until the controller is finished; the
         threads are enough for its bound."""
         self._setup = self.client.stats.others()
+        self.batcher.slack = max(STAGING, streams)
         if adapt is None:
             self._streams = Streams(streams)
             return streams + max(STAGING, streams)
@@ -257,16 +269,18 @@ class ServerTarget(StageFilling):
         errors_file = (os.path.join(self.path, f"rejects-{stage}.csv")
                        if job.budget.allows_errors else "")
         try:
-            job = identity.as_read(job)
-            self.loading.add(job.table)
-            self._streams.stage_turn()
-            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
-                         f"{self.stage_engines.get(job.table, '')}")
-            read = self._budgeted(job, stage, errors_file) if errors_file else self._fill(
-                job, stage)
-            rows, partitions = seal(self, stage)
-            identity.check_read(job)
-            rejected = self.rejects.keep(job, stage, errors_file, rows) if errors_file else 0
+            with self.batcher.filling():
+                job = identity.as_read(job)
+                self.loading.add(job.table)
+                self._streams.stage_turn()
+                self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
+                             f"{self.stage_engines.get(job.table, '')}")
+                read = self._budgeted(job, stage, errors_file) if errors_file else self._fill(
+                    job, stage)
+                rows, partitions = seal(self, stage)
+                identity.check_read(job)
+                rejected = (self.rejects.keep(job, stage, errors_file, rows)
+                            if errors_file else 0)
         except ChloadError as exc:
             error = explain_gone(job.file, exc)
             if not isinstance(error, TransientError):
@@ -281,8 +295,7 @@ class ServerTarget(StageFilling):
         progress(rows, read)
         event = _event(job, "", rows=rows, read=read)
         try:
-            done = self.committer.commit(job.table, job.table_display, stage, partitions,
-                                         [event], self._started_ns, job.follows)
+            done = self._commit(job, stage, partitions, [event])
         except TransientError:
             self._drop(stage)  # nothing was committed; the runner may try again
             raise
@@ -327,24 +340,16 @@ class ServerTarget(StageFilling):
         a file-by-file retry of a batch that may have committed load nothing)."""
         self._check_engine(job)
         stage = stage_name(self.committer.holder)
-        done: list[Loaded] = []
         try:
-            job = identity.as_read(job)
-            self.loading.add(job.table)
-            self._streams.stage_turn()
-            self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
-                         f"{self.stage_engines.get(job.table, '')}")
-            if self._gathers(job):
-                done = self._flow(job, stage)
-            else:
-                total = 0
-                for f in job.files:
-                    read = self._fill(replace(job, file=f, batch=()), stage, fallback=False)
-                    now = int(self.rows(f"SELECT count() AS n FROM {DATABASE}.{stage}")[0]["n"])
-                    done.append(Loaded(now - total, read))
-                    total = now
-            rows, partitions = seal(self, stage)
-            identity.check_read(job)
+            with self.batcher.filling():
+                job = identity.as_read(job)
+                self.loading.add(job.table)
+                self._streams.stage_turn()
+                self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
+                             f"{self.stage_engines.get(job.table, '')}")
+                done = self._fill_batch(job, stage)
+                rows, partitions = seal(self, stage)
+                identity.check_read(job)
         except ChloadError:
             self._drop(stage)
             raise
@@ -352,8 +357,7 @@ class ServerTarget(StageFilling):
         events = [_event(replace(job, file=f), "", rows=d.rows, read=d.bytes)
                   for f, d in zip(job.files, done, strict=True)]
         try:
-            committed = self.committer.commit(job.table, job.table_display, stage, partitions,
-                                              events, self._started_ns, job.follows)
+            committed = self._commit(job, stage, partitions, events)
         except TransientError:
             self._drop(stage)
             raise
@@ -365,6 +369,29 @@ class ServerTarget(StageFilling):
         self._count_unit(len(events))
         self._drop(stage)
         return done
+
+    def _fill_batch(self, job: LoadJob, stage: str) -> list[Loaded]:
+        """Fill one stage with a batch's files; each file's rows and bytes."""
+        if self._gathers(job):
+            return self._flow(job, stage)
+        done: list[Loaded] = []
+        total = 0
+        for f in job.files:
+            read = self._fill(replace(job, file=f, batch=()), stage, fallback=False)
+            now = int(self.rows(f"SELECT count() AS n FROM {DATABASE}.{stage}")[0]["n"])
+            done.append(Loaded(now - total, read))
+            total = now
+        return done
+
+    def _commit(self, job: LoadJob, stage: str, partitions: Sequence[str],
+                events: Sequence[FileEvent]) -> bool:
+        """Commit a filled stage: with others, in fewer groups (commit_batch.py); a unit
+        of a stream at once, in its order."""
+        if job.follows:
+            return self.committer.commit(job.table, job.table_display, stage, partitions,
+                                         events, self._started_ns, job.follows)
+        return self.batcher.commit(job.table, job.table_display, stage, partitions, events,
+                                   self._started_ns)
 
     def _count_unit(self, files: int) -> None:
         with self._reading_guard:
@@ -393,6 +420,19 @@ class ServerTarget(StageFilling):
             raise SchemaError(f"table {job.table_display} has engine {engine or '?'}: chload "
                               "loads exactly once only into MergeTree-family tables (it "
                               "attaches whole partitions); load into a MergeTree table")
+
+    def _probe(self) -> Capabilities:
+        """The server's capabilities (capabilities.py), the question sent gzip-compressed:
+        an answer says the server reads gzip bodies too, so the first gzip file is not
+        held back by asking (a round trip on every gzip load's way to its first byte)."""
+        packer = zlib.compressobj(wbits=31)  # gzip framing
+        try:
+            caps = probe(lambda sql: self._ask(sql, "TSV", body=packer.compress(sql.encode())
+                                               + packer.flush(), encoding="gzip"),
+                         self._accepts_encoding)
+        except TerminalError:  # e.g. Code: 89, Unknown Content-Encoding: ask plainly
+            return probe(lambda sql: self._ask(sql, "TSV"), self._accepts_encoding)
+        return replace(caps, encodings=caps.encodings | {"gzip"})
 
     def _accepts_encoding(self, method: str, body: bytes) -> bool:
         self.client.request(None, body, context=self.where,
@@ -425,10 +465,10 @@ class ServerTarget(StageFilling):
         return for_table(self, table, shards, shard_by, dict(env))
 
     def _distributed(self, table: str) -> bool:
-        database, name = split_table(table)
-        return bool(self.rows(f"SELECT 1 AS d FROM system.tables WHERE database = "
-                              f"{quote_str(database)} AND name = {quote_str(name)} AND "
-                              "engine = 'Distributed'"))
+        """Is `table` Distributed? Asked with its columns, which the planner asks next
+        (kept for that one call): a round trip less before the first byte."""
+        self._columns_asked[table] = self.table_columns(table)
+        return self._engines.get(table) == "Distributed"
 
     def shard_report(self) -> list[dict]:
         return []

@@ -122,14 +122,17 @@ def test_sigkills_and_a_server_restart_then_exactly_once(
     assert proc.wait(timeout=30) == -signal.SIGKILL
 
     # 2. killed inside a commit window: committing logged, lock held, nothing attached
-    proc = _start(clickhouse, trips, table_name, {"CHLOAD_CRASH_AT": "server-before-attach:2"})
+    # (the first group's: a later one would leave the next run too little to load)
+    proc = _start(clickhouse, trips, table_name, {"CHLOAD_CRASH_AT": "server-before-attach:1"})
     assert proc.wait(timeout=120) == -signal.SIGKILL, proc.stderr.read() if proc.stderr else ""
     assert q(clickhouse, "SELECT count() FROM system.tables WHERE database = 'chload' AND "
                          "startsWith(name, 'lock_')") != "0"  # the dead loader's lock
 
-    # 3. the server is killed and restarted while a run is loading
+    # 3. the server is killed and restarted while a run is loading, right after an
+    # attach (each waits 2 s there: filled stages commit together, the whole run's
+    # files at once when they finish together, which a poll would miss)
     before = _loaded_files(clickhouse, table_name)
-    proc = _start(clickhouse, trips, table_name)
+    proc = _start(clickhouse, trips, table_name, {"CHLOAD_PAUSE_AT": "after-attach:2"})
     _wait_for(lambda: _loaded_files(clickhouse, table_name) > before, proc)
     clickhouse.restart(hard=True)
     proc.wait(timeout=180)  # it may finish (retries) or give some files up
@@ -169,7 +172,7 @@ def test_small_files_batched_exactly_once_after_a_kill(
     make_trips(str(tmp_path), 40, 2000)
     files = str(tmp_path / "*.csv.gz")
     crash = run_chload("load", files, "--table", table_name, "--target", url(clickhouse),
-                       env={**env(clickhouse), "CHLOAD_CRASH_AT": "server-before-attach:2"})
+                       env={**env(clickhouse), "CHLOAD_CRASH_AT": "server-before-attach:1"})
     assert crash.returncode == -signal.SIGKILL
     code, report = load(clickhouse, files, "--table", table_name)
     assert code == 0, report
