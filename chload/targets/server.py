@@ -270,11 +270,7 @@ class ServerTarget(StageFilling):
                        if job.budget.allows_errors else "")
         try:
             with self.batcher.filling():
-                job = identity.as_read(job)
-                self.loading.add(job.table)
-                self._streams.stage_turn()
-                self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
-                             f"{self.stage_engines.get(job.table, '')}")
+                job = self._open_stage(job, stage)
                 read = self._budgeted(job, stage, errors_file) if errors_file else self._fill(
                     job, stage)
                 rows, partitions = seal(self, stage)
@@ -327,6 +323,16 @@ class ServerTarget(StageFilling):
         return server_groups.plan(files, workers, self._pushed, JSON_LINES,
                                   streamed=not self.url.secure, columns=self._width)
 
+    def _open_stage(self, job: LoadJob, stage: str) -> LoadJob:
+        """Create `stage` for `job` (as its table, in its stage engine) once its stream
+        may start; the job as it will be read."""
+        job = identity.as_read(job)
+        self.loading.add(job.table)
+        self._streams.stage_turn()
+        self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
+                     f"{self.stage_engines.get(job.table, '')}")
+        return job
+
     def _pushed(self, f: SourceFile) -> bool:
         """Must the loader's engine read `f`, whatever the job (fill.py `path_for`)?"""
         return (self.url.path == "push" or not f.local_path
@@ -342,11 +348,7 @@ class ServerTarget(StageFilling):
         stage = stage_name(self.committer.holder)
         try:
             with self.batcher.filling():
-                job = identity.as_read(job)
-                self.loading.add(job.table)
-                self._streams.stage_turn()
-                self.command(f"CREATE TABLE {DATABASE}.{stage} AS {job.table}"
-                             f"{self.stage_engines.get(job.table, '')}")
+                job = self._open_stage(job, stage)
                 done = self._fill_batch(job, stage)
                 rows, partitions = seal(self, stage)
                 identity.check_read(job)
