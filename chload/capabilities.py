@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import re
 import threading
+import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from chload.errors import SchemaError, TerminalError
 from chload.schema import Column
@@ -125,6 +126,23 @@ def probe(query: Callable[[str], str],
         settings=frozenset(found.get("setting", ())), types=frozenset(found.get("type", ())),
         ledger_tables=frozenset(found.get("ledger", ())), post_encoded=post_encoded,
     )
+
+
+def probe_gzipped(ask: Callable[[str, bytes | None], str],
+                  post_encoded: Callable[[str, bytes], bool] | None = None) -> Capabilities:
+    """As `probe`, the question sent gzip-compressed (`ask(sql, body)`; body None: plain):
+    an answer says the server reads gzip bodies too, so a load's first gzip file is not
+    held back by asking (a round trip on its way to the first byte). A server that
+    refuses the encoding (Code 89, Unknown Content-Encoding) is asked plainly."""
+    def gzipped(sql: str) -> bytes:
+        packer = zlib.compressobj(wbits=31)  # gzip framing
+        return packer.compress(sql.encode()) + packer.flush()
+
+    try:
+        caps = probe(lambda sql: ask(sql, gzipped(sql)), post_encoded)
+    except TerminalError:
+        return probe(lambda sql: ask(sql, None), post_encoded)
+    return replace(caps, encodings=caps.encodings | {"gzip"})
 
 
 # -- types ----------------------------------------------------------------------------

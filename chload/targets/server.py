@@ -40,20 +40,18 @@ import shutil
 import tempfile
 import threading
 import time
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 
 from chload import rejects
 from chload.adaptive import Controller
-from chload.capabilities import Capabilities, probe, server_columns, storable
+from chload.capabilities import Capabilities, probe_gzipped, server_columns, storable
 from chload.engine import Engine
 from chload.errors import (
     ChloadError,
     DataError,
     SchemaError,
-    TerminalError,
     TransientError,
     UsageError,
     missing_table,
@@ -424,17 +422,8 @@ class ServerTarget(StageFilling):
                               "attaches whole partitions); load into a MergeTree table")
 
     def _probe(self) -> Capabilities:
-        """The server's capabilities (capabilities.py), the question sent gzip-compressed:
-        an answer says the server reads gzip bodies too, so the first gzip file is not
-        held back by asking (a round trip on every gzip load's way to its first byte)."""
-        packer = zlib.compressobj(wbits=31)  # gzip framing
-        try:
-            caps = probe(lambda sql: self._ask(sql, "TSV", body=packer.compress(sql.encode())
-                                               + packer.flush(), encoding="gzip"),
-                         self._accepts_encoding)
-        except TerminalError:  # e.g. Code: 89, Unknown Content-Encoding: ask plainly
-            return probe(lambda sql: self._ask(sql, "TSV"), self._accepts_encoding)
-        return replace(caps, encodings=caps.encodings | {"gzip"})
+        return probe_gzipped(lambda sql, body: self._ask(sql, "TSV", body=body, encoding="gzip"),
+                             self._accepts_encoding)
 
     def _accepts_encoding(self, method: str, body: bytes) -> bool:
         self.client.request(None, body, context=self.where,

@@ -3,11 +3,14 @@ SQL (no server: scripted answers)."""
 
 from __future__ import annotations
 
+import gzip
+
 import pytest
 
 from chload.capabilities import (
     Capabilities,
     probe,
+    probe_gzipped,
     server_columns,
     server_type,
     storable,
@@ -55,6 +58,28 @@ def test_probe_reads_one_query_and_asks_about_an_encoding_when_needed() -> None:
     assert caps.accepts("gzip") and not caps.accepts("zstd") and caps.accepts("gzip")
     assert not caps.accepts("snappy")  # no probe for it: never posted as is
     assert tried == ["gzip", "gzip", "zstd"]
+
+
+def test_probe_is_sent_gzipped_and_a_refusal_asks_plainly() -> None:
+    answer = "version\t18.16.1\nformat\tCSV\n"
+    asked: list[bytes | None] = []
+
+    def ask(sql: str, body: bytes | None) -> str:
+        asked.append(body)
+        if body is not None and refuse:
+            raise DataError("Code: 89. Unknown Content-Encoding of HTTP request: gzip")
+        assert body is None or gzip.decompress(body).decode() == sql
+        return answer
+
+    refuse = False
+    caps = probe_gzipped(ask)
+    assert caps.version == "18.16.1" and "gzip" in caps.encodings and len(asked) == 1
+    assert caps.accepts("gzip")  # known from the probe: no second request
+    asked.clear()
+    refuse = True
+    caps = probe_gzipped(ask)
+    assert caps.input_formats == {"CSV"} and "gzip" not in caps.encodings
+    assert [b is None for b in asked] == [False, True]
 
 
 def test_probe_bodies_are_select_1_compressed() -> None:
