@@ -37,13 +37,13 @@ from chload.targets.commit import Committer
 MAX_WAIT = 1.0  # seconds a filled stage waits for others at most
 
 
+_Unit = tuple[str, Sequence[str] | None, Sequence[FileEvent], int]  # Committer.commit_group's
+
+
 @dataclass(slots=True)
 class _Waiting:
-    stage: str
-    partitions: Sequence[str] | None
-    events: Sequence[FileEvent]
-    since_ns: int
-    since: float
+    unit: _Unit
+    since: float  # time.monotonic() when it began to wait
     taken: bool = False  # by a thread committing its group
     outcome: bool | BaseException | None = None
 
@@ -72,7 +72,7 @@ class CommitBatcher:
     def commit(self, table: str, display: str, stage: str, partitions: Sequence[str] | None,
                events: Sequence[FileEvent], since_ns: int) -> bool:
         """As Committer.commit, once this unit's group is due (module docstring)."""
-        own = _Waiting(stage, partitions, events, since_ns, time.monotonic())
+        own = _Waiting((stage, partitions, events, since_ns), time.monotonic())
         key = (table, display)
         group: list[_Waiting] = []
         with self._cv:
@@ -114,7 +114,7 @@ class CommitBatcher:
         table, display = key
         try:
             outcomes: list[bool | BaseException] = self.committer.commit_group(
-                table, display, [(w.stage, w.partitions, w.events, w.since_ns) for w in group])
+                table, display, [w.unit for w in group])
         except BaseException as exc:  # noqa: BLE001 (each unit raises it in its thread)
             outcomes = [exc] * len(group)
         with self._cv:
