@@ -111,7 +111,6 @@ class ClusterTarget(Ending):
         self._layout_written = threading.Event()
         self._layout_written.set()
         self._layout_error: ChloadError | None = None
-        self._routing = threading.Event()  # a unit's stages are made: its rows go now
         self._busy_since: dict[int, list] = {}  # shard -> [commits under way, since when]
         self._busy_guard = threading.Lock()
         self._dropping: list[threading.Thread] = []  # _drop_later
@@ -202,11 +201,8 @@ class ClusterTarget(Ending):
 
     def _record_layout(self) -> None:
         """The layout this run routes by, on each shard whose record of it is missing or
-        old (cluster_ledger.check_layout allowed the change): written once the first
-        unit's rows go (by row; at once by file, whose loads wait for it), and waited
-        for before any commit (`_layout_recorded`). A ledger INSERT writes a part of ~50
-        files, 20-60 ms on a busy machine here: alongside the first units' stage
-        CREATEs it delayed the first row."""
+        old (cluster_ledger.check_layout allowed the change): written while the first
+        units route, and waited for before any commit (`_layout_recorded`)."""
         layout, shards = layout_of(self), [s for s in self.shards if s.number in self.relayout]
         self.relayout = []
         if not shards:
@@ -215,8 +211,6 @@ class ClusterTarget(Ending):
 
         def write() -> None:
             try:
-                if not self.by_file:
-                    self._routing.wait(1.0)
                 at_once([(lambda s=s: s.target.ledger.record([FileEvent(  # type: ignore[misc]
                     f"{s.local_display} {LAYOUT}", LAYOUT, layout, 0, 0, LAYOUT)]))
                     for s in shards])
@@ -311,7 +305,6 @@ class ClusterTarget(Ending):
                 for s in self.shards] + [lambda: self.entry.command(
                     f"CREATE TABLE {DATABASE}.{route} AS {self.table} ENGINE = Distributed("
                     f"{quote_ident(self.dist.cluster)}, {DATABASE}, {stage}, {self.dist.key})")])
-            self._routing.set()
             done, by_file = self._route(job, route, stage)
             self._drop_later(None, route, [])  # (not left for the tail: 10 DROPs fewer)
             sealed = at_once([lambda s=s: seal(s.target, stage)  # type: ignore[misc]
