@@ -117,8 +117,11 @@ class Bench:
     def __init__(self, kind: str, db: services.Service, server: services.Service | None):
         self.kind, self.db, self.server = kind, db, server
         self.host, self.port = db.endpoint.split(":")
+        # PYTHONSAFEPATH: `python -m chload` puts the working directory first on
+        # sys.path, before PYTHONPATH, so a variant's other tree (`@DIR`) ran this
+        # directory's chload when the bench was started from a checkout
         self.env = {**os.environ, "PGPASSWORD": PASSWORD, "MYSQL_PWD": PASSWORD,
-                    "PYTHONPATH": str(HERE.parent)}
+                    "PYTHONPATH": str(HERE.parent), "PYTHONSAFEPATH": "1"}
         self.url = (f"postgresql://loader@{db.endpoint}/shop/public.orders"
                     if kind == "postgresql" else f"mysql://loader@{db.endpoint}/shop/orders")
 
