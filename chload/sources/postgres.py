@@ -85,7 +85,7 @@ class PostgresSession:
             raise
         try:
             self.info = self._describe(incremental_by)
-            self.order = self._order()
+            self.order = ""  # ranges read in key order: read_in_key_order
             self._all("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             self.snapshot = str(self._one("SELECT pg_export_snapshot()")[0])
         except BaseException:
@@ -127,21 +127,29 @@ class PostgresSession:
                              "integer, date or timestamp column that only grows")
         return TableInfo(columns, key, axis, not axis or types[axis] in _INTEGER_AXIS)
 
-    def _order(self) -> str:
-        """` ORDER BY <key>` where the rows are to be read in key order, else ''.
+    def read_in_key_order(self) -> None:
+        """Read each range in primary key order where that is an ordered read of the
+        table (`_order`); asked by a target that sorts a unit's rows after its last
+        byte (DatabaseSource.list, SourceContext's `key_order`).
 
         Why: the created table (and the stage a range is loaded into) is sorted by the
-        source's primary key, and an engine writing a block not already in key order
-        sorts it first: into 18.16 that sort (the permutation of every column, with
-        its memory) was 0.15 of the 0.37-0.40 server CPU-s written after a 2M-row
-        range's last byte, when nothing else overlaps it (perf). A sequential scan is
-        not quite in key order even for a table filled in key order (rows in reused
-        space); a scan of the primary key's index is, at +0.1 database CPU-s per 2M
-        rows spent while the rows stream. So: only by a one-column primary key (the
-        axis: its index exists), and only where the table lies in key order already
-        (pg_stats' correlation of the key >= CORRELATED), so that the index scan reads
-        the table's pages in order rather than at random (a table without statistics
-        is read as it lies)."""
+        source's primary key, and a server writing a block not already in key order
+        sorts it first. Into 18.16 the stage of a range is one part written after the
+        range's last byte, when nothing else overlaps it, and that sort (a permutation
+        of every column, with its memory) was about 0.15 of the 0.37-0.40 server CPU-s
+        spent then (perf, 2M rows). A sequential scan is not quite in key order even
+        for a table filled in key order (rows in reused space); a scan of the key's
+        index is, at +0.1-0.13 database CPU-s per 2M rows, spent while the rows stream.
+        Into the embedded target, which writes as the rows come and is short of CPU
+        on 2 cores, that cost was a loss (bench/databases.py, docs/databases.md run I).
+        """
+        self.order = self._order()
+
+    def _order(self) -> str:
+        """` ORDER BY <key>` by a one-column primary key (the axis: its index exists),
+        where the table lies in key order already (pg_stats' correlation of the key
+        >= CORRELATED), so that the index scan reads the table's pages in order rather
+        than at random; else '' (also for a table without statistics)."""
         key = self.info.key
         if self.query or not self.info.axis or key != [self.info.axis]:
             return ""
