@@ -1,14 +1,15 @@
-"""PostgreSQL ranges read in primary key order only where that is an ordered read of
-the table (postgres.PostgresSession._order): by a one-column primary key, on a table
-whose statistics say it lies in key order."""
+"""How a PostgreSQL range is read: in primary key order only where that is an ordered
+read of the table (postgres.PostgresSession._order): by a one-column primary key, on a
+table whose statistics say it lies in key order; by psql writing 1 MiB at a time."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
-from chload.sources import SourceContext
+from chload.sources import SourceContext, postgres
 from chload.sources.database import DbColumn, TableInfo, parse_url
 from chload.sources.postgres import PostgresSession, PostgresSource
 
@@ -80,3 +81,16 @@ def test_only_a_target_that_asks_gets_ranges_in_key_order(
     [unit] = PostgresSource().open().list(URL, context)
     script = session._script(unit.location).decode()
     assert script.count("ORDER BY") == (1 if asked else 0)
+
+
+def test_psql_writes_a_range_1_mib_at_a_time_where_stdbuf_can_run_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    library = tmp_path / "coreutils" / "libstdbuf.so"
+    monkeypatch.setattr(postgres, "_LIBEXEC", (str(tmp_path),))
+    monkeypatch.setattr(postgres.shutil, "which", lambda name: f"/bin/{name}")
+    assert postgres._buffered("/pg/psql") == ["/pg/psql"]  # no library: stdbuf would fail
+    library.parent.mkdir()
+    library.write_bytes(b"")
+    assert postgres._buffered("/pg/psql") == ["/bin/stdbuf", "--output=1048576", "/pg/psql"]
+    monkeypatch.setattr(postgres.shutil, "which", lambda name: None)
+    assert postgres._buffered("/pg/psql") == ["/pg/psql"]
