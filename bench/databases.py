@@ -117,8 +117,11 @@ class Bench:
     def __init__(self, kind: str, db: services.Service, server: services.Service | None):
         self.kind, self.db, self.server = kind, db, server
         self.host, self.port = db.endpoint.split(":")
+        # PYTHONSAFEPATH: `python -m chload` puts the working directory first on
+        # sys.path, before PYTHONPATH, so a variant's other tree (`@DIR`) ran this
+        # directory's chload when the bench was started from a checkout
         self.env = {**os.environ, "PGPASSWORD": PASSWORD, "MYSQL_PWD": PASSWORD,
-                    "PYTHONPATH": str(HERE.parent)}
+                    "PYTHONPATH": str(HERE.parent), "PYTHONSAFEPATH": "1"}
         self.url = (f"postgresql://loader@{db.endpoint}/shop/public.orders"
                     if kind == "postgresql" else f"mysql://loader@{db.endpoint}/shop/orders")
 
@@ -233,8 +236,18 @@ def measure(bench: Bench, methods: dict[str, Method], repeats: int) -> dict[str,
                 runs.setdefault(name, []).append(timed(argv, bench.env, bench.db, bench.server))
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-    return {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
-            for name, rs in runs.items()}
+    medians = {name: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+               for name, rs in runs.items()}
+    for name, rs in runs.items():  # a variant against chload in the same rounds
+        words = name.split()
+        if len(words) == 4 and words[0] == "chload" and words[2] == "--workers":
+            paired = runs.get(f"chload --workers {words[3]}", [])
+            ratios = [v["wall"] / b["wall"] for v, b in zip(rs, paired, strict=False)]
+            if ratios:
+                medians[name]["paired"] = statistics.median(ratios)
+                print(f"  {name}: wall / chload's, round by round: "
+                      + " ".join(f"{r:.3f}" for r in ratios), flush=True)
+    return medians
 
 
 def report(title: str, rows: int, medians: dict[str, dict]) -> dict:
@@ -242,9 +255,10 @@ def report(title: str, rows: int, medians: dict[str, dict]) -> dict:
     print(f"\n{title}: {rows:,} rows; speed x = fastest single stream ({single:.2f} s) / "
           f"method; CPU seconds: loader tree / source / server", flush=True)
     for name, m in medians.items():
+        paired = f"   paired {m['paired']:.3f}" if "paired" in m else ""
         print(f"  {name:<38} {m['wall']:6.2f} s  speed x {single / m['wall']:4.2f}   cpu "
-              f"{m['loader_cpu']:5.2f} / {m['source_cpu']:5.2f} / {m['server_cpu']:5.2f}",
-              flush=True)
+              f"{m['loader_cpu']:5.2f} / {m['source_cpu']:5.2f} / {m['server_cpu']:5.2f}"
+              f"{paired}", flush=True)
     return {"rows": rows, "methods": medians, "single_stream_best": single}
 
 

@@ -55,8 +55,11 @@ _INTEGER_AXIS = {"smallint", "integer", "bigint"}
 _TIME_AXIS = {"date", "timestamp without time zone", "timestamp with time zone"}
 _ARRAY_ELEMENTS = {"smallint", "integer", "bigint", "real", "double precision", "text",
                    "character varying", "boolean", "uuid"}
+_LIBEXEC = ("/usr/libexec", "/usr/lib", "/usr/local/libexec")  # where stdbuf's library is
 _PG_LIB = "/usr/lib/postgresql"  # Debian's clients, one directory per version
 FINISH_SECONDS = 60  # after its output ended, psql only commits and exits
+OUT_BUFFER = 1 << 20  # a range's psql writes its COPY output this much at a time (_buffered)
+CORRELATED = 0.9  # a key this correlated with the table's order is read in order (_order)
 _TRANSIENT = ("could not connect", "Connection refused", "server closed the connection",
               "timeout expired", "the database system is starting up")
 
@@ -75,6 +78,7 @@ class PostgresSession:
                  pipes: bool = False) -> None:
         self.url, self.query = url, query
         self.psql = _client()
+        self.reader = _buffered(self.psql)  # a range's psql (the control's is plain)
         self.spare: tuple[int, subprocess.Popen[bytes], IO[bytes]] | None = (
             self._spawn() if pipes else None)  # (ranges are streamed: SourceContext.pipes)
         try:
@@ -84,6 +88,7 @@ class PostgresSession:
             raise
         try:
             self.info = self._describe(incremental_by)
+            self.order = ""  # ranges read in key order: read_in_key_order
             self._all("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             self.snapshot = str(self._one("SELECT pg_export_snapshot()")[0])
         except BaseException:
@@ -125,6 +130,40 @@ class PostgresSession:
                              "integer, date or timestamp column that only grows")
         return TableInfo(columns, key, axis, not axis or types[axis] in _INTEGER_AXIS)
 
+    def read_in_key_order(self) -> None:
+        """Read each range in primary key order where that is an ordered read of the
+        table (`_order`); asked by a target that sorts a unit's rows after its last
+        byte (DatabaseSource.list, SourceContext's `key_order`).
+
+        Why: the created table (and the stage a range is loaded into) is sorted by the
+        source's primary key, and a server writing a block not already in key order
+        sorts it first. Into 18.16 the stage of a range is one part written after the
+        range's last byte, when nothing else overlaps it, and that sort (a permutation
+        of every column, with its memory) was about 0.15 of the 0.37-0.40 server CPU-s
+        spent then (perf, 2M rows). A sequential scan is not quite in key order even
+        for a table filled in key order (rows in reused space); a scan of the key's
+        index is, at +0.1-0.13 database CPU-s per 2M rows, spent while the rows stream.
+        Into the embedded target, which writes as the rows come and is short of CPU
+        on 2 cores, that cost was a loss (bench/databases.py, docs/databases.md run I).
+        """
+        self.order = self._order()
+
+    def _order(self) -> str:
+        """` ORDER BY <key>` by a one-column primary key (the axis: its index exists),
+        where the table lies in key order already (pg_stats' correlation of the key
+        >= CORRELATED), so that the index scan reads the table's pages in order rather
+        than at random; else '' (also for a table without statistics)."""
+        key = self.info.key
+        if self.query or not self.info.axis or key != [self.info.axis]:
+            return ""
+        found = self._all(f"SELECT correlation FROM pg_stats WHERE schemaname = "
+                          f"{_text(self.url.schema)} AND tablename = {_text(self.url.table)}"
+                          f" AND attname = {_text(key[0])}")
+        value = found[0][0] if found else None
+        if value is None or abs(float(value)) < CORRELATED:
+            return ""
+        return f" ORDER BY {_ident(key[0])}"
+
     def _from(self) -> str:
         if self.query:
             return f"({self.query}) AS chload_query"
@@ -152,7 +191,8 @@ class PostgresSession:
         return (f"\\set ON_ERROR_STOP 1\nBEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;\n"
                 f"SET TRANSACTION SNAPSHOT '{self.snapshot}';\nSET DateStyle = ISO;\n"
                 "SET extra_float_digits = 1;\nSET bytea_output = hex;\n"
-                f"COPY (SELECT {selects} FROM {self._from()} WHERE {where}) TO STDOUT;\n"
+                f"COPY (SELECT {selects} FROM {self._from()} WHERE {where}{self.order}) "
+                "TO STDOUT;\n"
                 "COMMIT;\n").encode()
 
     def _start(self, out: int) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
@@ -160,7 +200,7 @@ class PostgresSession:
         connects meanwhile."""
         errors = tempfile.TemporaryFile()
         try:
-            proc = subprocess.Popen([self.psql, "-X", "-q", *_where(self.url)],
+            proc = subprocess.Popen([*self.reader, "-X", "-q", *_where(self.url)],
                                     stdin=subprocess.PIPE, stdout=out, stderr=errors,
                                     env=_env(self.url, self.psql))
         except BaseException:
@@ -378,6 +418,24 @@ def _client() -> str:
         raise UsageError("psql (PostgreSQL's client) is needed on this machine to read "
                          "PostgreSQL: install it (e.g. apt-get install postgresql-client)")
     return _unwrapped(found)
+
+
+def _buffered(psql: str) -> list[str]:
+    """psql under coreutils' `stdbuf -o`, where it is installed: psql writes a COPY's
+    rows with stdio's fwrite, one row at a time, into a pipe's 4 KiB stdio buffer, so
+    2M rows were 27,000 write()s, and the reader of the pipe (chDB's file(), or the
+    relay posting it to a server in 1 MiB chunks) woke and read as often; with a 1 MiB
+    buffer they are about 100. (psql flushes only at the COPY's end; stdbuf sets the
+    buffer through its LD_PRELOAD library, then execs psql: the same process.)
+    Measured (docs/databases.md run I, PostgreSQL 2M rows): the loader's CPU 0.04-0.13
+    s less; 2 workers into 18.16 1.07 against 1.19 s (6 rounds, every one ahead), 1
+    worker the same. Without stdbuf or its library (which it needs to run psql at
+    all), psql runs as it is."""
+    stdbuf = shutil.which("stdbuf")
+    if not stdbuf or not any(os.path.exists(os.path.join(d, "coreutils", "libstdbuf.so"))
+                             for d in _LIBEXEC):
+        return [psql]
+    return [stdbuf, f"--output={OUT_BUFFER}", psql]
 
 
 def _unwrapped(psql: str) -> str:
