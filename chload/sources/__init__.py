@@ -112,6 +112,8 @@ class SourceContext:
     # ones included: recovery finishes them); a source of ranges lists the complement
     pipes: bool = False  # the engine that loads runs in this process and reads a pipe
     # (/dev/fd/N): a fetched unit may stream into it rather than be spooled first
+    key_order: bool = False  # the target sorts a unit by its key after the last byte
+    # (Target.wants_key_order): a database source reads ranges in key order where cheap
 
 
 class Source(Protocol):

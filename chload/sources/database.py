@@ -357,7 +357,7 @@ class DatabaseSource:
         self.session = db_early.claim(pattern, db_early.key(context)) or self._session(
             parse_url(pattern, context.select), context)
         ordered = getattr(self.session, "read_in_key_order", None)
-        if ordered is not None and getattr(context, "key_order", False):
+        if ordered is not None and context.key_order:
             ordered()  # PostgreSQL (MySQL/MariaDB: InnoDB reads a table in key order)
         committed = context.committed() if context.committed is not None else {}
         return plan_units(self.session, self.kind, sorted(committed.items()),

@@ -72,6 +72,8 @@ class Loaded(NamedTuple):
 class Target(Protocol):
     reads_pipes: bool  # a unit may be a pipe, read by the engine while it is written
     single_writer: bool  # no other process can load into it meanwhile (its own lock)
+    wants_key_order: bool  # it sorts a unit's rows by the table's key after the last
+    # byte: a source that can give them in that order cheaply should (SourceContext)
     """Everything api.py, the planner, the runner, the ledger and rejects.py use of a
     target. EmbeddedTarget and ServerTarget implement all of it (checked by mypy:
     `_conforms` below), and so does the unit tests' FakeTarget (tests/unit/fake_target.py)."""

@@ -91,6 +91,7 @@ class EmbeddedTarget:
     reads_pipes = True  # the engine is in this process: a fetched unit may be a pipe
     single_writer = True  # the directory's flock (engine.py)
     # it reads as /dev/fd/N while the source writes (SourceContext.pipes)
+    wants_key_order = False  # it writes as rows come; an ordered read was a loss here
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)

@@ -109,6 +109,7 @@ class ServerTarget(StageFilling):
 
     reads_pipes = True  # a piped unit is posted chunked as it comes (fill.py, is_pipe)
     single_writer = False
+    wants_key_order = True  # a one-part stage is sorted after its last byte (18.16)
 
     def __init__(self, url: TargetURL) -> None:
         self.url = url

@@ -85,6 +85,7 @@ class FakeTarget:
     display = "fake target"
     database = "default"
     reads_pipes = False
+    wants_key_order = False
     single_writer = True
 
     def __init__(self, workdir: str, *, transient: dict[str, int] | None = None,

@@ -4,7 +4,6 @@ table whose statistics say it lies in key order; by psql writing 1 MiB at a time
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -61,14 +60,6 @@ def test_no_order_without_a_one_column_key_axis(key: list[str], axis: str,
     assert control.asked == []  # and nothing asked of the database
 
 
-@dataclass(frozen=True)
-class _Asking(SourceContext):
-    """The field a target sorting after the last byte sets (not in SourceContext yet:
-    docs/databases.md, run I)."""
-
-    key_order: bool = True
-
-
 @pytest.mark.parametrize("asked", [True, False])
 def test_only_a_target_that_asks_gets_ranges_in_key_order(
         asked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,7 +68,7 @@ def test_only_a_target_that_asks_gets_ranges_in_key_order(
     session.order, session.snapshot = "", "s-1"
     monkeypatch.setattr(PostgresSource, "_session", lambda self, url, context: session)
     monkeypatch.setattr(PostgresSession, "bounds", lambda self, axis: ("1", "10", 10))
-    context = (_Asking if asked else SourceContext)(patterns=(URL,), workers=1)
+    context = SourceContext(patterns=(URL,), workers=1, key_order=asked)
     [unit] = PostgresSource().open().list(URL, context)
     script = session._script(unit.location).decode()
     assert script.count("ORDER BY") == (1 if asked else 0)
