@@ -62,6 +62,7 @@ BLOCK_SETTINGS: tuple[tuple[str, str], ...] = (
 _live = [0]
 _live_guard = threading.Lock()
 _import_guard = threading.Lock()
+_RTLD_DEEPBIND = 0x8  # (dlfcn.h) as chdb/__init__.py preloads its library
 
 
 def idle() -> bool:
@@ -200,17 +201,37 @@ class Engine:
 
 
 def prefetch() -> None:
-    """Start importing chDB on a thread, for a command that will open an embedded target:
-    most of its 0.15-0.25 s is loading its library, which leaves the interpreter free, so
-    chload's own modules (~60 ms) import meanwhile. The first session waits for it."""
-    threading.Thread(target=_import_chdb, name="chload-import-chdb", daemon=True).start()
+    """Start loading chDB's engine library on a thread, for a command that will open an
+    embedded target: most of chDB's 0.15-0.25 s import is mapping that library, which
+    leaves the interpreter free, so chload's own modules (~60 ms) import meanwhile.
+
+    Only the library, by its absolute path, never the `chdb` package: the package's
+    import changes the process's working directory to its own while it loads, so a
+    relative path resolved meanwhile on another thread (the default `./chload-data`,
+    a source glob) landed inside site-packages. The import that opens the first
+    session (`_import_chdb`, on the thread that asks) then finds the library mapped."""
+    threading.Thread(target=_map_library, name="chload-map-chdb", daemon=True).start()
+
+
+def _map_library() -> None:
+    try:
+        import ctypes
+        import importlib.util
+
+        spec = importlib.util.find_spec("chdb")  # finds; runs nothing of the package
+        library = os.path.join(os.path.dirname(spec.origin or ""), "_chdb.abi3.so") \
+            if spec is not None else ""
+        if os.path.isfile(library):  # the flags chDB loads it with: the same handle
+            ctypes.CDLL(library, mode=sys.getdlopenflags() | _RTLD_DEEPBIND)
+    except (ImportError, OSError, ValueError):
+        pass  # (the import that opens the first session loads it, or says why not)
 
 
 def _import_chdb() -> None:
     """Import chDB without pyarrow: chDB treats it as optional (Arrow results only, which
     chload never asks for), and importing it (and numpy) costs 0.1-0.3 s of every run's
     start. Only while chDB imports; a later `import pyarrow` works as usual. One thread
-    at a time (prefetch): a second waits for the first's import."""
+    at a time: a second waits for the first's import."""
     with _import_guard:
         if "chdb.session" in sys.modules or "pyarrow" in sys.modules:
             return

@@ -118,6 +118,7 @@ def test_a_chload_directory_is_never_a_source(tmp_path: Path) -> None:
     csv(work / "a.csv", 1)
     code, _, err = load(".", "--table", "t", cwd=str(work))  # default target ./chload-data
     assert code == 0, err
+    assert (work / "chload-data").is_dir()  # (once in chDB's own directory: engine.prefetch)
     csv(work / "b.csv", 2)
     code, report, err = load(".", "--table", "t", cwd=str(work))
     assert code == 0, err
