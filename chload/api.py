@@ -243,14 +243,15 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
     existing = target.table_columns(table.sql)
     described = sources.columns(listed)  # a source that knows its columns: no inference
     files = planner.resolve_format(target, listed, planner.known_names(existing, spec.schema),
-                                   forced=spec.format is not None or described is not None)
+                                   forced=spec.format is not None or described is not None,
+                                   delimiter=dict(spec.settings).get("format_csv_delimiter"))
     report.recovered = target.recover(table.sql)
     state = target.ledger.table_state(table.database, table.name)
     loaded, report.table_reset = planner.own_history(state,
                                                      target.ledger.loaded(table.display))
     plan = planner.decide(files, loaded, spec.force)
     refused: list[FileResult] = []
-    settings = _job_settings(spec)
+    settings = (*_job_settings(spec), *planner.csv_settings(files, spec.settings))
     if plan.to_load:
         columns, read_columns, created = planner.prepare_table(
             target, table, plan.to_load, existing=existing, schema=spec.schema,

@@ -39,6 +39,7 @@ class FileFormat:
 
     name: str  # a ClickHouse input format name
     compression: str  # a ClickHouse compression method, or "none"
+    delimiter: str = ""  # CSV's field separator when not `,` (format_csv_delimiter)
 
     @property
     def has_header(self) -> bool:

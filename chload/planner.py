@@ -25,6 +25,7 @@ from chload.schema import (
     Column,
     Tolerance,
     decide_header,
+    format_settings,
     header_columns,
     infer,
     match_columns,
@@ -162,19 +163,60 @@ def own_history(table: TableState, loaded: Mapping[str, FileEvent],
 
 
 def resolve_format(target: Target, files: Sequence[SourceFile],
-                   names: Sequence[str] = (), forced: bool = False) -> list[SourceFile]:
-    """Decide CSV/TSV headers once per format, for all its files (`_decide_header`).
+                   names: Sequence[str] = (), forced: bool = False,
+                   delimiter: str | None = None) -> list[SourceFile]:
+    """Decide the CSV delimiter once for the run (`_decide_delimiter`), then CSV/TSV
+    headers once per format, for all its files (`_decide_header`).
 
     `names`: the columns the data may have (the table's, or --schema's), if known.
     `forced`: the user named the format (--format), which then stands as ClickHouse
     reads it: `CSV` has no header line, `CSVWithNames` has one.
+    `delimiter`: the user's `format_csv_delimiter`, if set (then nothing is guessed).
     """
+    csv = [f for f in files if f.format.name.startswith("CSV")]
+    sep = _decide_delimiter(target, csv, delimiter) if csv else ""
+    files = [replace(f, format=_with_delimiter(f.format, sep))
+             if f.format.name.startswith("CSV") else f for f in files]
     decided: dict[FileFormat, FileFormat] = {}
     for fmt in dict.fromkeys(f.format for f in files):
         decided[fmt] = fmt
         if not forced and fmt.name in HEADER_FORMATS:
             decided[fmt] = _decide_header(target, [f for f in files if f.format == fmt], names)
     return [replace(f, format=decided[f.format]) for f in files]
+
+
+def _decide_delimiter(target: Target, files: Sequence[SourceFile], given: str | None) -> str:
+    """The run's CSV delimiter ('' for `,`): the user's, else `,` unless the first line
+    of the first CSV file that has one splits only on `;`, a tab or `|`
+    (sniff.guess_delimiter): a CSV saved with a European locale must not load as one
+    column named `a;b;c`. One per run, as the engine takes it as one setting; a file
+    written with another fails alone at the header check. `--setting
+    format_csv_delimiter=,` keeps `,` for a one-column file whose first line has a `;`."""
+    if given is not None:
+        return "" if given == "," else given
+    for sample in samples(files):
+        text = _first_text(target, sample)
+        if text is not None:
+            return sniff.guess_delimiter(text) or ""
+    return ""
+
+
+def _with_delimiter(fmt: FileFormat, sep: str) -> FileFormat:
+    """A CSV format read with `sep`: a tab makes it TSV (the engine's CSV reader cannot
+    infer a tab-separated CSV: "Expected end of line")."""
+    if sep == "\t":
+        return replace(fmt, name=fmt.name.replace("CSV", "TSV", 1))
+    return replace(fmt, delimiter=sep)
+
+
+def csv_settings(files: Sequence[SourceFile],
+                 given: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The setting a run's loads need for the delimiter resolve_format guessed (none
+    when the user set it, or it is `,`)."""
+    if any(name == "format_csv_delimiter" for name, _ in given):
+        return ()
+    sep = next((f.format.delimiter for f in files if f.format.delimiter), "")
+    return (("format_csv_delimiter", sep),) if sep else ()
 
 
 def _decide_header(target: Target, files: Sequence[SourceFile],
@@ -193,7 +235,7 @@ def _decide_header(target: Target, files: Sequence[SourceFile],
     asked, and if none can, files keep their format and fail or load on their own.
     """
     fmt = files[0].format
-    named = FileFormat(HEADER_FORMATS[fmt.name], fmt.compression)
+    named = replace(fmt, name=HEADER_FORMATS[fmt.name])
     candidates = samples(files)
     first = first_line(target, candidates[0]) if candidates else None
     firsts = chain([first], (first_line(target, s) for s in candidates[1:]))
@@ -219,14 +261,24 @@ def first_line(target: Target, file: SourceFile) -> list[str] | None:
     """The fields of a CSV/TSV file's first line: read here for a local file (sniff.py),
     else by the engine (one `LIMIT 1` read); None when it has none or cannot be read."""
     fields = sniff.header_names(file)
-    if fields is not None or sniff.delimiter(file.format.name) is None:
+    if fields is not None or sniff.delimiter(file.format) is None:
         return fields
+    text = _first_text(target, file, local=False)
+    return sniff.split_line(text, file.format) if text is not None else None
+
+
+def _first_text(target: Target, file: SourceFile, local: bool = True) -> str | None:
+    """A file's first line: read here for a local file (sniff.first_text), else by the
+    engine (one `LIMIT 1` read); None when it has none or cannot be read."""
+    text = sniff.first_text(file) if local else None
+    if text is not None:
+        return text
     try:
         rows = target.infer_rows(f"SELECT line FROM {target.reader(file, 'LineAsString', None)}"
                                  " LIMIT 1")
     except ChloadError:
         return None
-    return sniff.split_line(rows[0]["line"], file.format.name) if rows else None
+    return rows[0]["line"] if rows else None
 
 
 def samples(files: Iterable[SourceFile], limit: int = 3) -> list[SourceFile]:
@@ -345,18 +397,19 @@ def _infer(target: Target, sample: SourceFile, nulls: bool,
     """One file's columns, as the engine infers them. A CSV/TSV header with an empty or
     repeated name is read by position (schema.SKIP_HEADER) and named by header_columns;
     a file of just a header has String columns of its names."""
-    fmt, settings, names = sample.format.name, "", list[str]()
+    fmt, skip, names = sample.format.name, "", list[str]()
     fields = first_line(target, sample) if sample.format.has_header else None
     if fields:
         names = header_columns(fields)
         if names != fields and fmt.endswith("WithNames"):
-            fmt, settings = fmt.removesuffix("WithNames"), SKIP_HEADER
+            fmt, skip = fmt.removesuffix("WithNames"), SKIP_HEADER
+    settings = ", ".join(s for s in (skip, format_settings(sample.format)) if s)
 
     def reader(structure: str | None) -> str:
         return target.reader(sample, fmt, parse_structure(structure) if structure else None)
     try:
         return infer(target.infer_rows, reader, nulls=nulls, tolerate=tolerate,
-                     settings=settings, names=names if settings else ())
+                     settings=settings, names=names if skip else ())
     except ChloadError:
         if names and _just_a_header(target, sample):
             return [Column(name, "String") for name in names]
@@ -394,7 +447,7 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     eight at a time.
     """
     headers = _headers(target, [f for f in files if f.format.has_header
-                                and sniff.delimiter(f.format.name)])
+                                and sniff.delimiter(f.format)])
     by_position = any(header_columns(h) != h for h in headers.values())
     read = [c.name for c in read_columns]
     checked = HeaderCheck([], settings=BY_POSITION if by_position else ())

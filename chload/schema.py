@@ -159,10 +159,16 @@ def decide_header(query: Query, reader: Callable[[FileFormat], str], fmt: FileFo
     named = HEADER_FORMATS.get(fmt.name)
     if named is None:
         return fmt
-    names = [row["name"] for row in query(f"DESCRIBE {reader(fmt)} {HEADER_SAMPLE}")]
+    extra = f", {format_settings(fmt)}" if fmt.delimiter else ""
+    names = [row["name"] for row in query(f"DESCRIBE {reader(fmt)} {HEADER_SAMPLE}{extra}")]
     if all(_POSITIONAL.match(n) for n in names):
         return fmt
-    return FileFormat(named, fmt.compression)
+    return FileFormat(named, fmt.compression, fmt.delimiter)
+
+
+def format_settings(fmt: FileFormat) -> str:
+    """The settings reading `fmt` needs (`name = value, ...`): CSV's delimiter if not `,`."""
+    return settings_sql([("format_csv_delimiter", fmt.delimiter)]) if fmt.delimiter else ""
 
 
 def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,

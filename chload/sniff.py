@@ -24,6 +24,7 @@ import zlib
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from chload.formats import FileFormat
 from chload.sources import SourceFile
 
 LIMIT = 1 << 16
@@ -67,16 +68,62 @@ class _Inflated:
         return self.data[:limit] if end < 0 else self.data[:end + 1]
 
 
-def delimiter(format_name: str) -> str | None:
-    """`,` for CSV, a tab for TSV (with or without names), None for other formats."""
-    return _DELIMITERS.get(format_name.removesuffix("WithNamesAndTypes")
-                           .removesuffix("WithNames"))
+def delimiter(fmt: FileFormat) -> str | None:
+    """`,` for CSV (or the delimiter the run reads it with), a tab for TSV (with or
+    without names), None for other formats."""
+    base = fmt.name.removesuffix("WithNamesAndTypes").removesuffix("WithNames")
+    if base == "CSV" and fmt.delimiter:
+        return fmt.delimiter
+    return _DELIMITERS.get(base)
 
 
 def header_names(file: SourceFile) -> list[str] | None:
     """The fields of a local file's first line, or None when that cannot be read cheaply."""
+    if delimiter(file.format) is None:
+        return None
+    text = first_text(file)
+    return None if text is None else split_line(text, file.format)
+
+
+def split_line(text: str, fmt: FileFormat) -> list[str] | None:
+    """A CSV/TSV line (as the file has it) as its fields: quotes and escapes undone, a
+    byte order mark and the line end dropped. None for an empty line or another format."""
+    sep = delimiter(fmt)
+    text = text.removeprefix(BOM).rstrip("\r\n")
+    if sep is None or not text:
+        return None
+    if fmt.name.startswith("CSV"):  # the engine trims a CSV field's spaces
+        return [field.strip(" \t") for field in
+                next(csv.reader([text], delimiter=sep, skipinitialspace=sep != " "))]
+    return [_unescape_tsv(field) for field in text.split(sep)]
+
+
+# What a CSV file's first line may be separated by instead of `,`, in the order asked.
+OTHER_DELIMITERS = (";", "\t", "|")
+
+
+def guess_delimiter(text: str) -> str | None:
+    """The separator of a CSV first line that `,` does not split but another does:
+    `a;b;c` -> `;`. None when `,` splits it, or nothing else does (one column).
+
+    Only a first line is weighed (no data row passes through Python); the header check
+    then judges every file by the delimiter chosen here (planner.check_headers).
+    """
+    text = text.removeprefix(BOM).rstrip("\r\n")
+    comma = split_line(text, FileFormat("CSV", "none"))
+    if not comma or len(comma) > 1:
+        return None
+    for sep in OTHER_DELIMITERS:
+        fields = split_line(text, FileFormat("CSV", "none", sep))
+        if fields and len(fields) > 1:
+            return sep
+    return None
+
+
+def first_text(file: SourceFile) -> str | None:
+    """A local file's first line as text, or None when that cannot be read cheaply."""
     opener = _OPENERS.get(file.format.compression)
-    if delimiter(file.format.name) is None or opener is None or not file.local_path:
+    if opener is None or not file.local_path:
         return None
     try:
         with opener(file.local_path) as stream:
@@ -86,19 +133,7 @@ def header_names(file: SourceFile) -> list[str] | None:
         return None
     if len(line) >= LIMIT and not text.endswith("\n"):
         return None  # longer than the limit: let the engine say
-    return split_line(text, file.format.name)
-
-
-def split_line(text: str, format_name: str) -> list[str] | None:
-    """A CSV/TSV line (as the file has it) as its fields: quotes and escapes undone, a
-    byte order mark and the line end dropped. None for an empty line or another format."""
-    sep = delimiter(format_name)
-    text = text.removeprefix(BOM).rstrip("\r\n")
-    if sep is None or not text:
-        return None
-    if sep == ",":  # the engine trims a CSV field's spaces (input_format_csv_trim_whitespaces)
-        return [field.strip(" \t") for field in next(csv.reader([text], skipinitialspace=True))]
-    return [_unescape_tsv(field) for field in text.split(sep)]
+    return text
 
 
 def _unescape_tsv(field: str) -> str:

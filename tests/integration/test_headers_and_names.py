@@ -199,3 +199,55 @@ def test_a_server_url_naming_a_reserved_database(clickhouse: services.Service,
                      f"http://loader@127.0.0.1:{clickhouse.ports['http']}/{database}",
                      env={"CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]})
     assert out.returncode == 2 and f"database {database} is" in out.stderr, out.stderr
+
+
+OTHER_DELIMITERS = {
+    "semicolons.csv": b"city;country;price\nParis;France;1,5\n\"Ber;lin\";Germany;2\n",
+    "pipes.csv.gz": gzip.compress(b"city|country|price\nParis|France|1.5\nBerlin|Germany|2\n"),
+    "tabs.csv": b"city\tcountry\tprice\nParis\tFrance\t1.5\nBerlin\tGermany\t2\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_DELIMITERS))
+def test_a_csv_separated_by_another_delimiter(where: Where, tmp_path: Path, table_name: str,
+                                              name: str) -> None:
+    """A CSV saved with `;` (a European locale), `|` or tabs loads as its columns, not as
+    one column named `city;country;price`."""
+    (tmp_path / name).write_bytes(OTHER_DELIMITERS[name])
+    code, report = where.load(str(tmp_path / name), "--table", table_name)
+    assert (code, report["rows_loaded"]) == (0, 2), report
+    assert [c[0] for c in where.columns(table_name)] == ["city", "country", "price"]
+    rows = where.sql(f"SELECT city, country FROM {table_name} ORDER BY country")
+    assert rows[0][1] == "France" and rows[1][1] == "Germany", rows
+    assert rows[1][0] == ("Ber;lin" if name == "semicolons.csv" else "Berlin")
+
+
+def test_the_delimiter_setting_is_the_users_word(where: Where, tmp_path: Path,
+                                                 table_name: str) -> None:
+    """--setting format_csv_delimiter is used to read headers and infer types too; `,`
+    keeps a one-column file whose lines hold a `;` as one column."""
+    (tmp_path / "a.csv").write_text("id;name\n1;alice\n2;bob\n")
+    code, report = where.load(str(tmp_path / "a.csv"), "--table", table_name,
+                              "--setting", "format_csv_delimiter=;")
+    assert (code, report["rows_loaded"]) == (0, 2), report
+    assert where.sql(f"SELECT id, name FROM {table_name} ORDER BY id") == [["1", "alice"],
+                                                                          ["2", "bob"]]
+    (tmp_path / "notes.csv").write_text("note\nbuy milk; eggs\ncall bob; later\n")
+    code, report = where.load(str(tmp_path / "notes.csv"), "--table", f"{table_name}_2",
+                              "--setting", "format_csv_delimiter=,")
+    assert (code, report["rows_loaded"]) == (0, 2), report
+    assert where.columns(f"{table_name}_2") == [["note", "String"]]
+
+
+def test_files_written_with_another_delimiter_fail_alone(where: Where, tmp_path: Path,
+                                                         table_name: str) -> None:
+    """One delimiter per run (the engine takes one setting): the first file decides and a
+    file written with another fails at the header check, naming its header."""
+    data = tmp_path / "mixed"
+    data.mkdir()
+    (data / "1.csv").write_text("id;name\n1;alice\n")
+    (data / "2.csv").write_text("id,name\n2,bob\n")
+    code, report = where.load(str(data), "--table", table_name)
+    assert code == 1 and statuses(report) == {"1.csv": "loaded", "2.csv": "failed"}, report
+    assert "header does not fit" in report["files"][1]["error"]
+    assert where.sql(f"SELECT id, name FROM {table_name}") == [["1", "alice"]]

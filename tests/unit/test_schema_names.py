@@ -9,10 +9,10 @@ import pytest
 
 from chload.capabilities import Capabilities, server_columns
 from chload.errors import SchemaError, UsageError
-from chload.formats import detect
+from chload.formats import FileFormat, detect
 from chload.planner import parse_table
 from chload.schema import Column, create_table_sql, header_columns, parse_structure
-from chload.sniff import header_names, looks_like_names, split_line
+from chload.sniff import guess_delimiter, header_names, looks_like_names, split_line
 from chload.sources import SourceFile
 
 
@@ -50,9 +50,11 @@ def test_header_columns_name_the_empty_and_the_repeated() -> None:
 
 
 def test_first_lines_split_and_judged(tmp_path: Path) -> None:
-    assert split_line("\ufeffcity,country\r\n", "CSV") == ["city", "country"]
-    assert split_line('"Order ID", "a,b"\n', "CSVWithNames") == ["Order ID", "a,b"]
-    assert split_line("a\\tb\tc\\\\d\n", "TSV") == ["a\tb", "c\\d"]
+    csv, named = FileFormat("CSV", "none"), FileFormat("CSVWithNames", "none")
+    assert split_line("\ufeffcity,country\r\n", csv) == ["city", "country"]
+    assert split_line('"Order ID", "a,b"\n', named) == ["Order ID", "a,b"]
+    assert split_line("a\\tb\tc\\\\d\n", FileFormat("TSV", "none")) == ["a\tb", "c\\d"]
+    assert split_line('a; "b;c"\n', FileFormat("CSV", "none", ";")) == ["a", "b;c"]
     path = tmp_path / "h.csv"
     path.write_bytes(b"\xef\xbb\xbfx,y")  # a file of just a header, no line end
     assert header_names(SourceFile(str(path), 1, 1, detect(path.name),
@@ -61,6 +63,15 @@ def test_first_lines_split_and_judged(tmp_path: Path) -> None:
     for values in (["1", "x"], ["2024-01-31", "a"], ["true", "a"], ["a", ""], ["a", "a"],
                    ["", "", "b"], ["NULL", "a"], ["1.5e3", "b"]):
         assert not looks_like_names(values), values
+
+
+@pytest.mark.parametrize("line,delimiter", [
+    ("a;b;c\n", ";"), ("\ufeffa|b\r\n", "|"), ("a\tb\n", "\t"), ('"x;y"|z\n', "|"),
+    ("a,b;c\n", None),  # `,` splits it: CSV as written
+    ("abc\n", None), ('"a;b"\n', None), ("\n", None),  # one column, quoted or not
+])
+def test_a_first_line_shows_another_delimiter(line: str, delimiter: str | None) -> None:
+    assert guess_delimiter(line) == delimiter
 
 
 @pytest.mark.parametrize("value,default", [
