@@ -107,12 +107,19 @@ def header_lines(fmt: FileFormat) -> int:
     return 1 + fmt.name.endswith("WithNamesAndTypes") if fmt.has_header else 0
 
 
-def count_errors(rows: Rows, errors_file: str) -> int:
+def _from_errors(errors_file: str, delimiter: str, tail: str = "") -> str:
+    """`FROM` the engine's errors file. The engine writes it as CSV with the load's own
+    format settings: a load read with format_csv_delimiter wrote it with that delimiter."""
+    settings = f" SETTINGS format_csv_delimiter = {quote_str(delimiter)}" if delimiter else ""
+    return (f"FROM file({quote_str(errors_file)}, CSV, {quote_str(_ERRORS_FILE_STRUCTURE)})"
+            f"{tail}{settings}")
+
+
+def count_errors(rows: Rows, errors_file: str, delimiter: str = "") -> int:
+    """How many rows the engine rejected (`delimiter`: the load's FileFormat.delimiter)."""
     if not os.path.exists(errors_file) or not os.path.getsize(errors_file):
         return 0
-    found = rows(f"SELECT count() AS n FROM file({quote_str(errors_file)}, CSV, "
-                 f"{quote_str(_ERRORS_FILE_STRUCTURE)})")
-    return int(found[0]["n"])
+    return int(rows(f"SELECT count() AS n {_from_errors(errors_file, delimiter)}")[0]["n"])
 
 
 def record(sql: Sql, errors_file: str, *, table: str, uri: str, stage: str, run_id: str,
@@ -129,7 +136,7 @@ def record(sql: Sql, errors_file: str, *, table: str, uri: str, stage: str, run_
         f"INSERT INTO {REJECTS} (target_table, uri, stage, run_id, line, error, raw, seq) "
         f"SELECT {quote_str(table)}, {quote_str(uri)}, {quote_str(stage)}, "
         f"{quote_str(run_id)}, offset + {skip}, {_REASON_SQL}, substring(raw, 1, {RAW_LIMIT}), "
-        f"{seq} FROM file({quote_str(errors_file)}, CSV, {quote_str(_ERRORS_FILE_STRUCTURE)})"
+        f"{seq} {_from_errors(errors_file, fmt.delimiter)}"
     )
     if not fmt.name.startswith(("CSV", "TSV", "TabSeparated")):
         _fill_in(sql, table=table, uri=uri, stage=stage, lines_sql=lines_sql,
@@ -186,26 +193,26 @@ def listing(sql: Sql, table: str, limit: int = 10_000) -> list[dict]:
     return [{**row, "line": int(row["line"])} for row in rows]
 
 
-def budget_spent(rows: Rows, budget: ErrorBudget, errors_file: str) -> bool:
+def budget_spent(rows: Rows, budget: ErrorBudget, errors_file: str,
+                 delimiter: str = "") -> bool:
     """Did the engine stop because rows beyond --max-errors were bad (not, say, a broken
     gzip stream)?"""
     limit = budget.max_errors
-    return limit is not None and count_errors(rows, errors_file) >= limit
+    return limit is not None and count_errors(rows, errors_file, delimiter) >= limit
 
 
 def over_budget(rows: Rows, uri: str, fmt: FileFormat, budget: ErrorBudget,
                 errors_file: str) -> DataError:
-    found = first(rows, errors_file, header_lines(fmt), 1)
+    found = first(rows, errors_file, fmt, 1)
     where = f"; the first at line {found[0]['line']}: {found[0]['error']}" if found else ""
     return DataError(f"{uri}: more than {budget.max_errors} rejected rows exceed --max-errors "
                      f"{budget.max_errors}; nothing loaded from this file{where}")
 
 
-def first(rows: Rows, errors_file: str, header: int, limit: int = 5) -> list[dict]:
-    """The first rejected rows of an errors file: line, error, raw."""
+def first(rows: Rows, errors_file: str, fmt: FileFormat, limit: int = 5) -> list[dict]:
+    """The first rejected rows of an errors file of a load of `fmt`: line, error, raw."""
     if not os.path.exists(errors_file) or not os.path.getsize(errors_file):
         return []
-    return rows(f"SELECT offset + {header} AS line, {_REASON_SQL} AS error, "
-                    f"substring(raw, 1, 500)"
-                    f" AS raw FROM file({quote_str(errors_file)}, CSV, "
-                    f"{quote_str(_ERRORS_FILE_STRUCTURE)}) ORDER BY line LIMIT {int(limit)}")
+    return rows(f"SELECT offset + {header_lines(fmt)} AS line, {_REASON_SQL} AS error, "
+                f"substring(raw, 1, 500) AS raw "
+                + _from_errors(errors_file, fmt.delimiter, f" ORDER BY line LIMIT {int(limit)}"))

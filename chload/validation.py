@@ -99,7 +99,8 @@ def _check_files(t: Target, spec: LoadSpec, name: planner.TableName,
     first, as the runner does: Source.fetch)."""
     described = sources.columns(listed)
     files = planner.resolve_format(t, listed, planner.known_names(existing, spec.schema),
-                                   forced=spec.format is not None or described is not None)
+                                   forced=spec.format is not None or described is not None,
+                                   delimiter=dict(spec.settings).get("format_csv_delimiter"))
     columns, read_columns, _ = planner.prepare_table(
         t, name, files, existing=existing, schema=spec.schema, order_by=None,
         partition_by=None, audit=False, create=False, budget=spec.budget,
@@ -107,9 +108,10 @@ def _check_files(t: Target, spec: LoadSpec, name: planner.TableName,
     checked = planner.check_headers(t, name, files, existing or columns, read_columns,
                                     audit=False)
     refused = {f.uri: why for f, why in checked.refused}
+    settings = (*checked.settings, *spec.settings, *planner.csv_settings(files, spec.settings))
     return [FileCheck(f.uri, failure=refused[f.uri], within_budget=False)
             if f.uri in refused
-            else _fetch_and_check(t, sources, f, read_columns, spec.budget, checked.settings)
+            else _fetch_and_check(t, sources, f, read_columns, spec.budget, settings)
             for f in files]
 
 
@@ -167,9 +169,8 @@ def _check(t: Target, f: SourceFile, columns: Sequence[Column],
             return check
         check.rows = int(rows[0]["n"])
         # the errors file is on this machine: read by the engine that wrote it
-        check.errors = rejects.count_errors(t.infer_rows, errors_file)
-        check.first_errors = rejects.first(t.infer_rows, errors_file,
-                                           rejects.header_lines(f.format))
+        check.errors = rejects.count_errors(t.infer_rows, errors_file, f.format.delimiter)
+        check.first_errors = rejects.first(t.infer_rows, errors_file, f.format)
     check.within_budget = (budget.allows(check.errors, check.rows + check.errors)
                            if budget.allows_errors else not check.errors)
     return check

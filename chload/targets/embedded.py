@@ -232,13 +232,14 @@ class EmbeddedTarget:
             sql = _insert_sql(f"{DATABASE}.{stage}", job, self.reader, extra)
             rows, read = self.engine.execute(sql, job.file.uri)
         except DataError as exc:
-            if errors_file and rejects.budget_spent(self.rows, job.budget, errors_file):
+            if errors_file and rejects.budget_spent(self.rows, job.budget, errors_file,
+                                                    job.file.format.delimiter):
                 raise rejects.over_budget(self.rows, job.file.uri, job.file.format, job.budget,
                                           errors_file) from exc
             raise self._diagnose(job, exc) from exc
         if not errors_file:
             return rows, 0, read
-        rejected = rejects.count_errors(self.rows, errors_file)
+        rejected = rejects.count_errors(self.rows, errors_file, job.file.format.delimiter)
         job.budget.check(job.file.uri, rejected, rows)
         if rejected:
             rejects.record(self, errors_file, table=job.table_display, uri=job.file.uri,

@@ -49,7 +49,8 @@ class LoaderRejects:
     def over_budget(self, job: LoadJob, errors_file: str) -> DataError | None:
         """After a failed parse: the over-budget error, if that is why it failed."""
         loader = LoaderSql(self.engine, job.file.uri)
-        if not rejects.budget_spent(loader.rows, job.budget, errors_file):
+        if not rejects.budget_spent(loader.rows, job.budget, errors_file,
+                                    job.file.format.delimiter):
             return None
         return rejects.over_budget(loader.rows, job.file.uri, job.file.format, job.budget,
                                    errors_file)
@@ -58,7 +59,7 @@ class LoaderRejects:
         """Count the rejected rows, check the budget (DataError over it), and copy them
         into the server's chload.rejects under `stage`; return how many."""
         loader = LoaderSql(self.engine, job.file.uri)
-        rejected = rejects.count_errors(loader.rows, errors_file)
+        rejected = rejects.count_errors(loader.rows, errors_file, job.file.format.delimiter)
         job.budget.check(job.file.uri, rejected, rows)
         if not rejected:
             return 0

@@ -232,6 +232,11 @@ def test_the_delimiter_setting_is_the_users_word(where: Where, tmp_path: Path,
     assert (code, report["rows_loaded"]) == (0, 2), report
     assert where.sql(f"SELECT id, name FROM {table_name} ORDER BY id") == [["1", "alice"],
                                                                           ["2", "bob"]]
+    (tmp_path / "b.csv").write_text("id;name\n3;carol\nfour;dave\n")  # validate reads alike
+    out = run_chload("validate", str(tmp_path / "b.csv"), "--table", table_name, "--target",
+                     where.target, "--json", env=where.env)
+    checks = json.loads(out.stdout)
+    assert [(c["rows"], c["errors"]) for c in checks] == [(1, 1)], out.stdout + out.stderr
     (tmp_path / "notes.csv").write_text("note\nbuy milk; eggs\ncall bob; later\n")
     code, report = where.load(str(tmp_path / "notes.csv"), "--table", f"{table_name}_2",
                               "--setting", "format_csv_delimiter=,")
@@ -251,3 +256,17 @@ def test_files_written_with_another_delimiter_fail_alone(where: Where, tmp_path:
     assert code == 1 and statuses(report) == {"1.csv": "loaded", "2.csv": "failed"}, report
     assert "header does not fit" in report["files"][1]["error"]
     assert where.sql(f"SELECT id, name FROM {table_name}") == [["1", "alice"]]
+
+
+def test_rejected_rows_of_a_semicolon_csv(where: Where, tmp_path: Path, table_name: str) -> None:
+    """The engine writes its errors file with the load's delimiter; it is read back alike."""
+    (tmp_path / "good.csv").write_text("id;name\n1;alice\n")
+    assert where.load(str(tmp_path / "good.csv"), "--table", table_name)[0] == 0
+    (tmp_path / "bad.csv").write_text("id;name\n2;bob\nthree;carol\n4;dave\n")
+    code, report = where.load(str(tmp_path / "bad.csv"), "--table", table_name,
+                              "--max-errors", "5")
+    assert (code, report["rows_loaded"], report["rows_rejected"]) == (0, 2, 1), report
+    out = run_chload("errors", "--table", table_name, "--target", where.target, "--json",
+                     env=where.env)
+    rejected = [(r["line"], r["raw"].strip()) for r in json.loads(out.stdout)]
+    assert rejected == [(3, "three;carol")], out.stdout + out.stderr
