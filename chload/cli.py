@@ -10,6 +10,7 @@ Exit codes: 0 all good; 1 some file failed; 2 bad usage or a terminal error.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -43,6 +44,9 @@ def run() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):  # bytes a String holds, written as they are
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="surrogateescape")
     try:
         return int(args.func(args))
     except ChloadError as exc:

@@ -143,7 +143,7 @@ class Engine:
     def query(self, sql: str, fmt: str = "TSV", context: str = "query") -> str:
         """Run a statement; engine errors become chload errors naming `context`."""
         result = self._run(sql, fmt, context)
-        return result.bytes().decode() if result is not None else ""
+        return _text(result.bytes()) if result is not None else ""
 
     def execute(self, sql: str, context: str = "query",
                 errors: Callable[[str], ChloadError] | None = None) -> tuple[int, int]:
@@ -156,7 +156,7 @@ class Engine:
         """Run a write and then a query in one call (`INSERT ...; SELECT ...`): the
         query's (small) result as dicts. One round trip less than execute() and rows()."""
         result = self._run(sql, "JSONEachRow", context, data=True)
-        text = result.bytes().decode() if result is not None else ""
+        text = _text(result.bytes()) if result is not None else ""
         return [json.loads(line) for line in text.splitlines() if line]
 
     def rows(self, sql: str, context: str = "query") -> list[dict[str, Any]]:
@@ -268,3 +268,10 @@ def _acquire(path: str) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     return fd
+
+
+def _text(answer: bytes) -> str:
+    """The engine's answer as text. A String column holds bytes, not always UTF-8 (a
+    Latin-1 file loads as it is): such bytes are kept as surrogates, and the CLI writes
+    them back out unchanged (cli.main: stdout's errors="surrogateescape")."""
+    return answer.decode(errors="surrogateescape")

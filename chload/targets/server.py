@@ -167,9 +167,10 @@ class ServerTarget(StageFilling):
         def ask() -> str:
             if body is None:
                 return self.client.post(sql, context=self.where, fmt=fmt,
-                                        params=params).decode()
+                                        params=params).decode(errors="surrogateescape")
             return self.client.request(None, body, context=self.where, headers={
-                "Content-Encoding": encoding}, params={"default_format": fmt}).decode()
+                "Content-Encoding": encoding}, params={"default_format": fmt}).decode(
+                    errors="surrogateescape")
 
         def meanwhile(exc: BaseException) -> bool:
             return isinstance(exc, SchemaError) and _dropped_meanwhile(sql, exc)
@@ -187,7 +188,7 @@ class ServerTarget(StageFilling):
         params = {"output_format_pretty_color": "0"} if (
             "output_format_pretty_color" in self.caps.settings) else {}
         return self.client.post(sql, context="query", fmt=fmt, in_database=True,
-                                params=params).decode()
+                                params=params).decode(errors="surrogateescape")  # engine._text
 
     def infer_rows(self, sql: str) -> list[dict]:
         """Inference runs in chDB here; types come back as this server stores them (where

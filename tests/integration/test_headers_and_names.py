@@ -270,3 +270,27 @@ def test_rejected_rows_of_a_semicolon_csv(where: Where, tmp_path: Path, table_na
                      env=where.env)
     rejected = [(r["line"], r["raw"].strip()) for r in json.loads(out.stdout)]
     assert rejected == [(3, "three;carol")], out.stdout + out.stderr
+
+
+def test_values_that_are_not_utf8_come_back_as_they_are(where: Where, tmp_path: Path,
+                                                        table_name: str) -> None:
+    """A Latin-1 file loads byte for byte (a String holds bytes); `chload sql` and
+    `chload errors` write those bytes back out instead of failing to decode them."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "latin1.csv").write_bytes(b"id,city\n1,S\xe3o Paulo\nx,Bogot\xe1\n")
+    code, report = where.load(str(tmp_path / "latin1.csv"), "--table", table_name,
+                              "--schema", "id Int32, city String", "--max-errors", "5")
+    assert (code, report["rows_loaded"], report["rows_rejected"]) == (0, 1, 1), report
+
+    def raw(*args: str) -> bytes:
+        done = subprocess.run([sys.executable, "-m", "chload", *args, "--target", where.target],
+                              capture_output=True, timeout=120,
+                              env={**os.environ, **where.env})
+        assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+        return done.stdout
+
+    assert raw("sql", f"SELECT city FROM {table_name}", "--format", "TSV") == b"S\xe3o Paulo\n"
+    assert b"x,Bogot\xe1" in raw("errors", "--table", table_name)
