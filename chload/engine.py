@@ -42,6 +42,11 @@ SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
     ("storage_file_read_method", "pread"),
     ("compile_aggregate_expressions", "0"),
     ("compile_expressions", "0"),
+    # A CSV/TSV file ending in blank lines (an editor's, an export's) reads as its rows,
+    # not as a row of defaults or "Rows have different amount of values". 18.16 cannot:
+    # a raw POST that fails falls back to this engine (fill.py _fill).
+    ("input_format_csv_skip_trailing_empty_lines", "1"),
+    ("input_format_tsv_skip_trailing_empty_lines", "1"),
 )
 # - min_insert_block_size_bytes: an insert squashes rows into blocks of 1M rows or 256 MB
 #   (one part each), i.e. ~128 MB a block per insert thread for wide rows, several held

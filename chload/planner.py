@@ -413,7 +413,34 @@ def _infer(target: Target, sample: SourceFile, nulls: bool,
     except ChloadError:
         if names and _just_a_header(target, sample):
             return [Column(name, "String") for name in names]
-        raise
+        rows = _rows_before_blank_tail(target, sample)
+        if not rows:
+            raise
+    # The engine's schema reader does not skip trailing blank lines (the loads do:
+    # engine.SESSION_SETTINGS); asked to stop at the last row, it infers the rest.
+    stop = f"input_format_max_rows_to_read_for_schema_inference = {rows}"
+    return infer(target.infer_rows, reader, nulls=nulls, tolerate=tolerate,
+                 settings=", ".join(s for s in (settings, stop) if s),
+                 names=names if skip else ())
+
+
+def _rows_before_blank_tail(target: Target, file: SourceFile) -> int | None:
+    """A CSV/TSV file ending in blank lines, with none before them: how many rows it has
+    (one engine read of its lines, LineAsString); None for any other file."""
+    if sniff.delimiter(file.format) is None:
+        return None
+    try:
+        found = target.infer_rows(
+            "SELECT count() AS lines, countIf(has) AS filled, maxIf(n, has) AS last FROM ("
+            "SELECT rowNumberInAllBlocks() + 1 AS n, match(line, '\\S') AS has FROM "
+            f"{target.reader(file, 'LineAsString', None)}) SETTINGS max_threads = 1")
+    except ChloadError:
+        return None
+    if not found:
+        return None
+    lines, filled, last = (int(found[0][k]) for k in ("lines", "filled", "last"))
+    rows = filled - (1 if file.format.has_header else 0)
+    return rows if filled == last < lines and rows > 0 else None
 
 
 def _just_a_header(target: Target, file: SourceFile) -> bool:

@@ -294,3 +294,25 @@ def test_values_that_are_not_utf8_come_back_as_they_are(where: Where, tmp_path: 
 
     assert raw("sql", f"SELECT city FROM {table_name}", "--format", "TSV") == b"S\xe3o Paulo\n"
     assert b"x,Bogot\xe1" in raw("errors", "--table", table_name)
+
+
+@pytest.mark.parametrize("name,data", [
+    ("lf.csv", b"id,name\n1,alice\n2,bob\n\n\n"),
+    ("crlf.csv", b"id,name\r\n1,alice\r\n2,bob\r\n\r\n"),
+    ("tabs.tsv", b"id\tname\n1\talice\n2\tbob\n\n"),
+])
+def test_trailing_blank_lines_are_not_rows(where: Where, tmp_path: Path, table_name: str,
+                                           name: str, data: bytes) -> None:
+    """A file ending in blank lines (an editor's, an export's) loads its rows, into a new
+    table (the types inferred) and into one that exists (18.16 cannot read it: the
+    loader's engine does)."""
+    (tmp_path / name).write_bytes(data)
+    code, report = where.load(str(tmp_path / name), "--table", table_name)
+    assert (code, report["rows_loaded"]) == (0, 2), report
+    assert where.columns(table_name)[0][1] in ("Int64", "Nullable(Int64)")
+    again = tmp_path / f"again_{name}"
+    again.write_bytes(data.replace(b"1", b"3").replace(b"2", b"4"))
+    code, report = where.load(str(again), "--table", table_name)
+    assert (code, report["rows_loaded"]) == (0, 2), report
+    assert where.sql(f"SELECT id, name FROM {table_name} ORDER BY id") == [
+        ["1", "alice"], ["2", "bob"], ["3", "alice"], ["4", "bob"]]
