@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from chload import options, planner, runner
+from chload import formats, options, planner, runner
 from chload.adaptive import MAX_STREAMS, Controller
 from chload.errors import UsageError
 from chload.ledger import COMMITTING, FileEvent
@@ -240,6 +240,8 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
     started_ns, clock = time.time_ns(), time.monotonic()
     _check_settings(target, spec.settings)
     report = LoadReport(table.display, target.display, run_id or os.urandom(6).hex())
+    untold = [(f, formats.untold(f.uri)) for f in listed if not f.format.name]
+    listed = [f for f in listed if f.format.name]
     existing = target.table_columns(table.sql)
     described = sources.columns(listed)  # a source that knows its columns: no inference
     files = planner.resolve_format(target, listed, planner.known_names(existing, spec.schema),
@@ -250,7 +252,7 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
     loaded, report.table_reset = planner.own_history(state,
                                                      target.ledger.loaded(table.display))
     plan = planner.decide(files, loaded, spec.force)
-    refused: list[FileResult] = []
+    refused = _refuse(target, table, untold, report.run_id, listener)
     settings = (*_job_settings(spec), *planner.csv_settings(files, spec.settings))
     if plan.to_load:
         columns, read_columns, created = planner.prepare_table(
@@ -264,7 +266,7 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
         checked = planner.check_headers(target, table, plan.to_load,
                                         existing or columns, read_columns, spec.audit)
         to_load, settings = checked.files, (*checked.settings, *settings)
-        refused = _refuse(target, table, checked.refused, report.run_id, listener)
+        refused += _refuse(target, table, checked.refused, report.run_id, listener)
         if refused and spec.on_error == "abort":
             refused += [FileResult(f.uri, "not-started") for f in to_load]
             to_load = []
@@ -383,7 +385,20 @@ def _list_sources(spec: LoadSpec, sources: RunSources) -> list[SourceFile]:
                 sources.release([f])  # another spelling of a file named already
             else:
                 files[f.uri] = f
-    return list(files.values())
+    return _told(list(files.values()), sources)
+
+
+def _told(files: list[SourceFile], sources: RunSources) -> list[SourceFile]:
+    """The files, less those whose name does not tell their format and that hold
+    nothing (Spark's _SUCCESS). The others stay, to fail alone (_load_table): a
+    directory's README.txt must not stop its data loading, nor vanish unreported. If no
+    file tells its format, the run stops, as for one file named."""
+    marks = [f for f in files if not f.format.name and f.size == 0 and not f.is_stream]
+    sources.release(marks)
+    files = [f for f in files if f not in marks]
+    if files and all(not f.format.name for f in files):
+        raise UsageError(formats.untold(files[0].uri))
+    return files
 
 
 def files(table: str, target: TargetName = None, shards: object = (),

@@ -17,6 +17,10 @@ COMPRESSIONS = {
     ".xz": "xz", ".lz4": "lz4", ".br": "br", ".snappy": "snappy", ".deflate": "deflate",
 }
 COMPRESSION_NAMES = sorted({*COMPRESSIONS.values(), "none", "auto"})
+# A file's first bytes -> its compression, for a name that does not say (a download
+# saved as trips.csv that is gzip): the engine decides by the name alone.
+MAGIC = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bz2"),
+         (b"\xfd7zXZ\x00", "xz"), (b"\x04\x22\x4d\x18", "lz4"))
 
 # extension -> ClickHouse format; CSV/TSV get their header decided later (see schema.py)
 FORMATS = {
@@ -55,8 +59,11 @@ def split_compression(name: str) -> tuple[str, str]:
     return name, "none"
 
 
-def detect(name: str, fmt: str | None = None, compression: str | None = None) -> FileFormat:
-    """The format of a source from its name, with user overrides taking precedence."""
+def detect(name: str, fmt: str | None = None, compression: str | None = None,
+           strict: bool = True) -> FileFormat:
+    """The format of a source from its name, with user overrides taking precedence.
+    A name that does not tell is a UsageError, or with `strict=False` a format named
+    '' (a listing's README.txt or Spark's _SUCCESS: the run decides, api._told)."""
     base, method = split_compression(name)
     if compression and compression != "auto":
         method = compression
@@ -66,11 +73,31 @@ def detect(name: str, fmt: str | None = None, compression: str | None = None) ->
     for ext, format_name in FORMATS.items():
         if lower.endswith(ext):
             return FileFormat(format_name, method)
+    if not strict:
+        return FileFormat("", method)
+    raise UsageError(untold(name))
+
+
+def compressed_as(path: str, fmt: FileFormat) -> FileFormat:
+    """`fmt`, with the compression the file's first bytes show when the name shows none
+    (a text format only: Parquet, ORC and the like compress inside)."""
+    if fmt.compression != "none" or fmt.name not in LINE_FORMATS:
+        return fmt
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError:
+        return fmt  # the engine says why, when it reads it
+    method = next((m for magic, m in MAGIC if head.startswith(magic)), "none")
+    return FileFormat(fmt.name, method, fmt.delimiter)
+
+
+def untold(name: str) -> str:
+    """Why a file whose name does not tell its format is not read, and what to do."""
     known = ", ".join(sorted(FORMATS))
-    raise UsageError(
-        f"{name}: cannot tell the format from the name (known extensions: {known}); "
-        "pass --format, e.g. --format CSVWithNames"
-    )
+    return (f"{name}: cannot tell the format from the name (known extensions: {known}); "
+            "pass --format (e.g. --format CSVWithNames), or leave it out of the sources "
+            "(e.g. data/*.csv rather than data/)")
 
 
 def check_compression(value: str) -> str:

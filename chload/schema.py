@@ -189,6 +189,7 @@ def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
         f"DESCRIBE {reader(None)} SETTINGS schema_inference_make_columns_nullable = 1{extra}"
     )
     columns = [Column(row["name"], row["type"]) for row in described]
+    _names_are_text([c.name for c in columns])
     if names:
         if len(names) != len(columns):
             raise SchemaError(f"the header names {len(names)} columns, the rows have "
@@ -203,6 +204,19 @@ def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
 
 
 Tolerance = Callable[[int, int], bool]
+
+
+def _names_are_text(names: Sequence[str]) -> None:
+    """Column names must be UTF-8: a Latin-1 header (`gr\xf6\xdfe`) comes back from the
+    engine as bytes kept as surrogates (engine._text), which no statement can carry."""
+    for name in names:
+        try:
+            name.encode()
+        except UnicodeEncodeError:
+            shown = name.encode(errors="surrogateescape").decode("latin-1")
+            raise SchemaError(reason=f"the header names a column {shown!r} that is not "
+                              "UTF-8 text; convert the file to UTF-8 (e.g. iconv -f LATIN1 "
+                              "-t UTF-8 FILE > FILE.utf8.csv)") from None
 
 
 def _base(type_: str) -> str:

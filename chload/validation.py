@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from chload import options, planner
+from chload import formats, options, planner
 from chload.errors import ChloadError, UsageError
 from chload.rejects import ErrorBudget
 from chload.schema import Column, settings_sql
@@ -97,6 +97,9 @@ def _check_files(t: Target, spec: LoadSpec, name: planner.TableName,
                  listed: list[SourceFile]) -> list[FileCheck]:
     """validate()'s checks of the listed files, as a load would read them (each fetched
     first, as the runner does: Source.fetch)."""
+    untold = [FileCheck(f.uri, failure=formats.untold(f.uri), within_budget=False)
+              for f in listed if not f.format.name]
+    listed = [f for f in listed if f.format.name]
     described = sources.columns(listed)
     files = planner.resolve_format(t, listed, planner.known_names(existing, spec.schema),
                                    forced=spec.format is not None or described is not None,
@@ -109,10 +112,10 @@ def _check_files(t: Target, spec: LoadSpec, name: planner.TableName,
                                     audit=False)
     refused = {f.uri: why for f, why in checked.refused}
     settings = (*checked.settings, *spec.settings, *planner.csv_settings(files, spec.settings))
-    return [FileCheck(f.uri, failure=refused[f.uri], within_budget=False)
-            if f.uri in refused
-            else _fetch_and_check(t, sources, f, read_columns, spec.budget, settings)
-            for f in files]
+    return untold + [FileCheck(f.uri, failure=refused[f.uri], within_budget=False)
+                     if f.uri in refused
+                     else _fetch_and_check(t, sources, f, read_columns, spec.budget, settings)
+                     for f in files]
 
 
 def _fetch_and_check(t: Target, sources: RunSources, f: SourceFile,

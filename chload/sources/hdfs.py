@@ -81,7 +81,7 @@ def describe(root: str, row: dict, fmt: str | None, compression: str | None) -> 
     uri = root + row["path"]
     return SourceFile(
         uri=uri, size=int(row["size"] or 0), mtime_ns=int(row["mtime"] or 0) * 10**9,
-        format=detect(row["path"], fmt, compression), kind="hdfs",
+        format=detect(row["path"], fmt, compression, strict=False), kind="hdfs",
     )
 
 

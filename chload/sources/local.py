@@ -34,7 +34,7 @@ from urllib.parse import unquote
 
 from chload.engine import LOCK_NAME
 from chload.errors import SourceError, UsageError
-from chload.formats import detect
+from chload.formats import compressed_as, detect
 from chload.schema import quote_str
 from chload.sources import InPlace, SourceContext, SourceFile, expand_braces
 from chload.sources.remote import brace_list
@@ -216,9 +216,12 @@ def _describe(path: str, real: str, named: bool, fmt: str | None, compression: s
                               "target's own files are never a source")
         return None
     spelled = display(os.path.abspath(path))  # the uri chload 0.1.0 recorded
+    told = detect(display(path), fmt, compression, strict=False)
+    if compression in (None, "auto"):
+        told = compressed_as(real, told)
     return SourceFile(
-        uri=display(real), size=st.st_size, mtime_ns=st.st_mtime_ns,
-        format=detect(display(path), fmt, compression), local_path=listing.engine_path(real),
+        uri=display(real), size=st.st_size, mtime_ns=st.st_mtime_ns, format=told,
+        local_path=listing.engine_path(real),
         aliases=(spelled,) if spelled != display(real) else (),
     )
 

@@ -155,7 +155,8 @@ def describe(config: aws.S3Settings, bucket: str, obj: S3Object, fmt: str | None
              compression: str | None) -> SourceFile:
     return SourceFile(
         uri=f"s3://{bucket}/{obj.key}", size=obj.size, mtime_ns=obj.modified_ns,
-        format=detect(obj.key, fmt, compression), etag=f"{obj.etag}:{obj.size}", kind="s3",
+        format=detect(obj.key, fmt, compression, strict=False),
+        etag=f"{obj.etag}:{obj.size}", kind="s3",
         location=config.object_url(bucket, obj.key), anonymous=config.anonymous,
     )
 

@@ -316,3 +316,33 @@ def test_trailing_blank_lines_are_not_rows(where: Where, tmp_path: Path, table_n
     assert (code, report["rows_loaded"]) == (0, 2), report
     assert where.sql(f"SELECT id, name FROM {table_name} ORDER BY id") == [
         ["1", "alice"], ["2", "bob"], ["3", "alice"], ["4", "bob"]]
+
+
+def test_a_directory_as_exported_loads_its_data(where: Where, tmp_path: Path,
+                                                table_name: str) -> None:
+    """A directory as tools leave it: Spark's empty _SUCCESS marker is no source, a
+    README fails alone (named in the report and the ledger), and a gzip file saved
+    without .gz is read as gzip (its first bytes say so)."""
+    data = tmp_path / "export"
+    data.mkdir()
+    (data / "part-0.csv").write_text("id,name\n1,alice\n")
+    (data / "part-1.csv").write_bytes(gzip.compress(b"id,name\n2,bob\n"))
+    (data / "_SUCCESS").write_bytes(b"")
+    (data / "README.txt").write_text("exported nightly\n")
+    code, report = where.load(str(data), "--table", table_name)
+    assert code == 1 and statuses(report) == {"part-0.csv": "loaded", "part-1.csv": "loaded",
+                                              "README.txt": "failed"}, report
+    assert "leave it out of the sources" in report["files"][0]["error"] + str(report)
+    assert where.sql(f"SELECT id, name FROM {table_name} ORDER BY id") == [
+        ["1", "alice"], ["2", "bob"]]
+    code, report = where.load(str(data / "README.txt"), "--table", table_name)
+    assert code == 2 and not report.get("files"), report  # named alone: nothing to load
+
+
+def test_a_header_that_is_not_utf8_is_one_line(where: Where, tmp_path: Path,
+                                               table_name: str) -> None:
+    (tmp_path / "latin1.csv").write_bytes(b"gr\xf6\xdfe,b\n1,2\n")
+    out = run_chload("load", str(tmp_path / "latin1.csv"), "--table", table_name,
+                     "--target", where.target, env=where.env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "not UTF-8 text; convert the file to UTF-8" in out.stderr, out.stderr
