@@ -269,7 +269,10 @@ def first_line(target: Target, file: SourceFile) -> list[str] | None:
 
 def _first_text(target: Target, file: SourceFile, local: bool = True) -> str | None:
     """A file's first line: read here for a local file (sniff.first_text), else by the
-    engine (one `LIMIT 1` read); None when it has none or cannot be read."""
+    engine (one `LIMIT 1` read); None when it has none or cannot be read, or is a pipe
+    (a Kafka unit, a database range): read once, by the load."""
+    if not sniff.read_again(file):
+        return None
     text = sniff.first_text(file) if local else None
     if text is not None:
         return text
@@ -413,12 +416,16 @@ def _infer(target: Target, sample: SourceFile, nulls: bool,
     except ChloadError:
         if names and _just_a_header(target, sample):
             return [Column(name, "String") for name in names]
-        rows = _rows_before_blank_tail(target, sample)
+        rows = _rows_before_blank_tail(target, sample) or (
+            tolerate and _rows_before_bad_json(target, sample))
         if not rows:
             raise
-    # The engine's schema reader does not skip trailing blank lines (the loads do:
-    # engine.SESSION_SETTINGS); asked to stop at the last row, it infers the rest.
+    # The engine's schema reader skips neither trailing blank lines (the loads do:
+    # engine.SESSION_SETTINGS) nor, with an error budget, a broken JSON line (the load
+    # rejects it); asked to stop before them, it infers from the rows it can read.
     stop = f"input_format_max_rows_to_read_for_schema_inference = {rows}"
+    if tolerate:  # the sample's NULL count reads past them: rows the load would reject
+        stop += ", input_format_allow_errors_num = 1000000000"
     return infer(target.infer_rows, reader, nulls=nulls, tolerate=tolerate,
                  settings=", ".join(s for s in (settings, stop) if s),
                  names=names if skip else ())
@@ -441,6 +448,23 @@ def _rows_before_blank_tail(target: Target, file: SourceFile) -> int | None:
     lines, filled, last = (int(found[0][k]) for k in ("lines", "filled", "last"))
     rows = filled - (1 if file.format.has_header else 0)
     return rows if filled == last < lines and rows > 0 else None
+
+
+def _rows_before_bad_json(target: Target, file: SourceFile) -> int | None:
+    """JSON lines with a line that is not JSON (`not json`, a cut-off object) among the
+    first 25,000: how many lines come before the first; None for another file."""
+    if file.format.name not in ("JSONEachRow", "JSONLines", "NDJSON"):
+        return None
+    try:
+        found = target.infer_rows(
+            "SELECT minIf(n, NOT isValidJSON(line) AND match(line, '\\S')) AS bad FROM ("
+            "SELECT rowNumberInAllBlocks() + 1 AS n, line FROM "
+            f"{target.reader(file, 'LineAsString', None)} LIMIT 25000) "
+            "SETTINGS max_threads = 1")
+    except ChloadError:
+        return None
+    bad = int(found[0]["bad"]) if found else 0
+    return bad - 1 if bad > 1 else None
 
 
 def _just_a_header(target: Target, file: SourceFile) -> bool:

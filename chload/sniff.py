@@ -19,7 +19,9 @@ import bz2
 import csv
 import gzip
 import lzma
+import os
 import re
+import stat
 import zlib
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -120,10 +122,19 @@ def guess_delimiter(text: str) -> str | None:
     return None
 
 
+def read_again(file: SourceFile) -> bool:
+    """Whether reading the start of `file` leaves it whole for the load: a remote object
+    or a regular file, not a pipe (what is read from one is gone)."""
+    try:
+        return not file.local_path or stat.S_ISREG(os.stat(file.local_path).st_mode)
+    except OSError:
+        return False
+
+
 def first_text(file: SourceFile) -> str | None:
     """A local file's first line as text, or None when that cannot be read cheaply."""
     opener = _OPENERS.get(file.format.compression)
-    if opener is None or not file.local_path:
+    if opener is None or not file.local_path or not read_again(file):
         return None
     try:
         with opener(file.local_path) as stream:

@@ -241,6 +241,9 @@ class EmbeddedTarget:
             return rows, 0, read
         rejected = rejects.count_errors(self.rows, errors_file, job.file.format.delimiter)
         job.budget.check(job.file.uri, rejected, rows)
+        rejects.check_accounted(self.rows, job.file.uri, job.file.format,
+                                self.reader(job.file, "LineAsString", None), rows, rejected,
+                                errors_file)
         if rejected:
             rejects.record(self, errors_file, table=job.table_display, uri=job.file.uri,
                            stage=stage, run_id=job.run_id, fmt=job.file.format,

@@ -61,6 +61,9 @@ class LoaderRejects:
         loader = LoaderSql(self.engine, job.file.uri)
         rejected = rejects.count_errors(loader.rows, errors_file, job.file.format.delimiter)
         job.budget.check(job.file.uri, rejected, rows)
+        rejects.check_accounted(loader.rows, job.file.uri, job.file.format,
+                                table_function(job.file, "LineAsString", None), rows, rejected,
+                                errors_file)
         if not rejected:
             return 0
         self._ensure(loader)

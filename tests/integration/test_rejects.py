@@ -134,6 +134,36 @@ def test_json_lines_rejects(tmp_path: Path, target_dir: str) -> None:
     assert all(r["error"] for r in rejected)
 
 
+def test_a_budget_infers_json_lines_past_a_broken_line(tmp_path: Path, target_dir: str) -> None:
+    """With an error budget and no --schema, a line that is not JSON does not stop the
+    inference (the engine's schema reader would): the types come from the lines before
+    it, and the load rejects it."""
+    data = tmp_path / "e.jsonl"
+    data.write_text('{"id":1,"n":2}\n{"id":2,"n":3}\nnot json\n{"id":4,"n":5}\n')
+    code, report = _json("load", str(data), "--table", "j", "--target", target_dir,
+                         "--max-errors", "5", "--json")
+    assert code == 0 and isinstance(report, dict), report
+    assert (report["rows_loaded"], report["rows_rejected"]) == (3, 1)
+    assert _scalar(target_dir, "SELECT sum(n), toTypeName(n) FROM j GROUP BY 2") == "10\tInt64"
+    code, report = _json("load", str(data), "--table", "j2", "--target", target_dir, "--json")
+    assert code == 2 and "cannot infer its columns" in str(report)  # no budget: as before
+
+
+def test_a_broken_json_line_that_takes_the_next_fails_the_file(tmp_path: Path,
+                                                               target_dir: str) -> None:
+    """A line cut off inside a string makes the engine read the next line into the bad
+    row and skip both, keeping only the first as rejected: the file fails whole instead
+    of losing the second line unreported."""
+    data = tmp_path / "cut.jsonl"
+    data.write_text('{"id":1,"n":2}\n{"id":3,"n\n{"id":4,"n":5}\n{"id":6,"n":7}\n')
+    code, report = _json("load", str(data), "--table", "c", "--target", target_dir, "--schema",
+                         "id UInt64, n Int64", "--max-errors", "5", "--json")
+    assert code == 1 and isinstance(report, dict), report
+    assert (report["files_failed"], report["rows_loaded"]) == (1, 0), report
+    assert "1 line(s) after line 2 neither loaded nor rejected" in str(report)
+    assert _scalar(target_dir, "SELECT count() FROM c") == "0"
+
+
 def test_on_error_abort_stops_after_the_first_failure(pair: tuple[Path, Path],
                                                       tmp_path: Path, target_dir: str) -> None:
     good, bad = pair
