@@ -3,7 +3,7 @@
 Inference is the engine's (`DESCRIBE file(...)`); we only refine it:
 - CSV/TSV header: the engine's detection decides between `CSV` and `CSVWithNames`
   where types tell; where they cannot (all text), the planner judges the first line
-  (planner._decide_header). A header's names become column names (`header_columns`).
+  (dialect._decide_header). A header's names become column names (`header_columns`).
 - Names: any text, quoted wherever SQL is written (`quote_ident`); `--schema` and the
   server's DDL checks parse quoted names (`parse_structure`, `mask_quoted`).
 - Nullability: the engine infers every text column `Nullable` (setting
