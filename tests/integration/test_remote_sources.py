@@ -99,6 +99,9 @@ def test_s3_exact_rerun_and_secret_nowhere(minio: services.Service, bucket: str,
                           env=env)  # the directory form names the same 10 (not _SUCCESS)
     assert (again.returncode, report2["files_skipped"], report2["files_loaded"]) == (0, FILES, 0)
     assert totals(target, "trips") == (TOTAL, TOTAL, ID_SUM)
+    star, report3 = load(f"s3://{bucket}/trips/*", "--table", "trips", "--target", target,
+                         env=env)  # a glob meets the empty _SUCCESS: no source, no failure
+    assert (star.returncode, report3["files_skipped"], report3["files_failed"]) == (0, FILES, 0)
 
     plain = run_chload("load", f"s3://{bucket}/trips/*.csv.gz", "--table", "trips",
                        "--target", target, env=env)
