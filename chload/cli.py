@@ -248,10 +248,22 @@ def _settings(values: Sequence[str], flag: str = "--setting") -> tuple[tuple[str
 
 
 def _load(args: argparse.Namespace) -> int:
-    if "://" not in (args.target or os.environ.get("CHLOAD_TARGET", "")):
+    target = args.target or os.environ.get("CHLOAD_TARGET", "")
+    if "://" not in target:
         from chload.engine import prefetch
 
         prefetch()  # an embedded target: chDB imports while chload.api does
+        return _load_with(args)
+    from chload.targets import server_early
+
+    server_early.begin(target, args.table, os.environ)  # asked while chload.api imports
+    try:
+        return _load_with(args)
+    finally:
+        server_early.discard()
+
+
+def _load_with(args: argparse.Namespace) -> int:
     from chload.api import load
 
     spec = _spec(args)
