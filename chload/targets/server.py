@@ -3,9 +3,11 @@
     chload load 'data/*.csv.gz' --table trips --target http://loader@ch:8123/analytics
     CLICKHOUSE_PASSWORD=... chload load 'x/*.parquet' -t events --target https://ch:8443/db
 
-At connect the server is asked what it can do (capabilities.py). Then, per file, the
-fastest correct path into a fresh stage table `chload.stage_<machine>_<pid>_<id>`
-(`CREATE TABLE ... AS <table>`, so its structure and keys are the table's):
+At connect the server is asked what it can do (capabilities.py; for `chload load`, on a
+thread while the loader still imports, with the load's first reads: server_early.py).
+Then, per file, the fastest correct path into a fresh stage table
+`chload.stage_<machine>_<pid>_<id>` (`CREATE TABLE ... AS <table>`, so its structure and
+keys are the table's):
 
 - *raw*: the server parses the format and the compression (gzip CSV into 18.16): the
   file's bytes are posted as they are, with `Content-Encoding`, streamed from disk.
