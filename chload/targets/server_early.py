@@ -50,8 +50,8 @@ class Early:
 
 
 _EARLY: list[Early] = []
-# While the thread asks, the main thread imports: an answer come back waits for the
-# interpreter lock at most this long (not the default 5 ms) before it is read.
+# While the thread asks, the main thread imports: an answer that has come back waits
+# at most this long for the interpreter's lock (not the default 5 ms) to be read.
 _SWITCH, _DEFAULT_SWITCH = 0.0005, sys.getswitchinterval()
 
 
@@ -99,15 +99,14 @@ def discard() -> None:
 def _ask_all(early: Early, names: tuple[str, ...]) -> None:
     reads = _Reads(early)
     try:
-        caps = probe(early.client, reads.where)
-        if len(names) == 2 and LEDGER_TABLES <= caps.ledger_tables:
+        early.caps = probe(early.client, reads.where)
+        if len(names) == 2 and LEDGER_TABLES <= early.caps.ledger_tables:
             table = f"{quote_ident(names[0])}.{quote_ident(names[1])}"
             reads.rows(columns_sql(table))
             reads.rows(_start_sql(dirty_name(table), display_table(table)))
             ledger = Ledger(reads)
             ledger.table_state(*names)
             ledger.loaded(display_table(table))
-        early.caps = caps
     except Exception:  # noqa: BLE001 -- the load asks again, and reports it there
         early.answers.clear()
 
