@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chload import formats, options, planner, runner
 from chload.adaptive import MAX_STREAMS, Controller
@@ -32,10 +32,22 @@ from chload.loadrun import (
 from chload.monitor import Monitor
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
-from chload.sources import RunSources, SourceContext, SourceFile, db_early, kind_of
+from chload.sources import RunSources, SourceContext, SourceFile, kind_of
 from chload.targets import LoadJob, Target, TargetSpec, open_target
-from chload.validation import FileCheck as FileCheck
-from chload.validation import validate as validate
+
+if TYPE_CHECKING:
+    from chload.validation import FileCheck as FileCheck
+    from chload.validation import validate as validate
+
+
+def __getattr__(name: str) -> Any:
+    """`validate` and `FileCheck`, from validation.py when first asked for: a load
+    does not import it."""
+    if name in ("validate", "FileCheck"):
+        from chload import validation
+
+        return getattr(validation, name)
+    raise AttributeError(f"module 'chload.api' has no attribute {name!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +178,7 @@ def load(sources: Sources | LoadSpec, table: str | None = None, *,
     pairs. A wrong type or an unknown option is a UsageError naming it.
     """
     spec = sources if isinstance(sources, LoadSpec) else _spec("load", sources, table, options)
-    early = db_early.begin(spec.sources, spec.query, spec.incremental_by, spec.workers)
+    early = _begin_early(spec)
     try:  # (a database's snapshot is taken while the target opens)
         target = open_target(_target_spec(spec.target))
         try:
@@ -175,6 +187,16 @@ def load(sources: Sources | LoadSpec, table: str | None = None, *,
             target.close()
     finally:
         early()
+
+
+def _begin_early(spec: LoadSpec) -> Callable[[], None]:
+    """A database source's session begun while the target opens (db_early.py), and its
+    cleanup. Imported only for a URL source: files do not need it."""
+    if not any("://" in s for s in spec.sources):
+        return lambda: None
+    from chload.sources import db_early
+
+    return db_early.begin(spec.sources, spec.query, spec.incremental_by, spec.workers)
 
 
 def _target_spec(target: str | None, create: bool = True) -> TargetSpec:

@@ -14,7 +14,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from chload.errors import ChloadError, UsageError
@@ -43,7 +43,8 @@ def run() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser(argv[0] if argv else None).parse_args(argv)
     for stream in (sys.stdout, sys.stderr):  # bytes a String holds, written as they are
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="surrogateescape")
@@ -66,45 +67,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: of `command` alone when it names one, else of every
+    command (`chload --help`, a typo). Each parser looks up argparse's translations on
+    disk (gettext), and the other five cost ~1.5 ms of every start."""
     parser = argparse.ArgumentParser(
         prog="chload", description="Get data into ClickHouse fast and exactly once.")
     parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    _load_parser(commands)
-    files = commands.add_parser("files", help="the ledger: each file's state for a table")
-    _common(files)
-    files.add_argument("--table", "-t", required=True)
-    files.add_argument("--json", action="store_true", help="print JSON (a list of objects)")
-    files.add_argument("--shard", action="append", default=[], metavar="HOST:TCP_PORT=URL",
-                       help="a Distributed table's replica and its HTTP URL (as for load)")
-    files.set_defaults(func=_files)
-    sql = commands.add_parser("sql", help="run SQL against the target")
-    _common(sql)
-    sql.add_argument("query")
-    sql.add_argument("--format", default="PrettyCompact",
-                     help="any ClickHouse output format: TSV, JSON, Pretty, CSV ...")
-    sql.set_defaults(func=_sql)
-    hist = commands.add_parser("history", help="one line per load run")
-    _common(hist)
-    hist.add_argument("--table", "-t")
-    hist.add_argument("--limit", type=int, default=50)
-    hist.add_argument("--run", metavar="RUN_ID", help="per-file detail of one run")
-    hist.add_argument("--json", action="store_true")
-    hist.set_defaults(func=_history)
-    errs = commands.add_parser("errors", help="rejected rows of a table: file, line, error, raw")
-    _common(errs)
-    errs.add_argument("--table", "-t", required=True)
-    errs.add_argument("--limit", type=int, default=10_000)
-    errs.add_argument("--json", action="store_true", help="print JSON (a list of objects)")
-    errs.set_defaults(func=_errors)
-    check = commands.add_parser("validate", help="parse sources against a table's schema; "
-                                "writes nothing", description="Parse every row of the "
-                                "sources as `load` with the same flags would; writes nothing.")
-    _common(check)
-    _spec_flags(check)
-    check.set_defaults(func=_validate)
+    for name, (about, flags) in _COMMANDS.items():
+        if command not in _COMMANDS or name == command:
+            flags(commands.add_parser(name, **about))
     return parser
+
+
+def _files_flags(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--table", "-t", required=True)
+    p.add_argument("--json", action="store_true", help="print JSON (a list of objects)")
+    p.add_argument("--shard", action="append", default=[], metavar="HOST:TCP_PORT=URL",
+                   help="a Distributed table's replica and its HTTP URL (as for load)")
+    p.set_defaults(func=_files)
+
+
+def _sql_flags(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("query")
+    p.add_argument("--format", default="PrettyCompact",
+                   help="any ClickHouse output format: TSV, JSON, Pretty, CSV ...")
+    p.set_defaults(func=_sql)
+
+
+def _history_flags(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--table", "-t")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--run", metavar="RUN_ID", help="per-file detail of one run")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_history)
+
+
+def _errors_flags(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--table", "-t", required=True)
+    p.add_argument("--limit", type=int, default=10_000)
+    p.add_argument("--json", action="store_true", help="print JSON (a list of objects)")
+    p.set_defaults(func=_errors)
+
+
+def _validate_flags(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    _spec_flags(p)
+    p.set_defaults(func=_validate)
 
 
 def _workers(value: str) -> int | None:
@@ -123,10 +137,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
 
-def _load_parser(commands: Any) -> None:
-    p = commands.add_parser("load", help="load files into a table, exactly once per file",
-                            description="Load files, directories, globs or - (stdin) into "
-                            "a table. Files already loaded are skipped.")
+def _load_flags(p: argparse.ArgumentParser) -> None:
     _common(p)
     _spec_flags(p)
     p.add_argument("--order-by", help="ORDER BY of a table chload creates")
@@ -181,6 +192,21 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
 
 
+# Each command: what its parser is made with, and the function adding its flags.
+_COMMANDS: dict[str, tuple[dict[str, Any], Callable[[argparse.ArgumentParser], None]]] = {
+    "load": ({"help": "load files into a table, exactly once per file",
+              "description": "Load files, directories, globs or - (stdin) into a table. "
+                             "Files already loaded are skipped."}, _load_flags),
+    "files": ({"help": "the ledger: each file's state for a table"}, _files_flags),
+    "sql": ({"help": "run SQL against the target"}, _sql_flags),
+    "history": ({"help": "one line per load run"}, _history_flags),
+    "errors": ({"help": "rejected rows of a table: file, line, error, raw"}, _errors_flags),
+    "validate": ({"help": "parse sources against a table's schema; writes nothing",
+                  "description": "Parse every row of the sources as `load` with the same "
+                                 "flags would; writes nothing."}, _validate_flags),
+}
+
+
 # Flags only `load` has (its parser adds them), with what a LoadSpec takes when absent.
 _LOAD_ONLY: dict[str, Any] = {"order_by": None, "partition_by": None, "audit": False,
                                "workers": None, "force": False, "on_error": "continue",
@@ -226,10 +252,22 @@ def _settings(values: Sequence[str], flag: str = "--setting") -> tuple[tuple[str
 
 
 def _load(args: argparse.Namespace) -> int:
-    if "://" not in (args.target or os.environ.get("CHLOAD_TARGET", "")):
+    target = args.target or os.environ.get("CHLOAD_TARGET", "")
+    if "://" not in target:
         from chload.engine import prefetch
 
         prefetch()  # an embedded target: chDB imports while chload.api does
+        return _load_with(args)
+    from chload.targets import server_early
+
+    server_early.begin(target, args.table, os.environ)  # asked while chload.api imports
+    try:
+        return _load_with(args)
+    finally:
+        server_early.discard()
+
+
+def _load_with(args: argparse.Namespace) -> int:
     from chload.api import load
 
     spec = _spec(args)

@@ -171,22 +171,24 @@ _AUTH_CODES = {192, 193, 194, 195, 497, 516}
 # AUTHENTICATION_FAILED
 PASSWORD_ENV = "CLICKHOUSE_PASSWORD"  # where a server target's password may come from
 
-_ERRNO_SOURCE = re.compile(r"Cannot (stat|open) file|No such file|Permission denied")
+# The patterns below are compiled when first used (re caches them): they read error
+# texts only, and compiling them all at import was ~1 ms of every start.
+_ERRNO_SOURCE = r"Cannot (stat|open) file|No such file|Permission denied"
 
-_BEFORE = re.compile(r"before: '((?:[^'\\]|\\.)*)'")
+_BEFORE = r"before: '((?:[^'\\]|\\.)*)'"
 _HINTS = {
     354: " (the compressed stream is truncated or not of that kind; if the file is not "
          "compressed, pass --compression none)",
     432: " (the compressed stream is truncated or corrupt)",
 }
-_CODE = re.compile(r"Code:\s*(\d+)")
-_EXCEPTION_PREFIX = re.compile(  # chDB may repeat it: "Code: 27. DB::Exception: Code: 27. ..."
-    r"^(?:(Code:\s*\d+\.\s*)?(e\.displayText\(\) = )?DB::\w*Exception:\s*)+")
+_CODE = r"Code:\s*(\d+)"
+# chDB may repeat it: "Code: 27. DB::Exception: Code: 27. ..."
+_EXCEPTION_PREFIX = r"^(?:(Code:\s*\d+\.\s*)?(e\.displayText\(\) = )?DB::\w*Exception:\s*)+"
 
 
 def engine_code(message: str) -> int | None:
     """The `Code: NNN` of a ClickHouse error text, if it has one."""
-    match = _CODE.search(message)
+    match = re.search(_CODE, message)
     return int(match.group(1)) if match else None
 
 
@@ -196,7 +198,7 @@ def one_line(message: str, limit: int = 400) -> str:
     ClickHouse appends multi-line row dumps and stack traces; the first line carries the
     cause, and the `(at row N)` locator that follows it is kept.
     """
-    text = _EXCEPTION_PREFIX.sub("", message.strip())
+    text = re.sub(_EXCEPTION_PREFIX, "", message.strip())
     first, _, rest = text.partition("\n")
     cause_name = ""
     if first.rstrip().endswith("Error:") and rest:  # the cause is on the next line
@@ -207,7 +209,7 @@ def one_line(message: str, limit: int = 400) -> str:
     line = re.sub(r"(\s*\(([A-Z_]+|version [^)]*)\)\.?)+$", "", line)  # (ERROR_NAME) (version)
     if row and "row" not in line:
         line += f" (at row {row.group(1)})"
-    line = _BEFORE.sub(_shorten, line)  # the engine quotes what follows in the data, at length
+    line = re.sub(_BEFORE, _shorten, line)  # the engine quotes what follows in the data, at length
     line = re.sub(r":?\s*While reading from: .*$", "", line)
     line = re.sub(r":?\s*\(while reading header\):?$", "", line).strip(" :").rstrip(".")
     line = line.replace("\t", " ") + (f" ({cause_name})" if cause_name else "")
@@ -224,7 +226,7 @@ def _with_cause(head: str, rest: str) -> tuple[str, str, str]:
     """
     cause, _, after = rest.partition("\n")
     name = re.search(r"\(([A-Z][A-Z0-9_]+)\)\s*(\(version [^)]*\))?\.?\s*$", cause)
-    cause = _EXCEPTION_PREFIX.sub("", cause.strip())
+    cause = re.sub(_EXCEPTION_PREFIX, "", cause.strip())
     cause = re.sub(r"\s*\(version [^)]*\)\.?$", "", cause)
     cause = re.sub(r"\s*\([A-Z][A-Z0-9_]+\)\.?$", "", cause)
     cause = re.sub(r":?\s*While reading from: .*$", "", cause).strip(" :.")
@@ -234,13 +236,13 @@ def _with_cause(head: str, rest: str) -> tuple[str, str, str]:
     return (f"{head}: {cause}" if cause else head), after, name.group(1) if name else ""
 
 
-_COLUMN = re.compile(r"name:\s*([^,]+),[^\n]*?ERROR")
+_COLUMN = r"name:\s*([^,]+),[^\n]*?ERROR"
 
 
 def locate(message: str) -> tuple[int | None, str | None]:
     """(row, column) an engine parse error points at, where it says so."""
     row = re.search(r"\(at row (\d+)\)", message)
-    column = _COLUMN.search(message)
+    column = re.search(_COLUMN, message)
     return (int(row.group(1)) if row else None,
             column.group(1).strip() if column else None)
 
@@ -257,7 +259,7 @@ def from_engine_message(message: str, context: str) -> ChloadError:
     starts the message, so every error says what it was about.
     """
     code = engine_code(message)
-    innermost = int(_CODE.findall(message)[-1]) if code is not None else 0  # a nested cause's
+    innermost = int(re.findall(_CODE, message)[-1]) if code is not None else 0  # a nested cause's
     hint = _HINTS.get(innermost, "")
     if "Unknown field found" in message:  # chload sets input_format_skip_unknown_fields=0
         hint = (" (the table has no such column: add it with ALTER TABLE ... ADD COLUMN, or "
@@ -274,7 +276,7 @@ def _kind(code: int | None, message: str) -> type[ChloadError]:
         return EngineError  # the data's partitions, not the server's state: terminal
     if code in _TRANSIENT_CODES:
         return TransientError
-    if _ERRNO_SOURCE.search(message) or code in _SOURCE_CODES:
+    if re.search(_ERRNO_SOURCE, message) or code in _SOURCE_CODES:
         return SourceError
     if code in _DATA_CODES:
         return DataError
@@ -314,41 +316,41 @@ def server_error(status: int, body: str, context: str) -> ChloadError:
     return from_engine_message(text, context)
 
 
-_REMOTE_ERROR = re.compile(r"HTTP status code: (\d+)[^\n]*?body: '(.*)'", re.S)
-_NETWORK = re.compile(r"Connection (refused|reset)|Timeout|timed out|Broken pipe|"
-                      r"Network is unreachable|No route to host", re.I)
+_REMOTE_ERROR = r"(?s)HTTP status code: (\d+)[^\n]*?body: '(.*)'"
+_NETWORK = (r"(?i)Connection (refused|reset)|Timeout|timed out|Broken pipe|"
+            r"Network is unreachable|No route to host")
 
 
 def from_push_message(message: str, context: str, server: str | None) -> ChloadError:
     """A chDB error of a push to `server` (host:port), which may carry the server's
     answer (`HTTP status code: 500 ... body: '...'`) or say the server was unreachable."""
-    remote = _REMOTE_ERROR.search(message)
+    remote = re.search(_REMOTE_ERROR, message)
     if remote:
         return server_error(int(remote.group(1)), remote.group(2), context)
-    network = _NETWORK.search(message) if "POCO_EXCEPTION" in message else None
+    network = re.search(_NETWORK, message) if "POCO_EXCEPTION" in message else None
     if network and server is not None:
         return TransientError(context=context, reason=f"server {server} unreachable: "
                                                        f"{network.group(0).lower()}")
     return from_engine_message(message, context)
 
 
-_MISSING_TABLE = re.compile(r"Table (\S+?)\.? doesn't exist")
+_MISSING_TABLE = r"Table (\S+?)\.? doesn't exist"
 
 
 def missing_table(error: ChloadError) -> str | None:
     """The bare name of the table an "X doesn't exist" error names (code 60), if any."""
-    missing = _MISSING_TABLE.search(error.reason)
+    missing = re.search(_MISSING_TABLE, error.reason)
     return missing.group(1).replace("`", "").rpartition(".")[2] if missing else None
 
 
 # -- a parse error, pinpointed ------------------------------------------------------------
-_AT_ROW = re.compile(r"\s*\(at row \d+\)")
+_AT_ROW = r"\s*\(at row \d+\)"
 
 
 def pinpointed(error: DataError, context: str, header_lines: int) -> DataError:
     """`error` naming the line of the file (its row after `header_lines`) and the column
     where the engine says so: `f.csv: line 12, column fare: <reason>`."""
-    reason = _AT_ROW.sub("", error.reason)
+    reason = re.sub(_AT_ROW, "", error.reason)
     where = f"line {error.row + header_lines}" if error.row else ""
     where += f", column {error.column}" if error.column else ""
     return DataError(context=context, reason=f"{where}: {reason}" if where else reason,

@@ -3,9 +3,11 @@
     chload load 'data/*.csv.gz' --table trips --target http://loader@ch:8123/analytics
     CLICKHOUSE_PASSWORD=... chload load 'x/*.parquet' -t events --target https://ch:8443/db
 
-At connect the server is asked what it can do (capabilities.py). Then, per file, the
-fastest correct path into a fresh stage table `chload.stage_<machine>_<pid>_<id>`
-(`CREATE TABLE ... AS <table>`, so its structure and keys are the table's):
+At connect the server is asked what it can do (capabilities.py; for `chload load`, on a
+thread while the loader still imports, with the load's first reads: server_early.py).
+Then, per file, the fastest correct path into a fresh stage table
+`chload.stage_<machine>_<pid>_<id>` (`CREATE TABLE ... AS <table>`, so its structure and
+keys are the table's):
 
 - *raw*: the server parses the format and the compression (gzip CSV into 18.16): the
   file's bytes are posted as they are, with `Content-Encoding`, streamed from disk.
@@ -46,7 +48,7 @@ from dataclasses import replace
 
 from chload import rejects
 from chload.adaptive import Controller
-from chload.capabilities import Capabilities, probe_gzipped, server_columns, storable
+from chload.capabilities import Capabilities, server_columns, storable
 from chload.engine import Engine
 from chload.errors import (
     ChloadError,
@@ -54,8 +56,6 @@ from chload.errors import (
     SchemaError,
     TransientError,
     UsageError,
-    missing_table,
-    retyped,
 )
 from chload.ledger import (
     DATABASE,
@@ -68,7 +68,6 @@ from chload.ledger import (
 )
 from chload.monitor import unit_costs
 from chload.rejects import ErrorBudget
-from chload.retry import RetryPolicy, retry
 from chload.schema import (
     Column,
     create_table_sql,
@@ -83,6 +82,7 @@ from chload.targets import (
     Loaded,
     LoadJob,
     Target,
+    server_early,
     server_groups,
 )
 from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
@@ -114,9 +114,13 @@ class ServerTarget(StageFilling):
     def __init__(self, url: TargetURL) -> None:
         self.url = url
         self.database = self.url.database  # what a bare --table name means
-        self.client = HttpClient(self.url)
         self.where = f"server {self.url.host}:{self.url.port}"
-        self.caps: Capabilities = self._probe()
+        early = server_early.claim(url)  # asked while the loader imported (cli._load)
+        self.client = early.client if early else HttpClient(self.url)
+        # SQL -> its answer, asked ahead: given once by `rows`, dropped at any write
+        self._ahead: dict[str, list[dict]] = early.answers if early else {}
+        self.caps: Capabilities = (early.caps if early and early.caps
+                                   else server_early.probe(self.client, self.where))
         self.display = f"ClickHouse {self.caps.version} at {self.url.display}"
         self.ledger = Ledger(self)
         if not LEDGER_TABLES <= self.caps.ledger_tables:
@@ -146,41 +150,21 @@ class ServerTarget(StageFilling):
 
     # -- SQL ---------------------------------------------------------------------------
     def command(self, sql: str) -> None:
+        self._ahead.clear()  # what was asked ahead may be stale after any write
         self.client.post(sql, context=self.where)
 
     def _command_id(self, sql: str, query_id: str) -> None:
+        self._ahead.clear()
         self.client.post(sql, context=self.where, query_id=query_id)
 
     def rows(self, sql: str) -> list[dict]:
         """Small results as dicts, 64-bit integers as numbers (as chDB gives them)."""
-        text = self._ask(sql, "JSONEachRow", {"output_format_json_quote_64bit_integers": "0"})
+        ahead = self._ahead.pop(sql, None)
+        if ahead is not None:
+            return ahead
+        text = server_early.ask(self.client, self.where, sql, "JSONEachRow",
+                                server_early.NUMBERS)
         return [json.loads(line) for line in text.splitlines() if line]
-
-    def _ask(self, sql: str, fmt: str, params: dict[str, str] | None = None,
-             body: bytes | None = None, encoding: str = "") -> str:
-        """chload's own query, answered as text.
-
-        18.16 lists system.tables (and parts) by name and fails the whole query with
-        "Table X doesn't exist" when X, any table of a listed database, is dropped
-        meanwhile: another stream's stage, after its commit. Asked again, it answers.
-        """
-        def ask() -> str:
-            if body is None:
-                return self.client.post(sql, context=self.where, fmt=fmt,
-                                        params=params).decode(errors="surrogateescape")
-            return self.client.request(None, body, context=self.where, headers={
-                "Content-Encoding": encoding}, params={"default_format": fmt}).decode(
-                    errors="surrogateescape")
-
-        def meanwhile(exc: BaseException) -> bool:
-            return isinstance(exc, SchemaError) and _dropped_meanwhile(sql, exc)
-
-        try:
-            return retry(ask, _SYSTEM_RETRY, retry_if=meanwhile)
-        except SchemaError as exc:
-            if not meanwhile(exc):
-                raise
-            raise retyped(exc, TransientError) from None
 
     def text(self, sql: str, fmt: str) -> str:
         """The user's SQL, in the URL's database; Pretty formats without ANSI colours
@@ -207,11 +191,7 @@ class ServerTarget(StageFilling):
         """The table's columns (None: no such table); its engine is noted on the way."""
         if table in self._columns_asked:  # just asked, to know its engine (_distributed)
             return self._columns_asked.pop(table)
-        database, name = split_table(table)
-        where = f"database = {quote_str(database)} AND "
-        rows = self.rows(f"SELECT name, type, default_kind, '' AS engine FROM system.columns "
-                         f"WHERE {where}table = {quote_str(name)} UNION ALL SELECT '', '', "
-                         f"'', engine FROM system.tables WHERE {where}name = {quote_str(name)}")
+        rows = self.rows(server_early.columns_sql(table))
         for row in rows:
             if row["engine"]:
                 self._engines[table] = row["engine"]
@@ -423,15 +403,6 @@ class ServerTarget(StageFilling):
                               "loads exactly once only into MergeTree-family tables (it "
                               "attaches whole partitions); load into a MergeTree table")
 
-    def _probe(self) -> Capabilities:
-        return probe_gzipped(lambda sql, body: self._ask(sql, "TSV", body=body, encoding="gzip"),
-                             self._accepts_encoding)
-
-    def _accepts_encoding(self, method: str, body: bytes) -> bool:
-        self.client.request(None, body, context=self.where,
-                            headers={"Content-Encoding": method})
-        return True
-
     def _drop(self, stage: str) -> None:
         """Drop a stage; one the server did not drop now (it is down) is tried at close."""
         try:
@@ -461,7 +432,10 @@ class ServerTarget(StageFilling):
         """Is `table` Distributed? Asked with its columns, which the planner asks next
         (kept for that one call): a round trip less before the first byte."""
         self._columns_asked[table] = self.table_columns(table)
-        return self._engines.get(table) == "Distributed"
+        if self._engines.get(table) != "Distributed":
+            return False
+        self._ahead.clear()  # asked for this table: the cluster's targets ask their own
+        return True
 
     def shard_report(self) -> list[dict]:
         return []
@@ -475,16 +449,6 @@ class ServerTarget(StageFilling):
             self.engine.close()
             self.client.close()
             shutil.rmtree(self.path, ignore_errors=True)
-
-
-_SYSTEM_RETRY = RetryPolicy(attempts=6, base_seconds=0.01, jitter=False)  # 10 ms, 20 ms ...
-
-
-def _dropped_meanwhile(sql: str, error: ChloadError) -> bool:
-    """A query over system tables failed because a table it does not name was dropped
-    while the server listed them (see ServerTarget._ask)."""
-    name = missing_table(error)
-    return "system." in sql and name is not None and f"'{name}'" not in sql
 
 
 def _event(job: LoadJob, state: str, rows: int = 0, read: int = 0,

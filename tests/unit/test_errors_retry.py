@@ -194,6 +194,7 @@ def test_system_queries_ride_out_a_dropped_table_under_their_policy(clock: Clock
 
     target = ServerTarget.__new__(ServerTarget)
     target.client, target.where = Client(), "server h:1"  # type: ignore[assignment]
+    target._ahead = {}
     with pytest.raises(TransientError, match="stage_x doesn't exist"):
         target.rows("SELECT name FROM system.tables")
     assert Client.asked == 6 and clock.slept == [0.01, 0.02, 0.04, 0.08, 0.16]

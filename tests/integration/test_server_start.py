@@ -1,0 +1,51 @@
+"""A load's first requests into 18.16, asked while the loader imports (server_early):
+the answers are the ones the load would have read itself, each used once."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import services
+
+from chload.targets import server_early
+from chload.targets.http import parse_target_url
+from chload.targets.server import ServerTarget
+
+pytestmark = pytest.mark.integration
+
+
+def test_reads_asked_ahead_are_the_loads_own(clickhouse: services.Service) -> None:
+    table = f"early_{uuid.uuid4().hex[:8]}"
+    services.clickhouse_query(clickhouse, f"CREATE TABLE default.{table} (id UInt64) "
+                              "ENGINE = MergeTree ORDER BY id")
+    services.clickhouse_query(clickhouse, f"INSERT INTO default.{table} VALUES (1), (2)")
+    url = f"http://loader@127.0.0.1:{clickhouse.ports['http']}/default"
+    env = {"CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]}
+    ServerTarget(parse_target_url(url, env)).close()  # the ledger, as a first load makes it
+
+    server_early.begin(url, table, env)
+    early = ServerTarget(parse_target_url(url, env))
+    try:
+        asked = dict(early._ahead)
+        assert len(asked) == 4  # columns, the commit survey, the table's state, `loaded`
+        before = early.client.stats.calls
+        sql_table = f"`default`.`{table}`"
+        assert [c.name for c in early.table_columns(sql_table) or []] == ["id"]
+        state = early.ledger.table_state("default", table)
+        assert state.exists and state.rows == 2
+        assert early.ledger.loaded(f"default.{table}") == {}
+        assert early.recover(sql_table) == 0
+        assert early.client.stats.calls == before and early._ahead == {}
+    finally:
+        early.close()
+    fresh = ServerTarget(parse_target_url(url, env))  # the same reads, asked now
+    try:
+        for sql, answer in asked.items():  # (a leftover stage's age may have grown)
+            assert _ageless(fresh.rows(sql)) == _ageless(answer), sql
+    finally:
+        fresh.close()
+
+
+def _ageless(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "age"} for row in rows]
