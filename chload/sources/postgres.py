@@ -41,7 +41,7 @@ from chload.sources.database import (
     range_predicate,
     stream_read,
 )
-from chload.sources.db_pipes import Reading
+from chload.sources.db_pipes import DbReading
 
 # format_type() name -> ClickHouse type (scalars whose COPY text ClickHouse reads as is)
 TYPES = {
@@ -230,7 +230,7 @@ class PostgresSession:
         """`psql` in the snapshot: COPY (the range) TO STDOUT, into `out` (owned)."""
         return _Psql(self.url, *self._start(out)).feed(self._script(where))
 
-    def stream(self, where: str) -> tuple[int, Reading]:
+    def stream(self, where: str) -> tuple[int, DbReading]:
         """`read` into a pipe: the one psql started with the session, if still alive."""
         spare, self.spare = self.spare, None
         if spare is not None and spare[1].poll() is None:
@@ -333,6 +333,9 @@ class _Psql:
         except OSError:
             pass  # psql ended already: finish() says why
         return self
+
+    def wait(self) -> None:
+        self.proc.wait()
 
     def finish(self) -> None:
         try:
