@@ -26,7 +26,6 @@ import contextlib
 import os
 import tempfile
 import threading
-from collections import deque
 from collections.abc import Callable
 
 from chload.errors import SourceError
@@ -37,48 +36,52 @@ CHUNK = 1 << 20  # bytes per splice
 
 
 class Ahead:
-    """Ranges read one at a time, each into a spool, as soon as the reader of the one
-    before ended.
+    """Ranges read one at a time: the first straight into its engine pipe, each next
+    one into a spool as soon as the reader of the one before ended.
 
     The server target fetches the next unit while the last one loads (its runner keeps
     units in flight beyond the data streams: ServerTarget.open_streams), so `stream` is
-    asked for the second range while the first is read: each range gets its engine
-    pipe at once, and its read begins when the range before it has been read. Every
-    range goes through a spool, the first too: the runner's threads take the data
-    stream in any order, and a range whose reader waited for the engine to read its
-    pipe would then wait for a range that waits for it."""
+    asked for the second range while the first is read. It waits until that read has
+    ended, then begins the second range's read into a spool, which its engine pipe
+    follows. So the thread loading the first range holds the data stream (it reads the
+    pipe that its range's reader writes), and the second range's thread, waiting in
+    `stream`, holds nothing that range waits for: no range waits for one that waits
+    for it, in whatever order the runner's threads come."""
 
     def __init__(self, spools: Callable[[], str],
                  stream: Callable[[str], tuple[int, DbReading]]) -> None:
         self.spools, self._stream = spools, stream
-        self.waiting: deque[_Spooled] = deque()  # asked while a reader runs, in order
         self.busy = False  # a reader runs
-        self.guard = threading.Lock()
+        self.first = True  # no range asked yet
+        self.ready = threading.Condition()
 
     def stream(self, location: str) -> tuple[int, DbReading]:
-        spooled = _Spooled(location, self.spools())
-        read_end = spooled.hand()
-        with self.guard:
-            self.waiting.append(spooled)
-        self._next(ended=False)
+        with self.ready:
+            while self.busy:
+                self.ready.wait(0.5)
+            self.busy, first, self.first = True, self.first, False
+        try:
+            if first:
+                read_end, reading = self._stream(location)
+                return read_end, _Then(reading, self._ended)
+            spooled = _Spooled(location, self.spools())
+            read_end = spooled.hand()
+        except BaseException:
+            self._ended()
+            raise
+        if spooled.begin(self._stream):
+            _Then(spooled, self._ended)
+        else:
+            self._ended()  # its finish says why
         return read_end, spooled
 
-    def _next(self, ended: bool = True) -> None:
-        """Begin the read of the next range waiting, if no reader runs (`ended`: the
-        one that ran has ended)."""
-        with self.guard:
-            self.busy = self.busy and not ended
-            while self.waiting and not self.busy:
-                spooled = self.waiting.popleft()
-                if spooled.begin(self._stream):
-                    self.busy = True
-                    _Then(spooled, self._next)
+    def _ended(self) -> None:
+        with self.ready:
+            self.busy = False
+            self.ready.notify_all()
 
     def close(self) -> None:
-        with self.guard:
-            waiting, self.waiting = list(self.waiting), deque()
-        for spooled in waiting:
-            spooled.stop()
+        """Nothing to end: each range's reading is stopped by its release."""
 
 
 class _Then:
