@@ -59,8 +59,8 @@ from urllib.parse import unquote, urlsplit
 from chload.errors import SchemaError, SourceError, UsageError
 from chload.formats import FileFormat
 from chload.schema import Column, quote_ident, quote_str, structure
-from chload.sources import Source, SourceContext, SourceFile, db_ahead, db_early, db_pipes
-from chload.sources.db_pipes import DbReading
+from chload.sources import Source, SourceContext, SourceFile, db_early, db_pipes
+from chload.sources.db_pipes import Reading
 
 URL_KINDS = {"postgresql": "postgresql", "postgres": "postgresql", "mysql": "mysql",
              "mariadb": "mysql"}  # a URL's scheme -> DbUrl.kind
@@ -253,13 +253,13 @@ class Session(Protocol):
         """(min, max, estimated rows) of the axis in the snapshot."""
         ...
 
-    def read(self, where: str, out: int) -> DbReading:
+    def read(self, where: str, out: int) -> Reading:
         """Start writing the rows matching `where` (source SQL) as TSV into the file
         descriptor `out` (a spool file or a pipe), which the read now owns (it closes
         it); `finish` says whether every row was written."""
         ...
 
-    def stream(self, where: str) -> tuple[int, DbReading]:
+    def stream(self, where: str) -> tuple[int, Reading]:
         """`read` into a new pipe: (its read end, for the engine; the reading)."""
         ...
 
@@ -268,7 +268,7 @@ class Session(Protocol):
     def close(self) -> None: ...
 
 
-def stream_read(session: Session, where: str) -> tuple[int, DbReading]:
+def stream_read(session: Session, where: str) -> tuple[int, Reading]:
     """Session.stream of a session that has no pipe of its own ready: a new one."""
     read_end, write_end = db_pipes.make()
     try:
@@ -354,7 +354,6 @@ class DatabaseSource:
         self.session: Session | None = None
         self.context = SourceContext()
         self.spools = ""
-        self.ahead: db_ahead.Ahead | None = None  # the next range read ahead (--workers 1)
         self._guard = threading.Lock()
 
     def _session(self, url: DbUrl, context: SourceContext) -> Session:
@@ -375,15 +374,8 @@ class DatabaseSource:
         if ordered is not None and context.key_order:
             ordered()  # PostgreSQL (MySQL/MariaDB: InnoDB reads a table in key order)
         committed = context.committed() if context.committed is not None else {}
-        ahead = context.pipes and context.key_order and workers_of(context) == 1
-        units = plan_units(self.session, self.kind, sorted(committed.items()),
-                           2 if ahead else workers_of(context),  # db_ahead.py: cut in two
-                           bool(context.incremental_by), context.force)
-        if ahead and len(units) > 1:
-            self.ahead = db_ahead.Ahead(lambda: self.spools, self.session.stream)
-            if (serial := getattr(self.session, "one_at_a_time", None)) is not None:
-                serial(len(units))  # PostgreSQL: each next psql connects ahead
-        return units
+        return plan_units(self.session, self.kind, sorted(committed.items()),
+                          workers_of(context), bool(context.incremental_by), context.force)
 
     def _open(self) -> Session:
         if self.session is None:
@@ -396,12 +388,12 @@ class DatabaseSource:
         database's client into a spool: TSV as the source printed it, or, where a column
         needs the engine to convert it, Native."""
         session = self._open()
+        if self.context.pipes and not self._converts(session, columns):
+            return self._piped(session, file)
         with self._guard:
             if not self.spools:
                 os.makedirs(workdir, exist_ok=True)
                 self.spools = tempfile.mkdtemp(prefix="spool-", dir=workdir)
-        if self.context.pipes and not self._converts(session, columns):
-            return self._piped(session, file)
         path = os.path.join(self.spools, f"{os.urandom(6).hex()}.tsv")
         try:
             session.read(file.location, os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -419,7 +411,7 @@ class DatabaseSource:
     def _piped(self, session: Session, file: SourceFile) -> SourceFile:
         """The range as a pipe the engine reads while the client writes (same uri,
         identity and kind: `current` checks it was read whole before the commit)."""
-        read_end, reading = (self.ahead or session).stream(file.location or "")
+        read_end, reading = session.stream(file.location)
         path = db_pipes.register(read_end, reading)
         return replace(file, local_path=path, location="", size=0)
 
@@ -460,8 +452,6 @@ class DatabaseSource:
     def close(self) -> None:
         session, self.session = self.session, None
         try:
-            if self.ahead is not None:
-                self.ahead.close()
             if session is not None:
                 session.close()
         finally:

@@ -54,15 +54,6 @@ class Reading(Protocol):
         ...
 
 
-class DbReading(Reading, Protocol):
-    """A database range's reading (database.py's sessions), which also says when its
-    reader has written its last row (db_ahead.py then reads the next range)."""
-
-    def wait(self) -> None:
-        """Block until the reader has ended (its output closed); check nothing."""
-        ...
-
-
 @dataclass(slots=True)
 class Pipe:
     fd: int  # the read end, which the engine opens as /dev/fd/<fd>

@@ -42,7 +42,7 @@ from chload.sources.database import (
     stream_read,
     workers_of,
 )
-from chload.sources.db_pipes import DbReading
+from chload.sources.db_pipes import Reading
 from chload.sources.mysql_client import ClientReader, client
 from chload.sources.mysql_native import Connection, NativeError, NativeReader
 from chload.sources.mysql_native import load as load_native
@@ -228,7 +228,7 @@ class MysqlSession:
             line = ", ".join(c.select for c in self.info.columns)
         return _Relay(self, reader, f"SELECT {line} FROM {self._from()} WHERE {where}", out)
 
-    def stream(self, where: str) -> tuple[int, DbReading]:
+    def stream(self, where: str) -> tuple[int, Reading]:
         return stream_read(self, where)
 
     def _done(self, reader: ClientReader | NativeReader, ok: bool) -> None:
@@ -291,9 +291,6 @@ class _Relay:
             with self.lock:
                 self.killed = self.killed or not ok  # stop() kills no reader after this
             self.session._done(self.reader, not self.killed)
-
-    def wait(self) -> None:
-        self.thread.join()
 
     def finish(self) -> None:
         self.thread.join()

@@ -41,7 +41,7 @@ from chload.sources.database import (
     range_predicate,
     stream_read,
 )
-from chload.sources.db_pipes import DbReading
+from chload.sources.db_pipes import Reading
 
 # format_type() name -> ClickHouse type (scalars whose COPY text ClickHouse reads as is)
 TYPES = {
@@ -81,7 +81,6 @@ class PostgresSession:
         self.reader = _buffered(self.psql)  # a range's psql (the control's is plain)
         self.spare: tuple[int, subprocess.Popen[bytes], IO[bytes]] | None = (
             self._spawn() if pipes else None)  # (ranges are streamed: SourceContext.pipes)
-        self.spares = 0  # psql to start ahead after the first's (one_at_a_time)
         try:
             self.control = _Control(url, self.psql)
         except BaseException:
@@ -130,11 +129,6 @@ class PostgresSession:
             raise UsageError(f"--incremental-by {axis}: its type is {types[axis]}; use an "
                              "integer, date or timestamp column that only grows")
         return TableInfo(columns, key, axis, not axis or types[axis] in _INTEGER_AXIS)
-
-    def one_at_a_time(self, ranges: int) -> None:
-        """Ranges are streamed one after the other (db_ahead.py): each next range's
-        `psql` is started (and connects, 30-40 ms) while the one before reads."""
-        self.spares = max(0, ranges - 1)
 
     def read_in_key_order(self) -> None:
         """Read each range in primary key order where that is an ordered read of the
@@ -236,13 +230,10 @@ class PostgresSession:
         """`psql` in the snapshot: COPY (the range) TO STDOUT, into `out` (owned)."""
         return _Psql(self.url, *self._start(out)).feed(self._script(where))
 
-    def stream(self, where: str) -> tuple[int, DbReading]:
+    def stream(self, where: str) -> tuple[int, Reading]:
         """`read` into a pipe: the one psql started with the session, if still alive."""
         spare, self.spare = self.spare, None
         if spare is not None and spare[1].poll() is None:
-            if self.spares > 0:  # ranges read one after the other: the next one's
-                self.spares -= 1  # psql connects while this one reads
-                self.spare = self._spawn()
             return spare[0], _Psql(self.url, spare[1], spare[2]).feed(self._script(where))
         if spare is not None:
             os.close(spare[0])
@@ -342,9 +333,6 @@ class _Psql:
         except OSError:
             pass  # psql ended already: finish() says why
         return self
-
-    def wait(self) -> None:
-        self.proc.wait()
 
     def finish(self) -> None:
         try:
