@@ -184,6 +184,7 @@ class MysqlSession:
             if locked:
                 self._all("UNLOCK TABLES")
         how = locked.split(" ")[0] if locked else "no lock"
+        self.bounds_in_snapshot = bool(locked)  # else read after the readers' snapshots
         return f"{snapshot} under {how}", (low, high, rows)
 
     def _lock(self) -> str:

@@ -9,9 +9,12 @@ import pytest
 from chload.errors import UsageError
 from chload.sources.database import (
     Range,
+    TableInfo,
     missing_ranges,
     parse_range,
     parse_url,
+    plan_units,
+    range_predicate,
     redact,
     split_range,
 )
@@ -90,3 +93,36 @@ def test_debian_psql_wrapper_is_skipped_for_the_newest_client(tmp_path, monkeypa
     assert postgres._unwrapped(str(plain)) == str(plain)
     monkeypatch.setattr(postgres, "_PG_LIB", str(tmp_path / "none"))
     assert postgres._unwrapped(str(tmp_path / "psql")) == str(tmp_path / "psql")
+
+
+class Ranges:
+    """A session for plan_units: an integer key 1..100 in the snapshot."""
+
+    url = type("U", (), {"display": "postgresql://h:1/d/s.t", "table": "t"})()
+    info = TableInfo([], ["id"], "id")
+    snapshot = "snap"
+
+    def __init__(self, in_snapshot: bool = True) -> None:
+        self.bounds_in_snapshot = in_snapshot
+
+    def bounds(self, axis: str) -> tuple[str | None, str | None, int]:
+        return "1", "100", 100
+
+    def predicate(self, axis: str, r: Range) -> str:
+        return range_predicate(axis, r, str)
+
+
+def test_the_last_range_is_read_without_the_snapshots_max() -> None:
+    """`id <= max` costs the database a test per row and excludes nothing in the
+    snapshot: the range ending at the max is read without it (its uri keeps it)."""
+    units = plan_units(Ranges(), "postgres", [], 2, False, False)  # type: ignore[arg-type]
+    assert [u.uri.split("#")[1] for u in units] == ["id(,50]", "id(50,100]"]
+    assert [u.location for u in units] == ["id <= 50", "id > 50"]
+    one = plan_units(Ranges(), "postgres", [], 1, False, False)  # type: ignore[arg-type]
+    assert [u.location for u in one] == ["id IS NOT NULL"]  # NULL is in no range
+    kept = plan_units(Ranges(in_snapshot=False), "postgres", [], 1, False,  # type: ignore[arg-type]
+                      False)
+    assert [u.location for u in kept] == ["id <= 100"]
+    done = [("postgresql://h:1/d/s.t#id(,60]", "upto 80; snapshot old")]
+    rerun = plan_units(Ranges(), "postgres", done, 1, False, False)  # type: ignore[arg-type]
+    assert [u.location for u in rerun] == ["id > 60 AND id <= 80"]  # a copy's own upper
