@@ -16,6 +16,13 @@ name. Methods, alternated round by round (this machine is shared and noisy):
   stages, committed per shard with its ledger entry).
 
     python3 bench/cluster.py [--files 10] [--rows 1000000] [--repeats 3] [--json out]
+        [--base DIR] [--methods sync2,sync4,async2,hand,chload,base]
+
+`--base DIR` adds `chload` run from another tree (a `git worktree add --detach` checkout of
+the base commit; PYTHONPATH=DIR, PYTHONSAFEPATH=1), alternated with this one in the same
+rounds: the paired ratio (this tree's time / the base's, per round) is printed. Every
+method's CPU is measured too: the three servers' (/proc) plus the loader's own processes
+(the children's rusage), per run.
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,6 +58,9 @@ CHLOAD = "chload (route per file into per-shard stages, commit per shard)"
 SYNC2, SYNC4 = "curl -> Distributed, sync, 2 at a time", "curl -> Distributed, sync, 4 at a time"
 ASYNC2 = "curl -> Distributed, async, 2 at a time (until on shards)"
 HAND = "hand per-shard (chDB split by key, Native to each shard, 2 at a time)"
+BASE = "chload at the base tree (--base)"
+METHODS = {"sync2": SYNC2, "sync4": SYNC4, "async2": ASYNC2, "hand": HAND, "chload": CHLOAD,
+           "base": BASE}
 
 _HAND_SCRIPT = r"""
 import sys, urllib.parse, threading, chdb.session
@@ -79,8 +91,9 @@ def query(url: str, sql: str) -> str:
 
 
 class Cluster:
-    def __init__(self, urls: list[str], endpoints: list[str], name: str) -> None:
-        self.urls, self.endpoints, self.name = urls, endpoints, name
+    def __init__(self, urls: list[str], endpoints: list[str], name: str,
+                 pids: list[int]) -> None:
+        self.urls, self.endpoints, self.name, self.pids = urls, endpoints, name, pids
         self.table = ""
         self.n = 0
 
@@ -123,16 +136,22 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows per file")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--base", help="a checkout of the base tree: chload from it as well")
+    parser.add_argument("--methods", default="sync2,sync4,async2,hand,chload,base",
+                        help="which methods to run (comma-separated: %(default)s)")
     args = parser.parse_args()
     csv = make_trips(os.path.join(CACHE, f"trips-csvgz-{args.files}x{args.rows}"), args.files,
                      args.rows)
     compile_chload()
+    if args.base:
+        compile_chload(os.path.join(args.base, "chload"))
     import services
 
     with tempfile.TemporaryDirectory(prefix="chload-bench-cluster-") as work:
         cluster = services.start_weighted_cluster(Path(work), WEIGHTS)
         try:
-            run(args, Cluster(cluster.urls, cluster.endpoints, cluster.name), csv)
+            run(args, Cluster(cluster.urls, cluster.endpoints, cluster.name,
+                              [server.pid for server in cluster.servers]), csv)
         finally:
             cluster.stop()
 
@@ -149,12 +168,17 @@ def run(args: argparse.Namespace, c: Cluster, csv: list[str]) -> None:
                 f"-H 'Content-Encoding: gzip' --data-binary @{{}} "
                 f"'{c.urls[0]}/?query={insert}&insert_distributed_sync={sync}'"]
 
-    def timed(build, settle: bool = False) -> float:  # noqa: ANN001
+    cpu: dict[str, list[float]] = {}
+
+    def timed(build, settle: bool = False, env: dict[str, str] | None = None,  # noqa: ANN001
+              name: str = "") -> float:
         tries = 1 if build is chload else 4  # chload: no second try
         for attempt in range(tries):
             c.fresh()
+            used = _cpu(c.pids)
             started = time.perf_counter()
-            done = subprocess.run(build(), capture_output=True, text=True, timeout=900)
+            done = subprocess.run(build(), capture_output=True, text=True, timeout=900,
+                                  env={**os.environ, **(env or {})})
             if done.returncode == 0:
                 break
             # a classic way's server error is shown and that run tried again (up to 3
@@ -170,6 +194,7 @@ def run(args: argparse.Namespace, c: Cluster, csv: list[str]) -> None:
         while settle and sum(n for n, _ in c.counts()) < total:
             time.sleep(0.01)
         seconds = time.perf_counter() - started
+        cpu.setdefault(name, []).append(_cpu(c.pids) - used)
         c.check(total, " ".join(build()[:3]))
         return seconds
 
@@ -183,28 +208,75 @@ def run(args: argparse.Namespace, c: Cluster, csv: list[str]) -> None:
                 TRIPS_SCHEMA, KEY]
 
     load_start = os.getloadavg()[0]
-    timings = interleave({
-        SYNC2: lambda: timed(lambda: curl(2, 1)),
-        SYNC4: lambda: timed(lambda: curl(4, 1)),
-        ASYNC2: lambda: timed(lambda: curl(2, 0), settle=True),
-        HAND: lambda: timed(hand),
-        CHLOAD: lambda: timed(chload),
-    }, args.repeats)
+    base_env = {"PYTHONPATH": args.base or "", "PYTHONSAFEPATH": "1"}
+    everything = {
+        SYNC2: lambda: timed(lambda: curl(2, 1), name=SYNC2),
+        SYNC4: lambda: timed(lambda: curl(4, 1), name=SYNC4),
+        ASYNC2: lambda: timed(lambda: curl(2, 0), settle=True, name=ASYNC2),
+        HAND: lambda: timed(hand, name=HAND),
+        CHLOAD: lambda: timed(chload, name=CHLOAD,
+                              env={"PYTHONSAFEPATH": "1", "PYTHONPATH": _tree()}),
+        BASE: lambda: timed(chload, env=base_env, name=BASE),
+    }
+    wanted = {METHODS[m] for m in args.methods.split(",")} | {CHLOAD}
+    if not args.base:
+        wanted.discard(BASE)
+    timings = interleave({k: f for k, f in everything.items() if k in wanted}, args.repeats)
+    extra = _cpu_and_pairs(timings, {n: runs[-args.repeats:] for n, runs in cpu.items()})
     c.drop()
     load = (round(load_start, 2), round(os.getloadavg()[0], 2))
     print(f"load average (1 min) at the start and the end: {load[0]}, {load[1]}")
     print(f"data: {args.files} files x {args.rows:,} rows (trips: {TRIPS_SCHEMA}), gzip CSV; "
           f"3 ClickHouse {query(c.urls[0], 'SELECT version()').strip()} servers on 127.0.0.1, "
           f"shards weighted 1/2/1, Distributed(..., {KEY}); {os.cpu_count()} cores shared")
-    result = print_ratios("cluster target: 3 shards weighted 1/2/1", timings, SYNC2, None)
-    fastest = min((t.median, name) for name, t in timings.items() if name != CHLOAD)
-    speed = fastest[0] / timings[CHLOAD].median
-    print(f"chload speed vs the fastest other method ({fastest[1]}): {speed:.2f}x "
-          "(that method's median time / chload's)")
-    result["chload_vs_fastest"] = {"fastest": fastest[1], "speed": speed}
+    baseline = SYNC2 if SYNC2 in timings else CHLOAD
+    result = print_ratios("cluster target: 3 shards weighted 1/2/1", timings, baseline, None)
+    others = [(t.median, name) for name, t in timings.items() if name not in (CHLOAD, BASE)]
+    if others:
+        fastest = min(others)
+        speed = fastest[0] / timings[CHLOAD].median
+        print(f"chload speed vs the fastest other method ({fastest[1]}): {speed:.2f}x "
+              "(that method's median time / chload's)")
+        result["chload_vs_fastest"] = {"fastest": fastest[1], "speed": speed}
     result["load_average"] = {"start": load[0], "end": load[1]}
+    result.update(extra)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+def _cpu_and_pairs(timings: dict, cpu: dict[str, list[float]]) -> dict:
+    """Print each method's CPU per run and, with a base tree, the paired ratios (this
+    tree's run / the base's in the same round); return them for the JSON."""
+    for name, runs in cpu.items():
+        print(f"CPU (3 servers + loader) {name}: median {statistics.median(runs):.3f} s "
+              f"({' '.join(f'{x:.2f}' for x in runs)})")
+    extra: dict = {"cpu_seconds": cpu}
+    if BASE in timings:
+        wall = [a / b for a, b in zip(timings[CHLOAD].seconds, timings[BASE].seconds,
+                                      strict=True)]
+        used = [a / b for a, b in zip(cpu[CHLOAD], cpu[BASE], strict=True)]
+        print(f"this tree / base, paired by round: wall median {statistics.median(wall):.3f} "
+              f"({' '.join(f'{x:.3f}' for x in wall)}); CPU median "
+              f"{statistics.median(used):.3f} ({' '.join(f'{x:.3f}' for x in used)})")
+        extra["paired_vs_base"] = {"wall": wall, "cpu": used}
+    return extra
+
+
+def _cpu(pids: list[int]) -> float:
+    """CPU seconds so far of the servers `pids` and of this process's waited children."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return total + children.ru_utime + children.ru_stime
+
+
+def _tree() -> str:
+    """The tree this bench is in (its chload is the one measured as CHLOAD)."""
+    return os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 
 if __name__ == "__main__":
