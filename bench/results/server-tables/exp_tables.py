@@ -1,45 +1,78 @@
-"""Does chload's load into 18.16 slow down as the server holds more tables? (A vs B)"""
-import glob, os, subprocess, sys, time, statistics
-sys.path.insert(0, "/work/main/scripts/services")
-import services
+"""Does chload's load into 18.16 slow down as the server holds more tables?
+
+16 trips csv.gz files (the bench cache) into fresh tables, chload and curl 4 at a time
+alternating, 5 rounds; then 300 more MergeTree tables of 4 parts each; 5 rounds again.
+Run from the repository: `python3 bench/results/server-tables/exp_tables.py`.
+"""
+
+import glob
+import os
+import statistics
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-base = Path("/tmp/exp-tables"); base.mkdir(exist_ok=True)
-srv = services.start_clickhouse_server(base)
-port = srv.ports["http"]; pw = srv.credentials["password"]
-url = f"http://127.0.0.1:{port}/"
-files = sorted(glob.glob(os.path.expanduser("~/.cache/chload/bench/trips-csvgz-16x4000000-v2/*.csv.gz")))
-env = {**os.environ, "CLICKHOUSE_PASSWORD": pw, "PYTHONSAFEPATH": "1", "PYTHONPATH": "/work/main"}
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "scripts" / "services"))
+import services  # noqa: E402
 
-def q(sql):
-    subprocess.run(["curl", "-sS", "-u", f"loader:{pw}", url, "--data-binary", sql], check=True, capture_output=True)
+FILES = sorted(glob.glob(os.path.expanduser(
+    "~/.cache/chload/bench/trips-csvgz-16x4000000-v2/*.csv.gz")))
 
-def chload(t):
-    t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "chload", "load", *files, "--table", t, "--target", f"http://loader@127.0.0.1:{port}/default", "-q"], env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return time.monotonic() - t0
 
-def curl4(t):
-    q(f"CREATE TABLE {t} AS proto")
-    t0 = time.monotonic()
-    cmd = f"printf '%s\\n' {' '.join(files)} | xargs -P4 -I{{}} curl -sS -f -u loader:{pw} -H 'Content-Encoding: gzip' --data-binary @{{}} '{url}?query=INSERT%20INTO%20{t}%20FORMAT%20CSVWithNames'"
-    subprocess.run(cmd, shell=True, check=True)
-    return time.monotonic() - t0
+def main() -> None:
+    base = Path("/tmp/exp-tables")
+    base.mkdir(exist_ok=True)
+    server = services.start_clickhouse_server(base)
+    port, password = server.ports["http"], server.credentials["password"]
+    url = f"http://127.0.0.1:{port}/"
+    env = {**os.environ, "CLICKHOUSE_PASSWORD": password, "PYTHONSAFEPATH": "1",
+           "PYTHONPATH": str(ROOT)}
 
-chload("proto_src"); q("CREATE TABLE proto AS proto_src")
-def rounds(tag, n=5):
-    a, b = [], []
-    for i in range(n):
-        a.append(chload(f"c_{tag}_{i}")); b.append(curl4(f"u_{tag}_{i}"))
-    ca, cb = statistics.median(a), statistics.median(b)
-    print(f"{tag}: chload {ca:.3f} s, curl x4 {cb:.3f} s, ratio {cb/ca:.2f}x  (chload {[round(x,3) for x in a]})", flush=True)
+    def sql(statement: str) -> str:
+        return subprocess.run(["curl", "-sS", "-u", f"loader:{password}", url,
+                               "--data-binary", statement], check=True,
+                              capture_output=True, text=True).stdout.strip()
 
-rounds("few")
-for k in range(300):
-    q(f"CREATE TABLE junk_{k} (a UInt64) ENGINE = MergeTree ORDER BY a")
-    for j in range(4):
-        q(f"INSERT INTO junk_{k} SELECT number FROM numbers({j*10}, 10)")
-print("tables:", subprocess.run(["curl","-sS","-u",f"loader:{pw}",url+"?query=SELECT%20count()%20FROM%20system.parts%20WHERE%20active"],capture_output=True,text=True).stdout.strip(), "active parts", flush=True)
-rounds("many")
-srv.stop()
+    def chload(table: str) -> float:
+        began = time.monotonic()
+        subprocess.run([sys.executable, "-m", "chload", "load", *FILES, "--table", table,
+                        "--target", f"http://loader@127.0.0.1:{port}/default", "-q"],
+                       env=env, check=True)
+        return time.monotonic() - began
+
+    def curl4(table: str) -> float:
+        sql(f"CREATE TABLE {table} AS proto")
+        query = f"{url}?query=INSERT%20INTO%20{table}%20FORMAT%20CSVWithNames"
+        began = time.monotonic()
+        subprocess.run(f"printf '%s\\n' {' '.join(FILES)} | xargs -P4 -I{{}} curl -sS -f "
+                       f"-u loader:{password} -H 'Content-Encoding: gzip' "
+                       f"--data-binary @{{}} '{query}'", shell=True, check=True)
+        return time.monotonic() - began
+
+    def rounds(tag: str, n: int = 5) -> None:
+        ours: list[float] = []
+        theirs: list[float] = []
+        for i in range(n):  # alternating
+            ours.append(chload(f"c_{tag}_{i}"))
+            theirs.append(curl4(f"u_{tag}_{i}"))
+        a, b = statistics.median(ours), statistics.median(theirs)
+        print(f"{tag}: chload {a:.3f} s, curl x4 {b:.3f} s, ratio {b / a:.2f}x", flush=True)
+
+    try:
+        chload("proto_src")
+        sql("CREATE TABLE proto AS proto_src")
+        rounds("few")
+        for k in range(300):
+            sql(f"CREATE TABLE junk_{k} (a UInt64) ENGINE = MergeTree ORDER BY a")
+            for j in range(4):
+                sql(f"INSERT INTO junk_{k} SELECT number FROM numbers({j * 10}, 10)")
+        print("active parts:", sql("SELECT count() FROM system.parts WHERE active"))
+        rounds("many")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
