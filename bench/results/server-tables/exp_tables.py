@@ -1,4 +1,5 @@
-"""Does chload's load into 18.16 slow down as the server holds more tables?
+"""Does chload's load into 18.16 slow down as the server holds more tables, or right
+after another load (its merges still running)?
 
 16 trips csv.gz files (the bench cache) into fresh tables, chload and curl 4 at a time
 alternating, 5 rounds; then 300 more MergeTree tables of 4 parts each; 5 rounds again.
@@ -70,6 +71,21 @@ def main() -> None:
                 sql(f"INSERT INTO junk_{k} SELECT number FROM numbers({j * 10}, 10)")
         print("active parts:", sql("SELECT count() FROM system.parts WHERE active"))
         rounds("many")
+        if "--after-load" in sys.argv:  # each measured load right after another 4M rows
+            for tag, warm in (("quiet", False), ("after", True), ("quiet2", False),
+                              ("after2", True)):
+                ours: list[float] = []
+                theirs: list[float] = []
+                for i in range(5):
+                    for measure, out, name in ((chload, ours, "c"), (curl4, theirs, "u")):
+                        if warm:
+                            curl4(f"w_{tag}_{name}_{i}")
+                        else:
+                            time.sleep(3)
+                        out.append(measure(f"{name}_{tag}_{i}"))
+                a, b = statistics.median(ours), statistics.median(theirs)
+                print(f"{tag}: chload {a:.3f} s, curl x4 {b:.3f} s, ratio {b / a:.2f}x",
+                      flush=True)
     finally:
         server.stop()
 
