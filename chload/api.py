@@ -414,13 +414,14 @@ def _told(files: list[SourceFile], sources: RunSources) -> list[SourceFile]:
     """The files, less those whose name does not tell their format and that hold
     nothing (Spark's _SUCCESS). The others stay, to fail alone (_load_table): a
     directory's README.txt must not stop its data loading, nor vanish unreported. If no
-    file tells its format, the run stops, as for one file named."""
-    marks = [f for f in files if not f.format.name and f.size == 0 and not f.is_stream]
+    file tells its format (an empty one named alone too), the run stops, as for one
+    file named."""
+    untold = [f for f in files if not f.format.name]
+    if untold and len(untold) == len(files):
+        raise UsageError(formats.untold(untold[0].uri))
+    marks = [f for f in untold if f.size == 0 and not f.is_stream]
     sources.release(marks)
-    files = [f for f in files if f not in marks]
-    if files and all(not f.format.name for f in files):
-        raise UsageError(formats.untold(files[0].uri))
-    return files
+    return [f for f in files if f not in marks]
 
 
 def files(table: str, target: TargetName = None, shards: object = (),

@@ -15,7 +15,7 @@ from itertools import chain
 
 from chload import sniff
 from chload.errors import ChloadError
-from chload.formats import HEADER_FORMATS, FileFormat
+from chload.formats import HEADER_FORMATS, JSON_LINES, FileFormat
 from chload.schema import decide_header, header_columns
 from chload.sources import SourceFile, source_for
 from chload.targets import Target
@@ -171,7 +171,7 @@ def rows_before_blank_tail(target: Target, file: SourceFile) -> int | None:
 def rows_before_bad_json(target: Target, file: SourceFile) -> int | None:
     """JSON lines with a line that is not JSON (`not json`, a cut-off object) among the
     first 25,000: how many lines come before the first; None for another file."""
-    if file.format.name not in ("JSONEachRow", "JSONLines", "NDJSON"):
+    if file.format.name not in JSON_LINES:
         return None
     try:
         found = target.infer_rows(

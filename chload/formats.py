@@ -7,7 +7,7 @@ know it to strip it before looking at the format extension, to tell a server wha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from chload.errors import UsageError
 
@@ -33,6 +33,8 @@ FORMATS = {
 # Formats whose first line may be a header of column names.
 HEADER_FORMATS = {"CSV": "CSVWithNames", "TSV": "TSVWithNames", "TabSeparated": "TSVWithNames"}
 # Formats where a line number means something (rejected rows, progress by line).
+# Formats of one JSON object a row (JSON lines).
+JSON_LINES = frozenset({"JSONEachRow", "JSONLines", "NDJSON"})
 LINE_FORMATS = {"CSV", "CSVWithNames", "TSV", "TSVWithNames", "TabSeparated",
                 "TabSeparatedWithNames", "JSONEachRow", "JSONLines", "NDJSON"}
 
@@ -89,7 +91,7 @@ def compressed_as(path: str, fmt: FileFormat) -> FileFormat:
     except OSError:
         return fmt  # the engine says why, when it reads it
     method = next((m for magic, m in MAGIC if head.startswith(magic)), "none")
-    return FileFormat(fmt.name, method, fmt.delimiter)
+    return replace(fmt, compression=method)
 
 
 def untold(name: str) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from chload.errors import DataError, TerminalError
-from chload.formats import FileFormat
+from chload.formats import JSON_LINES, FileFormat
 from chload.ledger import DATABASE, FILES, LOADED, Sql
 from chload.schema import quote_str
 
@@ -198,11 +198,16 @@ def check_accounted(rows: Rows, uri: str, fmt: FileFormat, lines_sql: str, loade
     """JSON lines with rejected rows: every non-blank line loaded or rejected, else a
     DataError (the file fails whole: nothing lost). The engine's JSON reader, meeting a
     line cut off inside a string (`{"id":3,"n`), reads the next line into that bad row
-    and skips both, while its errors file keeps only the first."""
-    if fmt.name not in ("JSONEachRow", "JSONLines", "NDJSON") or not rejected:
+    and skips both, while its errors file keeps only the first. Only where a row is a
+    line: in a file of objects spread over lines (pretty-printed) fewer lines than rows
+    loaded are whole JSON, and lines do not count rows."""
+    if fmt.name not in JSON_LINES or not rejected:
         return
-    found = rows(f"SELECT countIf(match(line, '\\S')) AS n FROM {lines_sql}")
-    missing = int(found[0]["n"]) - loaded - rejected if found else 0
+    found = rows(f"SELECT countIf(match(line, '\\S')) AS n, countIf(isValidJSON(line)) AS "
+                 f"whole FROM {lines_sql}")
+    if not found or int(found[0]["whole"]) < loaded:
+        return
+    missing = int(found[0]["n"]) - loaded - rejected
     if missing <= 0:
         return
     bad = first(rows, errors_file, fmt, 1)

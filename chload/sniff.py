@@ -111,7 +111,6 @@ def guess_delimiter(text: str) -> str | None:
     Only a first line is weighed (no data row passes through Python); the header check
     then judges every file by the delimiter chosen here (planner.check_headers).
     """
-    text = text.removeprefix(BOM).rstrip("\r\n")
     comma = split_line(text, FileFormat("CSV", "none"))
     if not comma or len(comma) > 1:
         return None

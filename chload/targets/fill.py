@@ -21,6 +21,7 @@ from chload import sniff
 from chload.capabilities import Capabilities
 from chload.engine import Engine
 from chload.errors import DataError
+from chload.formats import JSON_LINES
 from chload.ledger import DATABASE
 from chload.schema import (
     AUDIT_COLUMNS,
@@ -49,7 +50,6 @@ from chload.targets.vanished import check_present, open_listed, reading
 RAW, PUSH = "raw", "push"
 FLOW_DATABASE = "chload_flow"  # the loader's engine's tables of a streamed batch (_flow)
 PIPE_CHUNK = 1 << 20  # bytes read from a pipe per HTTP chunk
-JSON_LINES = frozenset({"JSONEachRow", "JSONLines", "NDJSON"})
 _NUMERIC = re.compile(r"^(Nullable\()?(U?Int\d+|Float\d+|Decimal.*)\)?$")
 PART_BYTES = 128 << 20  # rows in memory per part the server writes for a stage ...
 DEFAULT_PART_ROWS, MAX_PART_ROWS = 1 << 20, 1 << 26  # ... within these (server default)

@@ -57,6 +57,7 @@ from chload.errors import (
     TransientError,
     UsageError,
 )
+from chload.formats import JSON_LINES
 from chload.ledger import (
     DATABASE,
     FAILED,
@@ -87,7 +88,7 @@ from chload.targets import (
 )
 from chload.targets.commit import BatchOverlap, Committer, Sql, stage_name
 from chload.targets.commit_batch import CommitBatcher
-from chload.targets.fill import JSON_LINES, StageFilling
+from chload.targets.fill import StageFilling
 from chload.targets.http import HttpClient, TargetURL
 from chload.targets.loader_rejects import LoaderRejects
 from chload.targets.stages import (

@@ -335,8 +335,9 @@ def test_a_directory_as_exported_loads_its_data(where: Where, tmp_path: Path,
     assert "leave it out of the sources" in report["files"][0]["error"] + str(report)
     assert where.sql(f"SELECT id, name FROM {table_name} ORDER BY id") == [
         ["1", "alice"], ["2", "bob"]]
-    code, report = where.load(str(data / "README.txt"), "--table", table_name)
-    assert code == 2 and not report.get("files"), report  # named alone: nothing to load
+    for alone in ("README.txt", "_SUCCESS"):  # named alone, even empty: one line, exit 2
+        code, report = where.load(str(data / alone), "--table", table_name)
+        assert code == 2 and "cannot tell the format" in str(report), report
 
 
 def test_a_header_that_is_not_utf8_is_one_line(where: Where, tmp_path: Path,

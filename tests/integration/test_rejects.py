@@ -162,6 +162,14 @@ def test_a_broken_json_line_that_takes_the_next_fails_the_file(tmp_path: Path,
     assert (report["files_failed"], report["rows_loaded"]) == (1, 0), report
     assert "1 line(s) after line 2 neither loaded nor rejected" in str(report)
     assert _scalar(target_dir, "SELECT count() FROM c") == "0"
+    pretty = tmp_path / "pretty.json"  # objects over several lines: lines do not count rows
+    pretty.write_text('{\n "id": 1,\n "n": 2\n}\n{\n "id": 2,\n "n": "x"\n}\n'
+                      '{\n "id": 3,\n "n": 4\n}\n')
+    code, report = _json("load", str(pretty), "--table", "p", "--target", target_dir,
+                         "--schema", "id UInt64, n Int64", "--max-errors", "5", "--json")
+    assert code == 0 and isinstance(report, dict), report
+    assert _scalar(target_dir, "SELECT groupArray(id) FROM (SELECT id FROM p ORDER BY id)"
+                   ) == "[1,3]"
 
 
 def test_on_error_abort_stops_after_the_first_failure(pair: tuple[Path, Path],
