@@ -112,6 +112,7 @@ _lock_name, _dirty_name = lock_name, dirty_name
 # Waits bounded by a deadline (RetryPolicy.tries), not by a number of tries:
 SETTLE_EVERY = RetryPolicy(attempts=0, base_seconds=2.0, max_seconds=2.0, jitter=False)
 IDLE_POLL = RetryPolicy(attempts=0, base_seconds=0.2, max_seconds=0.2, jitter=False)
+STAGE_DROP = RetryPolicy(attempts=5, base_seconds=0.1, jitter=False)  # 0.1 s ... 0.8 s
 
 
 def stage_name(holder: Holder) -> str:
@@ -472,7 +473,7 @@ class Committer:
             self._settle(table, event)
             self.ledger.record([event.moved(LOADED)])
             if event.stage:
-                self._run(f"DROP TABLE IF EXISTS {DATABASE}.{_bare(event.stage)}")
+                self._drop_stage(_bare(event.stage))
         return len(pending)
 
     def _settle(self, table: str, event: FileEvent) -> None:
@@ -504,6 +505,18 @@ class Committer:
         for row in rows:
             if row["name"] not in keep and orphan(row["name"], int(row["age"]),
                                                   self.lock.exclusive, self.holder, self.lease):
-                self._run(f"DROP TABLE IF EXISTS {DATABASE}.{row['name']}")
-                dropped += 1
+                dropped += self._drop_stage(row["name"])
         return dropped
+
+    def _drop_stage(self, name: str) -> bool:
+        """Drop chload.<name>, a stage no commit needs: housekeeping, never the reason a
+        load fails. A stage a killed run was creating can be listed before the server
+        has written its metadata file (18.16 adds the table, then renames its `.sql`
+        into place); a DROP then fails with "File not found" and the server keeps the
+        table. So a failed DROP is tried again (STAGE_DROP, 1.5 s in all), then the
+        stage is left for the next run, which drops it the same way."""
+        for _ in STAGE_DROP.tries(self.sleep):
+            with contextlib.suppress(ChloadError):
+                self._run(f"DROP TABLE IF EXISTS {DATABASE}.{name}")
+                return True
+        return False

@@ -244,6 +244,25 @@ def test_a_clean_start_takes_no_lock_and_drops_only_orphaned_stages() -> None:
     assert live in server.tables and dead not in server.tables
 
 
+def test_a_stage_whose_drop_fails_is_tried_again_then_left_never_failing_the_load() -> None:
+    """CI, 18.16: a rerun listed a stage a killed run was still creating; its DROP
+    failed with "File not found: .../stage_x.sql" (the server had not renamed the
+    metadata file into place yet) and the whole load failed with it."""
+    server = FakeServer()
+    c = committer(server)
+    race = EngineError("File not found: /data/metadata/chload/stage_x.sql", 1000)
+    dead = stage_with(server, Holder(c.holder.machine, 2**22 + 7, 1), {"all": 1})
+    server.fail["DROP TABLE"] = [race, race]
+    assert c.start(TABLE, DISPLAY) == 0
+    assert dead not in server.tables  # the third try dropped it
+    dead = stage_with(server, Holder(c.holder.machine, 2**22 + 9, 1), {"all": 1})
+    server.fail["DROP TABLE"] = [race] * 10
+    assert c.start(TABLE, DISPLAY) == 0  # it stays, for the next run
+    assert dead in server.tables
+    server.fail.clear()
+    assert c.start(TABLE, DISPLAY) == 0 and dead not in server.tables
+
+
 def test_a_start_after_a_crash_settles_under_the_lock() -> None:
     server = FakeServer()
     c = committer(server)
