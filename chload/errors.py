@@ -236,15 +236,49 @@ def _with_cause(head: str, rest: str) -> tuple[str, str, str]:
     return (f"{head}: {cause}" if cause else head), after, name.group(1) if name else ""
 
 
-_COLUMN = r"name:\s*([^,]+),[^\n]*?ERROR"
+_COLUMN_FIELD = r"Column \d+,\s*name:\s*([^,]+),\s*type:\s*([^,]+?),"
+_QUOTED = r'"((?:[^"\\]|\\.)*)"'
+_NOT_LIKE = rf"ERROR: text {_QUOTED} is not like ([^\n]+?)\s*$"
+_GARBAGE = (rf'parsed text: (?:{_QUOTED}|<EMPTY>)\s*ERROR: garbage after ([^:\n]+): '
+            rf'{_QUOTED}')
+_DUMP_MARKS = r"<LINE FEED>|<CARRIAGE RETURN>|<TAB>|[,;|]"
 
 
 def locate(message: str) -> tuple[int | None, str | None]:
-    """(row, column) an engine parse error points at, where it says so."""
+    """(row, column) an engine parse error points at, where it says so: the row of its
+    `(at row N)`; the column whose field in the row dump holds the `ERROR` (on its line,
+    or, for `garbage after` the parsed text, on the next one; a row's error such as
+    "There is no line feed" names no column)."""
     row = re.search(r"\(at row (\d+)\)", message)
-    column = re.search(_COLUMN, message)
-    return (int(row.group(1)) if row else None,
-            column.group(1).strip() if column else None)
+    lines = message.splitlines()
+    at = next((i for i, line in enumerate(lines) if "ERROR" in line), None)
+    field = None
+    if at is not None:
+        if "name:" in lines[at]:
+            field = re.search(_COLUMN_FIELD, lines[at])
+        elif at and lines[at].lstrip().startswith("ERROR: garbage after"):
+            field = re.search(_COLUMN_FIELD, lines[at - 1])
+    return (int(row.group(1)) if row else None, field.group(1).strip() if field else None)
+
+
+def misfit(message: str) -> str | None:
+    """`'N/A' is not Int64`: the value a parse error's row dump shows its column could not
+    read as its type, where it shows one (`ERROR: text "N/A,2020-0" is not like Int64`,
+    or `parsed text: "12"` then `ERROR: garbage after Int64: "abc,..."`). The dump
+    shows the next ten bytes of the data: the value is cut at the next delimiter."""
+    found = re.search(_NOT_LIKE, message, re.M)
+    if found:
+        text, type_ = found.group(1), found.group(2)
+    else:
+        found = re.search(_GARBAGE, message)
+        if not found:
+            return None
+        text, type_ = (found.group(1) or "") + found.group(3), found.group(2)
+    cut = re.search(_DUMP_MARKS, text)
+    value = text[:cut.start()] if cut else text + ("..." if len(text) >= 10 else "")
+    while (inner := re.fullmatch(r"(?:Nullable|LowCardinality)\((.*)\)", type_)):
+        type_ = inner.group(1)
+    return f"{value!r} is not {type_}" if value else f"an empty value is not {type_}"
 
 
 def _shorten(match: re.Match[str]) -> str:
@@ -265,7 +299,17 @@ def from_engine_message(message: str, context: str) -> ChloadError:
         hint = (" (the table has no such column: add it with ALTER TABLE ... ADD COLUMN, or "
                 "pass --setting input_format_skip_unknown_fields=1 to drop it)")
     kind = _kind(code, message)
-    error = kind(context=context, reason=f"{one_line(message)}{hint}", code=code)
+    reason = one_line(message)
+    if kind is DataError:
+        row, column = locate(message)
+        value = misfit(message)
+        at_row = f" (at row {row})" if row else ""
+        if value and column:  # "column v: 'N/A' is not Int64 (at row 2)"
+            reason = f"column {column}: {value}{at_row}"
+        elif "more columns than expected" in message:
+            reason = (re.sub(_AT_ROW, "", reason) + ": the row has more fields than there "
+                      f"are columns{at_row}")
+    error = kind(context=context, reason=f"{reason}{hint}", code=code)
     if isinstance(error, DataError):
         error.row, error.column = locate(message)
     return error
@@ -351,7 +395,12 @@ def pinpointed(error: DataError, context: str, header_lines: int) -> DataError:
     """`error` naming the line of the file (its row after `header_lines`) and the column
     where the engine says so: `f.csv: line 12, column fare: <reason>`."""
     reason = re.sub(_AT_ROW, "", error.reason)
+    if error.column:
+        reason = reason.removeprefix(f"column {error.column}: ")
     where = f"line {error.row + header_lines}" if error.row else ""
     where += f", column {error.column}" if error.column else ""
-    return DataError(context=context, reason=f"{where}: {reason}" if where else reason,
-                     code=error.code)
+    where = where.removeprefix(", ")
+    pinned = DataError(context=context, reason=f"{where}: {reason}" if where else reason,
+                       code=error.code)
+    pinned.row, pinned.column = error.row, error.column
+    return pinned

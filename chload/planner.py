@@ -31,6 +31,7 @@ from chload.schema import (
     BY_POSITION,
     SKIP_HEADER,
     Column,
+    SampleMisfit,
     Tolerance,
     format_settings,
     header_columns,
@@ -243,6 +244,8 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
     for sample in candidates:
         try:
             columns = _infer(target, sample, existing is None, tolerate)
+        except SampleMisfit as exc:  # the types inferred do not fit the file itself
+            raise SchemaError(context=sample.uri, reason=exc.reason) from exc
         except ChloadError as exc:  # this file fails alone when loaded; ask the next
             failed = failed or (sample, exc)
             continue
@@ -303,8 +306,6 @@ def _infer(target: Target, sample: SourceFile, nulls: bool,
     # engine.SESSION_SETTINGS) nor, with an error budget, a broken JSON line (the load
     # rejects it); asked to stop before them, it infers from the rows it can read.
     stop = f"input_format_max_rows_to_read_for_schema_inference = {rows}"
-    if tolerate:  # the sample's NULL count reads past them: rows the load would reject
-        stop += ", input_format_allow_errors_num = 1000000000"
     return infer(target.infer_rows, reader, nulls=nulls, tolerate=tolerate,
                  settings=", ".join(s for s in (settings, stop) if s),
                  names=names if skip else ())

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from chload.errors import ChloadError, backpressure
+from chload.errors import ChloadError, DataError, backpressure
 from chload.retry import DEFAULT_POLICY, RetryPolicy, Sleep, call_with_retries
 from chload.sources import RunSources
 from chload.targets import Loaded, LoadJob, Target
@@ -76,6 +76,16 @@ def patiently(fn: Callable[[], T], policy: RetryPolicy, sleep: Sleep | None = No
                 raise
         (sleep or time.sleep)(policy.delay(min(waits, 8)))
         waits += 1
+
+
+def next_step(error: ChloadError, job: LoadJob) -> str:
+    """What to do about a file that failed on a row the engine could not read, when the
+    run gave no error budget: the rest of the file can load and the row be kept."""
+    if isinstance(error, DataError) and error.row is not None and \
+            not job.budget.allows_errors:
+        return ("; pass --max-errors N to load the other rows and keep such rows in "
+                "chload.rejects")
+    return ""
 
 
 class _Progress:
@@ -139,9 +149,10 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         except ChloadError as exc:
             if abort_on_error:
                 stop.set()
-            listener(Event("fail", job.file.uri, error=str(exc)))
+            error = str(exc) + next_step(exc, job)
+            listener(Event("fail", job.file.uri, error=error))
             return FileResult(job.file.uri, "failed", seconds=time.monotonic() - started,
-                              error=str(exc))
+                              error=error)
         if done.elsewhere:  # its rows were not attached: another run's are there
             progress.take_back()
             listener(Event("skip", job.file.uri))

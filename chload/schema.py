@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from chload.errors import SchemaError, UsageError
+from chload.errors import DataError, SchemaError, UsageError
 from chload.formats import HEADER_FORMATS, FileFormat
 
 AUDIT_COLUMNS = {"_source_file": "LowCardinality(String)", "_loaded_at": "DateTime"}
@@ -199,8 +199,46 @@ def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
     textual = [c for c in columns if tolerate and _base(c.type) == "String"]
     if not nulls or not (nullable or textual):
         return columns
-    stats = _sample_stats(query, reader(structure(columns)), nullable, textual, settings)
+    if tolerate:  # with an error budget the load rejects the rows that do not fit
+        settings = ", ".join(s for s in (settings, _SKIP_BAD_ROWS) if s)
+    try:
+        stats = _sample_stats(query, reader(structure(columns)), nullable, textual, settings)
+    except DataError as exc:
+        raise misfit_error(columns, exc) from exc
     return [_refine(c, stats, tolerate) for c in columns]
+
+
+_SKIP_BAD_ROWS = "input_format_allow_errors_num = 1000000000"
+
+
+class SampleMisfit(SchemaError):
+    """A value of the sample that its inferred column's type cannot read (misfit_error)."""
+
+
+def misfit_error(columns: Sequence[Column], error: DataError) -> SampleMisfit:
+    """The engine typed each column from the file's first rows (25,000 by default); a
+    later row, read for the sample's statistics, holds a value its column's type cannot
+    read. Said before any table is created, with the --schema that reads the column as
+    text."""
+    base = [Column(c.name, _base(c.type)) for c in columns]
+    text = re.sub(r"^column \S+: |\s*\(at row \d+\)", "", error.reason)
+    if error.column:
+        schema = ", ".join(
+            f"{_schema_name(c.name)} {'String' if c.name == error.column else c.type}"
+            for c in base)
+        return SampleMisfit(reason=f"column {error.column}: {text}, the type the file's first "
+                                  f"rows gave it; pass --schema '{schema}' to read the column "
+                                  "as text, or --max-errors N to load the other rows and keep "
+                                  "such rows in chload.rejects")
+    return SampleMisfit(reason=f"a row after the first ones does not fit the columns they "
+                              f"gave ({text}); "
+                              "pass --schema 'name Type, ...', or --max-errors N to load the "
+                              "other rows and keep such rows in chload.rejects")
+
+
+def _schema_name(name: str) -> str:
+    """A column's name as --schema takes it: bare where it is an identifier."""
+    return name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else quote_ident(name)
 
 
 Tolerance = Callable[[int, int], bool]

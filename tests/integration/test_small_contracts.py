@@ -211,3 +211,44 @@ def test_a_ledger_table_dropped_between_runs_is_made_again(
     assert sql(target, "SELECT count() FROM system.tables WHERE database = 'chload' "
                        "AND name = 'rejects'") == "1"
     assert sql(target, f"SELECT count() FROM {table}") == "3"
+
+
+# -- a value its column's type cannot read ------------------------------------------------
+
+def test_a_late_value_the_inferred_type_cannot_read_is_named_before_any_table(
+        tmp_path: Path, target: tuple[str, dict]) -> None:
+    """The engine types columns from a file's first 25,000 rows; an `N/A` in a number
+    column after them made the run fail with "cannot infer its columns (Expected end of
+    line (at row 30002))" and no way out, even with --max-errors."""
+    late = tmp_path / "late.csv"
+    late.write_text("id,v\n" + "".join(f"{i},{i}\n" for i in range(30_000)) + "30000,N/A\n")
+    code, _, err = load(target, str(late), "--table", "late")
+    assert code == 2, err
+    assert f"{late}: column v: 'N/A' is not Int64, the type the file's first rows gave it; " \
+           "pass --schema 'id Int64, v String'" in err and "--max-errors N" in err
+    assert sql(target, "EXISTS TABLE late") == "0"  # nothing was created
+    code, report, err = load(target, str(late), "--table", "late", "--schema",
+                             "id Int64, v String")  # the schema it suggested
+    assert code == 0 and report["rows_loaded"] == 30_001, err
+    code, report, err = load(target, str(late), "--table", "budget", "--max-errors", "1")
+    assert code == 0 and (report["rows_loaded"], report["rows_rejected"]) == (30_000, 1), err
+    assert sql(target, "SELECT toTypeName(v) FROM budget LIMIT 1") == "Int64"
+
+
+@pytest.mark.parametrize("line, says", [
+    ("2,N/A,2020-01-02", "column v: 'N/A' is not Int64"),
+    ("2,12abc,2020-01-02", "column v: '12abc' is not Int64"),
+    ("2,3,soon", "column d: 'soon' is not Date"),
+    ("2,3,2020-01-02,9", "the row has more fields than there are columns"),
+])
+def test_a_row_the_table_cannot_read_is_named_with_what_to_do(
+        tmp_path: Path, target: tuple[str, dict], line: str, says: str) -> None:
+    data = tmp_path / "data.csv"
+    data.write_text(f"id,v,d\n1,2,2020-01-01\n{line}\n")
+    code, report, err = load(target, str(data), "--table", "t", "--schema",
+                             "id Int64, v Int64, d Date")
+    assert code == 1, err
+    [failed] = report["files"]
+    assert says in failed["error"], failed["error"]
+    assert failed["error"].endswith("; pass --max-errors N to load the other rows and keep "
+                                    "such rows in chload.rejects")

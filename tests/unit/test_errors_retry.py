@@ -25,6 +25,7 @@ from chload.errors import (
     from_engine_message,
     from_push_message,
     missing_table,
+    normalize,
     pinpointed,
     server_error,
 )
@@ -103,6 +104,46 @@ def test_a_parse_error_is_pinpointed_from_its_fields() -> None:
     got = pinpointed(error, "d/a.csv", header_lines=1)
     assert str(got) == "d/a.csv: line 5, column id: Cannot parse input: expected ',' before: 'x'"
     assert got.context == "d/a.csv" and got.code == 27
+
+
+# The row dumps of chDB 4.x and 18.16 (same shape): the value is in the ERROR line, or
+# split between the parsed text and the garbage after it.
+_DUMPS = {
+    "text": ('Code: 27. DB::Exception: Cannot parse input: expected \',\' before: '
+             '\'N/A,2020-01-02\\n\': (at row 2)\n: \nRow 2:\nColumn 0,   name: id, type: '
+             'Int64, parsed text: "2"\nColumn 1,   name: v,  type: Nullable(Int64), ERROR: '
+             'text "N/A,2020-0" is not like Nullable(Int64)\n\n: While executing File. '
+             '(CANNOT_PARSE_INPUT_ASSERTION_FAILED)'),
+    "garbage": ('Code: 27, e.displayText() = DB::Exception: Cannot parse input: expected , '
+                'before: abc,2020-01-02\\n: (at row 2)\n\nRow 2:\nColumn 0,   name: id, type: '
+                'Int64, parsed text: "2"\nColumn 1,   name: v,  type: Int64, parsed text: '
+                '"12"\nERROR: garbage after Int64: "abc,2020-0"\n\n'),
+    "empty": ('Code: 117. DB::Exception: Expected end of line: (at row 300002)\n: \nRow '
+              '300002:\nColumn 0,   name: <SKIPPED COLUMN>, type: Nothing,   parsed text: '
+              '"300000"\nColumn 1,   name: v, type: Nullable(Int64), parsed text: <EMPTY>\n'
+              'ERROR: garbage after Nullable(Int64): "N/A<LINE FEED>300001"\n'),
+    "row": ('Code: 117. DB::Exception: Expected end of line: (at row 2)\n\nRow 2:\nColumn 2,'
+            '   name: d,  type: Date,  parsed text: "2020-01-01"\nERROR: There is no line '
+            'feed. "9" found instead.\n It\'s like your file has more columns than expected.\n'),
+}
+
+
+@pytest.mark.parametrize("dump, where, says", [
+    ("text", (2, "v"), "column v: 'N/A' is not Int64"),
+    ("garbage", (2, "v"), "column v: '12abc' is not Int64"),
+    ("empty", (300002, "v"), "column v: 'N/A' is not Int64"),
+    ("row", (2, None), "Expected end of line: the row has more fields than there are columns"),
+])
+def test_a_value_its_type_cannot_read_is_named_from_the_row_dump(
+        dump: str, where: tuple[int, str | None], says: str) -> None:
+    error = from_engine_message(normalize(_DUMPS[dump]), "a.csv")
+    assert isinstance(error, DataError) and (error.row, error.column) == where
+    assert str(error) == f"a.csv: {says} (at row {where[0]})"
+    pinned = pinpointed(error, "a.csv", header_lines=1)
+    column = f", column {where[1]}" if where[1] else ""
+    assert str(pinned) == f"a.csv: line {where[0] + 1}{column}: " + says.removeprefix(
+        f"column {where[1]}: ")
+    assert (pinned.row, pinned.column) == where
 
 
 # -- the policy ------------------------------------------------------------------------
