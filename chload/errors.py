@@ -261,8 +261,8 @@ def locate(message: str) -> tuple[int | None, str | None]:
     return (int(row.group(1)) if row else None, field.group(1).strip() if field else None)
 
 
-def misfit(message: str) -> str | None:
-    """`'N/A' is not Int64`: the value a parse error's row dump shows its column could not
+def misfit(message: str) -> tuple[str, str] | None:
+    """(`N/A`, `Int64`): the value a parse error's row dump shows its column could not
     read as its type, where it shows one (`ERROR: text "N/A,2020-0" is not like Int64`,
     or `parsed text: "12"` then `ERROR: garbage after Int64: "abc,..."`). The dump
     shows the next ten bytes of the data: the value is cut at the next delimiter."""
@@ -278,7 +278,7 @@ def misfit(message: str) -> str | None:
     value = text[:cut.start()] if cut else text + ("..." if len(text) >= 10 else "")
     while (inner := re.fullmatch(r"(?:Nullable|LowCardinality)\((.*)\)", type_)):
         type_ = inner.group(1)
-    return f"{value!r} is not {type_}" if value else f"an empty value is not {type_}"
+    return value, type_
 
 
 def _shorten(match: re.Match[str]) -> str:
@@ -302,10 +302,14 @@ def from_engine_message(message: str, context: str) -> ChloadError:
     reason = one_line(message)
     if kind is DataError:
         row, column = locate(message)
-        value = misfit(message)
+        found = misfit(message)
         at_row = f" (at row {row})" if row else ""
-        if value and column:  # "column v: 'N/A' is not Int64 (at row 2)"
-            reason = f"column {column}: {value}{at_row}"
+        if found and column:  # "column v: 'N/A' is not Int64 (at row 2)"
+            value, type_ = found
+            said = f"{value!r} is not {type_}" if value else f"an empty value is not {type_}"
+            if value == column:  # files joined with cat
+                said += ": the header line again, as when files are joined with cat"
+            reason = f"column {column}: {said}{at_row}"
         elif "more columns than expected" in message:
             reason = (re.sub(_AT_ROW, "", reason) + ": the row has more fields than there "
                       f"are columns{at_row}")

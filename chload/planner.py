@@ -294,7 +294,7 @@ def _infer(target: Target, sample: SourceFile, nulls: bool,
         return target.reader(sample, fmt, parse_structure(structure) if structure else None)
     try:
         return infer(target.infer_rows, reader, nulls=nulls, tolerate=tolerate,
-                     settings=settings, names=names if skip else ())
+                     settings=settings, names=names if skip else (), header=bool(fields))
     except ChloadError:
         if names and just_a_header(target, sample):
             return [Column(name, "String") for name in names]
@@ -308,7 +308,7 @@ def _infer(target: Target, sample: SourceFile, nulls: bool,
     stop = f"input_format_max_rows_to_read_for_schema_inference = {rows}"
     return infer(target.infer_rows, reader, nulls=nulls, tolerate=tolerate,
                  settings=", ".join(s for s in (settings, stop) if s),
-                 names=names if skip else ())
+                 names=names if skip else (), header=bool(fields))
 
 
 @dataclass(slots=True)

@@ -173,7 +173,7 @@ def format_settings(fmt: FileFormat) -> str:
 
 def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
           tolerate: Tolerance | None = None, settings: str = "",
-          names: Sequence[str] = ()) -> list[Column]:
+          names: Sequence[str] = (), header: bool = False) -> list[Column]:
     """Columns of a source: the engine's inference, Nullable only where NULLs appear.
 
     `reader(structure)` returns the table-function SQL reading the sample file. With
@@ -182,7 +182,8 @@ def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
     `values` may be bad rows rather than a reason to make the column String
     (numeric_type below). `settings` (`name = value, ...`) go with every query;
     `names`, if given, name the inferred columns in order (a header the engine cannot
-    read by name: SKIP_HEADER).
+    read by name: SKIP_HEADER). `header`: the file's first line named the columns, so
+    a row repeating it is looked for (repeated_header).
     """
     extra = f", {settings}" if settings else ""
     described = query(
@@ -201,11 +202,37 @@ def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
         return columns
     if tolerate:  # with an error budget the load rejects the rows that do not fit
         settings = ", ".join(s for s in (settings, _SKIP_BAD_ROWS) if s)
+    # A row repeating the header can only be read where every column is text.
+    header_row = columns if header and all(_base(c.type) == "String" for c in columns) else ()
+    source = reader(structure(columns))
     try:
-        stats = _sample_stats(query, reader(structure(columns)), nullable, textual, settings)
+        stats = _sample_stats(query, source, nullable, textual, settings, header_row)
     except DataError as exc:
         raise misfit_error(columns, exc) from exc
+    if stats.get("header:rows") and not tolerate:
+        repeated_header(columns, _sample_stats(query, source, (), columns, settings),
+                        stats["header:rows"])
     return [_refine(c, stats, tolerate) for c in columns]
+
+
+def repeated_header(columns: Sequence[Column], stats: dict[str, int], repeats: int) -> None:
+    """Files joined with `cat` repeat the header line as a row: the engine then infers
+    text for every column, numbers included. Where a column's values are numbers but
+    for such rows (`stats`: values and non-numbers per column), say so before the table
+    is created: with a budget those rows are bad rows of numeric columns
+    (numeric_type), rejected and kept by the load."""
+    numeric = [c.name for c in columns
+               if stats[f"values:{c.name}"] > repeats
+               and stats[f"not_Float64:{c.name}"] == repeats]
+    if numeric:
+        shown = ", ".join(numeric[:3]) + (f" and {len(numeric) - 3} more" if len(numeric) > 3
+                                          else "")
+        times = "once" if repeats == 1 else f"{repeats} times"
+        raise SampleMisfit(reason=f"the header line comes again as a row ({times} in "
+                                  f"the first {NULL_SAMPLE_ROWS:,} rows, as when files are "
+                                  f"joined with cat), which would make {shown} text; pass "
+                                  "--max-errors N to load the other rows and keep those lines "
+                                  "in chload.rejects, or remove them from the file")
 
 
 _SKIP_BAD_ROWS = "input_format_allow_errors_num = 1000000000"
@@ -289,11 +316,16 @@ def numeric_type(stats: dict[str, int], name: str, tolerate: Tolerance) -> str |
 
 
 def _sample_stats(query: Query, source_sql: str, nullable: Sequence[Column],
-                  textual: Sequence[Column], settings: str = "") -> dict[str, int]:
-    """NULLs per nullable column; values and non-numbers per text column; one read of
-    the first NULL_SAMPLE_ROWS rows. Aliases are positional: a column's own name as
-    an alias would shadow the column inside the other aggregates."""
+                  textual: Sequence[Column], settings: str = "",
+                  header_row: Sequence[Column] = ()) -> dict[str, int]:
+    """NULLs per nullable column; values and non-numbers per text column; rows that
+    repeat `header_row` (each column holding its own name); one read of the first
+    NULL_SAMPLE_ROWS rows. Aliases are positional: a column's own name as an alias
+    would shadow the column inside the other aggregates."""
     exprs: dict[str, str] = {}
+    if header_row:
+        exprs["header:rows"] = "countIf(" + " AND ".join(
+            f"toString({quote_ident(c.name)}) = {quote_str(c.name)}" for c in header_row) + ")"
     for c in nullable:
         exprs[f"null:{c.name}"] = f"countIf(isNull({quote_ident(c.name)}))"
     for c in textual:

@@ -252,3 +252,26 @@ def test_a_row_the_table_cannot_read_is_named_with_what_to_do(
     assert says in failed["error"], failed["error"]
     assert failed["error"].endswith("; pass --max-errors N to load the other rows and keep "
                                     "such rows in chload.rejects")
+
+
+def test_files_joined_with_cat_are_named_not_loaded_as_text(
+        tmp_path: Path, target: tuple[str, dict]) -> None:
+    """`cat part-*.csv > all.csv` repeats the header line as a row: the engine inferred
+    every column as text and the header lines loaded as data, without a word."""
+    joined = tmp_path / "all.csv"
+    joined.write_text("".join("id,name,amount\n" + "".join(
+        f"{part * 1000 + i},n{i},{i * 1.5}\n" for i in range(1000)) for part in range(3)))
+    code, _, err = load(target, str(joined), "--table", "joined")
+    assert code == 2, err
+    assert f"{joined}: the header line comes again as a row (2 times in the first " \
+           "200,000 rows, as when files are joined with cat), which would make id, amount " \
+           "text; pass --max-errors N" in err
+    assert sql(target, "EXISTS TABLE joined") == "0"
+    code, report, err = load(target, str(joined), "--table", "joined", "--max-errors", "5")
+    assert code == 0 and (report["rows_loaded"], report["rows_rejected"]) == (3000, 2), err
+    assert sql(target, "SELECT toTypeName(id), toTypeName(amount) FROM joined LIMIT 1") == \
+        "Int64\tFloat64"
+    code, report, err = load(target, str(joined), "--table", "typed", "--schema",
+                             "id Int64, name String, amount Float64")
+    assert code == 1, err  # past the sample, or into a table: the load names the line
+    assert "column id: 'id' is not Int64: the header line again" in report["files"][0]["error"]
