@@ -242,6 +242,9 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
             if header and set(header) <= set(by_name):
                 return [by_name[n] for n in header]
     for sample in candidates:
+        if sniff.utf16(sample):  # fails alone (check_headers); another sample may decide
+            failed = failed or (sample, SourceError(context=sample.uri, reason=sniff.UTF16))
+            continue
         try:
             columns = _infer(target, sample, existing is None, tolerate)
         except SampleMisfit as exc:  # the types inferred do not fit the file itself
@@ -258,6 +261,8 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
         return _table_columns(existing)
     assert failed is not None
     first, error = failed
+    if error.reason == sniff.UTF16:
+        raise error
     reason = error.reason
     raise SourceError(f"{first.uri}: cannot infer its columns ({reason}); check --format, "
                       "or pass --schema 'name Type, ...'") from error
@@ -342,7 +347,9 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
         fields = headers.get(f.uri)
         problem = fields and _mismatch(header_columns(fields), read, table_columns, audit,
                                        by_position)
-        if problem:
+        if f.format.has_header and sniff.utf16(f):
+            checked.refused.append((f, f"{f.uri}: {sniff.UTF16}"))
+        elif problem:
             base = f.format.name.removesuffix("WithNames")
             checked.refused.append((f, f"{f.uri}: its header does not fit table "
                                        f"{table.display}: {problem}. Fix the header or the "

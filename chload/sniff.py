@@ -146,6 +146,24 @@ def first_text(file: SourceFile) -> str | None:
     return text
 
 
+UTF16 = ("the file is UTF-16 text (it begins with a UTF-16 byte order mark, as Windows "
+         "tools write 'Unicode' text); convert it to UTF-8, e.g. iconv -f UTF-16 -t UTF-8 "
+         "FILE > FILE.utf8, and load that")
+
+
+def utf16(file: SourceFile) -> bool:
+    """Whether a local text file begins with a UTF-16 byte order mark: the engine reads
+    UTF-8 only, and would say "Rows have different amount of values"."""
+    opener = _OPENERS.get(file.format.compression)
+    if opener is None or not file.local_path or not read_again(file):
+        return False
+    try:
+        with opener(file.local_path) as stream:
+            return stream.read(2) in (b"\xff\xfe", b"\xfe\xff")
+    except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError):
+        return False
+
+
 def _unescape_tsv(field: str) -> str:
     return re.sub(r"\\(.)", lambda m: _TSV_ESCAPES.get(m.group(1), m.group(0)), field)
 

@@ -275,3 +275,19 @@ def test_files_joined_with_cat_are_named_not_loaded_as_text(
                              "id Int64, name String, amount Float64")
     assert code == 1, err  # past the sample, or into a table: the load names the line
     assert "column id: 'id' is not Int64: the header line again" in report["files"][0]["error"]
+
+
+def test_a_utf16_file_is_named_with_the_conversion_and_fails_alone(
+        tmp_path: Path, target: tuple[str, dict]) -> None:
+    """Windows tools write 'Unicode' text as UTF-16 with a byte order mark; the engine
+    reads UTF-8 and said "Rows have different amount of values"."""
+    (tmp_path / "in").mkdir()
+    windows = tmp_path / "in" / "a.tsv"
+    windows.write_bytes("id\tname\n1\tJosé\n2\tZoë\n".encode("utf-16"))
+    (tmp_path / "in" / "b.tsv").write_text("id\tname\n3\tx\n")
+    code, _, err = load(target, str(windows), "--table", "alone")
+    assert code == 2 and f"{windows}: the file is UTF-16 text" in err and "iconv" in err, err
+    code, report, err = load(target, str(tmp_path / "in"), "--table", "both")
+    assert code == 1 and report["rows_loaded"] == 1, err
+    [failed] = [f for f in report["files"] if f["status"] == "failed"]
+    assert failed["uri"] == str(windows) and "UTF-16" in failed["error"]
