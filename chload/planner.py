@@ -294,12 +294,14 @@ def _infer(target: Target, sample: SourceFile, nulls: bool,
         if names != fields and fmt.endswith("WithNames"):
             fmt, skip = fmt.removesuffix("WithNames"), SKIP_HEADER
     settings = ", ".join(s for s in (skip, format_settings(sample.format)) if s)
+    text = sniff.delimiter(sample.format) is not None  # CSV, TSV: values as written
 
     def reader(structure: str | None) -> str:
         return target.reader(sample, fmt, parse_structure(structure) if structure else None)
     try:
         return infer(target.infer_rows, reader, nulls=nulls, tolerate=tolerate,
-                     settings=settings, names=names if skip else (), header=bool(fields))
+                     settings=settings, names=names if skip else (), header=bool(fields),
+                     text=text)
     except ChloadError:
         if names and just_a_header(target, sample):
             return [Column(name, "String") for name in names]
@@ -313,7 +315,7 @@ def _infer(target: Target, sample: SourceFile, nulls: bool,
     stop = f"input_format_max_rows_to_read_for_schema_inference = {rows}"
     return infer(target.infer_rows, reader, nulls=nulls, tolerate=tolerate,
                  settings=", ".join(s for s in (settings, stop) if s),
-                 names=names if skip else (), header=bool(fields))
+                 names=names if skip else (), header=bool(fields), text=text)
 
 
 @dataclass(slots=True)

@@ -173,7 +173,8 @@ def format_settings(fmt: FileFormat) -> str:
 
 def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
           tolerate: Tolerance | None = None, settings: str = "",
-          names: Sequence[str] = (), header: bool = False) -> list[Column]:
+          names: Sequence[str] = (), header: bool = False,
+          text: bool = False) -> list[Column]:
     """Columns of a source: the engine's inference, Nullable only where NULLs appear.
 
     `reader(structure)` returns the table-function SQL reading the sample file. With
@@ -183,7 +184,8 @@ def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
     (numeric_type below). `settings` (`name = value, ...`) go with every query;
     `names`, if given, name the inferred columns in order (a header the engine cannot
     read by name: SKIP_HEADER). `header`: the file's first line named the columns, so
-    a row repeating it is looked for (repeated_header).
+    a row repeating it is looked for (repeated_header). `text`: values are text (CSV,
+    TSV), so an integer column is sampled as written (leading_zeros).
     """
     extra = f", {settings}" if settings else ""
     described = query(
@@ -204,11 +206,19 @@ def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
         settings = ", ".join(s for s in (settings, _SKIP_BAD_ROWS) if s)
     # A row repeating the header can only be read where every column is text.
     header_row = columns if header and all(_base(c.type) == "String" for c in columns) else ()
-    source = reader(structure(columns))
+    digits = [c for c in columns if text and re.fullmatch(r"U?Int\d+", _base(c.type))]
+    source = reader(structure([Column(c.name, "Nullable(String)") if c in digits else c
+                               for c in columns]))
     try:
-        stats = _sample_stats(query, source, nullable, textual, settings, header_row)
+        stats = _sample_stats(query, source, nullable, textual, settings, header_row, digits)
     except DataError as exc:
-        raise misfit_error(columns, exc) from exc
+        raise misfit_error(columns, exc.column, re.sub(
+            r"^column \S+: |\s*\(at row \d+\)", "", exc.reason)) from exc
+    wrong = [c for c in digits if stats[f"not_int:{c.name}"]] if not tolerate else []
+    if wrong:  # read as text: a value that is no integer was counted, not raised
+        value = _sample_stats(query, source, (), (), settings, (), wrong[:1], found=True)
+        raise misfit_error(columns, wrong[0].name,
+                           f"{value.found[wrong[0].name]!r} is not {_base(wrong[0].type)}")
     if stats.get("header:rows") and not tolerate:
         repeated_header(columns, _sample_stats(query, source, (), columns, settings),
                         stats["header:rows"])
@@ -242,18 +252,17 @@ class SampleMisfit(SchemaError):
     """A value of the sample that its inferred column's type cannot read (misfit_error)."""
 
 
-def misfit_error(columns: Sequence[Column], error: DataError) -> SampleMisfit:
+def misfit_error(columns: Sequence[Column], column: str | None, text: str) -> SampleMisfit:
     """The engine typed each column from the file's first rows (25,000 by default); a
     later row, read for the sample's statistics, holds a value its column's type cannot
-    read. Said before any table is created, with the --schema that reads the column as
-    text."""
+    read (`text`: what the engine said, `'N/A' is not Int64` where it names the value).
+    Said before any table is created, with the --schema that reads the column as text."""
     base = [Column(c.name, _base(c.type)) for c in columns]
-    text = re.sub(r"^column \S+: |\s*\(at row \d+\)", "", error.reason)
-    if error.column:
+    if column:
         schema = ", ".join(
-            f"{_schema_name(c.name)} {'String' if c.name == error.column else c.type}"
+            f"{_schema_name(c.name)} {'String' if c.name == column else c.type}"
             for c in base)
-        return SampleMisfit(reason=f"column {error.column}: {text}, the type the file's first "
+        return SampleMisfit(reason=f"column {column}: {text}, the type the file's first "
                                   f"rows gave it; pass --schema '{schema}' to read the column "
                                   "as text, or --max-errors N to load the other rows and keep "
                                   "such rows in chload.rejects")
@@ -295,7 +304,16 @@ def _refine(column: Column, stats: dict[str, int], tolerate: Tolerance | None) -
     base = _base(column.type)
     if tolerate and base == "String":
         base = numeric_type(stats, column.name, tolerate) or base
+    if stats.get(f"zeros:{column.name}"):
+        base = "String"  # leading_zeros
     return Column(column.name, f"Nullable({base})" if has_null else base)
+
+
+# An integer written with a leading zero (`02134`, `0612345678`): a zip code, a phone
+# number, an account id. Read as an integer it loses the zero, and no table type brings
+# it back; such a column is created String, keeping every value as written (--schema
+# chooses otherwise).
+LEADING_ZERO = r"^[+-]?0[0-9]"
 
 
 def numeric_type(stats: dict[str, int], name: str, tolerate: Tolerance) -> str | None:
@@ -315,13 +333,24 @@ def numeric_type(stats: dict[str, int], name: str, tolerate: Tolerance) -> str |
     return None
 
 
+class Stats(dict[str, int]):
+    """Counts over the sample (`null:c`, `values:c`, ...), and `found`: per integer
+    column read as text, a value that is no integer."""
+
+    def __init__(self, counts: dict[str, int], found: dict[str, str]) -> None:
+        super().__init__(counts)
+        self.found = found
+
+
 def _sample_stats(query: Query, source_sql: str, nullable: Sequence[Column],
                   textual: Sequence[Column], settings: str = "",
-                  header_row: Sequence[Column] = ()) -> dict[str, int]:
+                  header_row: Sequence[Column] = (), digits: Sequence[Column] = (),
+                  found: bool = False) -> Stats:
     """NULLs per nullable column; values and non-numbers per text column; rows that
-    repeat `header_row` (each column holding its own name); one read of the first
-    NULL_SAMPLE_ROWS rows. Aliases are positional: a column's own name as an alias
-    would shadow the column inside the other aggregates."""
+    repeat `header_row` (each column holding its own name); per integer column read as
+    text (`digits`), values with a leading zero and values that are no integer (with
+    `found`, one of them); one read of the first NULL_SAMPLE_ROWS rows. Aliases are positional: a
+    column's own name as an alias would shadow the column inside the other aggregates."""
     exprs: dict[str, str] = {}
     if header_row:
         exprs["header:rows"] = "countIf(" + " AND ".join(
@@ -334,11 +363,20 @@ def _sample_stats(query: Query, source_sql: str, nullable: Sequence[Column],
         for type_ in ("Int64", "Float64"):
             exprs[f"not_{type_}:{c.name}"] = (
                 f"countIf(notEmpty(ifNull({name}, '')) AND isNull(to{type_}OrNull({name})))")
+    for c in digits:
+        name, value = quote_ident(c.name), f"ifNull({quote_ident(c.name)}, '')"
+        bad = f"notEmpty({value}) AND isNull(to{_base(c.type)}OrNull({value}))"
+        exprs[f"zeros:{c.name}"] = f"countIf(match({value}, {quote_str(LEADING_ZERO)}))"
+        exprs[f"not_int:{c.name}"] = f"countIf({bad})"
+        if found:  # only asked again when one was counted: anyIf costs every row
+            exprs[f"found:{c.name}"] = f"anyIf({value}, {bad})"
     keys = list(exprs)
     select = ", ".join(f"{e} AS __chload_{i}" for i, e in enumerate(exprs.values()))
     rows = query(f"SELECT {select} FROM (SELECT * FROM {source_sql} LIMIT {NULL_SAMPLE_ROWS})"
                  + (f" SETTINGS {settings}" if settings else ""))
-    return {key: int(rows[0][f"__chload_{i}"]) for i, key in enumerate(keys)} if rows else {}
+    got = {key: rows[0][f"__chload_{i}"] for i, key in enumerate(keys)} if rows else {}
+    return Stats({k: int(v) for k, v in got.items() if not k.startswith("found:")},
+                 {k[6:]: str(v) for k, v in got.items() if k.startswith("found:")})
 
 
 def default_order_by(columns: Sequence[Column]) -> str:

@@ -291,3 +291,15 @@ def test_a_utf16_file_is_named_with_the_conversion_and_fails_alone(
     assert code == 1 and report["rows_loaded"] == 1, err
     [failed] = [f for f in report["files"] if f["status"] == "failed"]
     assert failed["uri"] == str(windows) and "UTF-16" in failed["error"]
+
+
+def test_integers_written_with_a_leading_zero_keep_it(
+        tmp_path: Path, target: tuple[str, dict]) -> None:
+    """Zip codes and phone numbers were inferred Int64 and lost their leading zero
+    (`02134` -> 2134) without a word; no table type brings it back."""
+    data = tmp_path / "people.csv"
+    data.write_text("zip,phone,age\n02134,0612345678,41\n10001,0698765432,\n")
+    code, _, err = load(target, str(data), "--table", "people")
+    assert code == 0, err
+    assert sql(target, "SELECT zip, phone, toTypeName(age) FROM people ORDER BY zip") == \
+        "02134\t0612345678\tNullable(Int64)\n10001\t0698765432\tNullable(Int64)"
