@@ -282,6 +282,7 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
             order_by=spec.order_by or sources.sorting_key(plan.to_load),
             partition_by=spec.partition_by, audit=spec.audit, budget=spec.budget,
             described=described,
+            dates_told="date_time_input_format" in dict(spec.settings),
         )
         if not state.exists:
             state = target.ledger.table_state(table.database, table.name)

@@ -175,6 +175,7 @@ def prepare_table(
     existing: list[Column] | None, schema: str | None, order_by: str | None,
     partition_by: str | None, audit: bool, create: bool = True,
     budget: ErrorBudget | None = None, described: list[Column] | None = None,
+    dates_told: bool = False,
 ) -> tuple[list[Column], list[Column], bool]:
     """Create the table if needed; return (table columns, read columns, created).
     `existing`: the table's columns (target.table_columns), None if it does not exist.
@@ -183,13 +184,16 @@ def prepare_table(
 
     With `create=False` (validation) a missing table is not created: the data's own
     columns are used. With an error `budget`, inference keeps a text column of
-    numbers-but-a-few numeric (schema.numeric_type).
+    numbers-but-a-few numeric (schema.numeric_type). `dates_told`: the run sets
+    date_time_input_format, so a column of NN/NN/YYYY dates is read as told
+    (schema.date_order).
     """
     tolerate = budget.allows if budget and budget.allows_errors else None
     given = parse_structure(schema) if schema else described
     if schema and described is not None:
         _same_names(files, described, given or [])
-    data = given if given is not None else _data_columns(target, files, existing, tolerate)
+    data = given if given is not None else _data_columns(target, files, existing, tolerate,
+                                                         dates_told)
     if audit and files and files[0].uri.startswith("kafka://"):  # columns the reader adds
         from chload.sources.kafka import with_kafka_columns
 
@@ -219,7 +223,7 @@ def _same_names(files: Sequence[SourceFile], described: list[Column],
 
 
 def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Column] | None,
-                  tolerate: Tolerance | None = None) -> list[Column]:
+                  tolerate: Tolerance | None = None, dates_told: bool = False) -> list[Column]:
     """The columns of the data: inferred by the engine, or for an existing table, what
     the rows are read as.
 
@@ -246,7 +250,7 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
             failed = failed or (sample, SourceError(context=sample.uri, reason=sniff.UTF16))
             continue
         try:
-            columns = _infer(target, sample, existing is None, tolerate)
+            columns = _infer(target, sample, existing is None, tolerate, dates_told)
         except SampleMisfit as exc:  # the types inferred do not fit the file itself
             raise SchemaError(context=sample.uri, reason=exc.reason) from exc
         except ChloadError as exc:  # this file fails alone when loaded; ask the next
@@ -283,7 +287,7 @@ def _empty_files(files: Sequence[SourceFile], existing: list[Column] | None) -> 
 
 
 def _infer(target: Target, sample: SourceFile, nulls: bool,
-           tolerate: Tolerance | None) -> list[Column]:
+           tolerate: Tolerance | None, dates_told: bool = False) -> list[Column]:
     """One file's columns, as the engine infers them. A CSV/TSV header with an empty or
     repeated name is read by position (schema.SKIP_HEADER) and named by header_columns;
     a file of just a header has String columns of its names."""
@@ -301,7 +305,7 @@ def _infer(target: Target, sample: SourceFile, nulls: bool,
     try:
         return infer(target.infer_rows, reader, nulls=nulls, tolerate=tolerate,
                      settings=settings, names=names if skip else (), header=bool(fields),
-                     text=text)
+                     text=text, dates_told=dates_told)
     except ChloadError:
         if names and just_a_header(target, sample):
             return [Column(name, "String") for name in names]
@@ -315,7 +319,8 @@ def _infer(target: Target, sample: SourceFile, nulls: bool,
     stop = f"input_format_max_rows_to_read_for_schema_inference = {rows}"
     return infer(target.infer_rows, reader, nulls=nulls, tolerate=tolerate,
                  settings=", ".join(s for s in (settings, stop) if s),
-                 names=names if skip else (), header=bool(fields), text=text)
+                 names=names if skip else (), header=bool(fields), text=text,
+                 dates_told=dates_told)
 
 
 @dataclass(slots=True)

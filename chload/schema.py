@@ -174,7 +174,7 @@ def format_settings(fmt: FileFormat) -> str:
 def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
           tolerate: Tolerance | None = None, settings: str = "",
           names: Sequence[str] = (), header: bool = False,
-          text: bool = False) -> list[Column]:
+          text: bool = False, dates_told: bool = False) -> list[Column]:
     """Columns of a source: the engine's inference, Nullable only where NULLs appear.
 
     `reader(structure)` returns the table-function SQL reading the sample file. With
@@ -185,7 +185,8 @@ def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
     `names`, if given, name the inferred columns in order (a header the engine cannot
     read by name: SKIP_HEADER). `header`: the file's first line named the columns, so
     a row repeating it is looked for (repeated_header). `text`: values are text (CSV,
-    TSV), so an integer column is sampled as written (leading_zeros).
+    TSV), so integer and date columns are sampled as written (LEADING_ZERO,
+    date_order); `dates_told`: the user set date_time_input_format, which decides.
     """
     extra = f", {settings}" if settings else ""
     described = query(
@@ -207,10 +208,13 @@ def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
     # A row repeating the header can only be read where every column is text.
     header_row = columns if header and all(_base(c.type) == "String" for c in columns) else ()
     digits = [c for c in columns if text and re.fullmatch(r"U?Int\d+", _base(c.type))]
-    source = reader(structure([Column(c.name, "Nullable(String)") if c in digits else c
-                               for c in columns]))
+    dates = [c for c in columns if text and not dates_told
+             and re.fullmatch(r"Date(Time)?(64)?(\(.*\))?", _base(c.type))]
+    source = reader(structure([Column(c.name, "Nullable(String)") if c in digits + dates
+                               else c for c in columns]))
     try:
-        stats = _sample_stats(query, source, nullable, textual, settings, header_row, digits)
+        stats = _sample_stats(query, source, nullable, textual, settings, header_row, digits,
+                              dates=dates)
     except DataError as exc:
         raise misfit_error(columns, exc.column, re.sub(
             r"^column \S+: |\s*\(at row \d+\)", "", exc.reason)) from exc
@@ -219,10 +223,47 @@ def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
         value = _sample_stats(query, source, (), (), settings, (), wrong[:1], found=True)
         raise misfit_error(columns, wrong[0].name,
                            f"{value.found[wrong[0].name]!r} is not {_base(wrong[0].type)}")
+    for c in dates:
+        def example(c: Column = c) -> str:
+            return _sample_stats(query, source, (), (), settings, dates=[c],
+                                 found=True).found[c.name]
+        date_order(columns, c, stats, example)
     if stats.get("header:rows") and not tolerate:
         repeated_header(columns, _sample_stats(query, source, (), columns, settings),
                         stats["header:rows"])
     return [_refine(c, stats, tolerate) for c in columns]
+
+
+# A date written `03/04/2024` (or with `-` or `.`): day/month or month/day? The engine
+# reads each value on its own, day first unless that is impossible: in one column,
+# `01/13/2024` is January 13 and `03/04/2024` April 3.
+_NUMERIC_DATE = r"^(\d{1,2})[/.-](\d{1,2})[/.-]\d{2,4}"
+
+
+def date_order(columns: Sequence[Column], column: Column, stats: dict[str, int],
+               example: Callable[[], str]) -> None:
+    """Refuse to guess the order of a column of `NN/NN/YYYY` dates unless the sample
+    proves it day first (a first number above 12, none in second place), the engine's
+    reading: before any table is created, say which setting reads the file as meant.
+    `example()`: one such value of the sample (asked only here)."""
+    name = column.name
+    day, month = stats[f"day_first:{name}"], stats[f"month_first:{name}"]
+    if not stats[f"dated:{name}"] or (day and not month):
+        return
+    schema = ", ".join(f"{_schema_name(c.name)} {'String' if c.name == name else _base(c.type)}"
+                       for c in columns)
+    keep = f"--schema '{schema}' to keep them as written"
+    written = f"column {name} holds dates written like {example()!r}"
+    if day and month:
+        raise SampleMisfit(reason=f"{written}, some with a first and some with a second "
+                                  f"number above 12, so not in one order; pass {keep}")
+    seen = ("month first (a second number above 12), which the engine would read day first "
+            "wherever it can" if month else "which could be day/month or month/day (no number "
+            "above 12 in the sample), and the engine would read them day first")
+    raise SampleMisfit(reason=f"{written}, {seen}; pass --setting date_time_input_format="
+                              "best_effort_us to read them month first (US), --setting "
+                              "date_time_input_format=best_effort to read them day first, or "
+                              f"{keep}")
 
 
 def repeated_header(columns: Sequence[Column], stats: dict[str, int], repeats: int) -> None:
@@ -345,7 +386,7 @@ class Stats(dict[str, int]):
 def _sample_stats(query: Query, source_sql: str, nullable: Sequence[Column],
                   textual: Sequence[Column], settings: str = "",
                   header_row: Sequence[Column] = (), digits: Sequence[Column] = (),
-                  found: bool = False) -> Stats:
+                  found: bool = False, dates: Sequence[Column] = ()) -> Stats:
     """NULLs per nullable column; values and non-numbers per text column; rows that
     repeat `header_row` (each column holding its own name); per integer column read as
     text (`digits`), values with a leading zero and values that are no integer (with
@@ -370,6 +411,15 @@ def _sample_stats(query: Query, source_sql: str, nullable: Sequence[Column],
         exprs[f"not_int:{c.name}"] = f"countIf({bad})"
         if found:  # only asked again when one was counted: anyIf costs every row
             exprs[f"found:{c.name}"] = f"anyIf({value}, {bad})"
+    for c in dates:  # read as text: how many are NN/NN/YYYY, and which number passes 12
+        value = f"ifNull({quote_ident(c.name)}, '')"
+        parts = f"extractGroups({value}, {quote_str(_NUMERIC_DATE)})"
+        exprs[f"dated:{c.name}"] = f"countIf(match({value}, {quote_str(_NUMERIC_DATE)}))"
+        exprs[f"day_first:{c.name}"] = f"countIf(toUInt8OrZero({parts}[1]) > 12)"
+        exprs[f"month_first:{c.name}"] = f"countIf(toUInt8OrZero({parts}[2]) > 12)"
+        if found:
+            exprs[f"found:{c.name}"] = (f"anyIf({value}, match({value}, "
+                                        f"{quote_str(_NUMERIC_DATE)}))")
     keys = list(exprs)
     select = ", ".join(f"{e} AS __chload_{i}" for i, e in enumerate(exprs.values()))
     rows = query(f"SELECT {select} FROM (SELECT * FROM {source_sql} LIMIT {NULL_SAMPLE_ROWS})"

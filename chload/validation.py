@@ -107,7 +107,7 @@ def _check_files(t: Target, spec: LoadSpec, name: planner.TableName,
     columns, read_columns, _ = planner.prepare_table(
         t, name, files, existing=existing, schema=spec.schema, order_by=None,
         partition_by=None, audit=False, create=False, budget=spec.budget,
-        described=described)
+        described=described, dates_told="date_time_input_format" in dict(spec.settings))
     checked = planner.check_headers(t, name, files, existing or columns, read_columns,
                                     audit=False)
     refused = {f.uri: why for f, why in checked.refused}

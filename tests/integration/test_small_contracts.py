@@ -303,3 +303,44 @@ def test_integers_written_with_a_leading_zero_keep_it(
     assert code == 0, err
     assert sql(target, "SELECT zip, phone, toTypeName(age) FROM people ORDER BY zip") == \
         "02134\t0612345678\tNullable(Int64)\n10001\t0698765432\tNullable(Int64)"
+
+
+@pytest.mark.parametrize("table, rows, says", [
+    ("either", ["01/02/2024", "03/04/2024"], "column d holds dates written like '01/02/2024', "
+                                             "which could be day/month or month/day"),
+    ("us", ["01/13/2024", "03/04/2024"], "column d holds dates written like '01/13/2024', "
+                                         "month first"),
+    ("both", ["13/02/2024", "01/13/2024"], "some with a first and some with a second number "
+                                           "above 12"),
+])
+def test_dates_whose_order_the_sample_does_not_prove_are_not_guessed(
+        tmp_path: Path, target: tuple[str, dict], table: str, rows: list[str],
+        says: str) -> None:
+    """The engine reads `NN/NN/YYYY` day first wherever it can, value by value: US dates
+    01/13/2024 and 03/04/2024 became January 13 and April 3 in one column."""
+    data = tmp_path / "dates.csv"
+    data.write_text("d,n\n" + "".join(f"{d},{i}\n" for i, d in enumerate(rows)))
+    code, _, err = load(target, str(data), "--table", table)
+    assert code == 2 and says in err and "--schema 'd String, n Int64'" in err, err
+    assert sql(target, f"EXISTS TABLE {table}") == "0"
+    code, _, err = load(target, str(data), "--table", table, "--schema", "d String, n Int64")
+    assert code == 0 and sql(target, f"SELECT d FROM {table} ORDER BY n") == "\n".join(rows), err
+
+
+def test_dates_the_sample_proves_day_first_load_as_the_engine_reads_them(
+        tmp_path: Path, target: tuple[str, dict]) -> None:
+    data = tmp_path / "dates.csv"
+    data.write_text("d,n\n13/02/2024,1\n01/02/2024,2\n")
+    code, _, err = load(target, str(data), "--table", "day_first")
+    assert code == 0, err
+    assert sql(target, "SELECT toDate(d) FROM day_first ORDER BY n") == "2024-02-13\n2024-02-01"
+
+
+def test_us_dates_load_month_first_when_told(tmp_path: Path, target_dir: str) -> None:
+    data = tmp_path / "dates.csv"
+    data.write_text("d,n\n01/13/2024,1\n03/04/2024,2\n")
+    code, _, err = load((target_dir, {}), str(data), "--table", "month_first", "--setting",
+                        "date_time_input_format=best_effort_us")
+    assert code == 0, err
+    assert sql((target_dir, {}), "SELECT toDate(d) FROM month_first ORDER BY n") == \
+        "2024-01-13\n2024-03-04"
