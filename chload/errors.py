@@ -241,7 +241,7 @@ _QUOTED = r'"((?:[^"\\]|\\.)*)"'
 _NOT_LIKE = rf"ERROR: text {_QUOTED} is not like ([^\n]+?)\s*$"
 _GARBAGE = (rf'parsed text: (?:{_QUOTED}|<EMPTY>)\s*ERROR: garbage after ([^:\n]+): '
             rf'{_QUOTED}')
-_DUMP_MARKS = r"<LINE FEED>|<CARRIAGE RETURN>|<TAB>|[,;|]"
+_DUMP_MARKS = r"<LINE FEED>|<CARRIAGE RETURN>|<TAB>|\\[ntr]|[,;|]"
 
 
 def locate(message: str) -> tuple[int | None, str | None]:
@@ -268,12 +268,18 @@ def misfit(message: str) -> tuple[str, str] | None:
     shows the next ten bytes of the data: the value is cut at the next delimiter."""
     found = re.search(_NOT_LIKE, message, re.M)
     if found:
-        text, type_ = found.group(1), found.group(2)
+        parsed, rest, type_ = "", found.group(1), found.group(2)
     else:
         found = re.search(_GARBAGE, message)
         if not found:
             return None
-        text, type_ = (found.group(1) or "") + found.group(3), found.group(2)
+        parsed, rest, type_ = found.group(1) or "", found.group(3), found.group(2)
+    # The first line quotes more of the data: `before: 'N/A,2020-01-02\n'` (18.16: bare)
+    before = re.search(_BEFORE, message) or re.search(r"before: ([^'\n]+?):?\s*\(at row",
+                                                      message)
+    if before and before.group(1).startswith(rest):
+        rest = before.group(1)
+    text = parsed + rest
     cut = re.search(_DUMP_MARKS, text)
     value = text[:cut.start()] if cut else text + ("..." if len(text) >= 10 else "")
     while (inner := re.fullmatch(r"(?:Nullable|LowCardinality)\((.*)\)", type_)):
