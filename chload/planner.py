@@ -26,16 +26,14 @@ from chload.formats import check_compression
 from chload.ledger import FileEvent, TableState
 from chload.rejects import ErrorBudget
 from chload.runner import on_threads
+from chload.sample import SampleMisfit, Tolerance, infer
 from chload.schema import (
     AUDIT_COLUMNS,
     BY_POSITION,
     SKIP_HEADER,
     Column,
-    SampleMisfit,
-    Tolerance,
     format_settings,
     header_columns,
-    infer,
     match_columns,
     parse_structure,
     quote_ident,
@@ -184,9 +182,9 @@ def prepare_table(
 
     With `create=False` (validation) a missing table is not created: the data's own
     columns are used. With an error `budget`, inference keeps a text column of
-    numbers-but-a-few numeric (schema.numeric_type). `dates_told`: the run sets
+    numbers-but-a-few numeric (sample.numeric_type). `dates_told`: the run sets
     date_time_input_format, so a column of NN/NN/YYYY dates is read as told
-    (schema.date_order).
+    (sample.date_order).
     """
     tolerate = budget.allows if budget and budget.allows_errors else None
     given = parse_structure(schema) if schema else described

@@ -306,12 +306,12 @@ def test_integers_written_with_a_leading_zero_keep_it(
 
 
 @pytest.mark.parametrize("table, rows, says", [
-    ("either", ["01/02/2024", "03/04/2024"], "column d holds dates written like '01/02/2024', "
-                                             "which could be day/month or month/day"),
-    ("us", ["01/13/2024", "03/04/2024"], "column d holds dates written like '01/13/2024', "
-                                         "month first"),
-    ("both", ["13/02/2024", "01/13/2024"], "some with a first and some with a second number "
-                                           "above 12"),
+    ("dates_either", ["01/02/2024", "03/04/2024"],
+     "column d holds dates written like '01/02/2024', which could be day/month or month/day"),
+    ("dates_us", ["01/13/2024", "03/04/2024"],
+     "column d holds dates written like '01/13/2024', month first"),
+    ("dates_both", ["13/02/2024", "01/13/2024"],
+     "some with a first and some with a second number above 12"),
 ])
 def test_dates_whose_order_the_sample_does_not_prove_are_not_guessed(
         tmp_path: Path, target: tuple[str, dict], table: str, rows: list[str],
