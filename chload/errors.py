@@ -319,6 +319,8 @@ def from_engine_message(message: str, context: str) -> ChloadError:
         elif "more columns than expected" in message:
             reason = (re.sub(_AT_ROW, "", reason) + ": the row has more fields than there "
                       f"are columns{at_row}")
+        elif re.search(r"expected '?[,;|\t]'? before: '?\\n", message):  # the line ended
+            reason = f"the row has fewer fields than there are columns{at_row}"
     error = kind(context=context, reason=f"{reason}{hint}", code=code)
     if isinstance(error, DataError):
         error.row, error.column = locate(message)

@@ -265,6 +265,13 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
     first, error = failed
     if error.reason == sniff.UTF16:
         raise error
+    ragged = re.search(r"number of column names (\d+) differs with the number of types (\d+)",
+                       error.reason)
+    if ragged:
+        raise SourceError(f"{first.uri}: a row has {ragged.group(2)} fields where the header "
+                          f"names {ragged.group(1)} columns; fix the file, or pass --schema "
+                          "'name Type, ...' with --max-errors N to load the other rows and keep "
+                          "such rows in chload.rejects") from error
     reason = error.reason
     raise SourceError(f"{first.uri}: cannot infer its columns ({reason}); check --format, "
                       "or pass --schema 'name Type, ...'") from error

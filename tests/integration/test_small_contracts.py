@@ -240,6 +240,7 @@ def test_a_late_value_the_inferred_type_cannot_read_is_named_before_any_table(
     ("2,12abc,2020-01-02", "column v: '12abc' is not Int64"),
     ("2,3,soon", "column d: 'soon' is not Date"),
     ("2,3,2020-01-02,9", "the row has more fields than there are columns"),
+    ("2,3", "the row has fewer fields than there are columns"),
 ])
 def test_a_row_the_table_cannot_read_is_named_with_what_to_do(
         tmp_path: Path, target: tuple[str, dict], line: str, says: str) -> None:
@@ -344,3 +345,16 @@ def test_us_dates_load_month_first_when_told(tmp_path: Path, target_dir: str) ->
     assert code == 0, err
     assert sql((target_dir, {}), "SELECT toDate(d) FROM month_first ORDER BY n") == \
         "2024-01-13\n2024-03-04"
+
+
+def test_a_row_with_fewer_fields_than_the_header_is_said_so(
+        tmp_path: Path, target: tuple[str, dict]) -> None:
+    """Exports that drop trailing empty fields: inference said "The number of column names
+    3 differs with the number of types 2" inside "cannot infer its columns"."""
+    data = tmp_path / "ragged.csv"
+    data.write_text("id,a,b\n1,2\n3,4,5\n")
+    code, _, err = load(target, str(data), "--table", "ragged")
+    assert code == 2 and f"{data}: a row has 2 fields where the header names 3 columns" in err
+    code, report, err = load(target, str(data), "--table", "ragged", "--schema",
+                             "id Int64, a Int64, b Nullable(Int64)", "--max-errors", "1")
+    assert code == 0 and (report["rows_loaded"], report["rows_rejected"]) == (1, 1), err
