@@ -244,8 +244,9 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
             if header and set(header) <= set(by_name):
                 return [by_name[n] for n in header]
     for sample in candidates:
-        if sniff.utf16(sample):  # fails alone (check_headers); another sample may decide
-            failed = failed or (sample, SourceError(context=sample.uri, reason=sniff.UTF16))
+        unreadable = sniff.UTF16 if sniff.utf16(sample) else sniff.excel_hint(sample)
+        if unreadable:  # fails alone (check_headers); another sample may decide
+            failed = failed or (sample, SourceError(context=sample.uri, reason=unreadable))
             continue
         try:
             columns = _infer(target, sample, existing is None, tolerate, dates_told)
@@ -263,7 +264,7 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
         return _table_columns(existing)
     assert failed is not None
     first, error = failed
-    if error.reason == sniff.UTF16:
+    if error.reason == sniff.UTF16 or error.reason.startswith("its first line 'sep="):
         raise error
     ragged = re.search(r"number of column names (\d+) differs with the number of types (\d+)",
                        error.reason)
@@ -359,8 +360,10 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
         fields = headers.get(f.uri)
         problem = fields and _mismatch(header_columns(fields), read, table_columns, audit,
                                        by_position)
-        if f.format.has_header and sniff.utf16(f):
-            checked.refused.append((f, f"{f.uri}: {sniff.UTF16}"))
+        unreadable = sniff.delimiter(f.format) is not None and (
+            sniff.UTF16 if sniff.utf16(f) else sniff.excel_hint(f))
+        if unreadable:
+            checked.refused.append((f, f"{f.uri}: {unreadable}"))
         elif problem:
             base = f.format.name.removesuffix("WithNames")
             checked.refused.append((f, f"{f.uri}: its header does not fit table "

@@ -164,6 +164,18 @@ def utf16(file: SourceFile) -> bool:
         return False
 
 
+def excel_hint(file: SourceFile) -> str | None:
+    """Why a local CSV file cannot be read as written, when its first line is Excel's
+    delimiter hint (`sep=;`), a line no engine skips: its header would be `sep=`."""
+    text = first_text(file) if delimiter(file.format) is not None else None
+    line = (text or "").removeprefix(BOM).rstrip("\r\n")
+    if not re.fullmatch(r"sep=.", line):
+        return None
+    return (f"its first line {line!r} is Excel's delimiter hint, not data or a header; "
+            f"remove it (e.g. tail -n +2 FILE > FILE.csv) and load that, with --setting "
+            f"format_csv_delimiter={line[4:]} if the delimiter is not guessed")
+
+
 def _unescape_tsv(field: str) -> str:
     return re.sub(r"\\(.)", lambda m: _TSV_ESCAPES.get(m.group(1), m.group(0)), field)
 

@@ -358,3 +358,18 @@ def test_a_row_with_fewer_fields_than_the_header_is_said_so(
     code, report, err = load(target, str(data), "--table", "ragged", "--schema",
                              "id Int64, a Int64, b Nullable(Int64)", "--max-errors", "1")
     assert code == 0 and (report["rows_loaded"], report["rows_rejected"]) == (1, 1), err
+
+
+def test_excels_delimiter_hint_line_is_named_not_loaded(
+        tmp_path: Path, target: tuple[str, dict]) -> None:
+    """Excel writes `sep=;` as a CSV's first line: it became the header (a column
+    `sep=`) or a row, and the real header loaded as data."""
+    (tmp_path / "in").mkdir()
+    excel = tmp_path / "in" / "a.csv"
+    excel.write_text("sep=;\nid;v\n1;2\n")
+    (tmp_path / "in" / "b.csv").write_text("id;v\n5;6\n")
+    code, _, err = load(target, str(excel), "--table", "excel_alone")
+    assert code == 2 and f"{excel}: its first line 'sep=;' is Excel's delimiter hint" in err
+    code, report, err = load(target, str(tmp_path / "in"), "--table", "excel_dir")
+    assert code == 1 and report["rows_loaded"] == 1, err
+    assert sql(target, "SELECT id, v FROM excel_dir") == "5\t6"
