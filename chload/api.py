@@ -287,7 +287,9 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
         if not state.exists:
             state = target.ledger.table_state(table.database, table.name)
         checked = planner.check_headers(target, table, plan.to_load,
-                                        existing or columns, read_columns, spec.audit)
+                                        existing or columns, read_columns, spec.audit,
+                                        named=planner.reads_by_name(spec.schema,
+                                                                    spec.settings))
         to_load, settings = checked.files, (*checked.settings, *settings)
         refused += _refuse(target, table, checked.refused, report.run_id, listener)
         if refused and spec.on_error == "abort":

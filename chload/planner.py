@@ -341,8 +341,10 @@ class HeaderCheck:
 
 def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
                   table_columns: Sequence[Column], read_columns: Sequence[Column],
-                  audit: bool) -> HeaderCheck:
-    """Every CSV/TSV file's own header matched against the columns the run reads.
+                  audit: bool, named: bool = True) -> HeaderCheck:
+    """Every CSV/TSV file's own header matched against the columns the run reads; with
+    `named` (no --schema chose the columns, no setting drops unknown ones), every
+    Parquet/ORC/... file's columns against the table's (_extra_columns).
 
     The engine would read a file whose header names other columns as defaults (chDB
     fills missing columns and skips unknown ones) or by position (18.16 ignores header
@@ -356,6 +358,7 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     by_position = any(header_columns(h) != h for h in headers.values())
     read = [c.name for c in read_columns]
     checked = HeaderCheck([], settings=BY_POSITION if by_position else ())
+    extra = _extra_columns(target, files, table_columns) if named else {}
     for f in files:
         fields = headers.get(f.uri)
         problem = fields and _mismatch(header_columns(fields), read, table_columns, audit,
@@ -364,6 +367,12 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
             sniff.UTF16 if sniff.utf16(f) else sniff.excel_hint(f))
         if unreadable:
             checked.refused.append((f, f"{f.uri}: {unreadable}"))
+        elif f.uri in extra:
+            checked.refused.append((f, f"{f.uri}: its columns do not fit table "
+                                       f"{table.display}: columns in the data but not in the "
+                                       f"table: {', '.join(extra[f.uri])}. Add them to the "
+                                       "table (ALTER TABLE ... ADD COLUMN), or pass --schema "
+                                       "naming the columns to read"))
         elif problem:
             base = f.format.name.removesuffix("WithNames")
             checked.refused.append((f, f"{f.uri}: its header does not fit table "
@@ -375,6 +384,29 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     if checked.refused and not checked.files:
         raise SchemaError(checked.refused[0][1])
     return checked
+
+
+# Formats whose files name their columns (a schema), which the engine reads by name,
+# leaving out without a word a column the table lacks (CSV and JSON refuse it:
+# input_format_skip_unknown_fields=0).
+NAMED_FORMATS = {"Parquet", "ORC", "Avro", "Arrow", "ArrowStream", "Native"}
+
+
+def _extra_columns(target: Target, files: Sequence[SourceFile],
+                   table_columns: Sequence[Column]) -> dict[str, list[str]]:
+    """uri -> the columns a Parquet/ORC/... file has that the table lacks (a column added
+    to newer files of a data lake): one DESCRIBE a file (its footer), eight at a time.
+    A file that cannot be described is left to its load to report."""
+    table = {c.name for c in table_columns}
+
+    def extra(f: SourceFile) -> tuple[str, list[str]]:
+        try:
+            rows = target.infer_rows(f"DESCRIBE {target.reader(f, f.format.name, None)}")
+        except ChloadError:
+            return f.uri, []
+        return f.uri, [r["name"] for r in rows if r["name"] not in table]
+    named = [f for f in files if f.format.name in NAMED_FORMATS and sniff.read_again(f)]
+    return {uri: names for uri, names in on_threads(extra, named, 8) if names}
 
 
 def _headers(target: Target, files: Sequence[SourceFile]) -> dict[str, list[str]]:
@@ -407,6 +439,13 @@ def _mismatch(names: Sequence[str], read: Sequence[str], table_columns: Sequence
         parts.append(f"columns {', '.join(names)} in another order than {', '.join(read)} "
                      "(a header with an empty or repeated name is read by position)")
     return "; ".join(parts)
+
+
+def reads_by_name(schema: str | None, settings: Sequence[tuple[str, str]]) -> bool:
+    """Whether a file's columns that the table lacks are refused (check_headers): not
+    when --schema chose the columns to read, nor when a setting drops the others."""
+    return schema is None and dict(settings).get("input_format_skip_unknown_fields",
+                                                 "0").lower() not in ("1", "true")
 
 
 def known_names(existing: list[Column] | None, schema: str | None) -> list[str]:

@@ -373,3 +373,27 @@ def test_excels_delimiter_hint_line_is_named_not_loaded(
     code, report, err = load(target, str(tmp_path / "in"), "--table", "excel_dir")
     assert code == 1 and report["rows_loaded"] == 1, err
     assert sql(target, "SELECT id, v FROM excel_dir") == "5\t6"
+
+
+def test_a_parquet_column_the_table_lacks_fails_its_file_not_dropped(
+        tmp_path: Path, target: tuple[str, dict]) -> None:
+    """The engine reads Parquet by column name and left out, without a word, a column a
+    newer file of a data lake had and the table did not (CSV and JSON refuse it)."""
+    import chdb
+
+    lake = tmp_path / "lake"
+    lake.mkdir()
+    for name, select in (("a", "number AS id, toInt32(number) AS v"),
+                         ("b", "number + 5 AS id, toInt32(number) AS v, 'x' AS added")):
+        chdb.query(f"SELECT {select} FROM numbers(5) INTO OUTFILE '{lake / name}.parquet' "
+                   "TRUNCATE FORMAT Parquet")
+    code, report, err = load(target, str(lake / "a.parquet"), str(lake / "b.parquet"),
+                             "--table", "lake")
+    assert code == 1 and report["rows_loaded"] == 5, err
+    [failed] = [f for f in report["files"] if f["status"] == "failed"]
+    assert failed["uri"] == str(lake / "b.parquet")
+    assert "columns in the data but not in the table: added" in failed["error"]
+    assert "or pass --schema naming the columns to read" in failed["error"]
+    code, report, err = load(target, str(lake / "b.parquet"), "--table", "lake", "--schema",
+                             "id UInt64, v Int32")  # as the message says
+    assert code == 0 and report["rows_loaded"] == 5, err
