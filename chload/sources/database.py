@@ -147,6 +147,9 @@ class DbColumn:
     select: str
     read_type: str = ""
     expr: str = ""
+    plain: str = ""  # what a reader that escapes the fields itself selects ('': the column)
+    refused: str = ""  # the source's type, where chload cannot carry it unchanged: `type`
+    # is then only a suggestion, and the run needs --schema (its text is read as printed)
 
     @property
     def spool_type(self) -> str:
@@ -166,10 +169,38 @@ def nullable(typ: str, nulls: bool) -> str:
     return f"Nullable({typ})" if nulls and not typ.startswith("Array(") else typ
 
 
-def cannot_carry(url: DbUrl, column: str, source_type: str, hint: str = "String") -> SchemaError:
-    return SchemaError(f"{url.display}: column {column} has type {source_type}, which chload "
-                       f"cannot carry unchanged; pass --schema with that column as a type "
-                       f"you choose, e.g. --schema '... {column} {hint} ...'")
+def cannot_carry(name: str, source_type: str, nulls: bool, select: str,
+                 hint: str = "String") -> DbColumn:
+    """A column no ClickHouse type holds unchanged (interval, money, time, ...): read as
+    the source prints it, into the type the user names by --schema (`hint` suggested);
+    a run without --schema stops before anything loads (`refusal`)."""
+    return DbColumn(name, nullable(hint, nulls), select, refused=source_type)
+
+
+def refusal(url: DbUrl, columns: Sequence[DbColumn]) -> SchemaError | None:
+    """One line naming every column that cannot be carried and the whole --schema to
+    pass (a --schema over a database table names every column, in order)."""
+    refused = [c for c in columns if c.refused]
+    if not refused:
+        return None
+    which = ", ".join(f"{c.name} ({c.refused})" for c in refused)
+    schema = _shell_word(", ".join(f"{_name(c.name)} {c.type}" for c in columns))
+    return SchemaError(f"{url.display}: chload cannot carry these columns unchanged: {which}; "
+                       f"pass --schema naming every column's type, e.g. --schema {schema} "
+                       "(their values are read as the database prints them)")
+
+
+def _name(name: str) -> str:
+    """A column name as --schema takes it: bare where it can be."""
+    return name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else quote_ident(name)
+
+
+def _shell_word(text: str) -> str:
+    """`text` quoted for a POSIX shell, readably: in single quotes, or in double quotes
+    where it holds one (a type's time zone: DateTime64(6, 'UTC'))."""
+    if "'" not in text:
+        return f"'{text}'"
+    return '"' + re.sub(r'([\\"$`])', r"\\\1", text) + '"'
 
 
 # -- ranges ----------------------------------------------------------------------------
@@ -370,6 +401,9 @@ class DatabaseSource:
         self.context = context
         self.session = db_early.claim(pattern, db_early.key(context)) or self._session(
             parse_url(pattern, context.select), context)
+        refused = refusal(self.session.url, self.session.info.columns)
+        if refused is not None and context.schema is None:
+            raise refused
         ordered = getattr(self.session, "read_in_key_order", None)
         if ordered is not None and context.key_order:
             ordered()  # PostgreSQL (MySQL/MariaDB: InnoDB reads a table in key order)
@@ -476,7 +510,10 @@ class DatabaseSource:
         return [Column(c.name, c.type) for c in self._open().info.columns]
 
     def sorting_key(self, files: Sequence[SourceFile]) -> str | None:
-        return ", ".join(quote_ident(k) for k in self._open().info.key) or None
+        """The primary key as ORDER BY: a composite one as a tuple `(a, b)` (bare
+        `a, b` is a syntax error after ORDER BY)."""
+        key = [quote_ident(k) for k in self._open().info.key]
+        return None if not key else key[0] if len(key) == 1 else f"({', '.join(key)})"
 
     def display(self, pattern: str) -> str:
         return redact(pattern)

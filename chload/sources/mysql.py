@@ -26,6 +26,7 @@ import os
 import queue
 import re
 import threading
+from dataclasses import replace
 from typing import Any
 
 from chload.errors import ChloadError, SourceError, TransientError, UsageError
@@ -136,7 +137,7 @@ class MysqlSession:
         keys = self._all(f"SHOW KEYS FROM {relation} WHERE Key_name = 'PRIMARY'")
         if self.query:
             self._all("DROP TEMPORARY TABLE chload_query")
-        columns = [_column(self.url, str(r[0]), str(r[1]).lower(),
+        columns = [_column(str(r[0]), str(r[1]).lower(),
                            r[2] == "YES" or bool(self.query)) for r in rows]
         types = {str(r[0]): str(r[1]).lower() for r in rows}
         key = [str(k[4]) for k in sorted(keys, key=lambda k: int(k[3]))]
@@ -223,7 +224,7 @@ class MysqlSession:
             os.close(out)
             raise
         if isinstance(reader, NativeReader):  # it escapes: the plain columns
-            line = ", ".join(_ident(c.name) for c in self.info.columns)
+            line = ", ".join(c.plain or _ident(c.name) for c in self.info.columns)
         else:  # the server escapes; the client puts the tabs
             line = ", ".join(c.select for c in self.info.columns)
         return _Relay(self, reader, f"SELECT {line} FROM {self._from()} WHERE {where}", out)
@@ -312,7 +313,7 @@ def _base(typ: str) -> str:
     return re.split(r"[(\s]", typ, maxsplit=1)[0]
 
 
-def _column(url: DbUrl, name: str, typ: str, nulls: bool) -> DbColumn:
+def _column(name: str, typ: str, nulls: bool) -> DbColumn:
     """One column's ClickHouse type and the SQL that prints it as a TSV field."""
     col, base = _ident(name), _base(typ)
     args = re.search(r"\(([^)]*)\)", typ)
@@ -324,7 +325,7 @@ def _column(url: DbUrl, name: str, typ: str, nulls: bool) -> DbColumn:
         return _field(name, f"Decimal({precision}, {scale or 0})", col, nulls)
     if base in ("datetime", "timestamp"):
         scale = args.group(1) if args else "0"
-        ch = "DateTime('UTC')" if scale == "0" else f"DateTime64({scale}, 'UTC')"
+        ch = f"DateTime64({scale}, 'UTC')"  # whole seconds too: postgres._datetime
         return _field(name, ch, col, nulls)
     if base in _TEXT:
         escaped = col
@@ -337,7 +338,11 @@ def _column(url: DbUrl, name: str, typ: str, nulls: bool) -> DbColumn:
         return _field(name, "String", f"IF({col} RLIKE {_SPECIAL}, {escaped}, {col})", nulls)
     if base in _PLAIN:
         return _field(name, _PLAIN[base], col, nulls)
-    raise cannot_carry(url, name, typ)
+    if base == "bit":  # its value as a number (the bytes as they are stored, else)
+        number = f"CAST({col} AS UNSIGNED)"
+        return replace(_field(name, "UInt64", number, nulls), plain=number)
+    text = _field(name, "String", col, nulls)  # (time, geometry: never a tab or newline)
+    return cannot_carry(name, typ, nulls, text.select)
 
 
 def _field(name: str, ch: str, select: str, nulls: bool) -> DbColumn:

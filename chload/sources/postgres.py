@@ -50,6 +50,10 @@ TYPES = {
     "character varying": "String", "character": "String", "name": "String",
     "citext": "String", "uuid": "UUID", "json": "String", "jsonb": "String",
     "date": "Date32", "bytea": "String", "xml": "String",
+    # addresses and bit strings: their text is the value (ClickHouse's IPv4/IPv6 have no
+    # netmask and no room for the other family)
+    "inet": "String", "cidr": "String", "macaddr": "String", "macaddr8": "String",
+    "bit": "String", "bit varying": "String",
 }
 _INTEGER_AXIS = {"smallint", "integer", "bigint"}
 _TIME_AXIS = {"date", "timestamp without time zone", "timestamp with time zone"}
@@ -63,10 +67,15 @@ CORRELATED = 0.9  # a key this correlated with the table's order is read in orde
 _TRANSIENT = ("could not connect", "Connection refused", "server closed the connection",
               "timeout expired", "the database system is starting up")
 
-_COLUMNS_SQL = """SELECT a.attname, format_type(a.atttypid, a.atttypmod) AS type,
-    a.attnotnull, t.typtype, coalesce(format_type(t.typelem, a.atttypmod), '') AS elem,
+# A domain's column is described by its base type (the values are the base type's:
+# COPY prints them so): `CREATE DOMAIN email AS text` is a text column.
+_COLUMNS_SQL = """SELECT a.attname,
+    CASE WHEN t.typtype = 'd' THEN format_type(t.typbasetype, t.typtypmod)
+         ELSE format_type(a.atttypid, a.atttypmod) END AS type,
+    a.attnotnull, b.typtype, coalesce(format_type(b.typelem, a.atttypmod), '') AS elem,
     coalesce(array_position(i.indkey::int2[], a.attnum) + 1, 0) AS key_position  -- 0-based
 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
 LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
 WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum"""
 
@@ -115,7 +124,7 @@ class PostgresSession:
         rows = [[str(v) for v in r] for r in
                 self._all(_COLUMNS_SQL.replace("%s", _text(relation)))]
         self._all("ROLLBACK")
-        columns = [_column(self.url, name, typ, notnull == "t" and not self.query, typtype,
+        columns = [_column(name, typ, notnull == "t" and not self.query, typtype,
                            elem) for name, typ, notnull, typtype, elem, _ in rows]
         types = {name: typ for name, typ, *_ in rows}
         key = [name for name, *_, pos in sorted(rows, key=lambda r: int(r[5])) if pos != "0"]
@@ -354,7 +363,7 @@ class _Psql:
         self.errors.close()
 
 
-def _column(url: DbUrl, name: str, typ: str, notnull: bool, typtype: str,
+def _column(name: str, typ: str, notnull: bool, typtype: str,
             elem: str) -> DbColumn:
     """One column's ClickHouse type and how COPY prints it; one line if none fits."""
     col, base = _ident(name), re.sub(r"\(.*?\)", "", typ).strip()
@@ -362,8 +371,8 @@ def _column(url: DbUrl, name: str, typ: str, notnull: bool, typtype: str,
         return DbColumn(name, nullable("String", not notnull), col)
     if base == "numeric":
         found = re.match(r"numeric\((\d+),(\d+)\)", typ)
-        if not found or int(found.group(1)) > 76:
-            raise cannot_carry(url, name, typ, "Decimal(38, 10)")
+        if not found or int(found.group(1)) > 76:  # a Decimal rounds off digits beyond
+            return cannot_carry(name, typ, not notnull, col)  # its scale: String suggested
         return DbColumn(name, nullable(f"Decimal({found.group(1)}, {found.group(2)})",
                                        not notnull), col)
     if base.startswith("timestamp"):
@@ -385,12 +394,14 @@ def _column(url: DbUrl, name: str, typ: str, notnull: bool, typtype: str,
                              f"'Array(Nullable({inner}))')")
     if base in TYPES:
         return DbColumn(name, nullable(TYPES[base], not notnull), col)
-    raise cannot_carry(url, name, typ)
+    return cannot_carry(name, typ, not notnull, col)
 
 
 def _datetime(scale: str) -> str:
-    """Whole seconds as DateTime (which an 18.16 server has too), else DateTime64."""
-    return "DateTime('UTC')" if scale == "0" else f"DateTime64({scale}, 'UTC')"
+    """DateTime64, whole seconds too: a DateTime holds 1970 to 2106 only, and the engine
+    reads a value outside as its nearest end, silently (1960 as 1970-01-01). A server
+    without DateTime64 (18.16) stores DateTime64(0) as DateTime (capabilities.py)."""
+    return f"DateTime64({scale}, 'UTC')"
 
 
 def _fixed_time(col: str) -> str:
