@@ -184,10 +184,15 @@ def refusal(url: DbUrl, columns: Sequence[DbColumn]) -> SchemaError | None:
     if not refused:
         return None
     which = ", ".join(f"{c.name} ({c.refused})" for c in refused)
-    schema = _shell_word(", ".join(f"{_name(c.name)} {c.type}" for c in columns))
     return SchemaError(f"{url.display}: chload cannot carry these columns unchanged: {which}; "
-                       f"pass --schema naming every column's type, e.g. --schema {schema} "
-                       "(their values are read as the database prints them)")
+                       "pass --schema naming every column's type, e.g. --schema "
+                       f"{schema_hint(columns)} (their values are read as the database "
+                       "prints them)")
+
+
+def schema_hint(columns: Sequence[DbColumn]) -> str:
+    """A whole --schema for these columns, quoted for the shell."""
+    return _shell_word(", ".join(f"{_name(c.name)} {c.type}" for c in columns))
 
 
 def _name(name: str) -> str:

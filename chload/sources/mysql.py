@@ -29,7 +29,8 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from chload.errors import ChloadError, SourceError, TransientError, UsageError
+from chload.errors import ChloadError, SchemaError, SourceError, TransientError, UsageError
+from chload.schema import parse_structure
 from chload.sources import SourceContext
 from chload.sources.database import (
     DatabaseSource,
@@ -40,12 +41,13 @@ from chload.sources.database import (
     cannot_carry,
     nullable,
     range_predicate,
+    schema_hint,
     stream_read,
     workers_of,
 )
 from chload.sources.db_pipes import Reading
 from chload.sources.mysql_client import ClientReader, client
-from chload.sources.mysql_native import Connection, NativeError, NativeReader
+from chload.sources.mysql_native import ZERO_DATE, Connection, NativeError, NativeReader
 from chload.sources.mysql_native import load as load_native
 
 _INTEGERS = {"tinyint": 8, "smallint": 16, "mediumint": 32, "int": 32, "integer": 32,
@@ -67,8 +69,9 @@ class MysqlSession:
     """One snapshot of one MySQL/MariaDB table (or query), read range by range."""
 
     def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
-                 workers: int) -> None:
-        self.url, self.query = url, query
+                 workers: int, schema: str | None = None) -> None:
+        self.url, self.query, self.schema = url, query, schema
+        self.zero = ""  # per column, what a zero date does (_zero_dates)
         self.native, self.why_not_native = load_native()
         self.client = "" if self.native else client()
         self.password = _password(url)
@@ -150,6 +153,7 @@ class MysqlSession:
         if incremental_by and not integer and _base(types[axis]) not in _TIME_AXIS:
             raise UsageError(f"--incremental-by {axis}: its type is {types[axis]}; use an "
                              "integer, date or datetime column that only grows")
+        columns, self.zero = _zero_dates(columns, types, self.schema)
         return TableInfo(columns, key, axis, integer)
 
     def _relation(self) -> str:
@@ -201,10 +205,28 @@ class MysqlSession:
     def _start_reader(self) -> ClientReader | NativeReader:
         """A reader in a new snapshot: native (libmariadb, mysql_native.py) where it
         builds, else a client process."""
-        fail = lambda exc: _error(self.url, exc, self.password)  # noqa: E731
+        fail = self._failed
         if self.native is None:
             return ClientReader.start(self.client, self.url, self.password, _SETUP, fail)
         return NativeReader.start(self.native, self.url, self.password, _SETUP, fail)
+
+    def _failed(self, exc: object) -> ChloadError:
+        """A reader's error as one line; a zero date (mysql_copy.c) names its column,
+        and the --schema that loads it."""
+        args = exc.args if isinstance(exc, NativeError) else ()
+        if not args or args[0] != ZERO_DATE:
+            return _error(self.url, exc, self.password)
+        index, _, value = str(args[1]).partition("\t")
+        column = self.info.columns[int(index)]
+        typ = column.type.removeprefix("Nullable(").removesuffix(")")
+        given = schema_hint([replace(c, type=f"Nullable({typ})") if c is column else c
+                             for c in self.info.columns])
+        return SchemaError(
+            f"{self.url.display}: column {column.name} holds the zero date '{value}' (a "
+            "permissive sql_mode let it in), which ClickHouse has no value for; pass "
+            f"--schema with {column.name} as Nullable({typ}) to load such dates as NULL, "
+            f"or as String to keep their text, e.g. --schema {given} (a table that exists "
+            f"keeps its own type for {column.name}: ALTER or drop it first)")
 
     def bounds(self, axis: str) -> tuple[str | None, str | None, int]:
         return self._bounds
@@ -227,7 +249,8 @@ class MysqlSession:
             line = ", ".join(c.plain or _ident(c.name) for c in self.info.columns)
         else:  # the server escapes; the client puts the tabs
             line = ", ".join(c.select for c in self.info.columns)
-        return _Relay(self, reader, f"SELECT {line} FROM {self._from()} WHERE {where}", out)
+        return _Relay(self, reader, f"SELECT {line} FROM {self._from()} WHERE {where}", out,
+                      self.zero)
 
     def stream(self, where: str) -> tuple[int, Reading]:
         return stream_read(self, where)
@@ -271,19 +294,19 @@ class _Relay:
     (database.Reading): the reader goes back to the pool once the range ends."""
 
     def __init__(self, session: MysqlSession, reader: ClientReader | NativeReader, statement: str,
-                 out: int) -> None:
+                 out: int, zero: str = "") -> None:
         self.session, self.reader = session, reader
         self.error: BaseException | None = None
         self.killed = False
         self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self._relay, args=(statement, out),
+        self.thread = threading.Thread(target=self._relay, args=(statement, out, zero),
                                        name="chload_mysql_relay", daemon=True)
         self.thread.start()
 
-    def _relay(self, statement: str, out: int) -> None:
+    def _relay(self, statement: str, out: int, zero: str) -> None:
         ok = False
         try:
-            self.reader.run(statement, out)
+            self.reader.run(statement, out, zero)
             ok = True
         except BaseException as exc:  # noqa: BLE001 (given to finish(), in the load's thread)
             self.error = exc
@@ -343,6 +366,34 @@ def _column(name: str, typ: str, nulls: bool) -> DbColumn:
         return replace(_field(name, "UInt64", number, nulls), plain=number)
     text = _field(name, "String", col, nulls)  # (time, geometry: never a tab or newline)
     return cannot_carry(name, typ, nulls, text.select)
+
+
+def _zero_dates(columns: list[DbColumn], types: dict[str, str],
+                schema: str | None) -> tuple[list[DbColumn], str]:
+    """What a zero date (0000-00-00, or a zero month or day: a permissive sql_mode lets
+    them in, and ClickHouse would read each as another date, silently) does in each
+    column: fails the range ('1', the default), is NULL ('2': --schema types the
+    column Nullable), or is kept ('0': --schema types it String, or not a date). The
+    native reader checks each value (mysql_copy.c); the client's SELECT gets a guard."""
+    given = {c.name: c.type for c in parse_structure(schema)} if schema else {}
+    flags, guarded = [], []
+    for c in columns:
+        flag = "0"
+        if _base(types[c.name]) in _TIME_AXIS:
+            typ = given.get(c.name, c.type if not schema else "String")
+            flag = "0" if "Date" not in typ else "2" if typ.startswith("Nullable(") else "1"
+        flags.append(flag)
+        guarded.append(c if flag == "0" else _zero_guard(c, flag))
+    return guarded, "".join(flags) if "1" in flags or "2" in flags else ""
+
+
+def _zero_guard(column: DbColumn, flag: str) -> DbColumn:
+    """The client reader's SELECT of a date column: a zero date as NULL ('2'), or as
+    text no date parser takes ('1': the range fails)."""
+    col = _ident(column.name)
+    shown = "NULL" if flag == "2" else f"CONCAT('zero date ', {col})"
+    guard = f"IF(MONTH({col}) = 0 OR DAYOFMONTH({col}) = 0, {shown}, {col})"
+    return replace(column, select=f"IFNULL({guard}, '\\\\N')")
 
 
 def _field(name: str, ch: str, select: str, nulls: bool) -> DbColumn:
@@ -413,7 +464,8 @@ class MysqlSource(DatabaseSource):
     schemes: tuple[str, ...] = ("mysql", "mariadb")
 
     def _session(self, url: DbUrl, context: SourceContext) -> MysqlSession:
-        return MysqlSession(url, context.select, context.incremental_by, workers_of(context))
+        return MysqlSession(url, context.select, context.incremental_by, workers_of(context),
+                            context.schema)
 
 
 SOURCE = MysqlSource()

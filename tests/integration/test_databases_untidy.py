@@ -177,3 +177,37 @@ def test_a_mariadb_bit_column_is_its_number(my: Db, table_name: str, target_dir:
           env={"CHLOAD_MYSQL_READER": reader if reader == "client" else ""})
     assert _ch(target_dir, f"SELECT b, w FROM {table_name} ORDER BY id") == [
         f"21\t{2 ** 63}", "\\N\t0"]
+
+
+@pytest.mark.parametrize("reader", ["native", "client"])
+def test_mariadb_zero_dates_stop_the_run_or_load_as_the_schema_says(
+        my: Db, table_name: str, target_dir: str, reader: str) -> None:
+    """'0000-00-00' (and a zero month or day), let in by a permissive sql_mode: the engine
+    read them as 1900-01-01 and 2026-01-01, silently. Now the range fails (the native
+    reader names the column and the --schema to pass); typed Nullable they are NULL,
+    typed String their text."""
+    my.sql(f"SET SESSION sql_mode = ''; CREATE TABLE {table_name} (id int PRIMARY KEY, "
+           "d date NOT NULL, dt datetime NULL); "
+           f"INSERT INTO {table_name} VALUES (1, '2024-01-02', '2024-01-02 03:04:05'), "
+           "(2, '0000-00-00', '0000-00-00 00:00:00'), (3, '2024-02-00', NULL)")
+    env = {"CHLOAD_MYSQL_READER": reader if reader == "client" else ""}
+    line = _refused(my, table_name, target_dir, "--workers", "1", env=env)
+    if reader == "native":
+        assert "column d holds the zero date '0000-00-00'" in line, line
+        schema = _suggested(line)
+        assert "d Nullable(Date32)" in schema
+    else:  # the server's guard makes it text no date parser takes
+        assert "zero date" in line, line
+        schema = ("id Int32, d Nullable(Date32), dt Nullable(DateTime64(0, 'UTC'))")
+    assert _ch(target_dir, f"SELECT count() FROM {table_name}") == ["0"]
+    assert "ALTER or drop it first" in line or reader == "client"  # it holds d Date32
+    as_null = f"{target_dir}-null"
+    _load(my, table_name, as_null, "--schema", schema, env=env)
+    assert _ch(as_null, f"SELECT id, d, dt FROM {table_name} ORDER BY id") == [
+        "1\t2024-01-02\t2024-01-02 03:04:05", "2\t\\N\t\\N", "3\t\\N\t\\N"]
+    kept = f"{target_dir}-text"
+    _load(my, table_name, kept, "--schema", "id Int32, d String, dt Nullable(String)",
+          env=env)
+    assert _ch(kept, f"SELECT id, d, dt FROM {table_name} ORDER BY id") == [
+        "1\t2024-01-02\t2024-01-02 03:04:05", "2\t0000-00-00\t0000-00-00 00:00:00",
+        "3\t2024-02-00\t\\N"]
