@@ -468,7 +468,8 @@ class DatabaseSource:
                 for c in session.info.columns]
         by_name = {c.name: c for c in columns}
         exprs = ", ".join(f"CAST({c.expr} AS {by_name[c.name].type}) AS {quote_ident(c.name)}"
-                          if c.expr else quote_ident(c.name)
+                          if c.expr and not _kept_as_text(c, by_name[c.name].type)
+                          else quote_ident(c.name)
                           for c in session.info.columns if c.name in names)
         native = path + ".native"
         self.context.query(
@@ -538,6 +539,13 @@ class DatabaseSource:
 
     def known_empty(self, file: SourceFile) -> bool:
         return False
+
+
+def _kept_as_text(column: DbColumn, given: str) -> bool:
+    """--schema typed an array column String: its text as read (PostgreSQL's JSON), not
+    converted (a 2-D array, which Array(T) cannot hold)."""
+    return column.type.startswith("Array(") and given.removeprefix("Nullable(").startswith(
+        "String")
 
 
 def workers_of(context: SourceContext) -> int:

@@ -388,10 +388,14 @@ def _column(name: str, typ: str, notnull: bool, typtype: str,
             "String", not notnull), expr=f"unhex(substring({_ch(name)}, 3))")
     if typ.endswith("[]") and elem.removesuffix("[]") in _ARRAY_ELEMENTS | {"character"}:
         inner = TYPES[re.sub(r"\(.*?\)", "", elem.removesuffix("[]")).strip()]
-        return DbColumn(name, f"Array(Nullable({inner}))", f"array_to_json({col})::text",
-                        read_type="Nullable(String)",
-                        expr=f"JSONExtract(ifNull({_ch(name)}, '[]'), "
-                             f"'Array(Nullable({inner}))')")
+        # A column of T[] may hold arrays of 2 and more dimensions (PostgreSQL does not
+        # enforce them): JSONExtract would read [[1,2],[3,4]] as [], silently; a range
+        # holding one fails, naming the column (--schema String keeps the JSON text).
+        text, wanted = _ch(name), f"Array(Nullable({inner}))"
+        flat = (f"if(throwIf(startsWith(ifNull({text}, ''), '[['), {_ch_str(_nested(name))})"
+                f" = 0, ifNull({text}, '[]'), '')")
+        return DbColumn(name, wanted, f"array_to_json({col})::text",
+                        read_type="Nullable(String)", expr=f"JSONExtract({flat}, '{wanted}')")
     if base in TYPES:
         return DbColumn(name, nullable(TYPES[base], not notnull), col)
     return cannot_carry(name, typ, not notnull, col)
@@ -417,6 +421,16 @@ def _literal(value: str, integer: bool) -> str:
 
 def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+def _nested(name: str) -> str:
+    return (f"column {name} holds an array of 2 or more dimensions, which is not "
+            f"Array(T); pass --schema with {name} as String to load its JSON text (a table "
+            "that exists keeps its own type: ALTER or drop it first)")
+
+
+def _ch_str(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _ch(name: str) -> str:

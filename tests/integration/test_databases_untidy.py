@@ -211,3 +211,19 @@ def test_mariadb_zero_dates_stop_the_run_or_load_as_the_schema_says(
     assert _ch(kept, f"SELECT id, d, dt FROM {table_name} ORDER BY id") == [
         "1\t2024-01-02\t2024-01-02 03:04:05", "2\t0000-00-00\t0000-00-00 00:00:00",
         "3\t2024-02-00\t\\N"]
+
+
+def test_a_postgres_array_of_two_dimensions_is_refused_not_emptied(
+        pg: Db, table_name: str, target_dir: str) -> None:
+    """int[] may hold {{1,2},{3,4}}: it was loaded as [], silently. Now its range fails
+    naming the column; --schema String loads every array's JSON text."""
+    pg.sql(f"CREATE TABLE {table_name} (id int PRIMARY KEY, a int[], t text[]); "
+           f"INSERT INTO {table_name} VALUES (1, '{{1,2}}', '{{x,NULL,\"y z\"}}'), "
+           f"(2, '{{{{1,2}},{{3,4}}}}', NULL), (3, NULL, '{{}}')")
+    line = _refused(pg, table_name, target_dir, "--workers", "1")
+    assert "column a holds an array of 2 or more dimensions" in line, line
+    assert "--schema with a as String" in line
+    _load(pg, table_name, f"{target_dir}-text", "--schema",
+          "id Int32, a Nullable(String), t Array(Nullable(String))")
+    assert _ch(f"{target_dir}-text", f"SELECT a, t FROM {table_name} ORDER BY id") == [
+        "[1,2]\t['x',NULL,'y z']", "[[1,2],[3,4]]\t[]", "\\N\t[]"]
