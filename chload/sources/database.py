@@ -326,8 +326,11 @@ def plan_units(session: Session, kind: str, loaded: Sequence[tuple[str, str]],
             return []
         return [_unit(kind, uri, session.snapshot, "TRUE")]
     low, high, rows = session.bounds(info.axis)
-    if high is None:
-        return []
+    if high is None:  # no rows: one empty unit makes the table, if nothing was loaded
+        empty = f"{prefix}#empty"  # (not a range: a later copy or increment loads all)
+        if (not force and loaded) or any(u == empty for u, _ in loaded):
+            return []
+        return [_unit(kind, empty, session.snapshot, "FALSE")]
     key: Callable[[str], Any] = int if info.axis_integer else str
     done = [] if force else [r for u, _ in loaded
                              if (found := parse_range(u, prefix)) and found[0] == info.axis

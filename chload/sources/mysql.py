@@ -134,8 +134,9 @@ class MysqlSession:
                       "AS q LIMIT 0")
             relation = "chload_query"
         elif not self._all("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
-                           "AND TABLE_NAME = %s", (self.url.schema, self.url.table)):
-            raise SourceError(f"{self.url.display}: no such table (or no right to see it)")
+                           "AND BINARY TABLE_NAME = %s", (self.url.schema, self.url.table)):
+            raise SourceError(f"{self.url.display}: no such table (or no right to see it)"
+                              f"{self._alike()}")
         rows = self._all(f"SHOW COLUMNS FROM {relation}")
         keys = self._all(f"SHOW KEYS FROM {relation} WHERE Key_name = 'PRIMARY'")
         if self.query:
@@ -155,6 +156,16 @@ class MysqlSession:
                              "integer, date or datetime column that only grows")
         columns, self.zero = _zero_dates(columns, types, self.schema)
         return TableInfo(columns, key, axis, integer)
+
+    def _alike(self) -> str:
+        """A table of that name spelt in another case (table names are case-sensitive on
+        Linux), as '; did you mean ...'."""
+        found = self._all("SELECT TABLE_NAME FROM information_schema.TABLES WHERE "
+                          "TABLE_SCHEMA = %s AND LOWER(TABLE_NAME) = LOWER(%s) LIMIT 3",
+                          (self.url.schema, self.url.table))
+        base = self.url.display.rsplit("/", 1)[0]
+        names = [f"{base}/{row[0]}" for row in found]
+        return f"; did you mean {' or '.join(names)}?" if names else ""
 
     def _relation(self) -> str:
         return f"{_ident(self.url.schema)}.{_ident(self.url.table)}"

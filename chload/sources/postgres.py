@@ -120,7 +120,8 @@ class PostgresSession:
             relation = "pg_temp.chload_query"
             self._all(f"CREATE TEMP VIEW chload_query AS {self.query}")
         elif self._one(f"SELECT to_regclass({_text(relation)}) IS NULL")[0] == "t":
-            raise SourceError(f"{self.url.display}: no such table (or no right to see it)")
+            raise SourceError(f"{self.url.display}: no such table (or no right to see it)"
+                              f"{self._alike()}")
         rows = [[str(v) for v in r] for r in
                 self._all(_COLUMNS_SQL.replace("%s", _text(relation)))]
         self._all("ROLLBACK")
@@ -138,6 +139,18 @@ class PostgresSession:
             raise UsageError(f"--incremental-by {axis}: its type is {types[axis]}; use an "
                              "integer, date or timestamp column that only grows")
         return TableInfo(columns, key, axis, not axis or types[axis] in _INTEGER_AXIS)
+
+    def _alike(self) -> str:
+        """Where a table of that name is: in another schema (`public` is the default),
+        or spelt in another case (a quoted "Orders"), as '; did you mean ...'."""
+        found = self._all(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON "
+            "n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND "
+            f"lower(c.relname) = lower({_text(self.url.table)}) AND n.nspname NOT IN "
+            "('pg_catalog', 'information_schema') ORDER BY 1, 2 LIMIT 3")
+        names = [f"{self.url.display.rsplit('/', 1)[0]}/{schema}.{table}"
+                 for schema, table in found]
+        return f"; did you mean {' or '.join(str(n) for n in names)}?" if names else ""
 
     def read_in_key_order(self) -> None:
         """Read each range in primary key order where that is an ordered read of the

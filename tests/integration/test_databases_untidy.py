@@ -60,20 +60,20 @@ def server(clickhouse: services.Service) -> tuple[str, dict[str, str]]:
             {"CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]})
 
 
-def _load(db: Db, table: str, target: str, *args: str,
-          env: dict[str, str] | None = None) -> dict:
-    done = run_chload("load", db.url(table), "--table", table, "--target", target, "--json",
-                      *args, env={**db.env, **(env or {})})
+def _load(db: Db, table: str, target: str, *args: str, env: dict[str, str] | None = None,
+          into: str = "") -> dict:
+    done = run_chload("load", db.url(table), "--table", into or table, "--target", target,
+                      "--json", *args, env={**db.env, **(env or {})})
     assert done.returncode == 0, done.stderr
     assert DATABASE_PASSWORD not in done.stdout + done.stderr
     return json.loads(done.stdout)
 
 
-def _refused(db: Db, table: str, target: str, *args: str,
-             env: dict[str, str] | None = None) -> str:
+def _refused(db: Db, table: str, target: str, *args: str, env: dict[str, str] | None = None,
+             into: str = "") -> str:
     """The one line of a run that must stop (exit 2), the password nowhere in it."""
-    done = run_chload("load", db.url(table), "--table", table, "--target", target, *args,
-                      env={**db.env, **(env or {})})
+    done = run_chload("load", db.url(table), "--table", into or table, "--target", target,
+                      *args, env={**db.env, **(env or {})})
     assert done.returncode != 0, done.stdout
     assert "Traceback" not in done.stderr and DATABASE_PASSWORD not in done.stderr
     return done.stderr.strip()
@@ -227,3 +227,40 @@ def test_a_postgres_array_of_two_dimensions_is_refused_not_emptied(
           "id Int32, a Nullable(String), t Array(Nullable(String))")
     assert _ch(f"{target_dir}-text", f"SELECT a, t FROM {table_name} ORDER BY id") == [
         "[1,2]\t['x',NULL,'y z']", "[[1,2],[3,4]]\t[]", "\\N\t[]"]
+
+
+def test_a_table_not_found_says_where_one_of_that_name_is(pg: Db, my: Db, table_name: str,
+                                                         target_dir: str) -> None:
+    """A table in another schema than public, or spelt in another case: the one line
+    says which URL to use; that URL loads (quoted names with spaces too)."""
+    schema, mixed = f"s_{table_name}", f"Mixed {table_name}"
+    pg.sql(f'CREATE SCHEMA {schema}; CREATE TABLE {schema}.{table_name} (id int PRIMARY '
+           f'KEY); INSERT INTO {schema}.{table_name} VALUES (1); CREATE TABLE "{mixed}" '
+           f'("Id" int PRIMARY KEY, "a b" text); INSERT INTO "{mixed}" VALUES (7, \'x\')')
+    line = _refused(pg, table_name, target_dir)
+    assert line.endswith(f"did you mean postgresql://{pg.server.endpoint}/shop/"
+                         f"{schema}.{table_name}?"), line
+    line = _refused(pg, mixed.lower().replace(" ", "%20"), target_dir, into="m")
+    assert f"did you mean postgresql://{pg.server.endpoint}/shop/public.{mixed}?" in line
+    done = run_chload("load", pg.url(table_name).replace("public.", f"{schema}."), "--table",
+                      table_name, "--target", target_dir, env=pg.env)
+    assert done.returncode == 0, done.stderr
+    _load(pg, mixed.replace(" ", "%20"), target_dir, into="m")
+    assert _ch(target_dir, "SELECT Id, `a b` FROM m") == ["7\tx"]
+    my.sql(f"CREATE TABLE Camel_{table_name} (id int PRIMARY KEY)")
+    line = _refused(my, f"camel_{table_name}", target_dir)
+    assert line.endswith(f"did you mean mysql://{my.server.endpoint}/shop/"
+                         f"Camel_{table_name}?"), line
+
+
+def test_an_empty_table_is_created_and_its_rows_load_later(db: Db, table_name: str,
+                                                           target_dir: str) -> None:
+    """An empty table with an integer key listed no unit, so no table was made."""
+    db.sql(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
+    assert _load(db, table_name, target_dir)["files_loaded"] == 1
+    assert _ch(target_dir, f"SELECT count(), toTypeName(any(v)) FROM {table_name}") == [
+        "0\tNullable(String)"]
+    assert _load(db, table_name, target_dir)["files_total"] == 0
+    db.sql(f"INSERT INTO {table_name} VALUES (1, 'a'), (2, NULL)")
+    assert _load(db, table_name, target_dir)["rows_loaded"] == 2
+    assert _load(db, table_name, target_dir)["rows_loaded"] == 0
