@@ -326,7 +326,10 @@ def _where(url: DbUrl) -> list[str]:
 
 
 def _env(url: DbUrl, psql: str) -> dict[str, str]:
-    env = {**os.environ, "PGAPPNAME": "chload", "PGCONNECT_TIMEOUT": "10"}
+    # UTF8 whatever the database's encoding and the user's locale (psql's default is
+    # the locale's): a LATIN1 database's text came as Latin-1 bytes, loaded as they were
+    env = {**os.environ, "PGAPPNAME": "chload", "PGCONNECT_TIMEOUT": "10",
+           "PGCLIENTENCODING": "UTF8"}
     if psql.startswith(_PG_LIB + "/"):  # run without its wrapper: what it would set
         env.setdefault("PGSYSCONFDIR", "/etc/postgresql-common")
     if url.password is not None:

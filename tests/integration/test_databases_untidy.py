@@ -8,6 +8,7 @@ Small tables: the whole file runs in well under a minute."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -264,3 +265,25 @@ def test_an_empty_table_is_created_and_its_rows_load_later(db: Db, table_name: s
     db.sql(f"INSERT INTO {table_name} VALUES (1, 'a'), (2, NULL)")
     assert _load(db, table_name, target_dir)["rows_loaded"] == 2
     assert _load(db, table_name, target_dir)["rows_loaded"] == 0
+
+
+def test_a_latin1_postgres_database_loads_as_utf8(pg: Db, table_name: str,
+                                                  target_dir: str) -> None:
+    """psql's client encoding followed the locale, so a LATIN1 database's text came as
+    Latin-1 bytes (invalid UTF-8 in ClickHouse), silently."""
+    database = f"lat_{table_name}"
+    services.postgres_sql(pg.server, f"CREATE DATABASE {database} ENCODING 'LATIN1' "
+                          "LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0 OWNER loader",
+                          admin=True)
+    url = f"postgresql://loader@{pg.server.endpoint}/{database}/public.{table_name}"
+    subprocess.run(["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p",
+                    str(pg.server.ports["pg"]), "-U", "loader", "-d", database, "-c",
+                    f"CREATE TABLE {table_name} (id int PRIMARY KEY, t text); "
+                    f"INSERT INTO {table_name} VALUES (1, 'café naïve')"],
+                   check=True, capture_output=True,
+                   env={**os.environ, **pg.env, "PGCLIENTENCODING": "UTF8"})
+    done = run_chload("load", url, "--table", table_name, "--target", target_dir,
+                      env={**pg.env, "LC_ALL": "C", "LANG": "C"})
+    assert done.returncode == 0, done.stderr
+    assert _ch(target_dir, f"SELECT t, hex(t) FROM {table_name}") == [
+        "café naïve\t636166C3A9206E61C3AF7665"]
