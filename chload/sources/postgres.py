@@ -402,8 +402,9 @@ def _column(name: str, typ: str, notnull: bool, typtype: str,
     if base == "bytea":
         return DbColumn(name, nullable("String", not notnull), col, read_type=nullable(
             "String", not notnull), expr=f"unhex(substring({_ch(name)}, 3))")
-    if typ.endswith("[]") and elem.removesuffix("[]") in _ARRAY_ELEMENTS | {"character"}:
-        inner = TYPES[re.sub(r"\(.*?\)", "", elem.removesuffix("[]")).strip()]
+    element = re.sub(r"\(.*?\)", "", elem.removesuffix("[]")).strip()  # varchar(20)[]
+    if typ.endswith("[]") and element in _ARRAY_ELEMENTS | {"character"}:
+        inner = TYPES[element]
         # A column of T[] may hold arrays of 2 and more dimensions (PostgreSQL does not
         # enforce them): JSONExtract would read [[1,2],[3,4]] as [], silently; a range
         # holding one fails, naming the column (--schema String keeps the JSON text).

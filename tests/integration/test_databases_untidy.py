@@ -287,3 +287,14 @@ def test_a_latin1_postgres_database_loads_as_utf8(pg: Db, table_name: str,
     assert done.returncode == 0, done.stderr
     assert _ch(target_dir, f"SELECT t, hex(t) FROM {table_name}") == [
         "café naïve\t636166C3A9206E61C3AF7665"]
+
+
+def test_postgres_arrays_of_varchar_n_and_char_n_are_arrays(pg: Db, table_name: str,
+                                                            target_dir: str) -> None:
+    """varchar(20)[] was refused (its element type, with its length, matched no entry)."""
+    pg.sql(f"CREATE TABLE {table_name} (id int PRIMARY KEY, tags varchar(20)[], "
+           f"codes char(2)[]); INSERT INTO {table_name} VALUES "
+           "(1, '{a,NULL,\"b c\"}', '{x,yz}'), (2, NULL, '{}')")
+    _load(pg, table_name, target_dir)
+    assert _ch(target_dir, f"SELECT tags, codes FROM {table_name} ORDER BY id") == [
+        "['a',NULL,'b c']\t['x ','yz']", "[]\t[]"]
