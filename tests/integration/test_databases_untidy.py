@@ -254,17 +254,20 @@ def test_a_table_not_found_says_where_one_of_that_name_is(pg: Db, my: Db, table_
                          f"Camel_{table_name}?"), line
 
 
-def test_an_empty_table_is_created_and_its_rows_load_later(db: Db, table_name: str,
-                                                           target_dir: str) -> None:
+def test_an_empty_table_is_created_and_its_rows_load_later(
+        db: Db, table_name: str, target_dir: str, server: tuple[str, dict[str, str]]) -> None:
     """An empty table with an integer key listed no unit, so no table was made."""
     db.sql(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
-    assert _load(db, table_name, target_dir)["files_loaded"] == 1
-    assert _ch(target_dir, f"SELECT count(), toTypeName(any(v)) FROM {table_name}") == [
-        "0\tNullable(String)"]
-    assert _load(db, table_name, target_dir)["files_total"] == 0
+    targets = ((target_dir, {}), server)
+    for target, env in targets:
+        assert _load(db, table_name, target, env=env)["files_loaded"] == 1
+        assert _ch(target, f"SELECT count(), toTypeName(any(v)) FROM {table_name}",
+                   env) == ["0\tNullable(String)"]
+        assert _load(db, table_name, target, env=env)["files_total"] == 0
     db.sql(f"INSERT INTO {table_name} VALUES (1, 'a'), (2, NULL)")
-    assert _load(db, table_name, target_dir)["rows_loaded"] == 2
-    assert _load(db, table_name, target_dir)["rows_loaded"] == 0
+    for target, env in targets:
+        assert _load(db, table_name, target, env=env)["rows_loaded"] == 2
+        assert _load(db, table_name, target, env=env)["rows_loaded"] == 0
 
 
 def test_a_latin1_postgres_database_loads_as_utf8(pg: Db, table_name: str,
