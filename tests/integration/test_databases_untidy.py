@@ -301,3 +301,12 @@ def test_postgres_arrays_of_varchar_n_and_char_n_are_arrays(pg: Db, table_name: 
     _load(pg, table_name, target_dir)
     assert _ch(target_dir, f"SELECT tags, codes FROM {table_name} ORDER BY id") == [
         "['a',NULL,'b c']\t['x ','yz']", "[]\t[]"]
+
+
+def test_a_zero_datetime_not_null_names_its_nullable_type(my: Db, table_name: str,
+                                                          target_dir: str) -> None:
+    my.sql(f"SET SESSION sql_mode = ''; CREATE TABLE {table_name} (id int PRIMARY KEY, "
+           f"at datetime NOT NULL); INSERT INTO {table_name} VALUES (1, 0)")
+    line = _refused(my, table_name, target_dir)
+    assert "at as Nullable(DateTime64(0, 'UTC')) to load" in line, line
+    assert _suggested(line) == "id Int32, at Nullable(DateTime64(0, 'UTC'))"
