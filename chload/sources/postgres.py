@@ -320,8 +320,11 @@ class _Control:
 
 
 def _where(url: DbUrl) -> list[str]:
-    """psql's connection arguments (never the password: that is in its environment)."""
-    return ["-h", url.host, "-p", str(url.port), "-d", url.database,
+    """psql's connection arguments (never the password: that is in its environment).
+    `-w`: never ask for a password; at a terminal, each psql (two at the start) asked
+    for one on /dev/tty under the progress bar, and the run waited (_error says how to
+    give it)."""
+    return ["-w", "-h", url.host, "-p", str(url.port), "-d", url.database,
             *(["-U", url.user] if url.user else [])]
 
 
@@ -502,6 +505,9 @@ def _error(url: DbUrl, exc: object) -> ChloadError:
     text = re.sub(r"^(psql: )?(error: )?((<stdin>:\d+: )?(ERROR|FATAL):\s+)?", "", text)
     if url.password:
         text = text.replace(url.password, "***")
+    if "no password supplied" in text:
+        text += ("; give it by $PGPASSWORD, ~/.pgpass or the URL "
+                 "(postgresql://user:password@host/...)")
     kind = TransientError if any(t in text for t in _TRANSIENT) else SourceError
     return kind(f"{url.with_user}: {text}")
 

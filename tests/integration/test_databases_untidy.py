@@ -310,3 +310,47 @@ def test_a_zero_datetime_not_null_names_its_nullable_type(my: Db, table_name: st
     line = _refused(my, table_name, target_dir)
     assert "at as Nullable(DateTime64(0, 'UTC')) to load" in line, line
     assert _suggested(line) == "id Int32, at Nullable(DateTime64(0, 'UTC'))"
+
+
+def test_no_postgres_password_at_a_terminal_is_one_line_not_a_prompt(
+        pg: Db, table_name: str, target_dir: str) -> None:
+    """At a terminal, psql asked for the password on /dev/tty (two of them at once,
+    under the progress bar) and the run waited; now it never asks, and says how to
+    give the password."""
+    import pty
+    import select
+    import signal
+    import sys
+    import time
+
+    pg.sql(f"CREATE TABLE {table_name} (id int PRIMARY KEY)")
+    env = {k: v for k, v in os.environ.items() if k != "PGPASSWORD"}
+    env["HOME"] = target_dir + "-home"  # no ~/.pgpass
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: a session of its own, the pty its terminal
+        os.execve(sys.executable, [sys.executable, "-m", "chload", "load", pg.url(table_name),
+                                   "--table", table_name, "--target", target_dir, "-q"], env)
+    out, deadline = b"", time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 1)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the child ended
+                break
+            if not chunk:
+                break
+            out += chunk
+    ended, status = os.waitpid(pid, os.WNOHANG)
+    while not ended and time.monotonic() < deadline:  # its output ended: it is ending
+        time.sleep(0.05)
+        ended, status = os.waitpid(pid, os.WNOHANG)
+    if not ended:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    os.close(fd)
+    text = out.decode(errors="replace")
+    assert ended, f"still waiting after 60 s: {text!r}"
+    assert "Password for user" not in text
+    assert os.waitstatus_to_exitcode(status) == 2, text
+    assert "no password supplied; give it by $PGPASSWORD" in text, text
