@@ -470,6 +470,8 @@ def _error(url: DbUrl, exc: object, password: str | None) -> ChloadError:
     text = (text.strip().splitlines() or [type(exc).__name__])[0]
     if password:
         text = text.replace(password, "***")
+    if "(using password: NO)" in text:
+        text += "; give it by $MYSQL_PWD, ~/.my.cnf ([client] password) or the URL"
     transient = code in _TRANSIENT_CODES or "Can't connect" in text or "Lost connection" in text
     return (TransientError if transient else SourceError)(f"{url.with_user}: {text}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import services
@@ -320,7 +321,6 @@ def test_no_postgres_password_at_a_terminal_is_one_line_not_a_prompt(
     import pty
     import select
     import signal
-    import sys
     import time
 
     pg.sql(f"CREATE TABLE {table_name} (id int PRIMARY KEY)")
@@ -354,3 +354,15 @@ def test_no_postgres_password_at_a_terminal_is_one_line_not_a_prompt(
     assert "Password for user" not in text
     assert os.waitstatus_to_exitcode(status) == 2, text
     assert "no password supplied; give it by $PGPASSWORD" in text, text
+
+
+def test_no_mariadb_password_says_how_to_give_it(my: Db, table_name: str,
+                                                 target_dir: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "MYSQL_PWD"}
+    env["HOME"] = target_dir + "-home"  # no ~/.my.cnf
+    done = subprocess.run([sys.executable, "-m", "chload", "load", my.url(table_name),
+                           "--table", table_name, "--target", target_dir], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith("(using password: NO); give it by $MYSQL_PWD, "
+                                        "~/.my.cnf ([client] password) or the URL"), done.stderr
