@@ -361,7 +361,7 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
                          s3=s3, query=target.infer_rows, patterns=spec.sources,
                          select=spec.query, incremental_by=spec.incremental_by,
                          force=spec.force, workers=spec.workers,
-                         key_order=target.wants_key_order,
+                         key_order=target.wants_key_order, schema=spec.schema,
                          committed=lambda: _committed(spec, target))
 
 

@@ -114,6 +114,8 @@ class SourceContext:
     # (/dev/fd/N): a fetched unit may stream into it rather than be spooled first
     key_order: bool = False  # the target sorts a unit by its key after the last byte
     # (Target.wants_key_order): a database source reads ranges in key order where cheap
+    schema: str | None = None  # --schema: a database source carries a column it cannot
+    # map (interval, money, ...) into the type named there, else refuses the run
 
 
 class Source(Protocol):

@@ -147,6 +147,9 @@ class DbColumn:
     select: str
     read_type: str = ""
     expr: str = ""
+    plain: str = ""  # what a reader that escapes the fields itself selects ('': the column)
+    refused: str = ""  # the source's type, where chload cannot carry it unchanged: `type`
+    # is then only a suggestion, and the run needs --schema (its text is read as printed)
 
     @property
     def spool_type(self) -> str:
@@ -166,10 +169,43 @@ def nullable(typ: str, nulls: bool) -> str:
     return f"Nullable({typ})" if nulls and not typ.startswith("Array(") else typ
 
 
-def cannot_carry(url: DbUrl, column: str, source_type: str, hint: str = "String") -> SchemaError:
-    return SchemaError(f"{url.display}: column {column} has type {source_type}, which chload "
-                       f"cannot carry unchanged; pass --schema with that column as a type "
-                       f"you choose, e.g. --schema '... {column} {hint} ...'")
+def cannot_carry(name: str, source_type: str, nulls: bool, select: str,
+                 hint: str = "String") -> DbColumn:
+    """A column no ClickHouse type holds unchanged (interval, money, time, ...): read as
+    the source prints it, into the type the user names by --schema (`hint` suggested);
+    a run without --schema stops before anything loads (`refusal`)."""
+    return DbColumn(name, nullable(hint, nulls), select, refused=source_type)
+
+
+def refusal(url: DbUrl, columns: Sequence[DbColumn]) -> SchemaError | None:
+    """One line naming every column that cannot be carried and the whole --schema to
+    pass (a --schema over a database table names every column, in order)."""
+    refused = [c for c in columns if c.refused]
+    if not refused:
+        return None
+    which = ", ".join(f"{c.name} ({c.refused})" for c in refused)
+    return SchemaError(f"{url.display}: chload cannot carry these columns unchanged: {which}; "
+                       "pass --schema naming every column's type, e.g. --schema "
+                       f"{schema_hint(columns)} (their values are read as the database "
+                       "prints them)")
+
+
+def schema_hint(columns: Sequence[DbColumn]) -> str:
+    """A whole --schema for these columns, quoted for the shell."""
+    return _shell_word(", ".join(f"{_name(c.name)} {c.type}" for c in columns))
+
+
+def _name(name: str) -> str:
+    """A column name as --schema takes it: bare where it can be."""
+    return name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else quote_ident(name)
+
+
+def _shell_word(text: str) -> str:
+    """`text` quoted for a POSIX shell, readably: in single quotes, or in double quotes
+    where it holds one (a type's time zone: DateTime64(6, 'UTC'))."""
+    if "'" not in text:
+        return f"'{text}'"
+    return '"' + re.sub(r'([\\"$`])', r"\\\1", text) + '"'
 
 
 # -- ranges ----------------------------------------------------------------------------
@@ -290,8 +326,11 @@ def plan_units(session: Session, kind: str, loaded: Sequence[tuple[str, str]],
             return []
         return [_unit(kind, uri, session.snapshot, "TRUE")]
     low, high, rows = session.bounds(info.axis)
-    if high is None:
-        return []
+    if high is None:  # no rows: one empty unit makes the table, if nothing was loaded
+        empty = f"{prefix}#empty"  # (not a range: a later copy or increment loads all)
+        if (not force and loaded) or any(u == empty for u, _ in loaded):
+            return []
+        return [_unit(kind, empty, session.snapshot, "FALSE")]
     key: Callable[[str], Any] = int if info.axis_integer else str
     done = [] if force else [r for u, _ in loaded
                              if (found := parse_range(u, prefix)) and found[0] == info.axis
@@ -370,6 +409,9 @@ class DatabaseSource:
         self.context = context
         self.session = db_early.claim(pattern, db_early.key(context)) or self._session(
             parse_url(pattern, context.select), context)
+        refused = refusal(self.session.url, self.session.info.columns)
+        if refused is not None and context.schema is None:
+            raise refused
         ordered = getattr(self.session, "read_in_key_order", None)
         if ordered is not None and context.key_order:
             ordered()  # PostgreSQL (MySQL/MariaDB: InnoDB reads a table in key order)
@@ -429,7 +471,8 @@ class DatabaseSource:
                 for c in session.info.columns]
         by_name = {c.name: c for c in columns}
         exprs = ", ".join(f"CAST({c.expr} AS {by_name[c.name].type}) AS {quote_ident(c.name)}"
-                          if c.expr else quote_ident(c.name)
+                          if c.expr and not _kept_as_text(c, by_name[c.name].type)
+                          else quote_ident(c.name)
                           for c in session.info.columns if c.name in names)
         native = path + ".native"
         self.context.query(
@@ -476,7 +519,10 @@ class DatabaseSource:
         return [Column(c.name, c.type) for c in self._open().info.columns]
 
     def sorting_key(self, files: Sequence[SourceFile]) -> str | None:
-        return ", ".join(quote_ident(k) for k in self._open().info.key) or None
+        """The primary key as ORDER BY: a composite one as a tuple `(a, b)` (bare
+        `a, b` is a syntax error after ORDER BY)."""
+        key = [quote_ident(k) for k in self._open().info.key]
+        return None if not key else key[0] if len(key) == 1 else f"({', '.join(key)})"
 
     def display(self, pattern: str) -> str:
         return redact(pattern)
@@ -496,6 +542,13 @@ class DatabaseSource:
 
     def known_empty(self, file: SourceFile) -> bool:
         return False
+
+
+def _kept_as_text(column: DbColumn, given: str) -> bool:
+    """--schema typed an array column String: its text as read (PostgreSQL's JSON), not
+    converted (a 2-D array, which Array(T) cannot hold)."""
+    return column.type.startswith("Array(") and given.removeprefix("Nullable(").startswith(
+        "String")
 
 
 def workers_of(context: SourceContext) -> int:

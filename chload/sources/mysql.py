@@ -26,9 +26,11 @@ import os
 import queue
 import re
 import threading
+from dataclasses import replace
 from typing import Any
 
-from chload.errors import ChloadError, SourceError, TransientError, UsageError
+from chload.errors import ChloadError, SchemaError, SourceError, TransientError, UsageError
+from chload.schema import parse_structure
 from chload.sources import SourceContext
 from chload.sources.database import (
     DatabaseSource,
@@ -39,12 +41,13 @@ from chload.sources.database import (
     cannot_carry,
     nullable,
     range_predicate,
+    schema_hint,
     stream_read,
     workers_of,
 )
 from chload.sources.db_pipes import Reading
 from chload.sources.mysql_client import ClientReader, client
-from chload.sources.mysql_native import Connection, NativeError, NativeReader
+from chload.sources.mysql_native import ZERO_DATE, Connection, NativeError, NativeReader
 from chload.sources.mysql_native import load as load_native
 
 _INTEGERS = {"tinyint": 8, "smallint": 16, "mediumint": 32, "int": 32, "integer": 32,
@@ -66,8 +69,9 @@ class MysqlSession:
     """One snapshot of one MySQL/MariaDB table (or query), read range by range."""
 
     def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
-                 workers: int) -> None:
-        self.url, self.query = url, query
+                 workers: int, schema: str | None = None) -> None:
+        self.url, self.query, self.schema = url, query, schema
+        self.zero = ""  # per column, what a zero date does (_zero_dates)
         self.native, self.why_not_native = load_native()
         self.client = "" if self.native else client()
         self.password = _password(url)
@@ -130,13 +134,14 @@ class MysqlSession:
                       "AS q LIMIT 0")
             relation = "chload_query"
         elif not self._all("SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s "
-                           "AND TABLE_NAME = %s", (self.url.schema, self.url.table)):
-            raise SourceError(f"{self.url.display}: no such table (or no right to see it)")
+                           "AND BINARY TABLE_NAME = %s", (self.url.schema, self.url.table)):
+            raise SourceError(f"{self.url.display}: no such table (or no right to see it)"
+                              f"{self._alike()}")
         rows = self._all(f"SHOW COLUMNS FROM {relation}")
         keys = self._all(f"SHOW KEYS FROM {relation} WHERE Key_name = 'PRIMARY'")
         if self.query:
             self._all("DROP TEMPORARY TABLE chload_query")
-        columns = [_column(self.url, str(r[0]), str(r[1]).lower(),
+        columns = [_column(str(r[0]), str(r[1]).lower(),
                            r[2] == "YES" or bool(self.query)) for r in rows]
         types = {str(r[0]): str(r[1]).lower() for r in rows}
         key = [str(k[4]) for k in sorted(keys, key=lambda k: int(k[3]))]
@@ -149,7 +154,18 @@ class MysqlSession:
         if incremental_by and not integer and _base(types[axis]) not in _TIME_AXIS:
             raise UsageError(f"--incremental-by {axis}: its type is {types[axis]}; use an "
                              "integer, date or datetime column that only grows")
+        columns, self.zero = _zero_dates(columns, types, self.schema)
         return TableInfo(columns, key, axis, integer)
+
+    def _alike(self) -> str:
+        """A table of that name spelt in another case (table names are case-sensitive on
+        Linux), as '; did you mean ...'."""
+        found = self._all("SELECT TABLE_NAME FROM information_schema.TABLES WHERE "
+                          "TABLE_SCHEMA = %s AND LOWER(TABLE_NAME) = LOWER(%s) LIMIT 3",
+                          (self.url.schema, self.url.table))
+        base = self.url.display.rsplit("/", 1)[0]
+        names = [f"{base}/{row[0]}" for row in found]
+        return f"; did you mean {' or '.join(names)}?" if names else ""
 
     def _relation(self) -> str:
         return f"{_ident(self.url.schema)}.{_ident(self.url.table)}"
@@ -200,10 +216,30 @@ class MysqlSession:
     def _start_reader(self) -> ClientReader | NativeReader:
         """A reader in a new snapshot: native (libmariadb, mysql_native.py) where it
         builds, else a client process."""
-        fail = lambda exc: _error(self.url, exc, self.password)  # noqa: E731
+        fail = self._failed
         if self.native is None:
             return ClientReader.start(self.client, self.url, self.password, _SETUP, fail)
         return NativeReader.start(self.native, self.url, self.password, _SETUP, fail)
+
+    def _failed(self, exc: object) -> ChloadError:
+        """A reader's error as one line; a zero date (mysql_copy.c) names its column,
+        and the --schema that loads it."""
+        args = exc.args if isinstance(exc, NativeError) else ()
+        if not args or args[0] != ZERO_DATE:
+            return _error(self.url, exc, self.password)
+        index, _, value = str(args[1]).partition("\t")
+        column = self.info.columns[int(index)]
+        typ = column.type
+        if typ.startswith("Nullable("):
+            typ = typ[len("Nullable("):-1]
+        given = schema_hint([replace(c, type=f"Nullable({typ})") if c is column else c
+                             for c in self.info.columns])
+        return SchemaError(
+            f"{self.url.display}: column {column.name} holds the zero date '{value}' (a "
+            "permissive sql_mode let it in), which ClickHouse has no value for; pass "
+            f"--schema with {column.name} as Nullable({typ}) to load such dates as NULL, "
+            f"or as String to keep their text, e.g. --schema {given} (a table that exists "
+            f"keeps its own type for {column.name}: ALTER or drop it first)")
 
     def bounds(self, axis: str) -> tuple[str | None, str | None, int]:
         return self._bounds
@@ -223,10 +259,11 @@ class MysqlSession:
             os.close(out)
             raise
         if isinstance(reader, NativeReader):  # it escapes: the plain columns
-            line = ", ".join(_ident(c.name) for c in self.info.columns)
+            line = ", ".join(c.plain or _ident(c.name) for c in self.info.columns)
         else:  # the server escapes; the client puts the tabs
             line = ", ".join(c.select for c in self.info.columns)
-        return _Relay(self, reader, f"SELECT {line} FROM {self._from()} WHERE {where}", out)
+        return _Relay(self, reader, f"SELECT {line} FROM {self._from()} WHERE {where}", out,
+                      self.zero)
 
     def stream(self, where: str) -> tuple[int, Reading]:
         return stream_read(self, where)
@@ -270,19 +307,19 @@ class _Relay:
     (database.Reading): the reader goes back to the pool once the range ends."""
 
     def __init__(self, session: MysqlSession, reader: ClientReader | NativeReader, statement: str,
-                 out: int) -> None:
+                 out: int, zero: str = "") -> None:
         self.session, self.reader = session, reader
         self.error: BaseException | None = None
         self.killed = False
         self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self._relay, args=(statement, out),
+        self.thread = threading.Thread(target=self._relay, args=(statement, out, zero),
                                        name="chload_mysql_relay", daemon=True)
         self.thread.start()
 
-    def _relay(self, statement: str, out: int) -> None:
+    def _relay(self, statement: str, out: int, zero: str) -> None:
         ok = False
         try:
-            self.reader.run(statement, out)
+            self.reader.run(statement, out, zero)
             ok = True
         except BaseException as exc:  # noqa: BLE001 (given to finish(), in the load's thread)
             self.error = exc
@@ -312,7 +349,7 @@ def _base(typ: str) -> str:
     return re.split(r"[(\s]", typ, maxsplit=1)[0]
 
 
-def _column(url: DbUrl, name: str, typ: str, nulls: bool) -> DbColumn:
+def _column(name: str, typ: str, nulls: bool) -> DbColumn:
     """One column's ClickHouse type and the SQL that prints it as a TSV field."""
     col, base = _ident(name), _base(typ)
     args = re.search(r"\(([^)]*)\)", typ)
@@ -324,20 +361,57 @@ def _column(url: DbUrl, name: str, typ: str, nulls: bool) -> DbColumn:
         return _field(name, f"Decimal({precision}, {scale or 0})", col, nulls)
     if base in ("datetime", "timestamp"):
         scale = args.group(1) if args else "0"
-        ch = "DateTime('UTC')" if scale == "0" else f"DateTime64({scale}, 'UTC')"
+        ch = f"DateTime64({scale}, 'UTC')"  # whole seconds too: postgres._datetime
         return _field(name, ch, col, nulls)
     if base in _TEXT:
-        escaped = col
-        for raw, shown in (("CHAR(92)", "'\\\\\\\\'"), ("CHAR(9)", "'\\\\t'"),
-                           ("CHAR(10)", "'\\\\n'"), ("CHAR(13)", "'\\\\r'"),
-                           ("CHAR(0)", "'\\\\0'")):
-            escaped = f"REPLACE({escaped}, {raw}, {shown})"
-        # Most values need no escape: one regex test is cheaper for the server than five
-        # REPLACEs (measured: 10-25% less of its CPU for a table of two text columns).
-        return _field(name, "String", f"IF({col} RLIKE {_SPECIAL}, {escaped}, {col})", nulls)
+        return _field(name, "String", _escaped(col), nulls)
     if base in _PLAIN:
         return _field(name, _PLAIN[base], col, nulls)
-    raise cannot_carry(url, name, typ)
+    if base == "bit":  # its value as a number (the bytes as they are stored, else)
+        number = f"CAST({col} AS UNSIGNED)"
+        return replace(_field(name, "UInt64", number, nulls), plain=number)
+    text = _field(name, "String", _escaped(col), nulls)  # (geometry: bytes)
+    return cannot_carry(name, typ, nulls, text.select)
+
+
+def _escaped(col: str) -> str:
+    """A text column as a TSV field, escaped by the server (the client reader's)."""
+    escaped = col
+    for raw, shown in (("CHAR(92)", "'\\\\\\\\'"), ("CHAR(9)", "'\\\\t'"),
+                       ("CHAR(10)", "'\\\\n'"), ("CHAR(13)", "'\\\\r'"),
+                       ("CHAR(0)", "'\\\\0'")):
+        escaped = f"REPLACE({escaped}, {raw}, {shown})"
+    # Most values need no escape: one regex test is cheaper for the server than five
+    # REPLACEs (measured: 10-25% less of its CPU for a table of two text columns).
+    return f"IF({col} RLIKE {_SPECIAL}, {escaped}, {col})"
+
+
+def _zero_dates(columns: list[DbColumn], types: dict[str, str],
+                schema: str | None) -> tuple[list[DbColumn], str]:
+    """What a zero date (0000-00-00, or a zero month or day: a permissive sql_mode lets
+    them in, and ClickHouse would read each as another date, silently) does in each
+    column: fails the range ('1', the default), is NULL ('2': --schema types the
+    column Nullable), or is kept ('0': --schema types it String, or not a date). The
+    native reader checks each value (mysql_copy.c); the client's SELECT gets a guard."""
+    given = {c.name: c.type for c in parse_structure(schema)} if schema else {}
+    flags, guarded = [], []
+    for c in columns:
+        flag = "0"
+        if _base(types[c.name]) in _TIME_AXIS:
+            typ = given.get(c.name, c.type if not schema else "String")
+            flag = "0" if "Date" not in typ else "2" if typ.startswith("Nullable(") else "1"
+        flags.append(flag)
+        guarded.append(c if flag == "0" else _zero_guard(c, flag))
+    return guarded, "".join(flags) if "1" in flags or "2" in flags else ""
+
+
+def _zero_guard(column: DbColumn, flag: str) -> DbColumn:
+    """The client reader's SELECT of a date column: a zero date as NULL ('2'), or as
+    text no date parser takes ('1': the range fails)."""
+    col = _ident(column.name)
+    shown = "NULL" if flag == "2" else f"CONCAT('zero date ', {col})"
+    guard = f"IF(MONTH({col}) = 0 OR DAYOFMONTH({col}) = 0, {shown}, {col})"
+    return replace(column, select=f"IFNULL({guard}, '\\\\N')")
 
 
 def _field(name: str, ch: str, select: str, nulls: bool) -> DbColumn:
@@ -396,6 +470,8 @@ def _error(url: DbUrl, exc: object, password: str | None) -> ChloadError:
     text = (text.strip().splitlines() or [type(exc).__name__])[0]
     if password:
         text = text.replace(password, "***")
+    if "(using password: NO)" in text:
+        text += "; give it by $MYSQL_PWD, ~/.my.cnf ([client] password) or the URL"
     transient = code in _TRANSIENT_CODES or "Can't connect" in text or "Lost connection" in text
     return (TransientError if transient else SourceError)(f"{url.with_user}: {text}")
 
@@ -408,7 +484,8 @@ class MysqlSource(DatabaseSource):
     schemes: tuple[str, ...] = ("mysql", "mariadb")
 
     def _session(self, url: DbUrl, context: SourceContext) -> MysqlSession:
-        return MysqlSession(url, context.select, context.incremental_by, workers_of(context))
+        return MysqlSession(url, context.select, context.incremental_by, workers_of(context),
+                            context.schema)
 
 
 SOURCE = MysqlSource()

@@ -57,8 +57,9 @@ class ClientReader:
             os.close(null)
         return reader
 
-    def run(self, statement: str, out: int) -> None:
-        """Run `statement`; write what it prints to the file descriptor `out`."""
+    def run(self, statement: str, out: int, zero: str = "") -> None:
+        """Run `statement`; write what it prints to the file descriptor `out` (zero
+        dates are the statement's to handle here: mysql.py `_zero_guard`)."""
         end = self.marker + b"\n"
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:

@@ -44,7 +44,7 @@ extern int mysql_get_socket(MYSQL *);
 extern void mysql_close(MYSQL *);
 
 enum { OPT_CONNECT_TIMEOUT = 0, OPT_PROTOCOL = 9, PROTOCOL_TCP = 1 };
-enum { BUF = 1 << 20, WRITE_FAILED = -1 };
+enum { BUF = 1 << 20, WRITE_FAILED = -1, ZERO_DATE = -2 };
 
 static void say(MYSQL *m, char *err, size_t errlen) {
     snprintf(err, errlen, "%s", m ? mysql_error(m) : "out of memory");
@@ -120,9 +120,26 @@ static size_t escape(char *out, const char *s, unsigned long len) {
     return (size_t)(o - out);
 }
 
+/* A date or datetime with a zero month or day ('0000-00-00', '2024-02-00'): MySQL
+ * keeps them under a permissive sql_mode; ClickHouse reads each as another date,
+ * silently (1900-01-01, 2026-01-01), so they are never passed on as they are. */
+static int zero_date(const char *s, unsigned long len) {
+    return len >= 10 && ((s[5] == '0' && s[6] == '0') || (s[8] == '0' && s[9] == '0'));
+}
+
+/* `zero`: per field, '1' a zero date fails the range (ZERO_DATE: err says the field's
+ * index and the value), '2' it is written as NULL, else (or zero NULL) no check. */
 static int put_row(int fd, char *buf, size_t *used, MYSQL_ROW row, unsigned long *lens,
-                   unsigned int fields) {
+                   unsigned int fields, const char *zero, char *err, size_t errlen) {
     for (unsigned int f = 0; f < fields; f++) {
+        if (zero && zero[f] > '0' && row[f] && zero_date(row[f], lens[f])) {
+            if (zero[f] == '1') {
+                snprintf(err, errlen, "%u\t%.*s", f, (int)(lens[f] < 64 ? lens[f] : 64),
+                         row[f]);
+                return ZERO_DATE;
+            }
+            row[f] = NULL;
+        }
         size_t need = row[f] ? 2 * (size_t)lens[f] + 1 : 3;
         if (*used + need > BUF) {
             if (flush(fd, buf, *used)) return WRITE_FAILED;
@@ -147,11 +164,11 @@ static int put_row(int fd, char *buf, size_t *used, MYSQL_ROW row, unsigned long
 }
 
 /* The rows of `sql` as TSV into fd (not closed). 0 when every row was written;
- * WRITE_FAILED when fd refused (err says why); else the server's or the connection's
- * error number. `rows` counts the rows written. The connection is usable after 0
- * only. */
-int chl_my_copy(MYSQL *m, const char *sql, int fd, long long *rows, char *err,
-                size_t errlen) {
+ * WRITE_FAILED when fd refused (err says why); ZERO_DATE (put_row, `zero`); else the
+ * server's or the connection's error number. `rows` counts the rows written. The
+ * connection is usable after 0 only. */
+int chl_my_copy(MYSQL *m, const char *sql, int fd, const char *zero, long long *rows,
+                char *err, size_t errlen) {
     static __thread char buf[BUF];
     size_t used = 0;
     *rows = 0;
@@ -167,7 +184,10 @@ int chl_my_copy(MYSQL *m, const char *sql, int fd, long long *rows, char *err,
     unsigned int fields = mysql_num_fields(res);
     MYSQL_ROW row;
     while ((row = mysql_fetch_row(res)) != NULL) {
-        if (put_row(fd, buf, &used, row, mysql_fetch_lengths(res), fields)) {
+        int put = put_row(fd, buf, &used, row, mysql_fetch_lengths(res), fields, zero,
+                          err, errlen);
+        if (put == ZERO_DATE) return ZERO_DATE; /* (the result is left unread, as below) */
+        if (put) {
             snprintf(err, errlen, "writing the range: %s", strerror(errno));
             return WRITE_FAILED; /* the result is left unread: the caller closes */
         }

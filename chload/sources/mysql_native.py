@@ -31,6 +31,8 @@ from chload import native
 SOURCE = Path(__file__).with_name("mysql_copy.c")
 CONNECT_TIMEOUT = 10
 WRITE_FAILED = -1
+ZERO_DATE = -2  # a zero date where the range may hold none (NativeError args: the
+# field's index and its value, tab-separated: mysql_copy.c put_row)
 
 
 def libmariadb() -> str:
@@ -55,7 +57,7 @@ def _bind(lib: Any) -> Any:
     lib.chl_my_exec.restype = ctypes.c_int
     lib.chl_my_exec.argtypes = [ctypes.c_void_p, text, text, size]
     lib.chl_my_copy.restype = ctypes.c_int
-    lib.chl_my_copy.argtypes = [ctypes.c_void_p, text, ctypes.c_int,
+    lib.chl_my_copy.argtypes = [ctypes.c_void_p, text, ctypes.c_int, text,
                                 ctypes.POINTER(ctypes.c_longlong), text, size]
     lib.chl_my_rows.restype = ctypes.c_int
     lib.chl_my_rows.argtypes = [ctypes.c_void_p, text, ctypes.POINTER(ctypes.c_void_p),
@@ -111,13 +113,14 @@ class Connection:
             self.lib.chl_my_free(buf)
         return [tuple(_field(f) for f in line.split("\t")) for line in text.splitlines()]
 
-    def copy(self, sql: str, fd: int) -> int:
-        """The rows of `sql` as TSV into `fd`; how many. Raises NativeError (the
-        connection is then unusable: close it)."""
+    def copy(self, sql: str, fd: int, zero: str = "") -> int:
+        """The rows of `sql` as TSV into `fd`; how many. `zero`: per field, what a zero
+        date does ('1' fails with ZERO_DATE, '2' is NULL, '0' nothing: mysql_copy.c).
+        Raises NativeError (the connection is then unusable: close it)."""
         err = ctypes.create_string_buffer(1024)
         rows = ctypes.c_longlong(0)
-        code = self.lib.chl_my_copy(self.handle, sql.encode(), fd, ctypes.byref(rows), err,
-                                    len(err))
+        code = self.lib.chl_my_copy(self.handle, sql.encode(), fd, zero.encode() or None,
+                                    ctypes.byref(rows), err, len(err))
         if code:
             raise NativeError(code, err.value.decode(errors="replace"))
         return rows.value
@@ -159,9 +162,9 @@ class NativeReader:
             raise fail(exc) from None
         return reader
 
-    def run(self, statement: str, out: int) -> None:
+    def run(self, statement: str, out: int, zero: str = "") -> None:
         try:
-            self.conn.copy(statement, out)
+            self.conn.copy(statement, out, zero)
         except NativeError as exc:
             raise self.fail(exc) from None
 

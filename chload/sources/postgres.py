@@ -50,6 +50,10 @@ TYPES = {
     "character varying": "String", "character": "String", "name": "String",
     "citext": "String", "uuid": "UUID", "json": "String", "jsonb": "String",
     "date": "Date32", "bytea": "String", "xml": "String",
+    # addresses and bit strings: their text is the value (ClickHouse's IPv4/IPv6 have no
+    # netmask and no room for the other family)
+    "inet": "String", "cidr": "String", "macaddr": "String", "macaddr8": "String",
+    "bit": "String", "bit varying": "String",
 }
 _INTEGER_AXIS = {"smallint", "integer", "bigint"}
 _TIME_AXIS = {"date", "timestamp without time zone", "timestamp with time zone"}
@@ -63,10 +67,15 @@ CORRELATED = 0.9  # a key this correlated with the table's order is read in orde
 _TRANSIENT = ("could not connect", "Connection refused", "server closed the connection",
               "timeout expired", "the database system is starting up")
 
-_COLUMNS_SQL = """SELECT a.attname, format_type(a.atttypid, a.atttypmod) AS type,
-    a.attnotnull, t.typtype, coalesce(format_type(t.typelem, a.atttypmod), '') AS elem,
+# A domain's column is described by its base type (the values are the base type's:
+# COPY prints them so): `CREATE DOMAIN email AS text` is a text column.
+_COLUMNS_SQL = """SELECT a.attname,
+    CASE WHEN t.typtype = 'd' THEN format_type(t.typbasetype, t.typtypmod)
+         ELSE format_type(a.atttypid, a.atttypmod) END AS type,
+    a.attnotnull, b.typtype, coalesce(format_type(b.typelem, a.atttypmod), '') AS elem,
     coalesce(array_position(i.indkey::int2[], a.attnum) + 1, 0) AS key_position  -- 0-based
 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+JOIN pg_type b ON b.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
 LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary
 WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum"""
 
@@ -111,11 +120,12 @@ class PostgresSession:
             relation = "pg_temp.chload_query"
             self._all(f"CREATE TEMP VIEW chload_query AS {self.query}")
         elif self._one(f"SELECT to_regclass({_text(relation)}) IS NULL")[0] == "t":
-            raise SourceError(f"{self.url.display}: no such table (or no right to see it)")
+            raise SourceError(f"{self.url.display}: no such table (or no right to see it)"
+                              f"{self._alike()}")
         rows = [[str(v) for v in r] for r in
                 self._all(_COLUMNS_SQL.replace("%s", _text(relation)))]
         self._all("ROLLBACK")
-        columns = [_column(self.url, name, typ, notnull == "t" and not self.query, typtype,
+        columns = [_column(name, typ, notnull == "t" and not self.query, typtype,
                            elem) for name, typ, notnull, typtype, elem, _ in rows]
         types = {name: typ for name, typ, *_ in rows}
         key = [name for name, *_, pos in sorted(rows, key=lambda r: int(r[5])) if pos != "0"]
@@ -129,6 +139,18 @@ class PostgresSession:
             raise UsageError(f"--incremental-by {axis}: its type is {types[axis]}; use an "
                              "integer, date or timestamp column that only grows")
         return TableInfo(columns, key, axis, not axis or types[axis] in _INTEGER_AXIS)
+
+    def _alike(self) -> str:
+        """Where a table of that name is: in another schema (`public` is the default),
+        or spelt in another case (a quoted "Orders"), as '; did you mean ...'."""
+        found = self._all(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON "
+            "n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p', 'v', 'm', 'f') AND "
+            f"lower(c.relname) = lower({_text(self.url.table)}) AND n.nspname NOT IN "
+            "('pg_catalog', 'information_schema') ORDER BY 1, 2 LIMIT 3")
+        names = [f"{self.url.display.rsplit('/', 1)[0]}/{schema}.{table}"
+                 for schema, table in found]
+        return f"; did you mean {' or '.join(str(n) for n in names)}?" if names else ""
 
     def read_in_key_order(self) -> None:
         """Read each range in primary key order where that is an ordered read of the
@@ -298,13 +320,19 @@ class _Control:
 
 
 def _where(url: DbUrl) -> list[str]:
-    """psql's connection arguments (never the password: that is in its environment)."""
-    return ["-h", url.host, "-p", str(url.port), "-d", url.database,
+    """psql's connection arguments (never the password: that is in its environment).
+    `-w`: never ask for a password; at a terminal, each psql (two at the start) asked
+    for one on /dev/tty under the progress bar, and the run waited (_error says how to
+    give it)."""
+    return ["-w", "-h", url.host, "-p", str(url.port), "-d", url.database,
             *(["-U", url.user] if url.user else [])]
 
 
 def _env(url: DbUrl, psql: str) -> dict[str, str]:
-    env = {**os.environ, "PGAPPNAME": "chload", "PGCONNECT_TIMEOUT": "10"}
+    # UTF8 whatever the database's encoding and the user's locale (psql's default is
+    # the locale's): a LATIN1 database's text came as Latin-1 bytes, loaded as they were
+    env = {**os.environ, "PGAPPNAME": "chload", "PGCONNECT_TIMEOUT": "10",
+           "PGCLIENTENCODING": "UTF8"}
     if psql.startswith(_PG_LIB + "/"):  # run without its wrapper: what it would set
         env.setdefault("PGSYSCONFDIR", "/etc/postgresql-common")
     if url.password is not None:
@@ -354,7 +382,7 @@ class _Psql:
         self.errors.close()
 
 
-def _column(url: DbUrl, name: str, typ: str, notnull: bool, typtype: str,
+def _column(name: str, typ: str, notnull: bool, typtype: str,
             elem: str) -> DbColumn:
     """One column's ClickHouse type and how COPY prints it; one line if none fits."""
     col, base = _ident(name), re.sub(r"\(.*?\)", "", typ).strip()
@@ -362,8 +390,8 @@ def _column(url: DbUrl, name: str, typ: str, notnull: bool, typtype: str,
         return DbColumn(name, nullable("String", not notnull), col)
     if base == "numeric":
         found = re.match(r"numeric\((\d+),(\d+)\)", typ)
-        if not found or int(found.group(1)) > 76:
-            raise cannot_carry(url, name, typ, "Decimal(38, 10)")
+        if not found or int(found.group(1)) > 76:  # a Decimal rounds off digits beyond
+            return cannot_carry(name, typ, not notnull, col)  # its scale: String suggested
         return DbColumn(name, nullable(f"Decimal({found.group(1)}, {found.group(2)})",
                                        not notnull), col)
     if base.startswith("timestamp"):
@@ -377,20 +405,27 @@ def _column(url: DbUrl, name: str, typ: str, notnull: bool, typtype: str,
     if base == "bytea":
         return DbColumn(name, nullable("String", not notnull), col, read_type=nullable(
             "String", not notnull), expr=f"unhex(substring({_ch(name)}, 3))")
-    if typ.endswith("[]") and elem.removesuffix("[]") in _ARRAY_ELEMENTS | {"character"}:
-        inner = TYPES[re.sub(r"\(.*?\)", "", elem.removesuffix("[]")).strip()]
-        return DbColumn(name, f"Array(Nullable({inner}))", f"array_to_json({col})::text",
-                        read_type="Nullable(String)",
-                        expr=f"JSONExtract(ifNull({_ch(name)}, '[]'), "
-                             f"'Array(Nullable({inner}))')")
+    element = re.sub(r"\(.*?\)", "", elem.removesuffix("[]")).strip()  # varchar(20)[]
+    if typ.endswith("[]") and element in _ARRAY_ELEMENTS | {"character"}:
+        inner = TYPES[element]
+        # A column of T[] may hold arrays of 2 and more dimensions (PostgreSQL does not
+        # enforce them): JSONExtract would read [[1,2],[3,4]] as [], silently; a range
+        # holding one fails, naming the column (--schema String keeps the JSON text).
+        text, wanted = _ch(name), f"Array(Nullable({inner}))"
+        flat = (f"if(throwIf(startsWith(ifNull({text}, ''), '[['), {_ch_str(_nested(name))})"
+                f" = 0, ifNull({text}, '[]'), '')")
+        return DbColumn(name, wanted, f"array_to_json({col})::text",
+                        read_type="Nullable(String)", expr=f"JSONExtract({flat}, '{wanted}')")
     if base in TYPES:
         return DbColumn(name, nullable(TYPES[base], not notnull), col)
-    raise cannot_carry(url, name, typ)
+    return cannot_carry(name, typ, not notnull, col)
 
 
 def _datetime(scale: str) -> str:
-    """Whole seconds as DateTime (which an 18.16 server has too), else DateTime64."""
-    return "DateTime('UTC')" if scale == "0" else f"DateTime64({scale}, 'UTC')"
+    """DateTime64, whole seconds too: a DateTime holds 1970 to 2106 only, and the engine
+    reads a value outside as its nearest end, silently (1960 as 1970-01-01). A server
+    without DateTime64 (18.16) stores DateTime64(0) as DateTime (capabilities.py)."""
+    return f"DateTime64({scale}, 'UTC')"
 
 
 def _fixed_time(col: str) -> str:
@@ -406,6 +441,16 @@ def _literal(value: str, integer: bool) -> str:
 
 def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+def _nested(name: str) -> str:
+    return (f"column {name} holds an array of 2 or more dimensions, which is not "
+            f"Array(T); pass --schema with {name} as String to load its JSON text (a table "
+            "that exists keeps its own type: ALTER or drop it first)")
+
+
+def _ch_str(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _ch(name: str) -> str:
@@ -460,6 +505,9 @@ def _error(url: DbUrl, exc: object) -> ChloadError:
     text = re.sub(r"^(psql: )?(error: )?((<stdin>:\d+: )?(ERROR|FATAL):\s+)?", "", text)
     if url.password:
         text = text.replace(url.password, "***")
+    if "no password supplied" in text:
+        text += ("; give it by $PGPASSWORD, ~/.pgpass or the URL "
+                 "(postgresql://user:password@host/...)")
     kind = TransientError if any(t in text for t in _TRANSIENT) else SourceError
     return kind(f"{url.with_user}: {text}")
 
