@@ -13,14 +13,17 @@ gets the URL as written, in `location`.
 from __future__ import annotations
 
 import email.utils
+import http.client
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlsplit, urlunsplit
+from dataclasses import replace
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from chload.errors import SourceError, TransientError, UsageError
-from chload.formats import detect
+from chload.formats import LINE_FORMATS, detect, magic
 from chload.retry import RetryPolicy, retry
 from chload.schema import quote_str
 from chload.sources import SourceContext, SourceFile, expand_braces
@@ -31,6 +34,14 @@ PARALLEL = 16
 RETRY = RetryPolicy(attempts=3, base_seconds=0.5, jitter=False)  # 0.5 s, then 1 s
 TIMEOUT = 30.0
 _NOT_FOUND = {404, 410}
+FINAL = ":url"  # in a HEAD's headers: the URL it ended at, after redirects
+SNIFF_BYTES = 6  # enough for every compression's magic (formats.MAGIC)
+# Content-Type -> a name whose extension tells the format (a URL without one)
+CONTENT_TYPES = {"text/csv": "x.csv", "application/csv": "x.csv",
+                 "text/tab-separated-values": "x.tsv", "application/json": "x.json",
+                 "application/x-ndjson": "x.ndjson", "application/jsonl": "x.jsonl",
+                 "application/vnd.apache.parquet": "x.parquet",
+                 "application/x-parquet": "x.parquet", "application/avro": "x.avro"}
 
 
 def list_http(pattern: str, fmt: str | None, compression: str | None,
@@ -43,8 +54,38 @@ def list_http(pattern: str, fmt: str | None, compression: str | None,
     fetch = head or head_request
     with ThreadPoolExecutor(min(PARALLEL, len(urls)), thread_name_prefix="chload-head") as pool:
         answers = list(pool.map(lambda u: _identify(u, fetch), urls))
-    return [describe(url, headers, fmt, compression) for url, headers in zip(urls, answers,
-                                                                              strict=True)]
+    files = [describe(url, headers, fmt, compression) for url, headers in zip(urls, answers,
+                                                                               strict=True)]
+    return files if compression is not None else sniffed(files)
+
+
+def sniffed(files: list[SourceFile], first: Callable[[str], bytes] | None = None,
+            ) -> list[SourceFile]:
+    """Text URLs whose names show no compression, with the one their first bytes show
+    (a gzip body served as `trips.csv`: the engine would read its bytes as text). The
+    first is asked; only if it is compressed are the others (s3.sniffed's rule)."""
+    read = first or first_bytes
+    plain = [i for i, f in enumerate(files) if f.format.compression == "none"
+             and f.format.name in LINE_FORMATS]
+    out = list(files)
+    for n, i in enumerate(plain):
+        method = magic(read(files[i].location or files[i].uri))
+        if method == "none" and n == 0:
+            break
+        out[i] = replace(files[i], format=replace(files[i].format, compression=method))
+    return out
+
+
+def first_bytes(url: str) -> bytes:
+    """The body's first bytes (a ranged GET; a server ignoring the range is left
+    unread after them); b"" if it cannot be read now (the engine says why later)."""
+    request = urllib.request.Request(url, headers={"User-Agent": "chload",
+                                                  "Range": f"bytes=0-{SNIFF_BYTES - 1}"})
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+            return bytes(response.read(SNIFF_BYTES))
+    except (OSError, ValueError, http.client.HTTPException):
+        return b""
 
 
 def _identify(url: str, head: Head) -> Mapping[str, str]:
@@ -71,7 +112,8 @@ def _open(url: str, method: str) -> tuple[int, Mapping[str, str]]:
     request = urllib.request.Request(url, method=method, headers={"User-Agent": "chload"})
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
-            return response.status, {k.lower(): v for k, v in response.headers.items()}
+            headers = {k.lower(): v for k, v in response.headers.items()}
+            return response.status, {**headers, FINAL: response.url}
     except urllib.error.HTTPError as exc:
         exc.close()
         return exc.code, {}
@@ -85,14 +127,38 @@ def _open(url: str, method: str) -> tuple[int, Mapping[str, str]]:
 
 def describe(url: str, headers: Mapping[str, str], fmt: str | None,
              compression: str | None) -> SourceFile:
+    """The URL as a source. The engine's url() follows no redirect, so it is given the
+    URL the HEAD ended at; the ledger keeps the URL as written. A name that tells no
+    format (`/export?id=3`) is helped by the redirect's, the Content-Disposition
+    filename, then the Content-Type; a gzip Content-Encoding is the compression."""
     size = _int(headers.get("content-length"))
     etag = headers.get("etag", "")
-    name = urlsplit(url).path
+    final = headers.get(FINAL) or url
+    told = detect(_name(url, final, headers), fmt, compression, strict=False)
+    if not told.name:
+        kind = headers.get("content-type", "none").split(";")[0]
+        raise UsageError(f"{redact(url)}: cannot tell the format from the URL nor its "
+                         f"Content-Type ({kind}); pass --format (e.g. --format CSVWithNames)")
+    if told.compression == "none" and compression is None and \
+            headers.get("content-encoding", "").lower() in ("gzip", "x-gzip"):
+        told = replace(told, compression="gzip")
     return SourceFile(
         uri=redact(url), size=size, mtime_ns=_mtime_ns(headers.get("last-modified")),
-        format=detect(name, fmt, compression), etag=f"{etag}:{size}" if etag else "",
-        kind="http", location=url,
+        format=told, etag=f"{etag}:{size}" if etag else "", kind="http", location=final,
     )
+
+
+def _name(url: str, final: str, headers: Mapping[str, str]) -> str:
+    """The name a URL's format is told by: its path's, else the first of the redirect's
+    path, the Content-Disposition filename and the Content-Type that tells one."""
+    names = [urlsplit(url).path, urlsplit(final).path]
+    disposition = re.search(r'filename\*?=(?:UTF-8\'\')?"?([^";]+)',
+                            headers.get("content-disposition", ""))
+    if disposition:
+        names.append(unquote(disposition.group(1)))
+    kind = headers.get("content-type", "").split(";")[0].strip().lower()
+    names.append(CONTENT_TYPES.get(kind, ""))
+    return next((n for n in names if detect(n, None, None, strict=False).name), names[0])
 
 
 def redact(url: str) -> str:
