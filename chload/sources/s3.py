@@ -20,6 +20,7 @@ import http.client
 import re
 import ssl
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
@@ -35,6 +36,7 @@ _GLOB = re.compile(r"[*?\[]")
 _HIDDEN = (".", "_")
 PAGE_SIZE = 1000
 SNIFF_BYTES = 6  # enough for every compression's magic (formats.MAGIC)
+SNIFF_PARALLEL = 16
 RETRY = RetryPolicy(attempts=3, base_seconds=0.5, jitter=False)  # 0.5 s, then 1 s
 
 
@@ -74,16 +76,22 @@ def sniffed(lister: Lister, bucket: str, files: list[SourceFile]) -> list[Source
     """Text objects whose names show no compression, with the one their first bytes
     show (a gzip export saved as `trips.csv`, as local.py does for files): the engine
     would otherwise read gzip bytes as text and make a column of them. The first such
-    object is asked (6 bytes, one ranged GET); only if it is compressed are the others,
-    so a listing of plain text costs one request more."""
+    object is asked (6 bytes, one ranged GET); only if it is compressed are the others
+    (SNIFF_PARALLEL at once, a connection each), so plain text costs one request."""
     plain = [i for i, f in enumerate(files) if f.format.compression == "none"
              and f.format.name in LINE_FORMATS and f.size > 0]
+    if not plain or magic(lister.head(bucket, parse_uri(files[plain[0]].uri)[1])) == "none":
+        return files
+
+    def method(i: int) -> str:
+        return magic(Lister(lister.config).head(bucket, parse_uri(files[i].uri)[1]))
+
+    with ThreadPoolExecutor(min(SNIFF_PARALLEL, len(plain)),
+                            thread_name_prefix="chload-sniff") as pool:
+        methods = list(pool.map(method, plain))
     out = list(files)
-    for n, i in enumerate(plain):
-        method = magic(lister.head(bucket, parse_uri(files[i].uri)[1]))
-        if method == "none" and n == 0:
-            break
-        out[i] = replace(files[i], format=replace(files[i].format, compression=method))
+    for i, m in zip(plain, methods, strict=True):
+        out[i] = replace(files[i], format=replace(files[i].format, compression=m))
     return out
 
 
