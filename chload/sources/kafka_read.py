@@ -137,8 +137,11 @@ class Broker:
                     raise SourceError(self._unreachable(exc)) from None
 
     def _unreachable(self, exc: Exception) -> str:
+        from confluent_kafka import KafkaError
+
         where = self.config["bootstrap.servers"]
-        why = next((e.str() for e in self._errors if e.code() != -187), "")  # not "n/n down"
+        why = next((e.str() for e in self._errors  # the cause, not "1/1 brokers are down"
+                    if e.code() != KafkaError._ALL_BROKERS_DOWN), "")
         why = re.sub(r"^\S+/bootstrap: | \(after \d+ms in state \w+\)$", "", why) or \
             str(exc.args[0].str() if exc.args else exc)
         return (f"kafka://{where}: cannot reach the broker ({why}); check the host and port "

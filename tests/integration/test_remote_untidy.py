@@ -179,3 +179,13 @@ def test_http_refusals_are_one_line(server: str, tmp_path: Path, path: str, said
     out, _ = _load(server + path, str(tmp_path / "target"), "t")
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert said in out.stderr and server + path in out.stderr
+
+
+def test_server_target_reads_them_alike(clickhouse: services.Service, server: str,
+                                        table_name: str) -> None:
+    """Into the 18.16 server (read through chload's own chDB, pushed as Native blocks):
+    a redirect to a gzip body under a .csv name, and a URL told by its Content-Type."""
+    for path in ("/moved.csv", "/packed.csv", "/export"):
+        out, report = _load(server + path, clickhouse.url, table_name)
+        assert out.returncode == 0 and report["rows_loaded"] == 3, out.stderr
+    assert _ids(clickhouse.url, table_name) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
