@@ -34,6 +34,9 @@ PARALLEL = 16
 RETRY = RetryPolicy(attempts=3, base_seconds=0.5, jitter=False)  # 0.5 s, then 1 s
 TIMEOUT = 30.0
 _NOT_FOUND = {404, 410}
+# a query parameter whose value is a secret: `name=` kept, the value masked
+_SECRET_PARAM = re.compile(r"((?:^|&)[^=&]*(?:signature|token|secret|password|passwd|"
+                           r"credential|key|sig)=)[^&]*", re.IGNORECASE)
 FINAL = ":url"  # in a HEAD's headers: the URL it ended at, after redirects
 SNIFF_BYTES = 6  # enough for every compression's magic (formats.MAGIC)
 # Content-Type -> a name whose extension tells the format (a URL without one)
@@ -162,11 +165,16 @@ def _name(url: str, final: str, headers: Mapping[str, str]) -> str:
 
 
 def redact(url: str) -> str:
-    """The URL without `user:password@`."""
+    """The URL without `user:password@`, and with the values of query parameters that
+    carry a secret masked (a presigned S3 URL's X-Amz-Signature, a SAS `sig`, a
+    `token=`): the uri in the ledger, messages and the run history. The engine gets
+    the URL as written; a URL presigned anew is then the same uri, loaded once."""
     parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    if "@" in parts.netloc:
+        parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1])
+    if parts.query:
+        parts = parts._replace(query=_SECRET_PARAM.sub(r"\1***", parts.query))
+    return urlunsplit(parts)
 
 
 def _int(value: str | None) -> int:
@@ -200,6 +208,9 @@ class HttpSource(RemoteSource):
 
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
         return table_function(file, fmt, structure)
+
+    def display(self, pattern: str) -> str:
+        return redact(pattern)
 
 
 SOURCE = HttpSource()

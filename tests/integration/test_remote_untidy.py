@@ -189,3 +189,21 @@ def test_server_target_reads_them_alike(clickhouse: services.Service, server: st
         out, report = _load(server + path, clickhouse.url, table_name)
         assert out.returncode == 0 and report["rows_loaded"] == 3, out.stderr
     assert _ids(clickhouse.url, table_name) == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+
+
+def test_http_query_secrets_stay_out(server: str, tmp_path: Path) -> None:
+    """A presigned URL's signature and a token in the query reach the server (the engine
+    reads the URL as written) but not the output, the ledger or the run history."""
+    secret = "s3cr3tSig0xyz"
+    url = f"{server}/files/data.csv?X-Amz-Signature={secret}&access_token={secret}&id=3"
+    target = str(tmp_path / "target")
+    out, report = _load(url, target, "t")
+    assert out.returncode == 0 and report["rows_loaded"] == 3, out.stderr
+    assert report["files"][0]["uri"].endswith("?X-Amz-Signature=***&access_token=***&id=3")
+    files = run_chload("files", "--table", "t", "--target", target, "--json")
+    history = run_chload("history", "--target", target, "--json")
+    for text in (out.stdout, out.stderr, files.stdout, history.stdout):
+        assert secret not in text
+    stored = [p for p in Path(target).rglob("*") if p.is_file()
+              and secret.encode() in p.read_bytes()]
+    assert not stored  # the ledger's tables, the history's, table metadata
