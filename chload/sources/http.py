@@ -99,8 +99,12 @@ def _identify(url: str, head: Head) -> Mapping[str, str]:
     if status in _NOT_FOUND:
         raise SourceError(f"{redact(url)}: not found (HTTP {status}); check the URL")
     if status in (401, 403):
-        raise SourceError(f"{redact(url)}: access denied (HTTP {status})")
-    raise SourceError(f"{redact(url)}: the server answered HTTP {status}")
+        raise SourceError(f"{redact(url)}: access denied (HTTP {status}); check the "
+                          "credentials in the URL, or whether its signature has expired")
+    if status >= 500:
+        raise SourceError(f"{redact(url)}: the server answered HTTP {status} (asked "
+                          f"{RETRY.attempts} times); try again later")
+    raise SourceError(f"{redact(url)}: the server answered HTTP {status}; check the URL")
 
 
 def head_request(url: str) -> tuple[int, Mapping[str, str]]:
