@@ -12,6 +12,7 @@ gets the URL as written, in `location`.
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import http.client
 import re
@@ -37,7 +38,7 @@ _NOT_FOUND = {404, 410}
 # a query parameter whose value is a secret: `name=` kept, the value masked
 _SECRET_PARAM = re.compile(r"((?:^|&)[^=&]*(?:signature|token|secret|password|passwd|"
                            r"credential|key|sig)=)[^&]*", re.IGNORECASE)
-FINAL = ":url"  # in a HEAD's headers: the URL it ended at, after redirects
+FINAL = ":url"  # in a HEAD's headers: the URL it was redirected to, if it was
 SNIFF_BYTES = 6  # enough for every compression's magic (formats.MAGIC)
 # Content-Type -> a name whose extension tells the format (a URL without one)
 CONTENT_TYPES = {"text/csv": "x.csv", "application/csv": "x.csv",
@@ -82,8 +83,9 @@ def sniffed(files: list[SourceFile], first: Callable[[str], bytes] | None = None
 def first_bytes(url: str) -> bytes:
     """The body's first bytes (a ranged GET; a server ignoring the range is left
     unread after them); b"" if it cannot be read now (the engine says why later)."""
-    request = urllib.request.Request(url, headers={"User-Agent": "chload",
-                                                  "Range": f"bytes=0-{SNIFF_BYTES - 1}"})
+    plain, auth = _basic_auth(url)
+    request = urllib.request.Request(plain, headers={"User-Agent": "chload", **auth,
+                                                    "Range": f"bytes=0-{SNIFF_BYTES - 1}"})
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
             return bytes(response.read(SNIFF_BYTES))
@@ -116,11 +118,16 @@ def head_request(url: str) -> tuple[int, Mapping[str, str]]:
 
 
 def _open(url: str, method: str) -> tuple[int, Mapping[str, str]]:
-    request = urllib.request.Request(url, method=method, headers={"User-Agent": "chload"})
+    """One request; `user:password@` as Basic auth (urllib cannot take it in the URL:
+    such a URL was "cannot reach the server"). FINAL: where redirects ended, if any."""
+    plain, auth = _basic_auth(url)
+    request = urllib.request.Request(plain, method=method,
+                                     headers={"User-Agent": "chload", **auth})
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
             headers = {k.lower(): v for k, v in response.headers.items()}
-            return response.status, {**headers, FINAL: response.url}
+            moved = {FINAL: response.url} if response.url != plain else {}
+            return response.status, {**headers, **moved}
     except urllib.error.HTTPError as exc:
         exc.close()
         return exc.code, {}
@@ -130,6 +137,16 @@ def _open(url: str, method: str) -> tuple[int, Mapping[str, str]]:
         raise TransientError(f"{redact(url)}: cannot reach the server ({text})") from None
     except ValueError as exc:  # urllib: unknown url type, bad port
         raise UsageError(f"{redact(url)}: not a valid URL") from exc
+
+
+def _basic_auth(url: str) -> tuple[str, dict[str, str]]:
+    """The URL without `user:password@`, and the Authorization header it stood for."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return url, {}
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    plain = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    return plain, {"Authorization": "Basic " + base64.b64encode(pair).decode()}
 
 
 def describe(url: str, headers: Mapping[str, str], fmt: str | None,
@@ -195,9 +212,14 @@ def _mtime_ns(value: str | None) -> int:
 
 
 def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
-    """`url('https://...', 'Format', 'structure', 'compression')`."""
-    args = [file.location or file.uri, fmt, structure or "auto", file.format.compression]
-    return f"url({', '.join(quote_str(a) for a in args)})"
+    """`url('https://...', 'Format', 'structure', 'compression'[, headers(...)])`.
+    `user:password@` goes as an Authorization header: the engine sends none for it
+    (HTTP 401), and its error messages quote the URL, which then holds no password."""
+    plain, auth = _basic_auth(file.location or file.uri)
+    args = [quote_str(a) for a in (plain, fmt, structure or "auto", file.format.compression)]
+    if auth:
+        args.append(f"headers('Authorization'={quote_str(auth['Authorization'])})")
+    return f"url({', '.join(args)})"
 
 
 

@@ -4,6 +4,7 @@ HTTP servers that redirect, send no extension, gzip their body or cut it short."
 
 from __future__ import annotations
 
+import base64
 import gzip
 import http.server
 import io
@@ -125,6 +126,11 @@ class _Untidy(http.server.BaseHTTPRequestHandler):
             "/broken.csv": (500, b"oops", []),
             "/chunked.csv": (200, b"", [("Content-Type", "text/csv")]),  # body below
         }
+        if path == "/private.csv":
+            auth = "Basic " + base64.b64encode(b"loader:pw@Secret9").decode()
+            answers[path] = ((200, CSV, [("Content-Type", "text/csv")])
+                             if self.headers.get("Authorization") == auth
+                             else (401, b"", [("WWW-Authenticate", 'Basic realm="x"')]))
         status, body, headers = answers.get(path, (404, b"", []))
         self.send_response(status)
         for name, value in headers:
@@ -207,3 +213,18 @@ def test_http_query_secrets_stay_out(server: str, tmp_path: Path) -> None:
     stored = [p for p in Path(target).rglob("*") if p.is_file()
               and secret.encode() in p.read_bytes()]
     assert not stored  # the ledger's tables, the history's, table metadata
+
+
+def test_http_basic_auth_in_the_url(server: str, tmp_path: Path) -> None:
+    """`user:password@` (the `@` in the password escaped): the HEAD and the engine send
+    it as Basic auth (urllib took it for the host name before: "cannot reach the
+    server"); the password is in no output, and a wrong one is one line."""
+    host = server.removeprefix("http://")
+    target = str(tmp_path / "target")
+    out, report = _load(f"http://loader:pw%40Secret9@{host}/private.csv", target, "t")
+    assert out.returncode == 0 and report["rows_loaded"] == 3, out.stderr
+    assert report["files"][0]["uri"] == f"{server}/private.csv"
+    assert "Secret9" not in out.stdout + out.stderr
+    wrong, _ = _load(f"http://loader:nope@{host}/private.csv", target, "t")
+    assert wrong.returncode == 2 and "access denied (HTTP 401)" in wrong.stderr
+    assert wrong.stderr.count("\n") == 1 and "nope" not in wrong.stderr
