@@ -6,8 +6,10 @@ ETag with the length when the server sends one, else Content-Length and
 Last-Modified. A server that refuses HEAD gets a GET whose body is not read.
 A URL that answers 404 is a one-line error naming it, before anything loads.
 
-`user:password@` in a URL is kept out of the `uri` (ledger, messages); the engine
-gets the URL as written, in `location`.
+`user:password@` in a URL, and query parameters that carry a secret (`redact`), are
+kept out of the `uri` (ledger, messages, history); the engine gets the URL as written,
+in `location`, except `user:password@`, which it gets as a Basic Authorization header.
+Untidy servers (redirects, no extension, gzip bodies): docs/remote-sources.md.
 """
 
 from __future__ import annotations
