@@ -62,14 +62,15 @@ def list_s3(pattern: str, fmt: str | None, compression: str | None,
     """Every object the pattern names, sorted by key, each with its identity.
     `config`: endpoint, region and credentials, resolved once by the caller (aws.py)."""
     bucket, key_pattern = parse_uri(pattern)
-    objects = find_objects(Lister(config), bucket, key_pattern)
+    lister = Lister(config)  # its config follows a bucket's region redirect
+    objects = find_objects(lister, bucket, key_pattern)
     if not objects:
         what = "no object matches" if _GLOB.search(key_pattern) or "{" in key_pattern else \
             "no such object, nor objects under it"
         raise SourceError(f"{pattern}: {what} at {config.endpoint}; check the bucket, "
                           "key and pattern (or the endpoint: --s3-endpoint, AWS_ENDPOINT_URL)")
     files = [describe(config, bucket, o, fmt, compression) for o in objects]
-    return files if compression is not None else sniffed(Lister(config), bucket, files)
+    return files if compression is not None else sniffed(lister, bucket, files)
 
 
 def sniffed(lister: Lister, bucket: str, files: list[SourceFile]) -> list[SourceFile]:
