@@ -160,9 +160,13 @@ def describe(url: str, headers: Mapping[str, str], fmt: str | None,
     size = _int(headers.get("content-length"))
     etag = headers.get("etag", "")
     final = headers.get(FINAL) or url
+    kind = headers.get("content-type", "none").split(";")[0].strip().lower()
+    if kind == "text/html" and not fmt:  # a GitHub `blob/` page of a .csv, a login page
+        raise UsageError(f"{redact(url)}: the server sends a web page (Content-Type "
+                         "text/html), not data; use the file's raw or download URL (or "
+                         "pass --format if it is data after all)")
     told = detect(_name(url, final, headers), fmt, compression, strict=False)
     if not told.name:
-        kind = headers.get("content-type", "none").split(";")[0]
         raise UsageError(f"{redact(url)}: cannot tell the format from the URL nor its "
                          f"Content-Type ({kind}); pass --format (e.g. --format CSVWithNames)")
     if told.compression == "none" and compression is None and \

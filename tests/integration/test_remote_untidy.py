@@ -123,6 +123,9 @@ class _Untidy(http.server.BaseHTTPRequestHandler):
             "/packed.csv": (200, gzip.compress(CSV), [("Content-Type", "text/csv")]),
             "/encoded.csv": (200, gzip.compress(CSV), [("Content-Encoding", "gzip")]),
             "/page": (200, b"<html></html>", [("Content-Type", "text/html")]),
+            "/blob/data.csv": (200, b"<html>a,b</html>", [("Content-Type",
+                                                           "text/html; charset=utf-8")]),
+            "/bare": (200, CSV, [("Content-Type", "application/octet-stream")]),
             "/broken.csv": (500, b"oops", []),
             "/chunked.csv": (200, b"", [("Content-Type", "text/csv")]),  # body below
         }
@@ -177,7 +180,10 @@ def test_http_chunked_loads(server: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("path", "said"), [
-    ("/page", "Content-Type (text/html); pass --format"),
+    ("/page", "a web page (Content-Type text/html), not data; use the file's raw"),
+    ("/blob/data.csv", "a web page (Content-Type text/html), not data; use the file's raw"),
+    ("/bare", "cannot tell the format from the URL nor its Content-Type "
+              "(application/octet-stream); pass --format"),
     ("/missing.csv", "not found (HTTP 404)"),
     ("/broken.csv", "HTTP 500"),
 ])
