@@ -90,8 +90,12 @@ def compressed_as(path: str, fmt: FileFormat) -> FileFormat:
             head = f.read(6)
     except OSError:
         return fmt  # the engine says why, when it reads it
-    method = next((m for magic, m in MAGIC if head.startswith(magic)), "none")
-    return replace(fmt, compression=method)
+    return replace(fmt, compression=magic(head))
+
+
+def magic(head: bytes) -> str:
+    """The compression a file's first bytes show ("none" if none)."""
+    return next((m for sign, m in MAGIC if head.startswith(sign)), "none")
 
 
 def untold(name: str) -> str:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -293,9 +294,10 @@ def _stream_schema(reader: SpoolReader, fmt: FileFormat, due: list[Partition], s
     sample = [(p, Unit(p.topic, p.partition, p.next, min(p.end, p.next + SAMPLE_ROWS) - 1),
                p.after) for p in due[:3]]
     spools: list[Spool] = []
+    files: list[SourceFile] = []
     try:
         spools = read_units(reader, fmt, spool, sample, audit)
-        files = [s.file for s in spools if s.file.size]
+        files = _one_sample([s.file for s in spools if s.file.size], spool)
         data, _, _ = planner.prepare_table(target, table, files, existing=None, schema=None,
                                            order_by=None, partition_by=None,
                                            audit=bool(audit), create=False)
@@ -304,7 +306,28 @@ def _stream_schema(reader: SpoolReader, fmt: FileFormat, due: list[Partition], s
     finally:
         for s in spools:
             remove(s.file.local_path)
+        for f in files:
+            if f.local_path and os.path.basename(f.local_path).startswith("sample-"):
+                remove(f.local_path)
     return (structure(data), "") if data else (None, "no columns in the first messages")
+
+
+def _one_sample(files: list[SourceFile], spool: str) -> list[SourceFile]:
+    """The partitions' samples as one file: the engine infers the columns of several
+    files from the first it can read alone, so a key only another partition's messages
+    have was a failed unit ("Unknown field found ... b") once streamed."""
+    if len(files) < 2:
+        return files
+    path = os.path.join(spool, f"sample-{os.getpid()}-{threading.get_ident()}.txt")
+    with open(path, "wb") as out:
+        for f in files:
+            with open(f.local_path or "", "rb") as part:
+                shutil.copyfileobj(part, out, 1 << 20)
+                part.seek(-1, os.SEEK_END)
+                if part.read(1) != b"\n":
+                    out.write(b"\n")
+        size = out.tell()
+    return [replace(files[0], local_path=path, size=size)]
 
 
 def _stream_round(reader: SpoolReader, fmt: FileFormat, due: list[Partition],

@@ -106,8 +106,9 @@ def plan(broker: Broker, source: KafkaSource, marks: dict[str, Mark], since: int
     partitions: list[Partition] = []
     refused: list[FileResult] = []
     for topic in source.topics:
+        numbers = broker.partitions(topic)  # first: a broker down or no topic, said soon
         topic_id = broker.topic_id(topic)
-        for number in broker.partitions(topic):
+        for number in numbers:
             low, high = broker.watermarks(topic, number)
             stream = stream_of(source, topic, number)
             part = Partition(topic, number, stream, topic_id, low, 0, high, since)

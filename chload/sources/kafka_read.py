@@ -8,10 +8,12 @@ markers) sits in one place; docs/kafka.md measures the reader.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -35,6 +37,11 @@ NATIVE_FETCH = 1 << 20  # max.partition.fetch.bytes of the native reader
 FETCH_QUEUE_BACKOFF_MS = "10"
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_KEYS = ("password", "secret", "key", "token", "jaas")
+METADATA_SECONDS = 15.0  # a topic's metadata is asked for this long at most
+DOWN_SECONDS = 3.0  # ... or this long once librdkafka says every broker is down
+_QUIET = logging.getLogger("chload.kafka")  # librdkafka's log: errors come by error_cb
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
 
 
 def client_config(bootstrap: str, options: Sequence[tuple[str, str]],
@@ -86,19 +93,59 @@ class Broker:
             raise UsageError("kafka:// needs confluent-kafka: pip install 'chload[kafka]'"
                              ) from exc
         self.config = config
-        self.consumer = Consumer({**config, "group.id": group})
-        self.admin = AdminClient(admin)  # no consumer settings: it warns of each
+        self._errors: deque[Any] = deque(maxlen=64)  # librdkafka's: its log is kept off stderr
+        quiet: dict[str, Any] = {"logger": _QUIET, "error_cb": self._errors.append}
+        self.consumer = Consumer({**config, "group.id": group, **quiet})
+        admin_config: dict[str, Any] = {**admin, "logger": _QUIET}
+        self.admin = AdminClient(admin_config)  # no consumer settings: it warns of each
 
     def close(self) -> None:
         self.consumer.close()
 
     def partitions(self, topic: str) -> list[int]:
-        meta = self._call(lambda: self.consumer.list_topics(topic, timeout=15), topic)
+        """The topic's partitions; a broker that cannot be reached, or a topic it does
+        not have, is one line saying what to check (docs/kafka.md "Untidy inputs")."""
+        from confluent_kafka import KafkaError
+
+        meta = self._metadata(topic)
         found = meta.topics.get(topic)
+        where = self.config["bootstrap.servers"]
+        if found is not None and found.error is not None and \
+                found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise SourceError(f"kafka://{where}/{topic}: no such topic at {where}; check its "
+                              "name (case matters), or create it first")
         if found is None or found.error is not None:
-            raise SourceError(f"kafka topic {topic}: {found.error if found else 'not found'}"
-                              f" at {self.config['bootstrap.servers']}")
+            raise SourceError(f"kafka://{where}/{topic}: "
+                              f"{found.error.str() if found else 'not found'} at {where}")
         return sorted(found.partitions)
+
+    def _metadata(self, topic: str) -> Any:
+        """The topic's metadata, asked in 1 s slices for up to 15 s; ends after 3 s when
+        librdkafka says every broker is down (a wrong host or port, a stopped broker),
+        which it would otherwise retry, silently, to the end."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        start = time.monotonic()
+        while True:
+            try:
+                return self.consumer.list_topics(topic, timeout=1)
+            except KafkaException as exc:
+                self.consumer.poll(0)  # serves error_cb
+                waited = time.monotonic() - start
+                down = any(e.code() == KafkaError._ALL_BROKERS_DOWN for e in self._errors)
+                if waited >= METADATA_SECONDS or (down and waited >= DOWN_SECONDS):
+                    raise SourceError(self._unreachable(exc)) from None
+
+    def _unreachable(self, exc: Exception) -> str:
+        from confluent_kafka import KafkaError
+
+        where = self.config["bootstrap.servers"]
+        why = next((e.str() for e in self._errors  # the cause, not "1/1 brokers are down"
+                    if e.code() != KafkaError._ALL_BROKERS_DOWN), "")
+        why = re.sub(r"^\S+/bootstrap: | \(after \d+ms in state \w+\)$", "", why) or \
+            str(exc.args[0].str() if exc.args else exc)
+        return (f"kafka://{where}: cannot reach the broker ({why}); check the host and port "
+                "in kafka://host:port/topic and that the broker is running")
 
     def topic_id(self, topic: str) -> str:
         """The topic's id (a re-created topic has another); '' if the broker has none."""

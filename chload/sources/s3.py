@@ -20,12 +20,13 @@ import http.client
 import re
 import ssl
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from urllib.parse import urlsplit
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
 
 from chload.errors import SourceError, TransientError, UsageError
-from chload.formats import detect
+from chload.formats import LINE_FORMATS, detect, magic
 from chload.retry import RetryPolicy, retry
 from chload.schema import quote_str
 from chload.sources import SourceContext, SourceFile, aws, expand_braces
@@ -34,6 +35,8 @@ from chload.sources.remote import RemoteSource, brace_list
 _GLOB = re.compile(r"[*?\[]")
 _HIDDEN = (".", "_")
 PAGE_SIZE = 1000
+SNIFF_BYTES = 6  # enough for every compression's magic (formats.MAGIC)
+SNIFF_PARALLEL = 16
 RETRY = RetryPolicy(attempts=3, base_seconds=0.5, jitter=False)  # 0.5 s, then 1 s
 
 
@@ -59,13 +62,38 @@ def list_s3(pattern: str, fmt: str | None, compression: str | None,
     """Every object the pattern names, sorted by key, each with its identity.
     `config`: endpoint, region and credentials, resolved once by the caller (aws.py)."""
     bucket, key_pattern = parse_uri(pattern)
-    objects = find_objects(Lister(config), bucket, key_pattern)
+    lister = Lister(config)  # its config follows a bucket's region redirect
+    objects = find_objects(lister, bucket, key_pattern)
     if not objects:
         what = "no object matches" if _GLOB.search(key_pattern) or "{" in key_pattern else \
             "no such object, nor objects under it"
         raise SourceError(f"{pattern}: {what} at {config.endpoint}; check the bucket, "
                           "key and pattern (or the endpoint: --s3-endpoint, AWS_ENDPOINT_URL)")
-    return [describe(config, bucket, o, fmt, compression) for o in objects]
+    files = [describe(config, bucket, o, fmt, compression) for o in objects]
+    return files if compression is not None else sniffed(lister, bucket, files)
+
+
+def sniffed(lister: Lister, bucket: str, files: list[SourceFile]) -> list[SourceFile]:
+    """Text objects whose names show no compression, with the one their first bytes
+    show (a gzip export saved as `trips.csv`, as local.py does for files): the engine
+    would otherwise read gzip bytes as text and make a column of them. The first such
+    object is asked (6 bytes, one ranged GET); only if it is compressed are the others
+    (SNIFF_PARALLEL at once, a connection each), so plain text costs one request."""
+    plain = [i for i, f in enumerate(files) if f.format.compression == "none"
+             and f.format.name in LINE_FORMATS and f.size > 0]
+    if not plain or magic(lister.head(bucket, parse_uri(files[plain[0]].uri)[1])) == "none":
+        return files
+
+    def method(i: int) -> str:
+        return magic(Lister(lister.config).head(bucket, parse_uri(files[i].uri)[1]))
+
+    with ThreadPoolExecutor(min(SNIFF_PARALLEL, len(plain)),
+                            thread_name_prefix="chload-sniff") as pool:
+        methods = list(pool.map(method, plain))
+    out = list(files)
+    for i, m in zip(plain, methods, strict=True):
+        out[i] = replace(files[i], format=replace(files[i].format, compression=m))
+    return out
 
 
 def find_objects(lister: Lister, bucket: str, key_pattern: str) -> list[S3Object]:
@@ -118,13 +146,21 @@ class KeyMatcher:
         if key.endswith("/"):  # a folder marker, not data
             return False
         if self.regex is not None:
-            return self.regex.fullmatch(key) is not None
+            return self.regex.fullmatch(key) is not None and not self._hidden(key)
         if key == self.pattern:
             return True
         directory = self.pattern.rstrip("/") + "/" if self.pattern else ""
         if not key.startswith(directory):
             return False
         return not any(part.startswith(_HIDDEN) for part in key[len(directory):].split("/"))
+
+    def _hidden(self, key: str) -> bool:
+        """A glob skips what Spark and Hadoop write next to their data and never read as
+        data (`_SUCCESS`, `_committed_*`, `_temporary/`, `.part-0.crc`), as the directory
+        form does, unless the pattern names such a name itself (`_*`, `.x`)."""
+        named = {seg[0] for seg in self.pattern.split("/") if seg.startswith(_HIDDEN)}
+        return any(part.startswith(_HIDDEN) and part[0] not in named
+                   for part in key.split("/"))
 
 
 def glob_regex(pattern: str) -> str:
@@ -224,6 +260,18 @@ class Lister:
             return self._get(bucket, prefix, params)
         raise listing_error(where, self.config, status, body)
 
+    def head(self, bucket: str, key: str) -> bytes:
+        """The object's first bytes (SNIFF_BYTES); b"" if it cannot be read now (the
+        engine says why when it reads it)."""
+        # every reserved character escaped, as SigV4's canonical path has it
+        url = f"{self.config.bucket_url(bucket)}/{quote(key, safe='/~-._')}"
+        try:
+            status, _, body = self._request(url, {"range": f"bytes=0-{SNIFF_BYTES - 1}"})
+        except (OSError, http.client.HTTPException):
+            self._close()
+            return b""
+        return body[:SNIFF_BYTES] if status in (200, 206) else b""
+
     def _exchange(self, url: str, where: str) -> tuple[int, dict[str, str], bytes]:
         """One request; a network failure is a TransientError (the connection closed)."""
         try:
@@ -234,7 +282,8 @@ class Lister:
                 f"{where}: cannot reach {self.config.endpoint} ({_reason(exc)}); "
                 "check --s3-endpoint or AWS_ENDPOINT_URL") from None
 
-    def _request(self, url: str) -> tuple[int, dict[str, str], bytes]:
+    def _request(self, url: str, extra: dict[str, str] | None = None,
+                 ) -> tuple[int, dict[str, str], bytes]:
         parts = urlsplit(url)
         if self._conn is None or self._host != parts.netloc:
             self._close()
@@ -246,7 +295,8 @@ class Lister:
                 self._conn = http.client.HTTPConnection(parts.netloc, timeout=self.timeout)
             self._host = parts.netloc
         headers = aws.sign("GET", url, self.config.region, self.config.credentials)
-        self._conn.request("GET", f"{parts.path or '/'}?{parts.query}", headers=headers)
+        path = f"{parts.path or '/'}?{parts.query}" if parts.query else parts.path or "/"
+        self._conn.request("GET", path, headers={**headers, **(extra or {})})
         response = self._conn.getresponse()
         body = response.read()
         return response.status, {k.lower(): v for k, v in response.getheaders()}, body
