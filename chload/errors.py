@@ -292,12 +292,33 @@ def _shorten(match: re.Match[str]) -> str:
     return f"before: '{text[:24]}{'...' if len(text) > 24 else ''}'"
 
 
+_SECRETS: set[str] = set()
+
+
+def keep_secret(value: str) -> None:
+    """A value no message may show: a URL's signature or token (sources/http.py). The
+    engine quotes the URLs it fails to read, in full; every engine or server message
+    chload turns into an error has these masked (`***`). A value under 4 characters is
+    not taken: it would mask ordinary words."""
+    if len(value) >= 4:
+        _SECRETS.add(value)
+
+
+def unsecret(text: str) -> str:
+    """`text` with every value given to keep_secret masked, longest first."""
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
 def from_engine_message(message: str, context: str) -> ChloadError:
     """Convert a ClickHouse error text into the matching chload error.
 
     `context` names what was being done ("trips_003.csv.gz", "table trips") and
-    starts the message, so every error says what it was about.
+    starts the message, so every error says what it was about. Secrets the engine
+    quotes are masked (keep_secret).
     """
+    message = unsecret(message)
     code = engine_code(message)
     innermost = int(re.findall(_CODE, message)[-1]) if code is not None else 0  # a nested cause's
     hint = _HINTS.get(innermost, "")
@@ -361,7 +382,7 @@ def server_error(status: int, body: str, context: str) -> ChloadError:
     transient code, or a 5xx without one, a TransientError; the rest as the engine's.
     """
     code = engine_code(body)
-    text = normalize(body) or f"HTTP {status}"
+    text = unsecret(normalize(body)) or f"HTTP {status}"
     if status in (401, 403) or code in _AUTH_CODES:
         return AuthError(context=context, code=code,
                          reason=f"authentication failed ({one_line(text)}); check the user "

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from chload.errors import SourceError, TransientError, UsageError
+from chload.errors import SourceError, TransientError, UsageError, keep_secret
 from chload.formats import LINE_FORMATS, detect, magic
 from chload.retry import RetryPolicy, retry
 from chload.schema import quote_str
@@ -195,8 +195,16 @@ def redact(url: str) -> str:
     """The URL without `user:password@`, and with the values of query parameters that
     carry a secret masked (a presigned S3 URL's X-Amz-Signature, a SAS `sig`, a
     `token=`): the uri in the ledger, messages and the run history. The engine gets
-    the URL as written; a URL presigned anew is then the same uri, loaded once."""
+    the URL as written; a URL presigned anew is then the same uri, loaded once. The
+    engine's own messages quote that URL: its secrets are kept (errors.keep_secret) for
+    every message made of them to mask."""
     parts = urlsplit(url)
+    for found in _SECRET_PARAM.finditer(parts.query):
+        value = parts.query[found.end(1):found.end()]
+        keep_secret(value)
+        keep_secret(unquote(value))
+    if parts.password:
+        keep_secret(parts.password)
     if "@" in parts.netloc:
         parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1])
     if parts.query:

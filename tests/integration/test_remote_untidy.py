@@ -129,6 +129,9 @@ class _Untidy(http.server.BaseHTTPRequestHandler):
             "/broken.csv": (500, b"oops", []),
             "/chunked.csv": (200, b"", [("Content-Type", "text/csv")]),  # body below
         }
+        if path == "/expired.csv":  # a presigned URL that expired between HEAD and GET
+            answers[path] = ((403, b"expired", []) if get
+                             else (200, CSV, [("Content-Type", "text/csv")]))
         if path == "/private.csv":
             auth = "Basic " + base64.b64encode(b"loader:pw@Secret9").decode()
             answers[path] = ((200, CSV, [("Content-Type", "text/csv")])
@@ -219,6 +222,20 @@ def test_http_query_secrets_stay_out(server: str, tmp_path: Path) -> None:
     stored = [p for p in Path(target).rglob("*") if p.is_file()
               and secret.encode() in p.read_bytes()]
     assert not stored  # the ledger's tables, the history's, table metadata
+
+
+def test_a_secret_the_engine_quotes_is_masked(server: str, tmp_path: Path) -> None:
+    """The engine's error quotes the URL it failed to read, in full: a signature in it
+    reached the output (`Received error from remote server ...?X-Amz-Signature=...`)."""
+    secret = "s3cr3tSig0xyz"
+    url = f"{server}/expired.csv?X-Amz-Signature={secret}&id=3"
+    target = str(tmp_path / "target")
+    for extra in ([], ["--schema", "a String"]):  # failed inference, failed load
+        out, _ = _load(url, target, "t", None, *extra)
+        assert out.returncode != 0 and "403" in out.stdout + out.stderr, out.stderr
+        assert secret not in out.stdout + out.stderr
+    files = run_chload("files", "--table", "t", "--target", target, "--json")
+    assert secret not in files.stdout
 
 
 def test_http_basic_auth_in_the_url(server: str, tmp_path: Path) -> None:
