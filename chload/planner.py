@@ -244,9 +244,9 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
             if header and set(header) <= set(by_name):
                 return [by_name[n] for n in header]
     for sample in candidates:
-        unreadable = sniff.UTF16 if sniff.utf16(sample) else sniff.excel_hint(sample)
-        if unreadable:  # fails alone (check_headers); another sample may decide
-            failed = failed or (sample, SourceError(context=sample.uri, reason=unreadable))
+        why = sniff.unreadable(sample)
+        if why:  # fails alone (check_headers); another sample may decide
+            failed = failed or (sample, Unreadable(context=sample.uri, reason=why))
             continue
         try:
             columns = _infer(target, sample, existing is None, tolerate, dates_told)
@@ -264,7 +264,7 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
         return _table_columns(existing)
     assert failed is not None
     first, error = failed
-    if error.reason == sniff.UTF16 or error.reason.startswith("its first line 'sep="):
+    if isinstance(error, Unreadable):
         raise error
     ragged = re.search(r"number of column names (\d+) differs with the number of types (\d+)",
                        error.reason)
@@ -276,6 +276,10 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
     reason = error.reason
     raise SourceError(f"{first.uri}: cannot infer its columns ({reason}); check --format, "
                       "or pass --schema 'name Type, ...'") from error
+
+
+class Unreadable(SourceError):
+    """A file that cannot be read as written (sniff.unreadable): said as it is."""
 
 
 def _table_columns(existing: list[Column]) -> list[Column]:
@@ -363,10 +367,9 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
         fields = headers.get(f.uri)
         problem = fields and _mismatch(header_columns(fields), read, table_columns, audit,
                                        by_position)
-        unreadable = sniff.delimiter(f.format) is not None and (
-            sniff.UTF16 if sniff.utf16(f) else sniff.excel_hint(f))
-        if unreadable:
-            checked.refused.append((f, f"{f.uri}: {unreadable}"))
+        why = sniff.unreadable(f)
+        if why:
+            checked.refused.append((f, f"{f.uri}: {why}"))
         elif f.uri in extra:
             checked.refused.append((f, f"{f.uri}: its columns do not fit table "
                                        f"{table.display}: columns in the data but not in the "

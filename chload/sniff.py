@@ -146,34 +146,31 @@ def first_text(file: SourceFile) -> str | None:
     return text
 
 
-UTF16 = ("the file is UTF-16 text (it begins with a UTF-16 byte order mark, as Windows "
-         "tools write 'Unicode' text); convert it to UTF-8, e.g. iconv -f UTF-16 -t UTF-8 "
-         "FILE > FILE.utf8, and load that")
-
-
-def utf16(file: SourceFile) -> bool:
-    """Whether a local text file begins with a UTF-16 byte order mark: the engine reads
-    UTF-8 only, and would say "Rows have different amount of values"."""
+def unreadable(file: SourceFile) -> str | None:
+    """Why a local CSV/TSV file cannot be read as written, from one read of its first
+    line, or None: UTF-16 text (a UTF-16 byte order mark, as Windows tools write
+    "Unicode" text; the engine reads UTF-8 only, and said "Rows have different amount
+    of values"), or Excel's delimiter hint as the first line (`sep=;`, which no engine
+    skips: it became the header, and the real header a row)."""
     opener = _OPENERS.get(file.format.compression)
-    if opener is None or not file.local_path or not read_again(file):
-        return False
+    if delimiter(file.format) is None or opener is None or not file.local_path \
+            or not read_again(file):
+        return None
     try:
         with opener(file.local_path) as stream:
-            return stream.read(2) in (b"\xff\xfe", b"\xfe\xff")
+            line = stream.readline(LIMIT)
     except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError):
-        return False
-
-
-def excel_hint(file: SourceFile) -> str | None:
-    """Why a local CSV file cannot be read as written, when its first line is Excel's
-    delimiter hint (`sep=;`), a line no engine skips: its header would be `sep=`."""
-    text = first_text(file) if delimiter(file.format) is not None else None
-    line = (text or "").removeprefix(BOM).rstrip("\r\n")
-    if not re.fullmatch(r"sep=.", line):
         return None
-    return (f"its first line {line!r} is Excel's delimiter hint, not data or a header; "
-            f"remove it (e.g. tail -n +2 FILE > FILE.csv) and load that, with --setting "
-            f"format_csv_delimiter={line[4:]} if the delimiter is not guessed")
+    if line[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return ("the file is UTF-16 text (it begins with a UTF-16 byte order mark, as "
+                "Windows tools write 'Unicode' text); convert it to UTF-8, e.g. iconv -f "
+                "UTF-16 -t UTF-8 FILE > FILE.utf8, and load that")
+    hint = line.decode("utf-8", errors="replace").removeprefix(BOM).rstrip("\r\n")
+    if re.fullmatch(r"sep=.", hint):
+        return (f"its first line {hint!r} is Excel's delimiter hint, not data or a header; "
+                f"remove it (e.g. tail -n +2 FILE > FILE.csv) and load that, with --setting "
+                f"format_csv_delimiter={hint[4:]} if the delimiter is not guessed")
+    return None
 
 
 def _unescape_tsv(field: str) -> str:
