@@ -7,9 +7,12 @@ with the install command to run, rather than skipping silently: CI installs them
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,3 +129,17 @@ def run_chload(*args: str, stdin: bytes | None = None, env: dict[str, str] | Non
         [sys.executable, "-m", "chload", *args], input=stdin.decode() if stdin else None,
         capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
     )
+
+
+@contextlib.contextmanager
+def serving_http(handler: object) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 (a free port) answering with `handler` on its own
+    threads while the block runs: its base URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

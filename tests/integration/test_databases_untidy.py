@@ -15,44 +15,24 @@ import sys
 import pytest
 import services
 from conftest import DATABASE_PASSWORD, run_chload
+from test_databases import Source
 
 pytestmark = pytest.mark.integration
 
 
-class Db:
-    """One database under test: its URL for chload, its password, SQL on it."""
-
-    def __init__(self, kind: str, server: services.Service) -> None:
-        self.kind, self.server = kind, server
-
-    def url(self, table: str) -> str:
-        if self.kind == "postgresql":
-            return f"postgresql://loader@{self.server.endpoint}/shop/public.{table}"
-        return f"mysql://loader@{self.server.endpoint}/shop/{table}"
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {"PGPASSWORD" if self.kind == "postgresql" else "MYSQL_PWD": DATABASE_PASSWORD}
-
-    def sql(self, sql: str) -> str:
-        if self.kind == "postgresql":
-            return services.postgres_sql(self.server, sql).replace("|", "\t")
-        return services.mariadb_sql(self.server, sql)
+@pytest.fixture
+def pg(postgres: services.Service) -> Source:
+    return Source("postgresql", postgres)
 
 
 @pytest.fixture
-def pg(postgres: services.Service) -> Db:
-    return Db("postgresql", postgres)
-
-
-@pytest.fixture
-def my(mariadb: services.Service) -> Db:
-    return Db("mysql", mariadb)
+def my(mariadb: services.Service) -> Source:
+    return Source("mysql", mariadb)
 
 
 @pytest.fixture(params=["postgresql", "mysql"])
-def db(request: pytest.FixtureRequest) -> Db:
-    return Db(request.param, request.getfixturevalue(
+def db(request: pytest.FixtureRequest) -> Source:
+    return Source(request.param, request.getfixturevalue(
         "postgres" if request.param == "postgresql" else "mariadb"))
 
 
@@ -62,7 +42,7 @@ def server(clickhouse: services.Service) -> tuple[str, dict[str, str]]:
             {"CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]})
 
 
-def _load(db: Db, table: str, target: str, *args: str, env: dict[str, str] | None = None,
+def _load(db: Source, table: str, target: str, *args: str, env: dict[str, str] | None = None,
           into: str = "") -> dict:
     done = run_chload("load", db.url(table), "--table", into or table, "--target", target,
                       "--json", *args, env={**db.env, **(env or {})})
@@ -71,7 +51,7 @@ def _load(db: Db, table: str, target: str, *args: str, env: dict[str, str] | Non
     return json.loads(done.stdout)
 
 
-def _refused(db: Db, table: str, target: str, *args: str, env: dict[str, str] | None = None,
+def _refused(db: Source, table: str, target: str, *args: str, env: dict[str, str] | None = None,
              into: str = "") -> str:
     """The one line of a run that must stop (exit 2), the password nowhere in it."""
     done = run_chload("load", db.url(table), "--table", into or table, "--target", target,
@@ -94,7 +74,7 @@ def _ch(target: str, sql: str, env: dict[str, str] | None = None) -> list[str]:
     return done.stdout.strip().split("\n")
 
 
-def test_a_composite_primary_key_is_the_tables_order(db: Db, table_name: str,
+def test_a_composite_primary_key_is_the_tables_order(db: Source, table_name: str,
                                                      target_dir: str,
                                                      server: tuple[str, dict[str, str]]
                                                      ) -> None:
@@ -111,7 +91,7 @@ def test_a_composite_primary_key_is_the_tables_order(db: Db, table_name: str,
         assert "ORDER BY (a, b)" in key.replace("`", ""), key
 
 
-def test_a_domain_column_is_its_base_type(pg: Db, table_name: str, target_dir: str) -> None:
+def test_a_domain_column_is_its_base_type(pg: Source, table_name: str, target_dir: str) -> None:
     pg.sql(f"""DROP DOMAIN IF EXISTS pos_{table_name}; DROP DOMAIN IF EXISTS mail_{table_name};
         CREATE DOMAIN pos_{table_name} AS int CHECK (VALUE > 0);
         CREATE DOMAIN mail_{table_name} AS varchar(40);
@@ -126,7 +106,7 @@ def test_a_domain_column_is_its_base_type(pg: Db, table_name: str, target_dir: s
 
 
 def test_a_type_not_carried_loads_with_the_schema_the_message_gives(
-        pg: Db, table_name: str, target_dir: str) -> None:
+        pg: Source, table_name: str, target_dir: str) -> None:
     """interval, money, time and numeric without a precision stop the run with one line
     naming them and a whole --schema to pass; that --schema then loads their text."""
     pg.sql(f"""CREATE TABLE {table_name} (id int PRIMARY KEY, span interval, t time,
@@ -146,7 +126,7 @@ def test_a_type_not_carried_loads_with_the_schema_the_message_gives(
 
 
 def test_mariadb_time_loads_with_the_schema_the_message_gives(
-        my: Db, table_name: str, target_dir: str) -> None:
+        my: Source, table_name: str, target_dir: str) -> None:
     my.sql(f"CREATE TABLE {table_name} (id int PRIMARY KEY, t time NOT NULL); "
            f"INSERT INTO {table_name} VALUES (1, '-838:59:59'), (2, '12:00:01')")
     line = _refused(my, table_name, target_dir)
@@ -157,7 +137,7 @@ def test_mariadb_time_loads_with_the_schema_the_message_gives(
         "-838:59:59", "12:00:01"]
 
 
-def test_whole_second_times_outside_1970_to_2106_are_kept(db: Db, table_name: str,
+def test_whole_second_times_outside_1970_to_2106_are_kept(db: Source, table_name: str,
                                                           target_dir: str) -> None:
     """A whole-second timestamp (PostgreSQL timestamp(0), MySQL datetime) was a DateTime,
     which holds 1970 to 2106 only: 1960 was loaded as 1970-01-01, silently."""
@@ -171,7 +151,7 @@ def test_whole_second_times_outside_1970_to_2106_are_kept(db: Db, table_name: st
 
 
 @pytest.mark.parametrize("reader", ["native", "client"])
-def test_a_mariadb_bit_column_is_its_number(my: Db, table_name: str, target_dir: str,
+def test_a_mariadb_bit_column_is_its_number(my: Source, table_name: str, target_dir: str,
                                             reader: str) -> None:
     my.sql(f"CREATE TABLE {table_name} (id int PRIMARY KEY, b bit(5), w bit(64) NOT NULL); "
            f"INSERT INTO {table_name} VALUES (1, b'10101', b'1{'0' * 63}'), (2, NULL, 0)")
@@ -183,7 +163,7 @@ def test_a_mariadb_bit_column_is_its_number(my: Db, table_name: str, target_dir:
 
 @pytest.mark.parametrize("reader", ["native", "client"])
 def test_mariadb_zero_dates_stop_the_run_or_load_as_the_schema_says(
-        my: Db, table_name: str, target_dir: str, reader: str) -> None:
+        my: Source, table_name: str, target_dir: str, reader: str) -> None:
     """'0000-00-00' (and a zero month or day), let in by a permissive sql_mode: the engine
     read them as 1900-01-01 and 2026-01-01, silently. Now the range fails (the native
     reader names the column and the --schema to pass); typed Nullable they are NULL,
@@ -216,7 +196,7 @@ def test_mariadb_zero_dates_stop_the_run_or_load_as_the_schema_says(
 
 
 def test_a_postgres_array_of_two_dimensions_is_refused_not_emptied(
-        pg: Db, table_name: str, target_dir: str) -> None:
+        pg: Source, table_name: str, target_dir: str) -> None:
     """int[] may hold {{1,2},{3,4}}: it was loaded as [], silently. Now its range fails
     naming the column; --schema String loads every array's JSON text."""
     pg.sql(f"CREATE TABLE {table_name} (id int PRIMARY KEY, a int[], t text[]); "
@@ -231,7 +211,7 @@ def test_a_postgres_array_of_two_dimensions_is_refused_not_emptied(
         "[1,2]\t['x',NULL,'y z']", "[[1,2],[3,4]]\t[]", "\\N\t[]"]
 
 
-def test_a_table_not_found_says_where_one_of_that_name_is(pg: Db, my: Db, table_name: str,
+def test_a_table_not_found_says_where_one_of_that_name_is(pg: Source, my: Source, table_name: str,
                                                          target_dir: str) -> None:
     """A table in another schema than public, or spelt in another case: the one line
     says which URL to use; that URL loads (quoted names with spaces too)."""
@@ -256,7 +236,7 @@ def test_a_table_not_found_says_where_one_of_that_name_is(pg: Db, my: Db, table_
 
 
 def test_an_empty_table_is_created_and_its_rows_load_later(
-        db: Db, table_name: str, target_dir: str, server: tuple[str, dict[str, str]]) -> None:
+        db: Source, table_name: str, target_dir: str, server: tuple[str, dict[str, str]]) -> None:
     """An empty table with an integer key listed no unit, so no table was made."""
     db.sql(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, v text)")
     targets = ((target_dir, {}), server)
@@ -271,7 +251,7 @@ def test_an_empty_table_is_created_and_its_rows_load_later(
         assert _load(db, table_name, target, env=env)["rows_loaded"] == 0
 
 
-def test_a_latin1_postgres_database_loads_as_utf8(pg: Db, table_name: str,
+def test_a_latin1_postgres_database_loads_as_utf8(pg: Source, table_name: str,
                                                   target_dir: str) -> None:
     """psql's client encoding followed the locale, so a LATIN1 database's text came as
     Latin-1 bytes (invalid UTF-8 in ClickHouse), silently."""
@@ -293,7 +273,7 @@ def test_a_latin1_postgres_database_loads_as_utf8(pg: Db, table_name: str,
         "café naïve\t636166C3A9206E61C3AF7665"]
 
 
-def test_postgres_arrays_of_varchar_n_and_char_n_are_arrays(pg: Db, table_name: str,
+def test_postgres_arrays_of_varchar_n_and_char_n_are_arrays(pg: Source, table_name: str,
                                                             target_dir: str) -> None:
     """varchar(20)[] was refused (its element type, with its length, matched no entry)."""
     pg.sql(f"CREATE TABLE {table_name} (id int PRIMARY KEY, tags varchar(20)[], "
@@ -304,7 +284,7 @@ def test_postgres_arrays_of_varchar_n_and_char_n_are_arrays(pg: Db, table_name: 
         "['a',NULL,'b c']\t['x ','yz']", "[]\t[]"]
 
 
-def test_a_zero_datetime_not_null_names_its_nullable_type(my: Db, table_name: str,
+def test_a_zero_datetime_not_null_names_its_nullable_type(my: Source, table_name: str,
                                                           target_dir: str) -> None:
     my.sql(f"SET SESSION sql_mode = ''; CREATE TABLE {table_name} (id int PRIMARY KEY, "
            f"at datetime NOT NULL); INSERT INTO {table_name} VALUES (1, 0)")
@@ -314,7 +294,7 @@ def test_a_zero_datetime_not_null_names_its_nullable_type(my: Db, table_name: st
 
 
 def test_no_postgres_password_at_a_terminal_is_one_line_not_a_prompt(
-        pg: Db, table_name: str, target_dir: str) -> None:
+        pg: Source, table_name: str, target_dir: str) -> None:
     """At a terminal, psql asked for the password on /dev/tty (two of them at once,
     under the progress bar) and the run waited; now it never asks, and says how to
     give the password."""
@@ -356,7 +336,7 @@ def test_no_postgres_password_at_a_terminal_is_one_line_not_a_prompt(
     assert "no password supplied; give it by $PGPASSWORD" in text, text
 
 
-def test_no_mariadb_password_says_how_to_give_it(my: Db, table_name: str,
+def test_no_mariadb_password_says_how_to_give_it(my: Source, table_name: str,
                                                  target_dir: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "MYSQL_PWD"}
     env["HOME"] = target_dir + "-home"  # no ~/.my.cnf

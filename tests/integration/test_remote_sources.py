@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 import services
 from common import make_trips
-from conftest import ROOT, run_chload
+from conftest import ROOT, run_chload, serving_http
 
 pytestmark = pytest.mark.integration
 
@@ -243,12 +242,8 @@ def http_server(trips: Path) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
     handler = functools.partial(Quiet, directory=str(trips))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving_http(handler) as url:
+        yield url
 
 
 def test_http_loads_exactly(http_server: str, tmp_path: Path) -> None:

@@ -10,14 +10,13 @@ import http.server
 import io
 import json
 import subprocess
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import services
-from conftest import run_chload
+from conftest import run_chload, serving_http
 
 pytestmark = pytest.mark.integration
 
@@ -157,12 +156,8 @@ class _Untidy(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Untidy)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with serving_http(_Untidy) as url:
+        yield url
 
 
 @pytest.mark.parametrize("path", ["/moved.csv", "/export", "/download?id=3", "/packed.csv",
