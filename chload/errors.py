@@ -292,6 +292,9 @@ def _shorten(match: re.Match[str]) -> str:
     return f"before: '{text[:24]}{'...' if len(text) > 24 else ''}'"
 
 
+# The way on past rows the engine cannot read, said by every message about them.
+KEEP_BAD_ROWS = "--max-errors N to load the other rows and keep such rows in chload.rejects"
+
 _SECRETS: set[str] = set()
 
 

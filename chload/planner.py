@@ -21,7 +21,7 @@ from chload.dialect import (
     samples,
 )
 from chload.dialect import resolve_format as resolve_format
-from chload.errors import ChloadError, SchemaError, SourceError, UsageError
+from chload.errors import KEEP_BAD_ROWS, ChloadError, SchemaError, SourceError, UsageError
 from chload.formats import check_compression
 from chload.ledger import FileEvent, TableState
 from chload.rejects import ErrorBudget
@@ -271,8 +271,7 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
     if ragged:
         raise SourceError(f"{first.uri}: a row has {ragged.group(2)} fields where the header "
                           f"names {ragged.group(1)} columns; fix the file, or pass --schema "
-                          "'name Type, ...' with --max-errors N to load the other rows and keep "
-                          "such rows in chload.rejects") from error
+                          f"'name Type, ...' with {KEEP_BAD_ROWS}") from error
     reason = error.reason
     raise SourceError(f"{first.uri}: cannot infer its columns ({reason}); check --format, "
                       "or pass --schema 'name Type, ...'") from error

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from chload.errors import ChloadError, DataError, backpressure
+from chload.errors import KEEP_BAD_ROWS, ChloadError, DataError, backpressure
 from chload.retry import DEFAULT_POLICY, RetryPolicy, Sleep, call_with_retries
 from chload.sources import RunSources
 from chload.targets import Loaded, LoadJob, Target
@@ -83,8 +83,7 @@ def next_step(error: ChloadError, job: LoadJob) -> str:
     run gave no error budget: the rest of the file can load and the row be kept."""
     if isinstance(error, DataError) and error.row is not None and \
             not job.budget.allows_errors:
-        return ("; pass --max-errors N to load the other rows and keep such rows in "
-                "chload.rejects")
+        return f"; pass {KEEP_BAD_ROWS}"
     return ""
 
 

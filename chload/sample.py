@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from chload.errors import DataError, SchemaError
+from chload.errors import KEEP_BAD_ROWS, DataError, SchemaError
 from chload.schema import NULL_SAMPLE_ROWS, Column, Query, quote_ident, quote_str, structure
 
 
@@ -73,20 +73,22 @@ def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
     except DataError as exc:
         raise misfit_error(columns, exc.column, re.sub(
             r"^column \S+: |\s*\(at row \d+\)", "", exc.reason)) from exc
+    # The types a table would get: a --schema suggested below keeps a leading zero too.
+    refined = [_refine(c, stats, tolerate) for c in columns]
     wrong = [c for c in digits if stats.get(f"not_int:{c.name}")] if not tolerate else []
     if wrong:  # read as text: a value that is no integer was counted, not raised
         value = _sample_stats(query, source, (), (), settings, (), wrong[:1], found=True)
-        raise misfit_error(columns, wrong[0].name,
+        raise misfit_error(refined, wrong[0].name,
                            f"{value.found[wrong[0].name]!r} is not {_base(wrong[0].type)}")
     for c in dates:
         def example(c: Column = c) -> str:
             return _sample_stats(query, source, (), (), settings, dates=[c],
                                  found=True).found[c.name]
-        date_order(columns, c, stats, example)
+        date_order(refined, c, stats, example)
     if stats.get("header:rows") and not tolerate:
         repeated_header(columns, _sample_stats(query, source, (), columns, settings),
                         stats["header:rows"])
-    return [_refine(c, stats, tolerate) for c in columns]
+    return refined
 
 
 # A date written `03/04/2024` (or with `-` or `.`): day/month or month/day? The engine
@@ -137,8 +139,7 @@ def repeated_header(columns: Sequence[Column], stats: dict[str, int], repeats: i
         raise SampleMisfit(reason=f"the header line comes again as a row ({times} in "
                                   f"the first {NULL_SAMPLE_ROWS:,} rows, as when files are "
                                   f"joined with cat), which would make {shown} text; pass "
-                                  "--max-errors N to load the other rows and keep those lines "
-                                  "in chload.rejects, or remove them from the file")
+                                  f"{KEEP_BAD_ROWS}, or remove those lines from the file")
 
 
 _SKIP_BAD_ROWS = "input_format_allow_errors_num = 1000000000"
@@ -160,12 +161,10 @@ def misfit_error(columns: Sequence[Column], column: str | None, text: str) -> Sa
             for c in base)
         return SampleMisfit(reason=f"column {column}: {text}, the type the file's first "
                                   f"rows gave it; pass --schema '{schema}' to read the column "
-                                  "as text, or --max-errors N to load the other rows and keep "
-                                  "such rows in chload.rejects")
+                                  f"as text, or {KEEP_BAD_ROWS}")
     return SampleMisfit(reason=f"a row after the first ones does not fit the columns they "
-                              f"gave ({text}); "
-                              "pass --schema 'name Type, ...', or --max-errors N to load the "
-                              "other rows and keep such rows in chload.rejects")
+                              f"gave ({text}); pass --schema 'name Type, ...', or "
+                              f"{KEEP_BAD_ROWS}")
 
 
 def _schema_name(name: str) -> str:

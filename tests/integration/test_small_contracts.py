@@ -397,3 +397,13 @@ def test_a_parquet_column_the_table_lacks_fails_its_file_not_dropped(
     code, report, err = load(target, str(lake / "b.parquet"), "--table", "lake", "--schema",
                              "id UInt64, v Int32")  # as the message says
     assert code == 0 and report["rows_loaded"] == 5, err
+
+
+def test_a_suggested_schema_keeps_the_leading_zeros_the_sample_saw(
+        tmp_path: Path, target: tuple[str, dict]) -> None:
+    """The --schema a refusal suggests came from the engine's first types: following it
+    typed a zip code column Int64 again, and lost its zeros."""
+    data = tmp_path / "people.csv"
+    data.write_text("zip,d\n02134,01/13/2024\n10001,03/04/2024\n")
+    code, _, err = load(target, str(data), "--table", "zips_dates")
+    assert code == 2 and "--schema 'zip String, d String'" in err, err
