@@ -289,7 +289,8 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
         checked = planner.check_headers(target, table, plan.to_load,
                                         existing or columns, read_columns, spec.audit,
                                         named=planner.reads_by_name(spec.schema,
-                                                                    spec.settings))
+                                                                    spec.settings),
+                                        settings=spec.settings)
         to_load, settings = checked.files, (*checked.settings, *settings)
         refused += _refuse(target, table, checked.refused, report.run_id, listener)
         if refused and spec.on_error == "abort":

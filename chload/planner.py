@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from chload import sniff
+from chload import fit, sniff
 from chload.dialect import csv_settings as csv_settings
 from chload.dialect import (
     first_line,
@@ -344,7 +344,8 @@ class HeaderCheck:
 
 def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
                   table_columns: Sequence[Column], read_columns: Sequence[Column],
-                  audit: bool, named: bool = True) -> HeaderCheck:
+                  audit: bool, named: bool = True,
+                  settings: Sequence[tuple[str, str]] = ()) -> HeaderCheck:
     """Every CSV/TSV file's own header matched against the columns the run reads; with
     `named` (no --schema chose the columns, no setting drops unknown ones), every
     Parquet/ORC/... file's columns against the table's (_extra_columns).
@@ -354,7 +355,10 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     names): such a file fails alone, its message listing the missing and unknown
     columns. If no file fits, that is an error before loading (SchemaError). A local
     file's header costs one short read (sniff.py); a remote file's, one engine query,
-    eight at a time.
+    eight at a time. A local text file's first values are held against the table's
+    types (fit.py: ClickHouse would store a NULL, or a number or date the type cannot
+    hold, as another value); one that does not fit fails the file alone. `settings`:
+    the run's, which may ask for defaults in place of NULLs.
     """
     headers = _headers(target, [f for f in files if f.format.has_header
                                 and sniff.delimiter(f.format)])
@@ -362,6 +366,7 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     read = [c.name for c in read_columns]
     checked = HeaderCheck([], settings=BY_POSITION if by_position else ())
     extra = _extra_columns(target, files, table_columns) if named else {}
+    told = dict(settings)
     for f in files:
         fields = headers.get(f.uri)
         problem = fields and _mismatch(header_columns(fields), read, table_columns, audit,
@@ -381,6 +386,8 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
                                        f"{table.display}: {problem}. Fix the header or the "
                                        f"table; if its first line is data, pass --format "
                                        f"{base}"))
+        elif (misfit := fit.check(f, table_columns, read, told, table.display)):
+            checked.refused.append((f, f"{f.uri}: {misfit.message()}"))
         else:
             checked.files.append(f)
     if checked.refused and not checked.files:

@@ -110,7 +110,8 @@ def _check_files(t: Target, spec: LoadSpec, name: planner.TableName,
         described=described, dates_told="date_time_input_format" in dict(spec.settings))
     checked = planner.check_headers(t, name, files, existing or columns, read_columns,
                                     audit=False,
-                                    named=planner.reads_by_name(spec.schema, spec.settings))
+                                    named=planner.reads_by_name(spec.schema, spec.settings),
+                                    settings=spec.settings)
     refused = {f.uri: why for f, why in checked.refused}
     settings = (*checked.settings, *spec.settings, *planner.csv_settings(files, spec.settings))
     return untold + [FileCheck(f.uri, failure=refused[f.uri], within_budget=False)

@@ -1,0 +1,56 @@
+"""Values a column cannot hold (fit.py), on both targets: the file that holds one fails
+alone before any of its rows load, the others load, nothing is changed without a word.
+Before, each of these loaded and stored another value (NULL -> 0, 300 -> 44,
+1960-01-01 -> 1970-01-01 or 0000-00-00)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_small_contracts import load, sql, target  # noqa: F401 (target: a fixture)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("table, schema, bad, says", [
+    ("fit_nulls", "id Int64, v Int64", "3,\n", "line 2, column v: an empty value in a column "
+     "that is not Nullable (Int64)"),
+    ("fit_wrap", "id Int64, v UInt8", "3,300\n", "line 2, column v: '300' is outside UInt8"),
+    ("fit_dates", "id Int64, v Date", "3,1960-01-01\n", "line 2, column v: '1960-01-01' is "
+     "outside the dates Date holds"),
+])
+def test_a_file_with_a_value_its_column_cannot_hold_fails_alone(
+        tmp_path: Path, target: tuple[str, dict], table: str,  # noqa: F811
+        schema: str, bad: str, says: str) -> None:
+    good_value = "2024-05-01" if "Date" in schema else "7"
+    (tmp_path / "a_good.csv").write_text(f"id,v\n1,{good_value}\n2,{good_value}\n")
+    (tmp_path / "b_bad.csv").write_text("id,v\n" + bad)
+    code, report, err = load(target, str(tmp_path / "a_good.csv"), str(tmp_path / "b_bad.csv"),
+                             "--table", table, "--schema", schema)
+    assert code == 1, err
+    failed = {f["uri"].rsplit("/", 1)[-1]: f for f in report["files"]}
+    assert failed["b_bad.csv"]["status"] == "failed"
+    assert says in failed["b_bad.csv"]["error"], failed["b_bad.csv"]
+    assert "ALTER TABLE default." + table in failed["b_bad.csv"]["error"]
+    assert sql(target, f"SELECT count(), countIf(id = 3) FROM {table}") == "2\t0"
+
+
+def test_nulls_load_as_defaults_when_asked(tmp_path: Path,
+                                           target: tuple[str, dict]) -> None:  # noqa: F811
+    data = tmp_path / "nulls.csv"
+    data.write_text("id,v\n1,\n2,5\n")
+    code, _, err = load(target, str(data), "--table", "fit_defaults", "--schema",
+                        "id Int64, v Int64", "--setting", "input_format_null_as_default=1")
+    assert code == 0, err
+    assert sql(target, "SELECT v FROM fit_defaults ORDER BY id") == "0\n5"
+
+
+def test_a_nullable_column_keeps_the_null(tmp_path: Path,
+                                          target: tuple[str, dict]) -> None:  # noqa: F811
+    data = tmp_path / "nulls.csv"
+    data.write_text("id,v\n1,\n2,5\n")
+    code, _, err = load(target, str(data), "--table", "fit_nullable", "--schema",
+                        "id Int64, v Nullable(Int64)")
+    assert code == 0, err
+    assert sql(target, "SELECT isNull(v) FROM fit_nullable ORDER BY id") == "1\n0"

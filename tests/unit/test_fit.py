@@ -1,0 +1,122 @@
+"""fit.py: values a column cannot hold, found in a file's start (no engine)."""
+
+from __future__ import annotations
+
+import gzip
+import re
+from pathlib import Path
+
+import pytest
+
+from chload import fit
+from chload.formats import FileFormat
+from chload.schema import Column
+from chload.sources import SourceFile
+
+
+def _file(path: Path, data: str, fmt: str = "CSVWithNames") -> SourceFile:
+    compression = "gzip" if path.suffix == ".gz" else "none"
+    raw = data.encode()
+    path.write_bytes(gzip.compress(raw) if compression == "gzip" else raw)
+    return SourceFile(str(path), path.stat().st_size, 0, FileFormat(fmt, compression),
+                      local_path=str(path))
+
+
+def _check(tmp_path: Path, data: str, types: str, fmt: str = "CSVWithNames",
+           settings: dict | None = None, name: str = "f.csv") -> str:
+    columns = [Column(*c.split(" ", 1)) for c in re.split(r",\s*(?=\w+ )", types)]
+    found = fit.check(_file(tmp_path / name, data, fmt), columns,
+                      [c.name for c in columns], settings or {}, "db.t")
+    return found.message() if found else ""
+
+
+@pytest.mark.parametrize("data, types, says", [
+    ("id,v\n1,5\n2,\n", "id Int64, v Int64", "line 3, column v: an empty value in a column "
+     "that is not Nullable (Int64)"),
+    ("id,v\n1,\\N\n", "id Int64, v Int64", "line 2, column v: NULL in a column"),
+    ('id,v\n1,""\n', "id Int64, v Date", "an empty value in a column that is not Nullable"),
+    ("id,v\n1,300\n", "id Int64, v UInt8", "'300' is outside UInt8 (0 to 255)"),
+    ("id,v\n1,-129\n", "id Int64, v Int8", "'-129' is outside Int8 (-128 to 127)"),
+    ("id,v\n1,9999999999999999999\n", "id Int64, v Int64", "is outside Int64"),
+    ("id,v\n1,4294967296\n", "id Int64, v UInt32", "e.g. UInt64"),
+    ("id,d\n1,1960-01-01\n", "id Int64, d Date", "'1960-01-01' is outside the dates Date "
+     "holds (1970-01-01 to 2149-06-06)"),
+    ("id,d\n1,2200-01-01 00:00:00\n", "id Int64, d DateTime('UTC')",
+     "outside the dates DateTime holds"),
+    ("id,d\n1,1899-12-31\n", "id Int64, d Date32", "outside the dates Date32 holds"),
+    ("id,f\n1,1e39\n", "id Int64, f Float32", "'1e39' is beyond Float32's range"),
+    ("id,m\n1,1.50\n2,1.239\n", "id Int64, m Decimal(10, 2)", "line 3, column m: '1.239' has "
+     "more decimal places than Decimal(10, 2) keeps (2)"),
+    ("id,m\n1,1.239\n", "id Int64, m Decimal64(2)", "more decimal places"),
+])
+def test_a_value_the_column_cannot_hold_is_named(tmp_path: Path, data: str, types: str,
+                                                  says: str) -> None:
+    assert says in _check(tmp_path, data, types)
+
+
+@pytest.mark.parametrize("data, types", [
+    ("id,v\n1,5\n2,7\n", "id Int64, v Int64"),
+    ("id,v\n1,\n2,\\N\n", "id Int64, v Nullable(Int64)"),
+    ("id,v\n1,\n", "id Int64, v LowCardinality(Nullable(String))"),
+    ("id,s\n1,\n", "id Int64, s String"),  # an empty string is a value
+    ("id,v\n1,255\n2,0\n", "id Int64, v UInt8"),
+    ("id,v\n1,-9223372036854775808\n", "id Int64, v Int64"),
+    ("id,d\n1,1970-01-01\n2,2149-06-06\n3,0000-00-00\n", "id Int64, d Date"),
+    ("id,d\n1,1960-01-01 10:00:00\n", "id Int64, d DateTime64(3)"),
+    ("id,d\n1,1700000000\n", "id Int64, d DateTime"),  # seconds since 1970
+    ("id,f\n1,3.4e38\n2,inf\n3,1e300\n", "id Int64, f Float64"),
+    ("id,m\n1,1.2300\n2,5\n", "id Int64, m Decimal(10, 2)"),
+    ("id,v\n1,x\n", "id Int64, v UInt8"),  # not a number: the engine says so
+    ("id,other\n1,300\n", "id Int64, v UInt8"),  # a column the table lacks: the header check
+])
+def test_values_that_fit_pass(tmp_path: Path, data: str, types: str) -> None:
+    assert _check(tmp_path, data, types) == ""
+
+
+def test_nulls_pass_when_defaults_are_asked_for(tmp_path: Path) -> None:
+    data = "id,v\n1,\n2,\\N\n"
+    assert _check(tmp_path, data, "id Int64, v Int64",
+                  settings={"input_format_null_as_default": "1"}) == ""
+    assert "NULL" in _check(tmp_path, data, "id Int64, v Int64",
+                            settings={"input_format_csv_empty_as_default": "1"})
+
+
+def test_an_empty_field_of_a_column_with_a_default_is_that_default(tmp_path: Path) -> None:
+    found = fit.check(_file(tmp_path / "f.csv", "id,v\n1,\n"),
+                      [Column("id", "Int64"), Column("v", "Int64", "DEFAULT")], ["id", "v"],
+                      {}, "db.t")
+    assert found is None
+
+
+def test_tsv_json_gzip_and_other_delimiters(tmp_path: Path) -> None:
+    assert "line 3, column v: NULL" in _check(tmp_path, "id\tv\n1\t2\n2\t\\N\n",
+                                              "id Int64, v String", "TSVWithNames", name="f.tsv")
+    assert "line 1, column v: NULL" in _check(
+        tmp_path, '{"id":1,"v":null}\n', "id Int64, v Int64", "JSONEachRow", name="f.jsonl")
+    assert "'300' is outside UInt8" in _check(
+        tmp_path, '\n{"id":1,"v":300}\n', "id Int64, v UInt8", "JSONEachRow", name="f.jsonl")
+    assert _check(tmp_path, '{"id":1}\n', "id Int64, v Int64", "JSONEachRow",
+                  name="f.jsonl") == ""  # a missing key is the column's default, as meant
+    assert "'1960-01-01'" in _check(tmp_path, "id,d\n1,1960-01-01\n", "id Int64, d Date",
+                                    name="f.csv.gz")
+    csv_semicolon = FileFormat("CSVWithNames", "none", ";")
+    path = tmp_path / "s.csv"
+    path.write_text("id;v\n1;\n")
+    found = fit.check(SourceFile(str(path), 1, 0, csv_semicolon, local_path=str(path)),
+                      [Column("id", "Int64"), Column("v", "Int64")], ["id", "v"], {}, "db.t")
+    assert found and found.column == "v"
+
+
+def test_a_quoted_line_end_counts_in_the_line_named(tmp_path: Path) -> None:
+    says = _check(tmp_path, 'id,note,v\n1,"two\nlines",5\n2,x,300\n',
+                  "id Int64, note String, v UInt8")
+    assert says.startswith("line 4, column v: '300'"), says
+
+
+def test_without_a_header_the_runs_columns_name_the_fields(tmp_path: Path) -> None:
+    assert "column v: '300'" in _check(tmp_path, "1,300\n", "id Int64, v UInt8", "CSV")
+
+
+def test_only_the_start_is_read(tmp_path: Path) -> None:
+    rows = "".join(f"{i},1\n" for i in range(fit.SAMPLE // 4))
+    assert _check(tmp_path, "id,v\n" + rows + "9,300\n", "id Int64, v UInt8") == ""
