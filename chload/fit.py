@@ -14,7 +14,7 @@ So before a local CSV/TSV/JSON-lines file loads, the start of it (16 KB, decompr
 about 1,000 rows of 4 numbers, 40 of 51 columns) is held against the table's types,
 and a value that does not fit fails the file alone, naming the line, the column, the
 value and what to change. Only those first rows are seen; a value further on is
-stored as ClickHouse stores it (docs/architecture.md "Values a column cannot hold").
+stored as ClickHouse stores it (README, "Bad rows, error budgets, validation").
 A clean start costs a few substring searches over its bytes (~0.2 ms a file, most of
 it opening and decompressing); only a start that may hold a misfit is split into
 values (~1 ms).
@@ -150,6 +150,20 @@ def _may_misfit(data: bytes, fmt: FileFormat, kinds: Sequence[str], nulls_ok: bo
                 b"." + b"0" * (int(m.group(2) or m.group(4)) + 1) in digits:
             return True
     return False
+
+
+def empty_fields(file: SourceFile) -> bool:
+    """Whether the start of a local CSV file has an unquoted empty field (`a,,b`): chDB
+    reads one as NULL in a Nullable column, 18.16 as the type's default (fill.py pushes
+    such a file through chDB). False when the start cannot be read."""
+    data = _start(file)
+    if data is None or not file.format.name.startswith("CSV"):
+        return False
+    sep = (delimiter(file.format) or ",").encode()
+    return data[:1] == sep or any(h.replace(b",", sep) in data for h in _EMPTY_CSV)
+
+
+_EMPTY_CSV = (b",,", b",\n", b",\r\n", b"\n,")
 
 
 def _told(settings: Mapping[str, str], name: str) -> bool:
