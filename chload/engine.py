@@ -47,6 +47,12 @@ SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
     # a raw POST that fails falls back to this engine (fill.py _fill).
     ("input_format_csv_skip_trailing_empty_lines", "1"),
     ("input_format_tsv_skip_trailing_empty_lines", "1"),
+    # A NULL into a column that is not Nullable is an error, not the type's default
+    # (0, '', 1970-01-01) stored without a word: exact for Parquet, ORC, Arrow, Avro and
+    # Native, and `\N` in CSV/TSV (not an empty CSV field, not JSON's null: fit.py looks
+    # for those in a file's start). `--setting input_format_null_as_default=1` asks for
+    # the default back (a query's SETTINGS win).
+    ("input_format_null_as_default", "0"),
 )
 # - min_insert_block_size_bytes: an insert squashes rows into blocks of 1M rows or 256 MB
 #   (one part each), i.e. ~128 MB a block per insert thread for wide rows, several held

@@ -330,7 +330,14 @@ def from_engine_message(message: str, context: str) -> ChloadError:
                 "pass --setting input_format_skip_unknown_fields=1 to drop it)")
     kind = _kind(code, message)
     reason = one_line(message)
-    if kind is DataError:
+    null = _null_misfit(message)
+    if null:  # input_format_null_as_default=0 (engine.py): the cause named, and the way on
+        kind, hint = DataError, NULL_INTO_ORDINARY
+        at = locate(message)[0]
+        where = f"column {null[0]}: " if null[0] else ""
+        reason = (f"{where}NULL in a column that is not Nullable"
+                  f"{f' ({null[1]})' if null[1] else ''}{f' (at row {at})' if at else ''}")
+    elif kind is DataError:
         row, column = locate(message)
         found = misfit(message)
         at_row = f" (at row {row})" if row else ""
@@ -349,6 +356,32 @@ def from_engine_message(message: str, context: str) -> ChloadError:
     if isinstance(error, DataError):
         error.row, error.column = locate(message)
     return error
+
+
+NULL_INTO_ORDINARY = ("; make the column Nullable (ALTER TABLE ... MODIFY COLUMN, or in "
+                      "--schema), or pass --setting input_format_null_as_default=1 to store "
+                      "the type's default for it")
+_NULL_MESSAGES = (  # (the engine's words for a NULL into a column not Nullable, by format)
+    r"Cannot convert NULL value to non-Nullable type(?: for column (?P<c1>[^:\s]+)"
+    r"|: while converting column [`\"](?P<c2>[^`\"]+)[`\"] from type \S+ to type "
+    r"(?P<t2>[^:\s]+))",  # Parquet / ORC, Arrow, Native
+    r"Unexpected NULL value of not Nullable type (?P<t3>[^.\s]+)",  # TSV
+    r"Cannot insert Avro Union\(Null, \w+\) into non-nullable type (?P<t4>[^.\s]+)",
+    r"ERROR: text \"<BACKSLASH>N(?:<[A-Z ]+>)*\" is not like (?P<t5>[^\s]+)",  # CSV
+)
+
+
+def _null_misfit(message: str) -> tuple[str, str] | None:
+    """(column, type) of a NULL the engine refused for a column that is not Nullable,
+    or None. The column: the message's, else the row dump's; '' where neither says (an
+    Avro file's message), as the type where the message does not (a Parquet file's)."""
+    for pattern in _NULL_MESSAGES:
+        found = re.search(pattern, message)
+        if found:
+            named = {k: v for k, v in found.groupdict().items() if v}
+            column = named.get("c1") or named.get("c2") or locate(message)[1] or ""
+            return column, next((v for k, v in named.items() if k.startswith("t")), "")
+    return None
 
 
 def _kind(code: int | None, message: str) -> type[ChloadError]:

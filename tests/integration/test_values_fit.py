@@ -54,3 +54,22 @@ def test_a_nullable_column_keeps_the_null(tmp_path: Path,
                         "id Int64, v Nullable(Int64)")
     assert code == 0, err
     assert sql(target, "SELECT isNull(v) FROM fit_nullable ORDER BY id") == "1\n0"
+
+
+def test_a_parquet_null_into_a_column_not_nullable_is_refused(
+        tmp_path: Path, target: tuple[str, dict]) -> None:  # noqa: F811
+    """Parquet/ORC/Arrow/Avro/Native NULLs were stored as 0 (input_format_null_as_default);
+    the engine now refuses them (engine.py), exactly, in every row."""
+    import chdb  # (the engine chload uses: writes the file)
+    path = tmp_path / "n.parquet"
+    chdb.query("SELECT number AS id, if(number = 70000, NULL, toInt64(number)) AS v "
+               f"FROM numbers(100000) INTO OUTFILE '{path}' FORMAT Parquet")
+    code, report, err = load(target, str(path), "--table", "fit_parquet", "--schema",
+                             "id UInt64, v Int64")
+    assert code == 1 and "column v: NULL in a column that is not Nullable" in \
+        report["files"][0]["error"], (err, report)
+    assert "--setting input_format_null_as_default=1" in report["files"][0]["error"]
+    code, _, err = load(target, str(path), "--table", "fit_parquet", "--setting",
+                        "input_format_null_as_default=1")
+    assert code == 0, err
+    assert sql(target, "SELECT count(), countIf(v = 0) FROM fit_parquet") == "100000\t2"

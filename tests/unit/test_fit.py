@@ -120,3 +120,25 @@ def test_without_a_header_the_runs_columns_name_the_fields(tmp_path: Path) -> No
 def test_only_the_start_is_read(tmp_path: Path) -> None:
     rows = "".join(f"{i},1\n" for i in range(fit.SAMPLE // 4))
     assert _check(tmp_path, "id,v\n" + rows + "9,300\n", "id Int64, v UInt8") == ""
+
+
+@pytest.mark.parametrize("message, says", [
+    ("Code: 349. DB::Exception: Cannot convert NULL value to non-Nullable type for column v: "
+     "read stage: ColumnData: column: v: (in file/uri /x.parquet)",
+     "column v: NULL in a column that is not Nullable;"),
+    ("Code: 349. DB::Exception: Cannot convert NULL value to non-Nullable type: while "
+     "converting column `v` from type Nullable(Int64) to type Int64: (in file/uri /x.orc)",
+     "column v: NULL in a column that is not Nullable (Int64);"),
+    ("Code: 36. DB::Exception: Cannot insert Avro Union(Null, long) into non-nullable type "
+     "Int64. To use default value on NULL, enable setting input_format_null_as_default",
+     ": NULL in a column that is not Nullable (Int64);"),
+    ('Code: 117. DB::Exception: Expected end of line: (at row 2)\n: \nRow 2:\nColumn 0,   '
+     'name: id, type: Int64, parsed text: "2"\nColumn 1,   name: v,  type: Int64, ERROR: text '
+     '"<BACKSLASH>N<LINE FEED>" is not like Int64\n\n: (in file/uri /x.csv)',
+     "column v: NULL in a column that is not Nullable (Int64) (at row 2);"),
+])
+def test_an_engine_refusing_a_null_is_said_with_the_way_on(message: str, says: str) -> None:
+    from chload.errors import DataError, from_engine_message
+    error = from_engine_message(message, "f")
+    assert isinstance(error, DataError) and says in str(error), str(error)
+    assert "input_format_null_as_default=1" in str(error)
