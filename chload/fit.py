@@ -45,11 +45,14 @@ _DECIMAL = re.compile(r"^Decimal(?:(32|64|128|256)\((\d+)\)|\((\d+),\s*(\d+)\))$
 _DIGITS = re.compile(r"^\s*[-+]?\d+\s*$")
 # (`0000-00-00`, ClickHouse's own zero date as 18.16 writes it, reads back as that zero.)
 _DATE = re.compile(r"^\s*(\d{4})-(\d{2})-(\d{2})")
-# The dates each type holds (ClickHouse's documented ranges, the same on 18.16 for the
-# types it has). A DateTime is seconds since 1970 in 32 bits: up to 2106-02-07.
-_DATE_RANGES = {"Date": ("1970-01-01", "2149-06-06"), "Date32": ("1900-01-01", "2299-12-31"),
+# The dates each type holds, on chDB (ClickHouse 26: Date32 and DateTime64 from year 1 to
+# 9999) and, where they differ, on a server as old as 18.16 (Date and DateTime end
+# 2105-12-31: 2106-01-01 was stored as 0000-00-00). A DateTime is seconds since 1970.
+_DATE_RANGES = {"Date": ("1970-01-01", "2149-06-06"), "Date32": ("0001-01-01", "9999-12-31"),
                 "DateTime": ("1970-01-01", "2106-02-07"),
-                "DateTime64": ("1900-01-01", "2299-12-31")}
+                "DateTime64": ("0001-01-01", "9999-12-31")}
+OLD_SERVER_DATES = {"Date": ("1970-01-01", "2105-12-31"),
+                    "DateTime": ("1970-01-01", "2105-12-31")}
 SAMPLE = 1 << 14  # bytes of a file checked (decompressed): see the module doc
 _FLOAT32_MAX = 3.4028234663852886e38
 _NULLS = frozenset({"", "\\N"})  # CSV: an empty field (quoted or not) and \N
@@ -71,10 +74,13 @@ class Misfit:
 
 
 def check(file: SourceFile, columns: Sequence[Column], read: Sequence[str],
-          settings: Mapping[str, str], table: str) -> Misfit | None:
+          settings: Mapping[str, str], table: str,
+          dates: Mapping[str, tuple[str, str]] | None = None) -> Misfit | None:
     """The first misfit in the start of a local text file, or None (also when the file
     cannot be read cheaply: a remote file, a pipe, a compression the standard library
-    lacks; the load then goes as ever)."""
+    lacks; the load then goes as ever). `dates`: the target's date ranges where they
+    differ from chDB's (OLD_SERVER_DATES for 18.16)."""
+    ranges = {**_DATE_RANGES, **(dates or {})}
     data = _start(file)
     if data is None:
         return None
@@ -82,7 +88,7 @@ def check(file: SourceFile, columns: Sequence[Column], read: Sequence[str],
     defaults = {c.name for c in columns if c.default_kind}  # an empty field means DEFAULT
     nulls_ok = _told(settings, "input_format_null_as_default")
     empty_ok = nulls_ok or _told(settings, "input_format_csv_empty_as_default")
-    if not _may_misfit(data, file.format, list(types.values()), nulls_ok and empty_ok):
+    if not _may_misfit(data, file.format, list(types.values()), nulls_ok and empty_ok, ranges):
         return None
     try:
         text = data.decode("utf-8").removeprefix(BOM)
@@ -99,7 +105,8 @@ def check(file: SourceFile, columns: Sequence[Column], read: Sequence[str],
         kind = types.get(name)
         if kind is None:
             continue
-        found = _column(name, kind, values, table, nulls_ok, empty_ok or name in defaults)
+        found = _column(name, kind, values, table, nulls_ok, empty_ok or name in defaults,
+                        ranges)
         if found:
             at, why, fix = found
             return Misfit(line_of(at), name, _shown(values[at]), why, fix)
@@ -117,7 +124,8 @@ _ZEROS = bytes.maketrans(b"123456789", b"000000000")  # every digit a 0
 _EXPONENTS = (b"0e0", b"0e+0", b"0e-0", b"0E0", b"0E+0", b"0E-0")
 
 
-def _may_misfit(data: bytes, fmt: FileFormat, kinds: Sequence[str], nulls_ok: bool) -> bool:
+def _may_misfit(data: bytes, fmt: FileFormat, kinds: Sequence[str], nulls_ok: bool,
+                ranges: Mapping[str, tuple[str, str]]) -> bool:
     """Whether the start could hold a misfit, asked of its bytes with substring searches
     (each ~0.03 ms for 64 KB; a regular expression took 1-2 ms), so that a clean file of
     common types (Int64, Float64, String, DateTime of these centuries) is never split
@@ -137,8 +145,8 @@ def _may_misfit(data: bytes, fmt: FileFormat, kinds: Sequence[str], nulls_ok: bo
         if (m := _INT.match(base)):
             if b"0" * len(str(_bounds(int(m.group(2)), bool(m.group(1)))[1])) in digits:
                 return True
-        elif kind in _DATE_RANGES:
-            lo, hi = _DATE_RANGES[kind]
+        elif kind in ranges:
+            lo, hi = ranges[kind]
             years = {data[m.start():m.start() + 4].decode()
                      for m in re.finditer(rb"0000-00-00", digits)} - {"0000"}
             if years and (min(years) < lo[:4] or max(years) > hi[:4]):
@@ -263,7 +271,7 @@ def _json_text(value: object) -> str | None:
 
 
 def _column(name: str, kind: str, values: list, table: str, nulls_ok: bool,
-            empty_ok: bool) -> tuple[int, str, str] | None:
+            empty_ok: bool, ranges: Mapping[str, tuple[str, str]]) -> tuple[int, str, str] | None:
     """(index of the first misfit, why, fix) for one column's values, or None. Each
     rule first narrows the values to those that can misfit in one comprehension (a
     64 KB start has thousands), then judges those."""
@@ -278,7 +286,7 @@ def _column(name: str, kind: str, values: list, table: str, nulls_ok: bool,
             at = next(i for i, v in enumerate(values) if v in marks)
             return (at, f"in a column that is not Nullable ({kind}) would be stored as the "
                         "type's default", _nullable_fix(table, name, kind))
-    rule = _rule(base)
+    rule = _rule(base, ranges)
     found = rule(values) if rule else None
     return (found[0], found[1], _wider_fix(table, name, base)) if found else None
 
@@ -301,7 +309,7 @@ def _base(kind: str) -> str:
 Rule = Callable[[list], "tuple[int, str] | None"]
 
 
-def _rule(base: str) -> Rule | None:
+def _rule(base: str, ranges: Mapping[str, tuple[str, str]]) -> Rule | None:
     """The check of a column's values (text; None for an absent JSON key) against
     `base`: the first that does not fit and why, or None. Each first asks, in C (max,
     min, join, a regular expression over the joined values), whether any value could
@@ -309,8 +317,8 @@ def _rule(base: str) -> Rule | None:
     if (m := _INT.match(base)):
         return _integers(base, int(m.group(2)), bool(m.group(1)))
     kind = base.split("(")[0]
-    if kind in _DATE_RANGES:
-        return _dates(kind)
+    if kind in ranges:
+        return _dates(kind, *ranges[kind])
     if base == "Float32":
         return _float32
     if (m := _DECIMAL.match(base)):
@@ -340,9 +348,7 @@ def _integers(base: str, bits: int, unsigned: bool) -> Rule:
     return integers
 
 
-def _dates(kind: str) -> Rule:
-    lo, hi = _DATE_RANGES[kind]
-
+def _dates(kind: str, lo: str, hi: str) -> Rule:
     def dates(values: list) -> tuple[int, str] | None:
         texts = _texts(values)
         if not texts or (min(texts) >= lo and max(texts)[:10] <= hi):

@@ -43,7 +43,6 @@ def _check(tmp_path: Path, data: str, types: str, fmt: str = "CSVWithNames",
      "holds (1970-01-01 to 2149-06-06)"),
     ("id,d\n1,2200-01-01 00:00:00\n", "id Int64, d DateTime('UTC')",
      "outside the dates DateTime holds"),
-    ("id,d\n1,1899-12-31\n", "id Int64, d Date32", "outside the dates Date32 holds"),
     ("id,f\n1,1e39\n", "id Int64, f Float32", "'1e39' is beyond Float32's range"),
     ("id,m\n1,1.50\n2,1.239\n", "id Int64, m Decimal(10, 2)", "line 3, column m: '1.239' has "
      "more decimal places than Decimal(10, 2) keeps (2)"),
@@ -63,6 +62,8 @@ def test_a_value_the_column_cannot_hold_is_named(tmp_path: Path, data: str, type
     ("id,v\n1,-9223372036854775808\n", "id Int64, v Int64"),
     ("id,d\n1,1970-01-01\n2,2149-06-06\n3,0000-00-00\n", "id Int64, d Date"),
     ("id,d\n1,1960-01-01 10:00:00\n", "id Int64, d DateTime64(3)"),
+    ("id,d\n1,1899-12-31\n2,2120-01-01\n", "id Int64, d Date32"),
+    ("id,d\n1,2120-01-01\n", "id Int64, d Date"),  # chDB's Date holds it
     ("id,d\n1,1700000000\n", "id Int64, d DateTime"),  # seconds since 1970
     ("id,f\n1,3.4e38\n2,inf\n3,1e300\n", "id Int64, f Float64"),
     ("id,m\n1,1.2300\n2,5\n", "id Int64, m Decimal(10, 2)"),
@@ -142,3 +143,10 @@ def test_an_engine_refusing_a_null_is_said_with_the_way_on(message: str, says: s
     error = from_engine_message(message, "f")
     assert isinstance(error, DataError) and says in str(error), str(error)
     assert "input_format_null_as_default=1" in str(error)
+
+
+def test_a_server_as_old_as_18_16_holds_dates_to_2105(tmp_path: Path) -> None:
+    found = fit.check(_file(tmp_path / "f.csv", "id,d\n1,2120-01-01\n"),
+                      [Column("id", "Int64"), Column("d", "Date")], ["id", "d"], {}, "db.t",
+                      fit.OLD_SERVER_DATES)
+    assert found and "(1970-01-01 to 2105-12-31)" in found.message()
