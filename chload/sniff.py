@@ -65,6 +65,9 @@ class _Inflated:
     def __exit__(self, *exc: object) -> None:
         return None
 
+    def read(self, limit: int) -> bytes:
+        return self.data[:limit]
+
     def readline(self, limit: int) -> bytes:
         end = self.data.find(b"\n", 0, limit)
         return self.data[:limit] if end < 0 else self.data[:end + 1]

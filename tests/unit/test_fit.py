@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
+import lzma
 import re
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -150,3 +154,17 @@ def test_a_server_as_old_as_18_16_holds_dates_to_2105(tmp_path: Path) -> None:
                       [Column("id", "Int64"), Column("d", "Date")], ["id", "d"], {}, "db.t",
                       fit.OLD_SERVER_DATES)
     assert found and "(1970-01-01 to 2105-12-31)" in found.message()
+
+
+@pytest.mark.parametrize("suffix, pack", [
+    (".csv.gz", gzip.compress), (".csv.bz2", bz2.compress), (".csv.xz", lzma.compress),
+    (".csv.deflate", zlib.compress)])
+def test_every_compression_the_standard_library_reads(tmp_path: Path, suffix: str,
+                                                       pack: Callable[[bytes], bytes]) -> None:
+    path = tmp_path / f"f{suffix}"
+    path.write_bytes(pack(b"id,v\n1,300\n"))
+    compression = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".deflate": "deflate"}[path.suffix]
+    found = fit.check(SourceFile(str(path), 1, 0, FileFormat("CSVWithNames", compression),
+                                 local_path=str(path)),
+                      [Column("id", "Int64"), Column("v", "UInt8")], ["id", "v"], {}, "db.t")
+    assert found and found.value == "'300'"
