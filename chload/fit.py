@@ -240,7 +240,7 @@ def _text_rows(text: str, file: SourceFile, read: Sequence[str]) -> Rows | None:
 
 
 def _json_rows(text: str) -> Rows | None:
-    """A JSON-lines start as columns, one per key of the first object: numbers and
+    """A JSON-lines start as columns, one per key of any object: numbers and
     strings as text, null as `\\N`, a missing key as None (the column's default is what
     the format means by it), objects, arrays and booleans as None (no rule reads them).
     Parsed in one call: a call a line cost ~3x as much."""
@@ -252,7 +252,7 @@ def _json_rows(text: str) -> Rows | None:
     kept = [(n, o) for (n, _), o in zip(lines, objects, strict=True) if isinstance(o, dict)]
     if not kept:
         return None
-    names = list(kept[0][1])
+    names = list(dict.fromkeys(k for _, o in kept for k in o))  # every key, first seen first
     columns = [[_json_text(o.get(k, _ABSENT)) for _, o in kept] for k in names]
     return names, lambda at: kept[at][0], columns
 

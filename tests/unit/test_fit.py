@@ -100,6 +100,8 @@ def test_tsv_json_gzip_and_other_delimiters(tmp_path: Path) -> None:
         tmp_path, '{"id":1,"v":null}\n', "id Int64, v Int64", "JSONEachRow", name="f.jsonl")
     assert "'300' is outside UInt8" in _check(
         tmp_path, '\n{"id":1,"v":300}\n', "id Int64, v UInt8", "JSONEachRow", name="f.jsonl")
+    assert "line 2, column v: NULL" in _check(tmp_path, '{"id":1}\n{"id":2,"v":null}\n',
+                                              "id Int64, v Int64", "JSONEachRow", name="f.jsonl")
     assert _check(tmp_path, '{"id":1}\n', "id Int64, v Int64", "JSONEachRow",
                   name="f.jsonl") == ""  # a missing key is the column's default, as meant
     assert "'1960-01-01'" in _check(tmp_path, "id,d\n1,1960-01-01\n", "id Int64, d Date",
