@@ -288,7 +288,8 @@ def _column(name: str, kind: str, values: list, table: str, nulls_ok: bool,
                         "type's default", _nullable_fix(table, name, kind))
     rule = _rule(base, ranges)
     found = rule(values) if rule else None
-    return (found[0], found[1], _wider_fix(table, name, base)) if found else None
+    narrow_server = ranges["Date"] != _DATE_RANGES["Date"]  # (18.16: no Date32, DateTime64)
+    return (found[0], found[1], _wider_fix(table, name, base, narrow_server)) if found else None
 
 
 def _first(values: list, candidates: Iterable[int],
@@ -400,17 +401,19 @@ def _nullable_fix(table: str, name: str, kind: str) -> str:
             "default for it")
 
 
-def _wider_fix(table: str, name: str, base: str) -> str:
+def _wider_fix(table: str, name: str, base: str, narrow_server: bool) -> str:
     m = _INT.match(base)
+    dates = {} if narrow_server else {"Date": "Date32", "DateTime": "DateTime64(0)"}
     wider = f"{m.group(1)}Int{_WIDER_INT[int(m.group(2))]}" if m and int(m.group(2)) < 256 \
-        else {"Date": "Date32", "DateTime": "DateTime64(0)", "Float32": "Float64"}.get(
-            base.split("(")[0], "")
+        else {**dates, "Float32": "Float64"}.get(base.split("(")[0], "")
+    if not wider and narrow_server and base.split("(")[0] in ("Date", "DateTime"):
+        return (f"no date type of this server holds it: keep the column as text (ALTER "
+                f"TABLE {table} MODIFY COLUMN {name} String, or in --schema)")
     if not wider:
         return (f"give the column a type that holds it (ALTER TABLE {table} MODIFY COLUMN "
                 f"{name} ..., or in --schema); String keeps any value as written")
     return (f"give the column a type that holds it, e.g. {wider} (ALTER TABLE {table} MODIFY "
-            f"COLUMN {name} {wider}, or in --schema), where the server has it; String keeps "
-            "any value as written")
+            f"COLUMN {name} {wider}, or in --schema); String keeps any value as written")
 
 
 def _shown(value: object) -> str:

@@ -156,6 +156,7 @@ def test_a_server_as_old_as_18_16_holds_dates_to_2105(tmp_path: Path) -> None:
                       [Column("id", "Int64"), Column("d", "Date")], ["id", "d"], {}, "db.t",
                       fit.OLD_SERVER_DATES)
     assert found and "(1970-01-01 to 2105-12-31)" in found.message()
+    assert "no date type of this server holds it" in found.message()
 
 
 @pytest.mark.parametrize("suffix, pack", [
