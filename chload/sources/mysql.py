@@ -33,6 +33,7 @@ from chload.errors import ChloadError, SchemaError, SourceError, TransientError,
 from chload.schema import parse_structure
 from chload.sources import SourceContext
 from chload.sources.database import (
+    NO_CHECKS,
     DatabaseSource,
     DbColumn,
     DbUrl,
@@ -67,6 +68,8 @@ _SETUP = ("SET SESSION sql_mode = ''", "SET SESSION time_zone = '+00:00'",
 
 class MysqlSession:
     """One snapshot of one MySQL/MariaDB table (or query), read range by range."""
+
+    range_checks = NO_CHECKS  # set once the target's types are known (db_range.py)
 
     def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
                  workers: int, schema: str | None = None) -> None:

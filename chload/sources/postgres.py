@@ -29,12 +29,14 @@ import tempfile
 from typing import IO
 
 from chload.errors import ChloadError, SourceError, TransientError, UsageError
-from chload.sources import SourceContext, db_pipes
+from chload.sources import SourceContext, db_pipes, db_range
 from chload.sources.database import (
+    NO_CHECKS,
     DatabaseSource,
     DbColumn,
     DbUrl,
     Range,
+    RangeChecks,
     TableInfo,
     cannot_carry,
     nullable,
@@ -82,6 +84,8 @@ WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY
 
 class PostgresSession:
     """One snapshot of one PostgreSQL table (or query), read range by range."""
+
+    range_checks = NO_CHECKS  # set once the target's types are known (db_range.py)
 
     def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
                  pipes: bool = False) -> None:
@@ -209,7 +213,9 @@ class PostgresSession:
 
     # -- reading -----------------------------------------------------------------------
     def _script(self, where: str) -> bytes:
-        selects = ", ".join(c.select for c in self.info.columns)
+        guards = self.range_checks.guards
+        selects = ", ".join(_checked(c, guards[i]) if i in guards else c.select
+                            for i, c in enumerate(self.info.columns))
         return (f"\\set ON_ERROR_STOP 1\nBEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;\n"
                 f"SET TRANSACTION SNAPSHOT '{self.snapshot}';\nSET DateStyle = ISO;\n"
                 "SET extra_float_digits = 1;\nSET bytea_output = hex;\n"
@@ -250,13 +256,15 @@ class PostgresSession:
 
     def read(self, where: str, out: int) -> _Psql:
         """`psql` in the snapshot: COPY (the range) TO STDOUT, into `out` (owned)."""
-        return _Psql(self.url, *self._start(out)).feed(self._script(where))
+        return _Psql(self.url, *self._start(out), self.range_checks).feed(
+            self._script(where))
 
     def stream(self, where: str) -> tuple[int, Reading]:
         """`read` into a pipe: the one psql started with the session, if still alive."""
         spare, self.spare = self.spare, None
         if spare is not None and spare[1].poll() is None:
-            return spare[0], _Psql(self.url, spare[1], spare[2]).feed(self._script(where))
+            return spare[0], _Psql(self.url, spare[1], spare[2], self.range_checks).feed(
+                self._script(where))
         if spare is not None:
             os.close(spare[0])
             _Psql(self.url, spare[1], spare[2]).stop()
@@ -348,8 +356,9 @@ def _text(value: str) -> str:
 class _Psql:
     """One `psql` writing one range (database.Reading)."""
 
-    def __init__(self, url: DbUrl, proc: subprocess.Popen[bytes], errors: IO[bytes]) -> None:
-        self.url, self.proc, self.errors = url, proc, errors
+    def __init__(self, url: DbUrl, proc: subprocess.Popen[bytes], errors: IO[bytes],
+                 checks: RangeChecks = NO_CHECKS) -> None:
+        self.url, self.proc, self.errors, self.checks = url, proc, errors, checks
 
     def feed(self, script: bytes) -> _Psql:
         """Give psql its statements (a few hundred bytes: never blocks) and end its
@@ -373,6 +382,10 @@ class _Psql:
         message = self.errors.read().decode(errors="replace").strip().splitlines()
         self.errors.close()
         if code:
+            for line in message:  # a value a range check refused (_checked)
+                found = re.search(rf'"{db_range.MARKER} (\d+) (.*)"$', line)
+                if found and int(found.group(1)) in self.checks.guards:
+                    raise self.checks.refusal(int(found.group(1)), found.group(2))
             raise _error(self.url, message[-1] if message else f"psql exit {code}")
 
     def stop(self) -> None:
@@ -399,7 +412,11 @@ def _column(name: str, typ: str, notnull: bool, typtype: str,
         scale = digits.group(1) if digits else "6"
         zoned = "with time zone" in typ
         select = f"({col} AT TIME ZONE 'UTC')" if zoned else col
-        return DbColumn(name, nullable(_datetime(scale), not notnull), select)
+        return DbColumn(name, nullable(_datetime(scale), not notnull), select, holds="any",
+                        source_type="timestamptz" if zoned else "timestamp")
+    if base == "date":
+        return DbColumn(name, nullable("Date32", not notnull), col, holds="any",
+                        source_type="date")
     if base == "boolean":
         return DbColumn(name, nullable("Bool", not notnull), f"{col}::int")
     if base == "bytea":
@@ -419,6 +436,25 @@ def _column(name: str, typ: str, notnull: bool, typtype: str,
     if base in TYPES:
         return DbColumn(name, nullable(TYPES[base], not notnull), col)
     return cannot_carry(name, typ, not notnull, col)
+
+
+def _checked(column: DbColumn, guard: db_range.Guard) -> str:
+    """The column's SELECT with its range check (db_range.py): a value outside [lo, hi]
+    (infinity too), cast after a marker to the column's type, which PostgreSQL's parser
+    refuses with an error quoting it (the range fails: _Psql.finish); or, under an error
+    budget, written as text no date parser takes, so the engine rejects that row. The
+    bounds carry +00: an instant for timestamptz, ignored by timestamp and date. The
+    column itself is compared, not its UTC wall-clock (AT TIME ZONE: a zone conversion
+    per row)."""
+    col = _ident(column.name)
+    lo = max(guard.lo, "0001-01-01 00:00:00")  # year 0 is 1 BC, which COPY prints so
+    test = f"{col} >= '{lo}+00' AND {col} <= '{guard.hi}+00'"
+    if guard.rejects:
+        return (f"CASE WHEN {test} THEN ({column.select})::text ELSE "
+                f"'{db_range.SHOWN}' || {col}::text END")
+    cast = "date" if column.source_type == "date" else "timestamp"
+    return (f"CASE WHEN {test} THEN {column.select} ELSE "
+            f"('{db_range.MARKER} {guard.index} ' || {col}::text)::{cast} END")
 
 
 def _datetime(scale: str) -> str:
