@@ -176,4 +176,4 @@ def _shown(value: str, typ: str) -> str:
         return value[:10]
     if family == "DateTime" or scale == 0:
         return value[:19]
-    return value[:20 + scale]
+    return (value[:19] + "." + value[20:].ljust(scale, "0"))[:20 + scale]
