@@ -214,13 +214,15 @@ class PostgresSession:
     # -- reading -----------------------------------------------------------------------
     def _script(self, where: str) -> bytes:
         guards = self.range_checks.guards
-        selects = ", ".join(_checked(c, guards[i]) if i in guards else c.select
-                            for i, c in enumerate(self.info.columns))
+        selects = ", ".join(_shown(c, guards[i]) if guards.get(i, _NONE).rejects
+                            else c.select for i, c in enumerate(self.info.columns))
+        checks = "".join(f" AND {_refused(c, guards[i])}" for i, c in
+                         enumerate(self.info.columns) if i in guards and not guards[i].rejects)
         return (f"\\set ON_ERROR_STOP 1\nBEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;\n"
                 f"SET TRANSACTION SNAPSHOT '{self.snapshot}';\nSET DateStyle = ISO;\n"
                 "SET extra_float_digits = 1;\nSET bytea_output = hex;\n"
-                f"COPY (SELECT {selects} FROM {self._from()} WHERE {where}{self.order}) "
-                "TO STDOUT;\n"
+                f"COPY (SELECT {selects} FROM {self._from()} WHERE {where}{checks}"
+                f"{self.order}) TO STDOUT;\n"
                 "COMMIT;\n").encode()
 
     def _start(self, out: int) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
@@ -382,7 +384,7 @@ class _Psql:
         message = self.errors.read().decode(errors="replace").strip().splitlines()
         self.errors.close()
         if code:
-            for line in message:  # a value a range check refused (_checked)
+            for line in message:  # a value a range check refused (_refused)
                 found = re.search(rf'"{db_range.MARKER} (\d+) (.*)"$', line)
                 if found and int(found.group(1)) in self.checks.guards:
                     raise self.checks.refusal(int(found.group(1)), found.group(2))
@@ -402,11 +404,11 @@ def _column(name: str, typ: str, notnull: bool, typtype: str,
     if typtype == "e":  # an enum: its label
         return DbColumn(name, nullable("String", not notnull), col)
     if base == "numeric":
-        found = re.match(r"numeric\((\d+),(\d+)\)", typ)
-        if not found or int(found.group(1)) > 76:  # a Decimal rounds off digits beyond
-            return cannot_carry(name, typ, not notnull, col)  # its scale: String suggested
-        return DbColumn(name, nullable(f"Decimal({found.group(1)}, {found.group(2)})",
-                                       not notnull), col)
+        found = re.match(r"numeric\((\d+),(-?\d+)\)", typ)
+        decimal = _decimal(int(found.group(1)), int(found.group(2))) if found else ""
+        if not decimal:  # a Decimal rounds off digits beyond its scale: String suggested
+            return cannot_carry(name, typ, not notnull, col)
+        return DbColumn(name, nullable(decimal, not notnull), col)
     if base.startswith("timestamp"):
         digits = re.search(r"\((\d)\)", typ)
         scale = digits.group(1) if digits else "6"
@@ -438,23 +440,55 @@ def _column(name: str, typ: str, notnull: bool, typtype: str,
     return cannot_carry(name, typ, not notnull, col)
 
 
-def _checked(column: DbColumn, guard: db_range.Guard) -> str:
-    """The column's SELECT with its range check (db_range.py): a value outside [lo, hi]
-    (infinity too), cast after a marker to the column's type, which PostgreSQL's parser
-    refuses with an error quoting it (the range fails: _Psql.finish); or, under an error
-    budget, written as text no date parser takes, so the engine rejects that row. The
-    bounds carry +00: an instant for timestamptz, ignored by timestamp and date. The
-    column itself is compared, not its UTC wall-clock (AT TIME ZONE: a zone conversion
-    per row)."""
-    col = _ident(column.name)
+def _decimal(precision: int, scale: int) -> str:
+    """The Decimal that holds every value of numeric(precision, scale) exactly; '' if
+    none does (over 76 digits). PostgreSQL 15 allows a scale above the precision
+    (numeric(2,5): |v| < 0.001, 5 decimals: Decimal(5, 5)) and a negative one
+    (numeric(3,-2): multiples of 100 below 100,000: Decimal(5, 0)); ClickHouse has
+    neither, and refused the CREATE."""
+    digits = max(precision, scale) if scale >= 0 else precision - scale
+    if digits > 76:
+        return ""
+    return f"Decimal({digits}, {max(scale, 0)})"
+
+
+_NONE = db_range.Guard(-1, "", "", "", "", "", "", False)
+_RANGES = {"timestamp": "tsrange", "timestamptz": "tstzrange", "date": "daterange"}
+
+
+def _within(column: DbColumn, guard: db_range.Guard) -> str:
+    """`col <@ '[lo,hi]'::tsrange`: one call per row (two comparisons cost the database
+    about twice as much: docs/databases.md). The bounds carry +00 for timestamptz (an
+    instant); the column itself is compared, not its UTC wall-clock (AT TIME ZONE is a
+    zone conversion per row)."""
     lo = max(guard.lo, "0001-01-01 00:00:00")  # year 0 is 1 BC, which COPY prints so
-    test = f"{col} >= '{lo}+00' AND {col} <= '{guard.hi}+00'"
-    if guard.rejects:
-        return (f"CASE WHEN {test} THEN ({column.select})::text ELSE "
-                f"'{db_range.SHOWN}' || {col}::text END")
-    cast = "date" if column.source_type == "date" else "timestamp"
-    return (f"CASE WHEN {test} THEN {column.select} ELSE "
-            f"('{db_range.MARKER} {guard.index} ' || {col}::text)::{cast} END")
+    hi, kind = guard.hi, _RANGES[column.source_type]
+    if kind == "daterange":
+        lo, hi = lo[:10], hi[:10]
+    elif kind == "tstzrange":
+        lo, hi = f"{lo}+00", f"{hi}+00"
+    return f"{_ident(column.name)} <@ '[\"{lo}\",\"{hi}\"]'::{kind}"
+
+
+def _refused(column: DbColumn, guard: db_range.Guard) -> str:
+    """The range check of a column (db_range.py), a condition of the COPY's WHERE (a
+    SELECT of plain columns needs no projection: a CASE there cost the database twice
+    as much): a value outside [lo, hi] (infinity too) is cast, after a marker, to an
+    integer, which PostgreSQL refuses with an error quoting it, and the range fails
+    (_Psql.finish). (A timestamp's parser took some such text: 'm 1 infinity'.) NULL
+    passes. It follows the range's own predicate, which PostgreSQL tests first (the
+    cheaper): rows of other ranges are not checked."""
+    col = _ident(column.name)
+    return (f"({_within(column, guard)} OR ('{db_range.MARKER} {guard.index} ' || "
+            f"{col}::text)::int IS NULL)")
+
+
+def _shown(column: DbColumn, guard: db_range.Guard) -> str:
+    """Under an error budget: a value outside the range written as text no date parser
+    takes (db_range.SHOWN), so the engine rejects that row into chload.rejects."""
+    return (f"CASE WHEN {_within(column, guard)} OR {_ident(column.name)} IS NULL THEN "
+            f"({column.select})::text ELSE '{db_range.SHOWN}' || {_ident(column.name)}::text "
+            "END")
 
 
 def _datetime(scale: str) -> str:

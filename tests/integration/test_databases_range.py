@@ -194,3 +194,26 @@ def test_times_the_target_holds_are_not_touched(pg: Source, my: Source, table_na
         assert done.returncode == 0, done.stderr
         assert _ch(target, f"SELECT id, toUInt32(t) FROM {table} ORDER BY id", env) == [
             "1\t0", "2\t4291747199", "3\t1582977600"]
+
+
+def test_postgres_numeric_scales_clickhouse_lacks_and_wide_decimals_into_18_16(
+        pg: Source, table_name: str, target_dir: str, server: tuple[str, dict[str, str]]
+        ) -> None:
+    """numeric(2,5) and numeric(3,-2) (PostgreSQL 15) made a Decimal ClickHouse refused
+    at the CREATE, or were refused; numeric(50,2) into 18.16 (Decimal: 38 digits) was
+    the server's bare "Wrong precision"."""
+    pg.sql(f"CREATE TABLE {table_name} (id int PRIMARY KEY, small numeric(2,5), "
+           f"round numeric(3,-2)); INSERT INTO {table_name} VALUES (1, 0.00012, 12345), "
+           "(2, -0.00099, -99900)")
+    _load(pg, table_name, target_dir)
+    assert _ch(target_dir, f"SELECT small, round, toTypeName(small), toTypeName(round) "
+                           f"FROM {table_name} ORDER BY id") == [
+        "0.00012\t12300\tNullable(Decimal(5, 5))\tNullable(Decimal(5, 0))",
+        "-0.00099\t-99900\tNullable(Decimal(5, 5))\tNullable(Decimal(5, 0))"]
+    wide = f"{table_name}_w"
+    pg.sql(f"CREATE TABLE {wide} (id int PRIMARY KEY, n numeric(50,2)); "
+           f"INSERT INTO {wide} VALUES (1, 123456789012345678901234567890123456789012.5)")
+    target, env = server
+    line = _refused(pg, wide, target, env=env)
+    assert "column n has type Decimal(50, 2), which ClickHouse 18.16" in line, line
+    assert "its Decimal holds 38 digits" in line and "--schema" in line
