@@ -201,7 +201,7 @@ def server_type(typ: str, caps: Capabilities, column: str, where: str) -> str:
     if match and match.group(1) == "0" and "DateTime" in caps.types:
         return f"DateTime({match.group(2)})" if match.group(2) else "DateTime"
     hint = {"DateTime64": "DateTime (drops fractions of a second) or String",
-            "Date32": "Date (1970 to 2149 only) or String"}.get(family, "String")
+            "Date32": "Date (1970 to 2105 only on 18.16) or String"}.get(family, "String")
     raise SchemaError(
         f"{where}: column {column} has type {typ}, which ClickHouse {caps.version} cannot "
         f"store; pass --schema with a type it has for {column}, e.g. {hint}"

@@ -292,6 +292,8 @@ class RangeChecks:
     def refusal(self, index: int, value: str) -> SchemaError:
         """The one line for `value` of the column at `index`, outside its type's range."""
         guard = self.guards[index]
+        if not re.match(r"(?!0000)\d{4}-\d\d-\d\d", value) or value.endswith(" BC"):
+            guard = replace(guard, wider="String")  # no date type holds infinity, BC, 10000
         column = self.columns[index]
         wider = (f"Nullable({guard.wider})" if column.type.startswith("Nullable(")
                  else guard.wider)

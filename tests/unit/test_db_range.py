@@ -49,3 +49,14 @@ def test_the_c_reader_is_told_each_fields_checks() -> None:
     assert _checks("01", {}, 2) == "F0\t\n1\t\n"
     spec = _checks("", {1: guard}, 2)
     assert spec == "F0\t\n01970-01-01 00:00:00\t2105-12-31 23:59:59\n"
+
+
+def test_a_value_no_date_type_holds_is_suggested_string() -> None:
+    from chload.sources.database import DbColumn, DbUrl, RangeChecks
+
+    found = db_range.guards([("t", "any")], ["DateTime"], {}, db_range.CHDB, False)
+    checks = RangeChecks(DbUrl("postgresql", "u", "h", 1, "d", "s", "t"),
+                         [DbColumn("t", "DateTime", '"t"')], found)
+    assert "--schema 't String'" in str(checks.refusal(0, "infinity"))
+    assert "--schema 't String'" in str(checks.refusal(0, "0044-03-15 BC"))
+    assert "DateTime64(0, 'UTC')\"" in str(checks.refusal(0, "1960-01-01 00:00:00"))
