@@ -33,6 +33,7 @@ from chload.monitor import Monitor
 from chload.rejects import ErrorBudget
 from chload.runner import Event, FileResult, Listener
 from chload.sources import RunSources, SourceContext, SourceFile, kind_of
+from chload.sources.db_range import engine_of
 from chload.targets import LoadJob, Target, TargetSpec, open_target
 
 if TYPE_CHECKING:
@@ -298,6 +299,7 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
             to_load = []
         plan = replace(plan, to_load=to_load, columns=columns, read_columns=read_columns,
                        created_table=created)
+        sources.stored(columns, read_columns, engine_of(target), spec.budget.allows_errors)
     target.ledger.stamp(table.display, state.uuid)
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load)))

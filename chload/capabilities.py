@@ -187,6 +187,12 @@ def server_type(typ: str, caps: Capabilities, column: str, where: str) -> str:
         return f"{family}({server_type(inner, caps, column, where)})"
     if family == "Tuple" and "Tuple" in caps.types:
         return f"Tuple({', '.join(server_type(p, caps, column, where) for p in _split(inner))})"
+    digits = re.match(r"Decimal\((\d+)", typ)
+    if digits and int(digits.group(1)) > 38 and "Decimal256" not in caps.types:
+        raise SchemaError(  # 18.16's Decimal: 38 digits (the CREATE said "Wrong precision")
+            f"{where}: column {column} has type {typ}, which ClickHouse {caps.version} "
+            f"cannot store (its Decimal holds 38 digits); pass --schema with a type it has "
+            f"for {column}, e.g. String")
     if family in caps.types or family in ("Tuple", "Nested"):
         return typ
     if family == "Bool":
@@ -195,7 +201,7 @@ def server_type(typ: str, caps: Capabilities, column: str, where: str) -> str:
     if match and match.group(1) == "0" and "DateTime" in caps.types:
         return f"DateTime({match.group(2)})" if match.group(2) else "DateTime"
     hint = {"DateTime64": "DateTime (drops fractions of a second) or String",
-            "Date32": "Date (1970 to 2149 only) or String"}.get(family, "String")
+            "Date32": "Date (1970 to 2105 only on 18.16) or String"}.get(family, "String")
     raise SchemaError(
         f"{where}: column {column} has type {typ}, which ClickHouse {caps.version} cannot "
         f"store; pass --schema with a type it has for {column}, e.g. {hint}"

@@ -400,6 +400,17 @@ class RunSources:
             return None
         return self.of(files[0]).sorting_key(files)
 
+    def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
+               rejects: bool) -> None:
+        """The run's table as the target stores it, before any unit is fetched: told to
+        the sources that check values against it (a database's, database.py `stored`)."""
+        with self._guard:
+            opened = list(self._open.values())
+        for source in opened:
+            told = getattr(source, "stored", None)
+            if told is not None:
+                told(columns, read, engine, rejects)
+
     @contextlib.contextmanager
     def fetched(self, files: Sequence[SourceFile], columns: Sequence[Column],
                 attempt: Callable[[Callable[[], SourceFile]], SourceFile] = _once,

@@ -59,7 +59,7 @@ from urllib.parse import unquote, urlsplit
 from chload.errors import SchemaError, SourceError, UsageError
 from chload.formats import FileFormat
 from chload.schema import Column, quote_ident, quote_str, structure
-from chload.sources import Source, SourceContext, SourceFile, db_early, db_pipes
+from chload.sources import Source, SourceContext, SourceFile, db_early, db_pipes, db_range
 from chload.sources.db_pipes import Reading
 
 URL_KINDS = {"postgresql": "postgresql", "postgres": "postgresql", "mysql": "mysql",
@@ -150,6 +150,8 @@ class DbColumn:
     plain: str = ""  # what a reader that escapes the fields itself selects ('': the column)
     refused: str = ""  # the source's type, where chload cannot carry it unchanged: `type`
     # is then only a suggestion, and the run needs --schema (its text is read as printed)
+    holds: str = ""  # a date or time column: which years it can hold (db_range.guards)
+    source_type: str = ""  # its type in the database, where a range check needs it
 
     @property
     def spool_type(self) -> str:
@@ -277,6 +279,32 @@ def split_range(r: Range, low: int, step: int) -> list[Range]:
     return pieces
 
 
+# -- values out of the target's range ----------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class RangeChecks:
+    """A session's range checks (db_range.py): by column position, and the columns as
+    they are read (for the --schema a refusal suggests)."""
+
+    url: DbUrl
+    columns: list[DbColumn]
+    guards: dict[int, db_range.Guard]
+
+    def refusal(self, index: int, value: str) -> SchemaError:
+        """The one line for `value` of the column at `index`, outside its type's range."""
+        guard = self.guards[index]
+        if not re.match(r"(?!0000)\d{4}-\d\d-\d\d", value) or value.endswith(" BC"):
+            guard = replace(guard, wider="String")  # no date type holds infinity, BC, 10000
+        column = self.columns[index]
+        wider = (f"Nullable({guard.wider})" if column.type.startswith("Nullable(")
+                 else guard.wider)
+        hint = schema_hint([replace(c, type=wider) if c is column else c
+                            for c in self.columns])
+        return db_range.message(self.url.display, guard, value, hint)
+
+
+NO_CHECKS = RangeChecks(DbUrl("", "", "", 0, "", "", ""), [], {})
+
+
 # -- a source session ----------------------------------------------------------------
 class Session(Protocol):
     """One database read: a snapshot, the table's columns, ranges read into spools."""
@@ -284,6 +312,7 @@ class Session(Protocol):
     url: DbUrl
     info: TableInfo
     snapshot: str  # names the snapshot (ledger identity)
+    range_checks: RangeChecks  # the values each range checks (DatabaseSource.stored)
 
     def bounds(self, axis: str) -> tuple[str | None, str | None, int]:
         """(min, max, estimated rows) of the axis in the snapshot."""
@@ -418,6 +447,22 @@ class DatabaseSource:
         committed = context.committed() if context.committed is not None else {}
         return plan_units(self.session, self.kind, sorted(committed.items()),
                           workers_of(context), bool(context.incremental_by), context.force)
+
+    def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
+               rejects: bool) -> None:
+        """The run's table is made: its columns as the target stores them (`columns`),
+        the types the rows are read as (`read`), which ClickHouse parses them (`engine`,
+        db_range.engine_of) and whether an error budget rejects rows (`rejects`). The
+        session then checks the date and time values those types cannot hold
+        (db_range.py) in every range it reads."""
+        session = self.session
+        if session is None:
+            return
+        given = {c.name: c.type for c in read}
+        typed = [replace(c, type=given.get(c.name, c.type)) for c in session.info.columns]
+        found = db_range.guards([(c.name, c.holds) for c in typed], [c.type for c in typed],
+                                {c.name: c.type for c in columns}, engine, rejects)
+        session.range_checks = RangeChecks(session.url, typed, found)
 
     def _open(self) -> Session:
         if self.session is None:

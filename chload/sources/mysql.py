@@ -31,8 +31,9 @@ from typing import Any
 
 from chload.errors import ChloadError, SchemaError, SourceError, TransientError, UsageError
 from chload.schema import parse_structure
-from chload.sources import SourceContext
+from chload.sources import SourceContext, db_range
 from chload.sources.database import (
+    NO_CHECKS,
     DatabaseSource,
     DbColumn,
     DbUrl,
@@ -47,15 +48,20 @@ from chload.sources.database import (
 )
 from chload.sources.db_pipes import Reading
 from chload.sources.mysql_client import ClientReader, client
-from chload.sources.mysql_native import ZERO_DATE, Connection, NativeError, NativeReader
+from chload.sources.mysql_native import (
+    OUT_OF_RANGE,
+    ZERO_DATE,
+    Connection,
+    NativeError,
+    NativeReader,
+)
 from chload.sources.mysql_native import load as load_native
 
 _INTEGERS = {"tinyint": 8, "smallint": 16, "mediumint": 32, "int": 32, "integer": 32,
              "bigint": 64}
 _TEXT = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set",
          "json", "binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"}
-_PLAIN = {"float": "Float32", "double": "Float64", "real": "Float64", "date": "Date32",
-          "year": "UInt16"}
+_PLAIN = {"float": "Float32", "double": "Float64", "real": "Float64", "year": "UInt16"}
 _TIME_AXIS = {"date", "datetime", "timestamp"}
 _SPECIAL = r"'[\\t\\n\\r\\\\\\x00]'"  # a tab, newline, CR, backslash or NUL (PCRE)
 _TRANSIENT_CODES = {2002, 2003, 2006, 2013, 1040, 1205}
@@ -67,6 +73,8 @@ _SETUP = ("SET SESSION sql_mode = ''", "SET SESSION time_zone = '+00:00'",
 
 class MysqlSession:
     """One snapshot of one MySQL/MariaDB table (or query), read range by range."""
+
+    range_checks = NO_CHECKS  # set once the target's types are known (db_range.py)
 
     def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
                  workers: int, schema: str | None = None) -> None:
@@ -225,6 +233,9 @@ class MysqlSession:
         """A reader's error as one line; a zero date (mysql_copy.c) names its column,
         and the --schema that loads it."""
         args = exc.args if isinstance(exc, NativeError) else ()
+        if args and args[0] == OUT_OF_RANGE:
+            index, _, value = str(args[1]).partition("\t")
+            return self.range_checks.refusal(int(index), value)
         if not args or args[0] != ZERO_DATE:
             return _error(self.url, exc, self.password)
         index, _, value = str(args[1]).partition("\t")
@@ -258,12 +269,14 @@ class MysqlSession:
         except BaseException:
             os.close(out)
             raise
+        guards = self.range_checks.guards
         if isinstance(reader, NativeReader):  # it escapes: the plain columns
             line = ", ".join(c.plain or _ident(c.name) for c in self.info.columns)
         else:  # the server escapes; the client puts the tabs
-            line = ", ".join(c.select for c in self.info.columns)
+            line = ", ".join(_range_guard(c, guards[i]) if i in guards else c.select
+                             for i, c in enumerate(self.info.columns))
         return _Relay(self, reader, f"SELECT {line} FROM {self._from()} WHERE {where}", out,
-                      self.zero)
+                      _checks(self.zero, guards, len(self.info.columns)))
 
     def stream(self, where: str) -> tuple[int, Reading]:
         return stream_read(self, where)
@@ -307,19 +320,19 @@ class _Relay:
     (database.Reading): the reader goes back to the pool once the range ends."""
 
     def __init__(self, session: MysqlSession, reader: ClientReader | NativeReader, statement: str,
-                 out: int, zero: str = "") -> None:
+                 out: int, checks: str = "") -> None:
         self.session, self.reader = session, reader
         self.error: BaseException | None = None
         self.killed = False
         self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self._relay, args=(statement, out, zero),
+        self.thread = threading.Thread(target=self._relay, args=(statement, out, checks),
                                        name="chload_mysql_relay", daemon=True)
         self.thread.start()
 
-    def _relay(self, statement: str, out: int, zero: str) -> None:
+    def _relay(self, statement: str, out: int, checks: str) -> None:
         ok = False
         try:
-            self.reader.run(statement, out, zero)
+            self.reader.run(statement, out, checks)
             ok = True
         except BaseException as exc:  # noqa: BLE001 (given to finish(), in the load's thread)
             self.error = exc
@@ -362,7 +375,11 @@ def _column(name: str, typ: str, nulls: bool) -> DbColumn:
     if base in ("datetime", "timestamp"):
         scale = args.group(1) if args else "0"
         ch = f"DateTime64({scale}, 'UTC')"  # whole seconds too: postgres._datetime
-        return _field(name, ch, col, nulls)
+        # a datetime holds years 0000 to 9999, a timestamp 1970 to 2038 (any type holds)
+        return replace(_field(name, ch, col, nulls), holds="4digit" if base == "datetime"
+                       else "")
+    if base == "date":
+        return replace(_field(name, "Date32", col, nulls), holds="4digit")
     if base in _TEXT:
         return _field(name, "String", _escaped(col), nulls)
     if base in _PLAIN:
@@ -398,11 +415,34 @@ def _zero_dates(columns: list[DbColumn], types: dict[str, str],
     for c in columns:
         flag = "0"
         if _base(types[c.name]) in _TIME_AXIS:
-            typ = given.get(c.name, c.type if not schema else "String")
+            typ = given.get(c.name, "String") if schema else "Date"  # (not Nullable:
+            # a nullable column's zero dates were NULL without --schema saying so)
             flag = "0" if "Date" not in typ else "2" if typ.startswith("Nullable(") else "1"
         flags.append(flag)
         guarded.append(c if flag == "0" else _zero_guard(c, flag))
     return guarded, "".join(flags) if "1" in flags or "2" in flags else ""
+
+
+def _checks(zero: str, guards: dict[int, db_range.Guard], fields: int) -> str:
+    """What the native reader checks in each field (mysql_copy.c parse_checks): zero dates
+    (`zero`, _zero_dates) and ranges (db_range.py); '' for nothing."""
+    if not zero and not guards:
+        return ""
+    mode = "S" if any(g.rejects for g in guards.values()) else "F"
+    fields_spec = [f"{zero[i] if zero else '0'}{guards[i].lo if i in guards else ''}\t"
+                   f"{guards[i].hi if i in guards else ''}\n" for i in range(fields)]
+    return mode + "".join(fields_spec)
+
+
+def _range_guard(column: DbColumn, guard: db_range.Guard) -> str:
+    """The client reader's SELECT of a date or time column with a range check: a value
+    outside [lo, hi] as text no date parser takes, so the range fails with the engine's
+    parse error (or, within a budget, the row is rejected). Zero dates stay the zero
+    guard's, and NULL stays NULL."""
+    col = _ident(column.name)
+    kept = (f"{col} IS NULL OR {col} BETWEEN '{guard.lo}' AND '{guard.hi}' OR "
+            f"MONTH({col}) = 0 OR DAYOFMONTH({col}) = 0")
+    return f"IF({kept}, {column.select}, CONCAT('{db_range.SHOWN}', {col}))"
 
 
 def _zero_guard(column: DbColumn, flag: str) -> DbColumn:

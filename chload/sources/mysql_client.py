@@ -57,9 +57,10 @@ class ClientReader:
             os.close(null)
         return reader
 
-    def run(self, statement: str, out: int, zero: str = "") -> None:
+    def run(self, statement: str, out: int, checks: str = "") -> None:
         """Run `statement`; write what it prints to the file descriptor `out` (zero
-        dates are the statement's to handle here: mysql.py `_zero_guard`)."""
+        dates and ranges are the statement's to check here: mysql.py `_zero_guard`,
+        `_range_guard`)."""
         end = self.marker + b"\n"
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:

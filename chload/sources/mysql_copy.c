@@ -44,7 +44,7 @@ extern int mysql_get_socket(MYSQL *);
 extern void mysql_close(MYSQL *);
 
 enum { OPT_CONNECT_TIMEOUT = 0, OPT_PROTOCOL = 9, PROTOCOL_TCP = 1 };
-enum { BUF = 1 << 20, WRITE_FAILED = -1, ZERO_DATE = -2 };
+enum { BUF = 1 << 20, WRITE_FAILED = -1, ZERO_DATE = -2, OUT_OF_RANGE = -3 };
 
 static void say(MYSQL *m, char *err, size_t errlen) {
     snprintf(err, errlen, "%s", m ? mysql_error(m) : "out of memory");
@@ -127,26 +127,81 @@ static int zero_date(const char *s, unsigned long len) {
     return len >= 10 && ((s[5] == '0' && s[6] == '0') || (s[8] == '0' && s[9] == '0'));
 }
 
-/* `zero`: per field, '1' a zero date fails the range (ZERO_DATE: err says the field's
- * index and the value), '2' it is written as NULL, else (or zero NULL) no check. */
-static int put_row(int fd, char *buf, size_t *used, MYSQL_ROW row, unsigned long *lens,
-                   unsigned int fields, const char *zero, char *err, size_t errlen) {
+/* What a field is checked for (chl_my_copy's `checks`): its zero dates ('1' fail the
+ * range with ZERO_DATE, '2' are NULL, '0' nothing) and, where lo is not empty, its
+ * range: a date or time outside [lo, hi] (compared as text, over the shorter of the two:
+ * MySQL prints years with 4 digits) is a value the target's type cannot hold. */
+typedef struct {
+    char zero;
+    const char *lo, *hi;
+    size_t lolen, hilen;
+} check_t;
+
+static const char SHOWN[] = "out of range: "; /* db_range.SHOWN */
+
+static int outside(const char *s, unsigned long len, const check_t *c) {
+    if (!c->lolen) return 0;
+    size_t n = len < c->lolen ? len : c->lolen;
+    if (memcmp(s, c->lo, n) < 0) return 1;
+    n = len < c->hilen ? len : c->hilen;
+    return memcmp(s, c->hi, n) > 0;
+}
+
+/* `checks`: "F" (a value out of range fails the range: OUT_OF_RANGE, err says the
+ * field's index and the value) or "S" (it is written after SHOWN, which no date parser
+ * takes: the engine rejects the row, within an error budget), then per field
+ * "<zero><lo>\t<hi>\n". NULL: nothing is checked. */
+static int parse_checks(const char *spec, unsigned int fields, check_t *out, char *mode) {
+    const char *p = spec + 1;
+    *mode = spec[0];
     for (unsigned int f = 0; f < fields; f++) {
-        if (zero && zero[f] > '0' && row[f] && zero_date(row[f], lens[f])) {
-            if (zero[f] == '1') {
+        const char *tab, *end;
+        if (!*p || !(tab = strchr(p + 1, '\t')) || !(end = strchr(tab, '\n'))) return -1;
+        out[f].zero = *p;
+        out[f].lo = p + 1;
+        out[f].lolen = (size_t)(tab - p - 1);
+        out[f].hi = tab + 1;
+        out[f].hilen = (size_t)(end - tab - 1);
+        p = end + 1;
+    }
+    return 0;
+}
+
+static int put_row(int fd, char *buf, size_t *used, MYSQL_ROW row, unsigned long *lens,
+                   unsigned int fields, const check_t *checks, char mode, char *err,
+                   size_t errlen) {
+    for (unsigned int f = 0; f < fields; f++) {
+        const check_t *c = checks ? &checks[f] : NULL;
+        int shown = 0;
+        if (c && c->zero > '0' && row[f] && zero_date(row[f], lens[f])) {
+            if (c->zero == '1') {
                 snprintf(err, errlen, "%u\t%.*s", f, (int)(lens[f] < 64 ? lens[f] : 64),
                          row[f]);
                 return ZERO_DATE;
             }
             row[f] = NULL;
         }
-        size_t need = row[f] ? 2 * (size_t)lens[f] + 1 : 3;
+        if (c && row[f] && outside(row[f], lens[f], c)) {
+            if (mode == 'F') {
+                snprintf(err, errlen, "%u\t%.*s", f, (int)(lens[f] < 64 ? lens[f] : 64),
+                         row[f]);
+                return OUT_OF_RANGE;
+            }
+            shown = (int)sizeof SHOWN - 1;
+        }
+        size_t need = row[f] ? 2 * (size_t)lens[f] + 1 + (size_t)shown : 3;
         if (*used + need > BUF) {
             if (flush(fd, buf, *used)) return WRITE_FAILED;
             *used = 0;
         }
+        if (shown) {
+            memcpy(buf + *used, SHOWN, (size_t)shown);
+            *used += (size_t)shown;
+        }
         if (need > BUF) { /* a field larger than the buffer: escaped in pieces */
             char piece[4096];
+            if (*used && flush(fd, buf, *used)) return WRITE_FAILED; /* (SHOWN first) */
+            *used = 0;
             for (unsigned long at = 0; at < lens[f]; at += sizeof piece / 2) {
                 unsigned long n = lens[f] - at < sizeof piece / 2 ? lens[f] - at
                                                                    : sizeof piece / 2;
@@ -164,10 +219,10 @@ static int put_row(int fd, char *buf, size_t *used, MYSQL_ROW row, unsigned long
 }
 
 /* The rows of `sql` as TSV into fd (not closed). 0 when every row was written;
- * WRITE_FAILED when fd refused (err says why); ZERO_DATE (put_row, `zero`); else the
- * server's or the connection's error number. `rows` counts the rows written. The
- * connection is usable after 0 only. */
-int chl_my_copy(MYSQL *m, const char *sql, int fd, const char *zero, long long *rows,
+ * WRITE_FAILED when fd refused (err says why); ZERO_DATE or OUT_OF_RANGE (put_row,
+ * `checks`: parse_checks); else the server's or the connection's error number. `rows`
+ * counts the rows written. The connection is usable after 0 only. */
+int chl_my_copy(MYSQL *m, const char *sql, int fd, const char *checks, long long *rows,
                 char *err, size_t errlen) {
     static __thread char buf[BUF];
     size_t used = 0;
@@ -182,17 +237,30 @@ int chl_my_copy(MYSQL *m, const char *sql, int fd, const char *zero, long long *
         return (int)mysql_errno(m);
     }
     unsigned int fields = mysql_num_fields(res);
+    check_t *check = NULL;
+    char mode = 'F';
+    if (checks && (!(check = calloc(fields, sizeof *check)) ||
+                   parse_checks(checks, fields, check, &mode))) {
+        free(check);
+        snprintf(err, errlen, "the range checks do not match the %u columns", fields);
+        return WRITE_FAILED;
+    }
     MYSQL_ROW row;
     while ((row = mysql_fetch_row(res)) != NULL) {
-        int put = put_row(fd, buf, &used, row, mysql_fetch_lengths(res), fields, zero,
-                          err, errlen);
-        if (put == ZERO_DATE) return ZERO_DATE; /* (the result is left unread, as below) */
+        int put = put_row(fd, buf, &used, row, mysql_fetch_lengths(res), fields, check,
+                          mode, err, errlen);
+        if (put == ZERO_DATE || put == OUT_OF_RANGE) {
+            free(check);
+            return put; /* (the result is left unread, as below) */
+        }
         if (put) {
             snprintf(err, errlen, "writing the range: %s", strerror(errno));
+            free(check);
             return WRITE_FAILED; /* the result is left unread: the caller closes */
         }
         (*rows)++;
     }
+    free(check);
     if (mysql_errno(m)) {
         say(m, err, errlen);
         int code = (int)mysql_errno(m);

@@ -33,6 +33,7 @@ CONNECT_TIMEOUT = 10
 WRITE_FAILED = -1
 ZERO_DATE = -2  # a zero date where the range may hold none (NativeError args: the
 # field's index and its value, tab-separated: mysql_copy.c put_row)
+OUT_OF_RANGE = -3  # a date or time the target's type cannot hold (db_range.py): the same
 
 
 def libmariadb() -> str:
@@ -113,13 +114,13 @@ class Connection:
             self.lib.chl_my_free(buf)
         return [tuple(_field(f) for f in line.split("\t")) for line in text.splitlines()]
 
-    def copy(self, sql: str, fd: int, zero: str = "") -> int:
-        """The rows of `sql` as TSV into `fd`; how many. `zero`: per field, what a zero
-        date does ('1' fails with ZERO_DATE, '2' is NULL, '0' nothing: mysql_copy.c).
+    def copy(self, sql: str, fd: int, checks: str = "") -> int:
+        """The rows of `sql` as TSV into `fd`; how many. `checks`: what each field is
+        checked for (zero dates, a range: mysql_copy.c parse_checks; mysql.py makes it).
         Raises NativeError (the connection is then unusable: close it)."""
         err = ctypes.create_string_buffer(1024)
         rows = ctypes.c_longlong(0)
-        code = self.lib.chl_my_copy(self.handle, sql.encode(), fd, zero.encode() or None,
+        code = self.lib.chl_my_copy(self.handle, sql.encode(), fd, checks.encode() or None,
                                     ctypes.byref(rows), err, len(err))
         if code:
             raise NativeError(code, err.value.decode(errors="replace"))
@@ -162,9 +163,9 @@ class NativeReader:
             raise fail(exc) from None
         return reader
 
-    def run(self, statement: str, out: int, zero: str = "") -> None:
+    def run(self, statement: str, out: int, checks: str = "") -> None:
         try:
-            self.conn.copy(statement, out, zero)
+            self.conn.copy(statement, out, checks)
         except NativeError as exc:
             raise self.fail(exc) from None
 

@@ -108,7 +108,7 @@ def test_types_map_down_where_no_value_changes(inferred: str, stored: str) -> No
 
 @pytest.mark.parametrize("inferred, hint", [
     ("DateTime64(3, 'UTC')", "DateTime (drops fractions of a second) or String"),
-    ("Date32", "Date (1970 to 2149 only) or String"),
+    ("Date32", "Date (1970 to 2105 only on 18.16) or String"),
     ("Map(String, UInt64)", "String"), ("Int128", "String"),
 ])
 def test_types_the_server_lacks_are_refused_in_one_line(inferred: str, hint: str) -> None:
