@@ -38,6 +38,7 @@ from chload.formats import JSON_LINES, FileFormat
 from chload.schema import Column
 from chload.sniff import _OPENERS, BOM, _unescape_tsv, delimiter, read_again
 from chload.sources import SourceFile
+from chload.sources.db_range import CHDB, bounds, wider
 
 _WRAPPERS = re.compile(r"^(?:LowCardinality|Nullable)\((.*)\)$")
 _INT = re.compile(r"^(U?)Int(8|16|32|64|128|256)$")
@@ -45,14 +46,6 @@ _DECIMAL = re.compile(r"^Decimal(?:(32|64|128|256)\((\d+)\)|\((\d+),\s*(\d+)\))$
 _DIGITS = re.compile(r"^\s*[-+]?\d+\s*$")
 # (`0000-00-00`, ClickHouse's own zero date as 18.16 writes it, reads back as that zero.)
 _DATE = re.compile(r"^\s*(\d{4})-(\d{2})-(\d{2})")
-# The dates each type holds, on chDB (ClickHouse 26: Date32 and DateTime64 from year 1 to
-# 9999) and, where they differ, on a server as old as 18.16 (Date and DateTime end
-# 2105-12-31: 2106-01-01 was stored as 0000-00-00). A DateTime is seconds since 1970.
-_DATE_RANGES = {"Date": ("1970-01-01", "2149-06-06"), "Date32": ("0001-01-01", "9999-12-31"),
-                "DateTime": ("1970-01-01", "2106-02-07"),
-                "DateTime64": ("0001-01-01", "9999-12-31")}
-OLD_SERVER_DATES = {"Date": ("1970-01-01", "2105-12-31"),
-                    "DateTime": ("1970-01-01", "2105-12-31")}
 SAMPLE = 1 << 14  # bytes of a file checked (decompressed): see the module doc
 _FLOAT32_MAX = 3.4028234663852886e38
 _WIDER_INT = {8: "16", 16: "32", 32: "64", 64: "128", 128: "256"}
@@ -73,13 +66,11 @@ class Misfit:
 
 
 def check(file: SourceFile, columns: Sequence[Column], read: Sequence[str],
-          settings: Mapping[str, str], table: str,
-          dates: Mapping[str, tuple[str, str]] | None = None) -> Misfit | None:
+          settings: Mapping[str, str], table: str, engine: str = CHDB) -> Misfit | None:
     """The first misfit in the start of a local text file, or None (also when the file
     cannot be read cheaply: a remote file, a pipe, a compression the standard library
-    lacks; the load then goes as ever). `dates`: the target's date ranges where they
-    differ from chDB's (OLD_SERVER_DATES for 18.16)."""
-    ranges = {**_DATE_RANGES, **(dates or {})}
+    lacks; the load then goes as ever). `engine`: the target's (db_range.engine_of),
+    which bounds its date types (db_range.bounds: one table for every source)."""
     data = _start(file)
     if data is None:
         return None
@@ -87,7 +78,7 @@ def check(file: SourceFile, columns: Sequence[Column], read: Sequence[str],
     defaults = {c.name for c in columns if c.default_kind}  # an empty field means DEFAULT
     nulls_ok = _told(settings, "input_format_null_as_default")
     empty_ok = nulls_ok or _told(settings, "input_format_csv_empty_as_default")
-    if not _may_misfit(data, file.format, list(types.values()), nulls_ok and empty_ok, ranges):
+    if not _may_misfit(data, file.format, list(types.values()), nulls_ok and empty_ok, engine):
         return None
     try:
         text = data.decode("utf-8").removeprefix(BOM)
@@ -105,7 +96,7 @@ def check(file: SourceFile, columns: Sequence[Column], read: Sequence[str],
         if kind is None:
             continue
         found = _column(name, kind, values, table, nulls_ok, empty_ok or name in defaults,
-                        ranges)
+                        engine)
         if found:
             at, why, fix = found
             return Misfit(line_of(at), name, _shown(values[at]), why, fix)
@@ -124,7 +115,7 @@ _EXPONENTS = (b"0e0", b"0e+0", b"0e-0", b"0E0", b"0E+0", b"0E-0")
 
 
 def _may_misfit(data: bytes, fmt: FileFormat, kinds: Sequence[str], nulls_ok: bool,
-                ranges: Mapping[str, tuple[str, str]]) -> bool:
+                engine: str) -> bool:
     """Whether the start could hold a misfit, asked of its bytes with substring searches
     (each ~0.01 ms for 16 KB; a regular expression took 4-5x as long), so that a clean
     file of common types (Int64, Float64, String, DateTime of these centuries) is never
@@ -140,12 +131,11 @@ def _may_misfit(data: bytes, fmt: FileFormat, kinds: Sequence[str], nulls_ok: bo
         return True
     digits = data.translate(_ZEROS)
     for base in map(_base, kinds):
-        kind = base.split("(")[0]
         if (m := _INT.match(base)):
             if b"0" * len(str(_bounds(int(m.group(2)), bool(m.group(1)))[1])) in digits:
                 return True
-        elif kind in ranges:
-            lo, hi = ranges[kind]
+        elif (span := _days(base, engine)):
+            lo, hi = span
             years = {data[m.start():m.start() + 4].decode()
                      for m in re.finditer(rb"0000-00-00", digits)} - {"0000"}
             if years and (min(years) < lo[:4] or max(years) > hi[:4]):
@@ -271,7 +261,7 @@ def _json_text(value: object) -> str | None:
 
 
 def _column(name: str, kind: str, values: list, table: str, nulls_ok: bool,
-            empty_ok: bool, ranges: Mapping[str, tuple[str, str]]) -> tuple[int, str, str] | None:
+            empty_ok: bool, engine: str) -> tuple[int, str, str] | None:
     """(index of the first misfit, why, fix) for one column's values, or None. Each
     rule first narrows the values to those that can misfit in one comprehension (a
     16 KB start has a thousand), then judges those."""
@@ -286,10 +276,9 @@ def _column(name: str, kind: str, values: list, table: str, nulls_ok: bool,
             at = next(i for i, v in enumerate(values) if v in marks)
             return (at, f"in a column that is not Nullable ({kind}) would be stored as the "
                         "type's default", _nullable_fix(table, name, kind))
-    rule = _rule(base, ranges)
+    rule = _rule(base, engine)
     found = rule(values) if rule else None
-    narrow_server = ranges["Date"] != _DATE_RANGES["Date"]  # (18.16: no Date32, DateTime64)
-    return (found[0], found[1], _wider_fix(table, name, base, narrow_server)) if found else None
+    return (found[0], found[1], _wider_fix(table, name, base, engine)) if found else None
 
 
 def _first(values: list, candidates: Iterable[int],
@@ -310,7 +299,7 @@ def _base(kind: str) -> str:
 Rule = Callable[[list], "tuple[int, str] | None"]
 
 
-def _rule(base: str, ranges: Mapping[str, tuple[str, str]]) -> Rule | None:
+def _rule(base: str, engine: str) -> Rule | None:
     """The check of a column's values (text; None for an absent JSON key) against
     `base`: the first that does not fit and why, or None. Each first asks, in C (max,
     min, join, a regular expression over the joined values), whether any value could
@@ -318,13 +307,21 @@ def _rule(base: str, ranges: Mapping[str, tuple[str, str]]) -> Rule | None:
     if (m := _INT.match(base)):
         return _integers(base, int(m.group(2)), bool(m.group(1)))
     kind = base.split("(")[0]
-    if kind in ranges:
-        return _dates(kind, *ranges[kind])
+    if (span := _days(base, engine)):
+        return _dates(kind, *span)
     if base == "Float32":
         return _float32
     if (m := _DECIMAL.match(base)):
         return _decimals(base, int(m.group(2) or m.group(4)))
     return None
+
+
+def _days(base: str, engine: str) -> tuple[str, str] | None:
+    """The first and last day `base` (a Date or DateTime type) holds on `engine`, or
+    None for another type. A DateTime's last day is whole where its last second is not
+    (2106-02-07 06:28:15 on chDB): a value on that day past that time is not caught."""
+    span = bounds(base, engine)
+    return (span[0][:10], span[1][:10]) if span else None
 
 
 def _texts(values: list) -> list[str]:
@@ -401,19 +398,22 @@ def _nullable_fix(table: str, name: str, kind: str) -> str:
             "default for it")
 
 
-def _wider_fix(table: str, name: str, base: str, narrow_server: bool) -> str:
+def _wider_fix(table: str, name: str, base: str, engine: str) -> str:
     m = _INT.match(base)
-    dates = {} if narrow_server else {"Date": "Date32", "DateTime": "DateTime64(0)"}
-    wider = f"{m.group(1)}Int{_WIDER_INT[int(m.group(2))]}" if m and int(m.group(2)) < 256 \
-        else {**dates, "Float32": "Float64"}.get(base.split("(")[0], "")
-    if not wider and narrow_server and base.split("(")[0] in ("Date", "DateTime"):
-        return (f"no date type of this server holds it: keep the column as text (ALTER "
-                f"TABLE {table} MODIFY COLUMN {name} String, or in --schema)")
-    if not wider:
+    family = base.split("(")[0]
+    if family in ("Date", "DateTime", "Date32", "DateTime64"):
+        bigger = wider(base, engine)  # (db_range: on chDB the wider type, else String)
+        if bigger == "String":
+            return (f"no date type of this target holds it: keep the column as text (ALTER "
+                    f"TABLE {table} MODIFY COLUMN {name} String, or in --schema)")
+    else:
+        bigger = f"{m.group(1)}Int{_WIDER_INT[int(m.group(2))]}" if m and \
+            int(m.group(2)) < 256 else {"Float32": "Float64"}.get(family, "")
+    if not bigger:
         return (f"give the column a type that holds it (ALTER TABLE {table} MODIFY COLUMN "
                 f"{name} ..., or in --schema); String keeps any value as written")
-    return (f"give the column a type that holds it, e.g. {wider} (ALTER TABLE {table} MODIFY "
-            f"COLUMN {name} {wider}, or in --schema); String keeps any value as written")
+    return (f"give the column a type that holds it, e.g. {bigger} (ALTER TABLE {table} MODIFY "
+            f"COLUMN {name} {bigger}, or in --schema); String keeps any value as written")
 
 
 def _shown(value: object) -> str:

@@ -39,6 +39,7 @@ from chload.schema import (
     quote_ident,
 )
 from chload.sources import SourceFile
+from chload.sources.db_range import engine_of
 from chload.targets import Target
 
 # Formats whose rows carry no column names, so a table's columns cannot stand in.
@@ -366,7 +367,7 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     read = [c.name for c in read_columns]
     checked = HeaderCheck([], settings=BY_POSITION if by_position else ())
     extra = _extra_columns(target, files, table_columns) if named else {}
-    told, dates = dict(settings), _old_server_dates(target)
+    told, engine = dict(settings), engine_of(target)
     for f in files:
         fields = headers.get(f.uri)
         problem = fields and _mismatch(header_columns(fields), read, table_columns, audit,
@@ -386,21 +387,13 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
                                        f"{table.display}: {problem}. Fix the header or the "
                                        f"table; if its first line is data, pass --format "
                                        f"{base}"))
-        elif (misfit := fit.check(f, table_columns, read, told, table.display, dates)):
+        elif (misfit := fit.check(f, table_columns, read, told, table.display, engine)):
             checked.refused.append((f, f"{f.uri}: {misfit.message()}"))
         else:
             checked.files.append(f)
     if checked.refused and not checked.files:
         raise SchemaError(checked.refused[0][1])
     return checked
-
-
-def _old_server_dates(target: Target) -> dict[str, tuple[str, str]] | None:
-    """fit.OLD_SERVER_DATES for a server (or a cluster's entry server) without Date32,
-    as 18.16: its Date and DateTime end at 2105-12-31; None for chDB's ranges."""
-    caps = getattr(target, "caps", None) or getattr(getattr(target, "entry", None), "caps",
-                                                   None)
-    return fit.OLD_SERVER_DATES if caps is not None and "Date32" not in caps.types else None
 
 
 # Formats whose files name their columns (a schema), which the engine reads by name,

@@ -117,7 +117,7 @@ def guards(columns: Sequence[tuple[str, str]], read: Sequence[str], stored: dict
             continue  # holds every value the source can
         shown = "chDB" if engine == CHDB else f"ClickHouse {engine or 'server'}"
         found[i] = Guard(i, name, _bare(table_type), lo, hi, shown,
-                         _wider(table_type, engine), rejects)
+                         wider(table_type, engine), rejects)
     return found
 
 
@@ -159,7 +159,7 @@ def _datetime64(scale: int, span: tuple[str, str]) -> tuple[str, str]:
     return max(lo, span[0]), min(hi, span[1])
 
 
-def _wider(typ: str, engine: str) -> str:
+def wider(typ: str, engine: str) -> str:
     """What to suggest: on chDB the 64-bit type of the family, else String."""
     family, _ = _family(typ)
     if engine == CHDB and family == "DateTime":
