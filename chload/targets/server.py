@@ -117,6 +117,7 @@ class ServerTarget(StageFilling):
         self.database = self.url.database  # what a bare --table name means
         self.where = f"server {self.url.host}:{self.url.port}"
         early = server_early.claim(url)  # asked while the loader imported (cli._load)
+        self._claimed = early is not None  # (then restore_switch at close)
         self.client = early.client if early else HttpClient(self.url)
         # SQL -> its answer, asked ahead: given once by `rows`, dropped at any write
         self._ahead: dict[str, list[dict]] = early.answers if early else {}
@@ -481,6 +482,8 @@ class ServerTarget(StageFilling):
             self.engine.close()
             self.client.close()
             shutil.rmtree(self.path, ignore_errors=True)
+            if self._claimed:
+                server_early.restore_switch()
 
 
 def _event(job: LoadJob, state: str, rows: int = 0, read: int = 0,
