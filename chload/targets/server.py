@@ -117,7 +117,6 @@ class ServerTarget(StageFilling):
         self.database = self.url.database  # what a bare --table name means
         self.where = f"server {self.url.host}:{self.url.port}"
         early = server_early.claim(url)  # asked while the loader imported (cli._load)
-        self._claimed = early is not None  # (then restore_switch at close)
         self.client = early.client if early else HttpClient(self.url)
         # SQL -> its answer, asked ahead: given once by `rows`, dropped at any write
         self._ahead: dict[str, list[dict]] = early.answers if early else {}
@@ -142,7 +141,6 @@ class ServerTarget(StageFilling):
         self.insert_params: dict[str, str] = {}  # server settings of every data INSERT
         self.loading: set[str] = set()  # tables loaded into: their parts are watched
         self._undropped: set[str] = set()
-        self._dropping: list[threading.Thread] = []  # _drop_later
         self._started_ns = time.time_ns()  # files committed by other runs after this count
         self._reading = threading.local()
         self._reading_guard = threading.Lock()
@@ -285,7 +283,7 @@ class ServerTarget(StageFilling):
         if done:
             self.loaded.add([event.moved(LOADED)])
             self._count_unit(1)
-        self._drop_later(stage)
+        self._drop(stage)
         return Loaded(rows, read, rejected) if done else Loaded(0, read, elsewhere=True)
 
     def _budgeted(self, job: LoadJob, stage: str, errors_file: str) -> int:
@@ -360,7 +358,7 @@ class ServerTarget(StageFilling):
                                "batch meanwhile; loading them one by one")
         self.loaded.add(e.moved(LOADED) for e in events)
         self._count_unit(len(events))
-        self._drop_later(stage)
+        self._drop(stage)
         return done
 
     def _fill_batch(self, job: LoadJob, stage: str) -> list[Loaded]:
@@ -422,25 +420,6 @@ class ServerTarget(StageFilling):
         except ChloadError:
             self._undropped.add(stage)
 
-    def _drop_later(self, stage: str) -> None:
-        """Drop a committed stage on a thread of its own, waited for at close: the unit's
-        thread goes on, and the last units' drops run while the run's last ledger writes
-        do (api._finish) instead of before them (5 ms of the tail in traces of 16 gzip
-        CSV files at 8 streams). The drops of a group still run at once, as they did on
-        the units' threads; `_drop` keeps the one the server did not drop for close."""
-        thread = threading.Thread(target=self._drop, args=(stage,), name="chload_drop",
-                                  daemon=True)
-        with self._reading_guard:
-            self._dropping.append(thread)
-        thread.start()
-
-    def _dropped(self) -> None:
-        """Wait for the drops under way (`_drop_later`)."""
-        with self._reading_guard:
-            threads, self._dropping = self._dropping, []
-        for thread in threads:
-            thread.join()
-
     # -- ledger ------------------------------------------------------------------------
     def flush(self) -> None:
         """Write the `loaded` events still waiting (ledger.LoadedEvents)."""
@@ -472,18 +451,13 @@ class ServerTarget(StageFilling):
 
     def close(self) -> None:
         try:
-            try:
-                self.flush()
-            finally:
-                self._dropped()
+            self.flush()
             for stage in list(self._undropped):
                 self._drop(stage)
         finally:
             self.engine.close()
             self.client.close()
             shutil.rmtree(self.path, ignore_errors=True)
-            if self._claimed:
-                server_early.restore_switch()
 
 
 def _event(job: LoadJob, state: str, rows: int = 0, read: int = 0,

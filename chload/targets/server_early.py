@@ -51,8 +51,7 @@ class Early:
 
 _EARLY: list[Early] = []
 # While the thread asks, the main thread imports: an answer that has come back waits
-# at most this long for the interpreter's lock (not the default 5 ms) to be read; and
-# so for the whole load (restore_switch).
+# at most this long for the interpreter's lock (not the default 5 ms) to be read.
 _SWITCH, _DEFAULT_SWITCH = 0.0005, sys.getswitchinterval()
 
 
@@ -82,24 +81,11 @@ def claim(url: TargetURL) -> Early | None:
     early = found[0]
     _EARLY.remove(early)
     early.thread.join()
+    sys.setswitchinterval(_DEFAULT_SWITCH)
     if early.caps is None:
         early.client.close()
-        restore_switch()
         return None
-    return early  # (the short switch interval stays for the load: restore_switch)
-
-
-def restore_switch() -> None:
-    """The interpreter's switch interval back to its default, at the end of a load that
-    claimed what was asked early (ServerTarget.close).
-
-    The load keeps the short one: its threads mostly wait on the server, and one that
-    an answer wakes waited up to 5 ms (the default) for the interpreter's lock behind
-    another thread's Python (the commit's ending, its stages' drops, the runner's
-    results, the last ledger writes). Traced on 16 gzip CSV files into 18.16 (2 cores,
-    load average 5-6, 2 x 10-12 loads alternating): from the last data INSERT's end
-    to the process's exit, median 34 -> 28 ms and 51 -> 31 ms."""
-    sys.setswitchinterval(_DEFAULT_SWITCH)
+    return early
 
 
 def discard() -> None:

@@ -4,7 +4,6 @@ for its own URL, and a failure there leaves nothing (the load asks again)."""
 from __future__ import annotations
 
 import socket
-import sys
 
 from chload.targets import server_early
 from chload.targets.http import parse_target_url
@@ -54,14 +53,3 @@ def test_answers_asked_ahead_go_once_and_not_past_a_write() -> None:
     assert target.rows("SELECT a") == [{"n": 2}] and Client.posted == ["SELECT a"]
     target.command("DROP TABLE x")
     assert target.rows("SELECT b") == [{"n": 2}] and target._ahead == {}
-
-
-def test_a_failed_start_restores_the_switch_interval_and_a_claimed_one_keeps_it() -> None:
-    default = server_early._DEFAULT_SWITCH
-    target = f"http://127.0.0.1:{_closed_port()}/db"
-    server_early.begin(target, "t", {})
-    assert server_early.claim(parse_target_url(target)) is None
-    assert sys.getswitchinterval() == default  # nothing claimed: the load goes as ever
-    sys.setswitchinterval(server_early._SWITCH)  # (as a claimed start leaves it)
-    server_early.restore_switch()  # ServerTarget.close
-    assert sys.getswitchinterval() == default
