@@ -112,6 +112,9 @@ _lock_name, _dirty_name = lock_name, dirty_name
 # Waits bounded by a deadline (RetryPolicy.tries), not by a number of tries:
 SETTLE_EVERY = RetryPolicy(attempts=0, base_seconds=2.0, max_seconds=2.0, jitter=False)
 IDLE_POLL = RetryPolicy(attempts=0, base_seconds=0.2, max_seconds=0.2, jitter=False)
+# Files of other units in flight a survey asks about at most (_to_attach): its query
+# stays far below 18.16's max_query_size (256 KiB) with a batch's own files in it
+_COVER_MOST = 1000
 STAGE_DROP = RetryPolicy(attempts=5, base_seconds=0.1, jitter=False)  # 0.1 s ... 0.8 s
 
 
@@ -277,7 +280,8 @@ class Committer:
         ends: dict[str, int] = {}
         if follows or turn.covered is None or not uris <= turn.covered:
             with self._guard:
-                covered = uris | set(self._in_flight.get(table, ()))
+                flying = set(self._in_flight.get(table, ()))
+            covered = uris | (flying if len(flying) <= _COVER_MOST else set())
             turn.last, ends = self._survey(table, display, sorted(covered), follows)
             turn.covered = covered
         todo = []

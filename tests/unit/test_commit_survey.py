@@ -118,3 +118,16 @@ def test_the_files_in_flight_are_forgotten_when_their_unit_ends() -> None:
             assert c._in_flight[TABLE] == {"a.csv": 2, "b.csv": 1}
         assert c._in_flight[TABLE] == {"a.csv": 1}
     assert c._in_flight[TABLE] == {}
+
+
+def test_too_many_files_in_flight_are_not_asked_about() -> None:
+    server = Hooked()
+    asked: list[str] = []
+    survey = server.rows
+    server.rows = lambda sql: (asked.append(sql), survey(sql))[1]  # type: ignore[method-assign]
+    c = committer(server)
+    with c.expecting(TABLE, [f"f{i}.csv" for i in range(1001)]):
+        stage = stage_with(server, c.holder, {"all": 1})
+        assert c.commit(TABLE, DISPLAY, stage, ["all"], [event("a.csv")], since_ns=0)
+    surveys = [sql for sql in asked if "'last'" in sql]
+    assert len(surveys) == 1 and "'a.csv'" in surveys[0] and "'f0.csv'" not in surveys[0]
