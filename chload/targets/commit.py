@@ -53,10 +53,11 @@ Rules that make a crash at any instant harmless:
    another load (or an earlier attempt of this run) committed since this run started
    attaches nothing, so a file-by-file retry of a batch that may have committed loads
    nothing twice. (One survey answers for every unit of the table in flight while this
-   process holds the lock without a break: nobody else can commit meanwhile.) A unit of a stream (a Kafka offset range, sources.StreamPosition)
-   attaches only while its stream's committed end, read in the same survey, is still
-   the one its plan started from: two loaders reading one partition at once, or a
-   rebalance, cannot commit overlapping ranges.
+   process holds the lock without a break: nobody else can commit meanwhile.)
+   A unit of a stream (a Kafka offset range, sources.StreamPosition) attaches only
+   while its stream's committed end, read in the same survey, is still the one its
+   plan started from: two loaders reading one partition at once, or a rebalance,
+   cannot commit overlapping ranges.
 6. A stage is dropped only when no file of any table, still `committing`, names it,
    and its process is gone (`drop_orphans`): a crashed commit into one table keeps
    its stage through loads into other tables until its own table settles it.
