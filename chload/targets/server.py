@@ -246,6 +246,10 @@ class ServerTarget(StageFilling):
     # -- loading -----------------------------------------------------------------------
     def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
         self._check_engine(job)
+        with self.committer.expecting(job.table, [f.uri for f in job.files]):
+            return self._load_file(job, progress)
+
+    def _load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
         stage = stage_name(self.committer.holder)
         errors_file = (os.path.join(self.path, f"rejects-{stage}.csv")
                        if job.budget.allows_errors else "")
@@ -326,6 +330,10 @@ class ServerTarget(StageFilling):
         one by one; after the commit begins nothing is retried (rule 5 of commit.py makes
         a file-by-file retry of a batch that may have committed load nothing)."""
         self._check_engine(job)
+        with self.committer.expecting(job.table, [f.uri for f in job.files]):
+            return self._load_batch(job, progress)
+
+    def _load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
         stage = stage_name(self.committer.holder)
         try:
             with self.batcher.filling():
