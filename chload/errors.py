@@ -331,7 +331,15 @@ def from_engine_message(message: str, context: str) -> ChloadError:
     kind = _kind(code, message)
     reason = one_line(message)
     null = _null_misfit(message)
-    if null:  # input_format_null_as_default=0 (engine.py): the cause named, and the way on
+    wide = re.search(r"Value in column (\S+) cannot be safely converted into type ([^:\s]+)",
+                     message)
+    if wide:  # fit.insert_expr: a typed file's number its column cannot hold
+        cast = re.search(r"accurateCast\((?:__table\d+\.)?`?([^ :`]+)", message)
+        kind, hint = DataError, WIDER_COLUMN
+        reason = (f"{f'column {cast.group(1)}: ' if cast else ''}a value does not fit "
+                  f"{wide.group(2)} (the file holds {wide.group(1)}): it would be stored "
+                  "wrapped")
+    elif null:  # input_format_null_as_default=0 (engine.py): the cause named, and the way on
         kind, hint = DataError, NULL_INTO_ORDINARY
         at = locate(message)[0]
         where = f"column {null[0]}: " if null[0] else ""
@@ -358,6 +366,8 @@ def from_engine_message(message: str, context: str) -> ChloadError:
     return error
 
 
+WIDER_COLUMN = ("; give the column a type that holds it (ALTER TABLE ... MODIFY COLUMN, or in "
+                "--schema)")
 NULL_INTO_ORDINARY = ("; make the column Nullable (ALTER TABLE ... MODIFY COLUMN, or in "
                       "--schema), or pass --setting input_format_null_as_default=1 to store "
                       "the type's default for it")

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from chload.formats import JSON_LINES, FileFormat
-from chload.schema import Column
+from chload.schema import Column, quote_str
 from chload.sniff import _OPENERS, BOM, _unescape_tsv, delimiter, read_again
 from chload.sources import SourceFile
 from chload.sources.db_range import CHDB, bounds, wider
@@ -423,3 +423,33 @@ def _shown(value: object) -> str:
         return "an empty value"
     text = str(value)
     return repr(text[:60] + ("..." if len(text) > 60 else ""))
+
+
+# -- typed files: a number read at a width its column cannot hold -------------------------
+# A Parquet/ORC/Arrow/Avro/Native file's Int64 read into a UInt8 column wraps (300 -> 44):
+# the reader casts to the type it is told. So such a column is read as Int64, the file's
+# own width or wider, and inserted through accurateCast, which refuses a value that does
+# not fit (code 70) instead of wrapping it. Integers only: accurateCast refuses a Float64
+# that Float32 holds with less precision (1.1), which a Float32 column is for.
+_NARROW_INTS = re.compile(r"^(U?Int(8|16|32))$")
+
+
+def widened(columns: Sequence[Column]) -> list[Column]:
+    """`columns` with each narrow integer type (8 to 32 bits, Nullable kept) as Int64:
+    how a typed file is read, so that insert_expr can refuse a value out of range."""
+    return [Column(c.name, _wide(c.type), c.default_kind) for c in columns]
+
+
+def _wide(kind: str) -> str:
+    base = _base(kind)
+    if not _NARROW_INTS.match(base):
+        return kind
+    return "Nullable(Int64)" if "Nullable(" in kind else "Int64"
+
+
+def insert_expr(ident: str, read_type: str, table_type: str) -> str | None:
+    """`accurateCast(ident, 'UInt8') AS ident` where `read_type` is `table_type` widened
+    (widened); None otherwise (the caller's plain expression stands)."""
+    if read_type == table_type or _wide(table_type) != read_type:
+        return None
+    return f"accurateCast({ident}, {quote_str(table_type)}) AS {ident}"

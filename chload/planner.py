@@ -207,7 +207,10 @@ def prepare_table(
         existing = target.table_columns(table.sql) or columns
         created = True
     matched = match_columns(table.display, existing, data, audit)
-    return matched, (data if given is not None else matched), created
+    read = data if given is not None else matched
+    if files and all(f.format.name in NAMED_FORMATS for f in files):
+        read = fit.widened(read)  # typed files: a number too wide is refused, not wrapped
+    return matched, read, created
 
 
 def _same_names(files: Sequence[SourceFile], described: list[Column],

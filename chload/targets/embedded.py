@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from chload import rejects
+from chload import fit, rejects
 from chload.engine import BLOCK_SETTINGS, SESSION_SETTINGS, Engine
 from chload.errors import ChloadError, DataError, TransientError, UsageError, pinpointed
 from chload.ledger import (
@@ -399,7 +399,7 @@ def _names(job: LoadJob) -> list[str]:
 def _select_sql(job: LoadJob, file: SourceFile, reader: Callable[..., str],
                 tag: bool = False) -> str:
     """SELECT the data of one file, with audit columns and (tag) the file's uri."""
-    exprs = [quote_ident(c.name) for c in job.columns]
+    exprs = _column_exprs(job)
     if job.audit:
         exprs += ["_path" if source_for(file).reads_at_uri(file)
                   else quote_str(file.uri), "now()"]  # not stdin's spool, a link, an object
@@ -407,6 +407,14 @@ def _select_sql(job: LoadJob, file: SourceFile, reader: Callable[..., str],
         exprs.append(quote_str(file.uri))
     return (f"SELECT {', '.join(exprs)} "
             f"FROM {reader(file, file.format.name, job.read_columns)}")
+
+
+def _column_exprs(job: LoadJob) -> list[str]:
+    """The table's columns as read: each by name, or refused where a typed file's number
+    does not fit its column (fit.insert_expr; the insert would wrap it)."""
+    read = {c.name: c.type for c in job.read_columns}
+    return [fit.insert_expr(quote_ident(c.name), read.get(c.name, c.type), c.type)
+            or quote_ident(c.name) for c in job.columns]
 
 
 def _batch_select_sql(job: LoadJob, reader: Callable[..., str]) -> str:
@@ -421,7 +429,7 @@ def _batch_select_sql(job: LoadJob, reader: Callable[..., str]) -> str:
     if many is None:
         return " UNION ALL ".join(_select_sql(job, f, reader, tag=True) for f in job.files)
     source, uri = many
-    exprs = [quote_ident(c.name) for c in job.columns]
+    exprs = _column_exprs(job)
     exprs += [uri, "now()"] if job.audit else []
     return f"SELECT {', '.join(exprs)}, {uri} FROM {source}"
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Mapping, Sequence
 
+from chload import fit
 from chload.engine import Engine
 from chload.errors import ChloadError, from_push_message
 from chload.schema import (
@@ -83,7 +84,8 @@ def _exprs(columns: Sequence[Column], read_columns: Sequence[Column],
     for c in columns:
         ident = quote_ident(c.name)
         same = read.get(c.name, c.type) == c.type
-        exprs.append(ident if same else f"CAST({ident}, {quote_str(c.type)}) AS {ident}")
+        checked = fit.insert_expr(ident, read.get(c.name, c.type), c.type)
+        exprs.append(ident if same else checked or f"CAST({ident}, {quote_str(c.type)}) AS {ident}")
     if audit_types is not None:
         for name, expr in zip(AUDIT_COLUMNS, (source, "now()"), strict=True):
             exprs.append(f"CAST({expr}, {quote_str(audit_types[name])}) AS {quote_ident(name)}")

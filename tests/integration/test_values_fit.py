@@ -73,3 +73,24 @@ def test_a_parquet_null_into_a_column_not_nullable_is_refused(
                         "input_format_null_as_default=1")
     assert code == 0, err
     assert sql(target, "SELECT count(), countIf(v = 0) FROM fit_parquet") == "100000\t2"
+
+
+def test_a_typed_files_number_too_wide_for_its_column_is_refused(
+        tmp_path: Path, target: tuple[str, dict]) -> None:  # noqa: F811
+    """A Parquet Int64 of 300 into a UInt8 column was stored as 44 (the reader casts);
+    it is read as Int64 and inserted through accurateCast now (fit.widened)."""
+    import chdb
+    path = tmp_path / "w.parquet"
+    chdb.query("SELECT number AS id, toInt64(if(number = 50000, 300, number % 200)) AS v "
+               f"FROM numbers(100000) INTO OUTFILE '{path}' FORMAT Parquet")
+    code, report, err = load(target, str(path), "--table", "fit_wide", "--schema",
+                             "id UInt64, v UInt8")
+    assert code == 1 and "column v: a value does not fit UInt8 (the file holds Int64)" in \
+        report["files"][0]["error"], (err, report)
+    assert sql(target, "SELECT count() FROM fit_wide") == "0"
+    code, _, err = load(target, str(path), "--table", "fit_wider", "--schema",
+                        "id UInt64, v Nullable(UInt16)")
+    assert code == 0, err
+    assert sql(target, "SELECT max(v), sum(v) FROM fit_wider") == \
+        sql(target, "SELECT 300, sum(if(number = 50000, 300, number % 200)) "
+                    "FROM numbers(100000)")

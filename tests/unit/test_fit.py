@@ -171,3 +171,24 @@ def test_every_compression_the_standard_library_reads(tmp_path: Path, suffix: st
                                  local_path=str(path)),
                       [Column("id", "Int64"), Column("v", "UInt8")], ["id", "v"], {}, "db.t")
     assert found and found.value == "'300'"
+
+
+def test_typed_files_read_narrow_integers_wide_and_insert_them_checked() -> None:
+    read = fit.widened([Column("a", "UInt8"), Column("b", "Nullable(Int32)"),
+                        Column("c", "Int64"), Column("d", "Float32"), Column("e", "String")])
+    assert [c.type for c in read] == ["Int64", "Nullable(Int64)", "Int64", "Float32", "String"]
+    assert fit.insert_expr("`a`", "Int64", "UInt8") == "accurateCast(`a`, 'UInt8') AS `a`"
+    assert fit.insert_expr("`b`", "Nullable(Int64)", "Nullable(Int32)") == \
+        "accurateCast(`b`, 'Nullable(Int32)') AS `b`"
+    assert fit.insert_expr("`c`", "Int64", "Int64") is None
+    assert fit.insert_expr("`x`", "DateTime64(3)", "DateTime") is None  # another cast's
+
+
+def test_a_number_too_wide_is_said_with_its_column() -> None:
+    from chload.errors import DataError, from_engine_message
+    error = from_engine_message(
+        "Code: 70. DB::Exception: Value in column Int64 cannot be safely converted into type "
+        "UInt8: while executing 'FUNCTION accurateCast(__table1.v :: 2, 'UInt8'_String :: 1) "
+        "-> accurateCast(__table1.v, 'UInt8') UInt8 : 3'. (CANNOT_CONVERT_TYPE)", "w.parquet")
+    assert isinstance(error, DataError)
+    assert "w.parquet: column v: a value does not fit UInt8 (the file holds Int64)" in str(error)
