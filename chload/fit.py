@@ -31,7 +31,7 @@ import json
 import lzma
 import re
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from chload.formats import JSON_LINES, FileFormat
@@ -434,10 +434,21 @@ def _shown(value: object) -> str:
 _NARROW_INTS = re.compile(r"^(U?Int(8|16|32))$")
 
 
-def widened(columns: Sequence[Column]) -> list[Column]:
-    """`columns` with each narrow integer type (8 to 32 bits, Nullable kept) as Int64:
-    how a typed file is read, so that insert_expr can refuse a value out of range."""
-    return [Column(c.name, _wide(c.type), c.default_kind) for c in columns]
+def widened(columns: Sequence[Column], names: Collection[str]) -> list[Column]:
+    """`columns` with the narrow integer type (8 to 32 bits, Nullable kept) of each of
+    `names` as Int64: how a typed file is read, so that insert_expr can refuse a value
+    out of range."""
+    return [Column(c.name, _wide(c.type), c.default_kind) if c.name in names else c
+            for c in columns]
+
+
+def narrow_int(kind: str) -> bool:
+    return bool(_NARROW_INTS.match(_base(kind)))
+
+
+def base_type(kind: str) -> str:
+    """`UInt8` for `Nullable(UInt8)` or `LowCardinality(Nullable(UInt8))`."""
+    return _base(kind)
 
 
 def _wide(kind: str) -> str:

@@ -175,8 +175,10 @@ def test_every_compression_the_standard_library_reads(tmp_path: Path, suffix: st
 
 def test_typed_files_read_narrow_integers_wide_and_insert_them_checked() -> None:
     read = fit.widened([Column("a", "UInt8"), Column("b", "Nullable(Int32)"),
-                        Column("c", "Int64"), Column("d", "Float32"), Column("e", "String")])
-    assert [c.type for c in read] == ["Int64", "Nullable(Int64)", "Int64", "Float32", "String"]
+                        Column("c", "Int64"), Column("d", "Float32"), Column("e", "String"),
+                        Column("f", "UInt16")], {"a", "b", "c", "d", "e"})
+    assert [c.type for c in read] == ["Int64", "Nullable(Int64)", "Int64", "Float32", "String",
+                                      "UInt16"]
     assert fit.insert_expr("`a`", "Int64", "UInt8") == "accurateCast(`a`, 'UInt8') AS `a`"
     assert fit.insert_expr("`b`", "Nullable(Int64)", "Nullable(Int32)") == \
         "accurateCast(`b`, 'Nullable(Int32)') AS `b`"
