@@ -213,6 +213,9 @@ def prepare_table(
     return matched, read, created
 
 
+_DESCRIBED = ("local", "s3", "hdfs", "http")  # sources whose files DESCRIBE reads
+
+
 def _wider_in_files(target: Target, files: Sequence[SourceFile],
                     read: Sequence[Column]) -> set[str]:
     """The narrow integer columns (fit.widened) that some typed file holds in another
@@ -221,8 +224,8 @@ def _wider_in_files(target: Target, files: Sequence[SourceFile],
     taxi's 10 Parquet files 1.25x the time when every such column was (all held their
     own narrow types); a file that cannot be described is taken as wider."""
     narrow = {c.name: c.type for c in read if fit.narrow_int(c.type)}
-    if not narrow:
-        return set()
+    if not narrow or any(f.is_stream or f.kind not in _DESCRIBED for f in files):
+        return set()  # (a stream, Kafka's messages: read as before)
 
     def wider(f: SourceFile) -> set[str]:
         try:
