@@ -35,12 +35,11 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from chload.formats import JSON_LINES, FileFormat
-from chload.schema import Column, quote_str
+from chload.schema import Column, bare_type, quote_ident, quote_str
 from chload.sniff import _OPENERS, BOM, _unescape_tsv, delimiter, read_again
 from chload.sources import SourceFile
 from chload.sources.db_range import CHDB, bounds, wider
 
-_WRAPPERS = re.compile(r"^(?:LowCardinality|Nullable)\((.*)\)$")
 _INT = re.compile(r"^(U?)Int(8|16|32|64|128|256)$")
 _DECIMAL = re.compile(r"^Decimal(?:(32|64|128|256)\((\d+)\)|\((\d+),\s*(\d+)\))$")
 _DIGITS = re.compile(r"^\s*[-+]?\d+\s*$")
@@ -103,10 +102,11 @@ def check(file: SourceFile, columns: Sequence[Column], read: Sequence[str],
     return None
 
 
+_EMPTY_CSV = (b",,", b",\n", b",\r\n", b"\n,")
 # Bytes that may begin a NULL or an empty field, by format (a CSV field of spaces only
 # is not looked for).
 _NULL_HINTS = {
-    "CSV": (b"\\N", b",,", b",\n", b",\r\n", b"\n,", b'""'),
+    "CSV": (b"\\N", b'""', *_EMPTY_CSV),
     "TSV": (b"\\N", b"\t\t", b"\t\n", b"\t\r\n", b"\n\t"),
     "JSON": (b"null",),
 }
@@ -130,7 +130,7 @@ def _may_misfit(data: bytes, fmt: FileFormat, kinds: Sequence[str], nulls_ok: bo
             and (any(h in data for h in hints) or family != "JSON" and data[:1] == sep):
         return True
     digits = data.translate(_ZEROS)
-    for base in map(_base, kinds):
+    for base in map(bare_type, kinds):
         if (m := _INT.match(base)):
             if b"0" * len(str(_bounds(int(m.group(2)), bool(m.group(1)))[1])) in digits:
                 return True
@@ -159,8 +159,6 @@ def empty_fields(file: SourceFile) -> bool:
     sep = (delimiter(file.format) or ",").encode()
     return data[:1] == sep or any(h.replace(b",", sep) in data for h in _EMPTY_CSV)
 
-
-_EMPTY_CSV = (b",,", b",\n", b",\r\n", b"\n,")
 
 
 def _told(settings: Mapping[str, str], name: str) -> bool:
@@ -265,7 +263,7 @@ def _column(name: str, kind: str, values: list, table: str, nulls_ok: bool,
     """(index of the first misfit, why, fix) for one column's values, or None. Each
     rule first narrows the values to those that can misfit in one comprehension (a
     16 KB start has a thousand), then judges those."""
-    base = _base(kind)
+    base = bare_type(kind)
     if base.startswith(("Array", "Map", "Tuple", "Nested")):
         return None
     if "Nullable(" not in kind:
@@ -288,12 +286,6 @@ def _first(values: list, candidates: Iterable[int],
         if reason:
             return at, reason
     return None
-
-
-def _base(kind: str) -> str:
-    while (m := _WRAPPERS.match(kind)):
-        kind = m.group(1)
-    return kind.strip()
 
 
 Rule = Callable[[list], "tuple[int, str] | None"]
@@ -392,8 +384,9 @@ def _decimals(base: str, scale: int) -> Rule:
 
 
 def _nullable_fix(table: str, name: str, kind: str) -> str:
-    wanted = f"Nullable({_base(kind)})"
-    return (f"make the column {wanted} (ALTER TABLE {table} MODIFY COLUMN {name} {wanted}, "
+    wanted = f"Nullable({bare_type(kind)})"
+    return (f"make the column {wanted} (ALTER TABLE {table} MODIFY COLUMN {quote_ident(name)} "
+            f"{wanted}, "
             "or in --schema), or pass --setting input_format_null_as_default=1 to store the "
             "default for it")
 
@@ -405,15 +398,16 @@ def _wider_fix(table: str, name: str, base: str, engine: str) -> str:
         bigger = wider(base, engine)  # (db_range: on chDB the wider type, else String)
         if bigger == "String":
             return (f"no date type of this target holds it: keep the column as text (ALTER "
-                    f"TABLE {table} MODIFY COLUMN {name} String, or in --schema)")
+                    f"TABLE {table} MODIFY COLUMN {quote_ident(name)} String, or in --schema)")
     else:
         bigger = f"{m.group(1)}Int{_WIDER_INT[int(m.group(2))]}" if m and \
             int(m.group(2)) < 256 else {"Float32": "Float64"}.get(family, "")
     if not bigger:
         return (f"give the column a type that holds it (ALTER TABLE {table} MODIFY COLUMN "
-                f"{name} ..., or in --schema); String keeps any value as written")
+                f"{quote_ident(name)} ..., or in --schema); String keeps any value as written")
     return (f"give the column a type that holds it, e.g. {bigger} (ALTER TABLE {table} MODIFY "
-            f"COLUMN {name} {bigger}, or in --schema); String keeps any value as written")
+            f"COLUMN {quote_ident(name)} {bigger}, or in --schema); String keeps any value "
+            "as written")
 
 
 def _shown(value: object) -> str:
@@ -443,16 +437,11 @@ def widened(columns: Sequence[Column], names: Collection[str]) -> list[Column]:
 
 
 def narrow_int(kind: str) -> bool:
-    return bool(_NARROW_INTS.match(_base(kind)))
-
-
-def base_type(kind: str) -> str:
-    """`UInt8` for `Nullable(UInt8)` or `LowCardinality(Nullable(UInt8))`."""
-    return _base(kind)
+    return bool(_NARROW_INTS.match(bare_type(kind)))
 
 
 def _wide(kind: str) -> str:
-    base = _base(kind)
+    base = bare_type(kind)
     if not _NARROW_INTS.match(base):
         return kind
     return "Nullable(Int64)" if "Nullable(" in kind else "Int64"

@@ -32,6 +32,7 @@ from chload.schema import (
     BY_POSITION,
     SKIP_HEADER,
     Column,
+    bare_type,
     format_settings,
     header_columns,
     match_columns,
@@ -236,8 +237,7 @@ def _wider_in_files(target: Target, files: Sequence[SourceFile],
         except ChloadError:
             return set(narrow)
         held = {r["name"]: r["type"] for r in rows}
-        return {n for n, t in narrow.items() if fit.base_type(held.get(n, "")) !=
-                fit.base_type(t)}
+        return {n for n, t in narrow.items() if bare_type(held.get(n, "")) != bare_type(t)}
     ends = list(dict.fromkeys((files[0], files[-1])))
     return set().union(*(wider(f) for f in ends))
 

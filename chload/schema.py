@@ -53,6 +53,14 @@ class Column:
         return f"{quote_ident(self.name)} {self.type}"
 
 
+def bare_type(typ: str) -> str:
+    """`UInt8` for `Nullable(UInt8)` or `LowCardinality(Nullable(UInt8))`: the type a
+    value has, without the wrappers that say how it is stored."""
+    while (inner := re.fullmatch(r"\s*(?:Nullable|LowCardinality)\((.*)\)\s*", typ)):
+        typ = inner.group(1)
+    return typ.strip()
+
+
 def quote_ident(name: str) -> str:
     return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
 

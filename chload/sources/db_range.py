@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from chload.errors import SchemaError
+from chload.schema import bare_type
 
 CHDB = "chdb"
 MARKER = "chload-out-of-range"  # begins what a PostgreSQL check makes its parser refuse
@@ -116,7 +117,7 @@ def guards(columns: Sequence[tuple[str, str]], read: Sequence[str], stored: dict
         if kind == "4digit" and lo <= _WIDEST[0] and hi >= _WIDEST[1]:
             continue  # holds every value the source can
         shown = "chDB" if engine == CHDB else f"ClickHouse {engine or 'server'}"
-        found[i] = Guard(i, name, _bare(table_type), lo, hi, shown,
+        found[i] = Guard(i, name, bare_type(table_type), lo, hi, shown,
                          wider(table_type, engine), rejects)
     return found
 
@@ -133,16 +134,10 @@ def message(display: str, guard: Guard, value: str, hint: str) -> SchemaError:
 
 
 def _family(typ: str) -> tuple[str, int]:
-    typ = _bare(typ)
+    typ = bare_type(typ)
     family = typ.split("(", 1)[0].strip()
     digits = re.match(r"DateTime64\((\d+)", typ)
     return family, int(digits.group(1)) if digits else 0
-
-
-def _bare(typ: str) -> str:
-    while (inner := re.fullmatch(r"\s*(?:Nullable|LowCardinality)\((.*)\)\s*", typ)):
-        typ = inner.group(1)
-    return typ.strip()
 
 
 def _datetime64(scale: int, span: tuple[str, str]) -> tuple[str, str]:

@@ -36,24 +36,19 @@ def test_a_file_with_a_value_its_column_cannot_hold_fails_alone(
     assert sql(target, f"SELECT count(), countIf(id = 3) FROM {table}") == "2\t0"
 
 
-def test_nulls_load_as_defaults_when_asked(tmp_path: Path,
-                                           target: tuple[str, dict]) -> None:  # noqa: F811
+@pytest.mark.parametrize("table, schema, told, query, stored", [
+    ("fit_defaults", "id Int64, v Int64", ("--setting", "input_format_null_as_default=1"),
+     "v", "0\n5"),  # asked for: the type's default
+    ("fit_nullable", "id Int64, v Nullable(Int64)", (), "isNull(v)", "1\n0"),  # 18.16: pushed
+])
+def test_an_empty_field_loads_as_asked_or_as_null(
+        tmp_path: Path, target: tuple[str, dict], table: str, schema: str,  # noqa: F811
+        told: tuple[str, ...], query: str, stored: str) -> None:
     data = tmp_path / "nulls.csv"
     data.write_text("id,v\n1,\n2,5\n")
-    code, _, err = load(target, str(data), "--table", "fit_defaults", "--schema",
-                        "id Int64, v Int64", "--setting", "input_format_null_as_default=1")
+    code, _, err = load(target, str(data), "--table", table, "--schema", schema, *told)
     assert code == 0, err
-    assert sql(target, "SELECT v FROM fit_defaults ORDER BY id") == "0\n5"
-
-
-def test_a_nullable_column_keeps_the_null(tmp_path: Path,
-                                          target: tuple[str, dict]) -> None:  # noqa: F811
-    data = tmp_path / "nulls.csv"
-    data.write_text("id,v\n1,\n2,5\n")
-    code, _, err = load(target, str(data), "--table", "fit_nullable", "--schema",
-                        "id Int64, v Nullable(Int64)")
-    assert code == 0, err
-    assert sql(target, "SELECT isNull(v) FROM fit_nullable ORDER BY id") == "1\n0"
+    assert sql(target, f"SELECT {query} FROM {table} ORDER BY id") == stored
 
 
 def test_a_parquet_null_into_a_column_not_nullable_is_refused(
