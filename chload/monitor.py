@@ -190,6 +190,7 @@ class CallStats:
     def __init__(self) -> None:
         self.calls = self.data_calls = 0
         self.seconds = self.data_seconds = 0.0
+        self.last_data_at: float | None = None  # time.time() when the last data call ended
         self._guard = threading.Lock()
 
     def add(self, seconds: float, data: bool) -> None:
@@ -199,6 +200,7 @@ class CallStats:
             if data:
                 self.data_calls += 1
                 self.data_seconds += seconds
+                self.last_data_at = time.time()
 
     def others(self) -> tuple[int, float]:
         """(calls, seconds) of the calls other than data so far."""
@@ -210,6 +212,8 @@ def unit_costs(stats: CallStats, setup: tuple[int, float] | None, units: Sequenc
                first_data_at: float | None, data_calls: int) -> dict:
     """A load's fixed and per-unit costs (LoadReport.costs), either target's: seconds
     from the process's start to the first data call (`first_data_at`, time.time());
+    seconds from then to the end of the last one (`data_s`: the span in which rows move;
+    what a run takes beyond it, start and commit tail, is its fixed cost);
     calls before it (`setup`: probe, ledger, planning; None: none began); and per
     committed unit (`units`: stages, files; a stage is one file or a batch), the calls
     other than data (stage create, seal, lock, survey, ledger, attach, drop, `loaded`
@@ -219,6 +223,8 @@ def unit_costs(stats: CallStats, setup: tuple[int, float] | None, units: Sequenc
     count, files = units
     return {
         "first_byte_s": round(first_data_at - process_started(), 3) if first_data_at else None,
+        "data_s": (round(stats.last_data_at - first_data_at, 3)
+                   if first_data_at and stats.last_data_at else None),
         "setup_requests": setup[0],
         "units": count, "files": files,
         "commit_requests_per_unit": round((calls - setup[0]) / count, 2) if count else None,

@@ -156,7 +156,7 @@ class Runner:
             outcome.seconds.append(seconds)
             outcome.usages.append(usage)
             if method.chload or method.name.startswith("chload @"):
-                outcome.costs.append(costs_of(out))
+                outcome.costs.append(costs_of(out, seconds))
         tag = label if measured else "warm-up"
         self.log(f"{ds.label:<18} {method.key:<52} {seconds:7.2f} s  "
                  f"{rows / seconds:>12,.0f} rows/s  ({tag})")
@@ -197,15 +197,21 @@ def _show(argv: list[str]) -> str:
     return text + (f" <{len(files)} files>" if files else "")
 
 
-def costs_of(stdout: str) -> dict:
+def costs_of(stdout: str, seconds: float | None = None) -> dict:
     """The fixed and per-unit costs chload reports about its own run (`--json`:
-    LoadReport.costs; empty where the commit measured does not report them)."""
+    LoadReport.costs; empty where the commit measured does not report them), with
+    `beyond_data_s`: the run's whole time (`seconds`, as the bench timed it) less the span
+    of its data requests (`data_s`), i.e. what a load of no rows would still cost."""
     lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
     try:
         costs = json.loads(lines[-1]).get("costs") if lines else None
     except ValueError:
         return {}
-    return costs if isinstance(costs, dict) else {}
+    if not isinstance(costs, dict):
+        return {}
+    if seconds is not None and isinstance(costs.get("data_s"), (int, float)):
+        costs["beyond_data_s"] = round(seconds - costs["data_s"], 3)
+    return costs
 
 
 def _median_costs(costs: list[dict]) -> dict:

@@ -51,6 +51,7 @@ def test_load_rerun_force(trips: Path, target_dir: str) -> None:
     assert costs["files"] == 20 and 1 <= costs["units"] <= 20
     assert costs["data_requests"] >= costs["units"] and costs["setup_requests"] > 0
     assert 0 < costs["first_byte_s"] < report["seconds"] + 60
+    assert 0 < costs["data_s"] <= report["seconds"]  # the rows' span, inside the run
     assert costs["commit_requests_per_unit"] > 0 and costs["commit_seconds_per_unit"] > 0
 
     code, report = load_json(str(trips), "--table", "trips", "--target", target_dir)
