@@ -87,6 +87,23 @@ def time_process(argv: Sequence[str], env: dict[str, str] | None = None,
     return seconds
 
 
+def rows_span(stdout: str) -> float | None:
+    """From `chload load --json`'s report: the span in which the run's rows moved (its
+    first data byte to the end of its last data request, LoadReport.costs `data_s`);
+    None where the chload measured does not report it. A run's time beyond it is its
+    fixed cost (start, commit tail): what separates it from a method of no bookkeeping."""
+    lines = [line for line in stdout.strip().splitlines() if line.startswith("{")]
+    try:
+        span = (json.loads(lines[-1]).get("costs") or {}).get("data_s") if lines else None
+    except ValueError:
+        return None
+    return float(span) if isinstance(span, (int, float)) else None
+
+
+def median_or_none(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
 def interleave(methods: dict[str, Callable[[], float]], repeats: int,
                warmup: int = 1) -> dict[str, Timing]:
     """Run each method `repeats` times, alternating, after `warmup` unmeasured rounds."""

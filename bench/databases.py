@@ -34,7 +34,10 @@ of the commit before a change): an A/B of two commits in the same rounds.
 Prints per method the median seconds, "speed x" = the fastest single-stream method's
 median (same target) / the method's (higher is faster), and the CPU seconds spent by
 the source database, the loader process tree and the ClickHouse server, which say what
-bounds each run (a side near its core count x seconds is the bound).
+bounds each run (a side near its core count x seconds is the bound). For chload also its
+"rows span" (its own report: first data byte to the end of the last data request) and
+the fastest single stream's time over it: at or above 1x, chload moves the rows as fast,
+and what it takes beyond them (start, commit) is its fixed cost.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ sys.path.insert(0, str(HERE.parent / "scripts" / "services"))
 sys.path.insert(0, str(HERE))
 import db_throttle  # noqa: E402
 import services  # noqa: E402
+from common import rows_span  # noqa: E402
 
 PASSWORD = "bench-Db-pw-91x"
 COLUMNS = ("id Int64, qty Int32, price Decimal(10, 2), created DateTime('UTC'), "
@@ -139,7 +143,7 @@ class Bench:
         """`chload load` of the table (`tree`: another checkout's, by its PYTHONPATH)."""
         where = ["env", f"PYTHONPATH={tree}"] if tree else []
         return lambda work: [*where, sys.executable, "-m", "chload", "load", self.url,
-                             "--table", "orders", "--workers", str(workers), "-q",
+                             "--table", "orders", "--workers", str(workers), "--json",
                              *target(work), *extra]
 
     def variants(self, variants: list[Variant], target: Callable[[str, str], list[str]],
@@ -213,17 +217,21 @@ def timed(argv: list[str], env: dict[str, str], db: services.Service,
     server) of one command."""
     before = (db_throttle.cpu_seconds(db.pid),
               db_throttle.cpu_seconds(server.pid) if server else 0.0)
-    start = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.monotonic() - start
+    with tempfile.TemporaryFile("w+") as out:  # (chload's --json report: its rows span)
+        start = time.monotonic()
+        proc = subprocess.Popen(argv, env=env, stdout=out)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - start
+        out.seek(0)
+        span = rows_span(out.read())
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise RuntimeError(f"{argv[:6]}... failed ({proc.returncode})")
     time.sleep(0.3)  # a backend ends (and is reaped) a moment after its client
     return {"wall": wall, "loader_cpu": usage.ru_utime + usage.ru_stime,
             "source_cpu": db_throttle.cpu_seconds(db.pid) - before[0],
-            "server_cpu": (db_throttle.cpu_seconds(server.pid) - before[1]) if server else 0.0}
+            "server_cpu": (db_throttle.cpu_seconds(server.pid) - before[1]) if server else 0.0,
+            "rows_span": span or 0.0}
 
 
 def measure(bench: Bench, methods: dict[str, Method], repeats: int) -> dict[str, dict]:
@@ -256,9 +264,11 @@ def report(title: str, rows: int, medians: dict[str, dict]) -> dict:
           f"method; CPU seconds: loader tree / source / server", flush=True)
     for name, m in medians.items():
         paired = f"   paired {m['paired']:.3f}" if "paired" in m else ""
+        span = (f"   rows span {m['rows_span']:.2f} s (x {single / m['rows_span']:4.2f})"
+                if m.get("rows_span") else "")
         print(f"  {name:<38} {m['wall']:6.2f} s  speed x {single / m['wall']:4.2f}   cpu "
               f"{m['loader_cpu']:5.2f} / {m['source_cpu']:5.2f} / {m['server_cpu']:5.2f}"
-              f"{paired}", flush=True)
+              f"{paired}{span}", flush=True)
     return {"rows": rows, "methods": medians, "single_stream_best": single}
 
 

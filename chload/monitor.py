@@ -209,11 +209,13 @@ class CallStats:
 
 
 def unit_costs(stats: CallStats, setup: tuple[int, float] | None, units: Sequence[int],
-               first_data_at: float | None, data_calls: int) -> dict:
+               first_data_at: float | None, data_calls: int,
+               last_data_at: float | None = None) -> dict:
     """A load's fixed and per-unit costs (LoadReport.costs), either target's: seconds
     from the process's start to the first data call (`first_data_at`, time.time());
-    seconds from then to the end of the last one (`data_s`: the span in which rows move;
-    what a run takes beyond it, start and commit tail, is its fixed cost);
+    seconds from then to the end of the last one (`last_data_at`, else the calls' own
+    record: `data_s`, the span in which rows move; what a run takes beyond it, start
+    and commit tail, is its fixed cost);
     calls before it (`setup`: probe, ledger, planning; None: none began); and per
     committed unit (`units`: stages, files; a stage is one file or a batch), the calls
     other than data (stage create, seal, lock, survey, ledger, attach, drop, `loaded`
@@ -221,10 +223,11 @@ def unit_costs(stats: CallStats, setup: tuple[int, float] | None, units: Sequenc
     calls, seconds = stats.others()
     setup = setup or (calls, seconds)
     count, files = units
+    last_data_at = last_data_at or stats.last_data_at
     return {
         "first_byte_s": round(first_data_at - process_started(), 3) if first_data_at else None,
-        "data_s": (round(stats.last_data_at - first_data_at, 3)
-                   if first_data_at and stats.last_data_at else None),
+        "data_s": (round(last_data_at - first_data_at, 3)
+                   if first_data_at and last_data_at else None),
         "setup_requests": setup[0],
         "units": count, "files": files,
         "commit_requests_per_unit": round((calls - setup[0]) / count, 2) if count else None,

@@ -101,7 +101,10 @@ class Ending:
             thread.join()
 
     def cost_report(self) -> dict:
-        return {}  # per shard: shard_report
+        """When the rows moved (the entry server routes them: its data requests); the
+        per-unit commit costs are per shard (shard_report)."""
+        entry = self.entry.cost_report()
+        return {k: entry[k] for k in ("first_byte_s", "data_s") if k in entry}
 
     def shard_report(self) -> list[dict]:
         """Per shard: where, rows and bytes committed this run, seconds committing, and

@@ -393,7 +393,8 @@ class ServerTarget(StageFilling):
         """The run's fixed and per-unit costs (LoadReport.costs, monitor.unit_costs); the
         per-unit requests include the watch's query each second."""
         return unit_costs(self.client.stats, self._setup, self._units,
-                          self._streams.first_at, self._streams.turns)
+                          self._streams.first_at, self._streams.turns,
+                          self._streams.last_at)
 
     def _check_engine(self, job: LoadJob) -> None:
         engine = self._engines.get(job.table)

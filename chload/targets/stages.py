@@ -98,6 +98,7 @@ class Streams:
         self._all_begun = threading.Event()
         self.turns = 0  # data requests begun
         self.first_at: float | None = None  # when the first began (time.time())
+        self.last_at: float | None = None  # when the last one ended
 
     @property
     def count(self) -> int:
@@ -137,6 +138,7 @@ class Streams:
         finally:
             with self._slots:
                 self._busy -= 1
+                self.last_at = time.time()
                 self._slots.notify_all()
 
 
