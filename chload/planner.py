@@ -22,7 +22,7 @@ from chload.dialect import (
 )
 from chload.dialect import resolve_format as resolve_format
 from chload.errors import KEEP_BAD_ROWS, ChloadError, SchemaError, SourceError, UsageError
-from chload.formats import check_compression
+from chload.formats import LINE_FORMATS, check_compression
 from chload.ledger import FileEvent, TableState
 from chload.rejects import ErrorBudget
 from chload.runner import on_threads
@@ -187,6 +187,13 @@ def prepare_table(
     numbers-but-a-few numeric (sample.numeric_type). `dates_told`: the run sets
     date_time_input_format, so a column of NN/NN/YYYY dates is read as told
     (sample.date_order).
+
+    Where the loader's engine reads a file (the embedded target, a push into a server),
+    a narrow integer column (8 to 32 bits) is read as Int64 and inserted through
+    accurateCast (fit.widened, fit.insert_expr), so a number its column cannot hold
+    fails the file anywhere in it, not only in the start fit.py samples; a server that
+    parses a file itself (18.16, raw) wraps it past that start. A typed file's own
+    narrow types are read as they are (_wider_in_files).
     """
     tolerate = budget.allows if budget and budget.allows_errors else None
     given = parse_structure(schema) if schema else described
@@ -211,6 +218,9 @@ def prepare_table(
     read = data if given is not None else matched
     if files and all(f.format.name in NAMED_FORMATS for f in files):
         read = fit.widened(read, _wider_in_files(target, files, read))
+    elif files and all(f.format.name in LINE_FORMATS and not f.uri.startswith("kafka://")
+                       for f in files):  # (Kafka's units: read as before)
+        read = fit.widened(read, {c.name for c in read if fit.narrow_int(c.type)})
     return matched, read, created
 
 

@@ -193,4 +193,4 @@ def test_a_number_too_wide_is_said_with_its_column() -> None:
         "UInt8: while executing 'FUNCTION accurateCast(__table1.v :: 2, 'UInt8'_String :: 1) "
         "-> accurateCast(__table1.v, 'UInt8') UInt8 : 3'. (CANNOT_CONVERT_TYPE)", "w.parquet")
     assert isinstance(error, DataError)
-    assert "w.parquet: column v: a value does not fit UInt8 (the file holds Int64)" in str(error)
+    assert "w.parquet: column v: a value does not fit UInt8 (read as Int64)" in str(error)
