@@ -218,13 +218,15 @@ def prepare_table(
     read = data if given is not None else matched
     if files and all(f.format.name in NAMED_FORMATS for f in files):
         read = fit.widened(read, _wider_in_files(target, files, read))
-    elif files and all(f.format.name in LINE_FORMATS and not f.uri.startswith("kafka://")
-                       for f in files):  # (Kafka's units: read as before)
+    elif files and all(f.format.name in LINE_FORMATS and f.kind in _FILE_KINDS for f in files):
         read = fit.widened(read, {c.name for c in read if fit.narrow_int(c.type)})
     return matched, read, created
 
 
 _DESCRIBED = ("local", "s3", "hdfs", "http")  # sources whose files DESCRIBE reads
+# Sources of files (stdin too): a database's ranges have their own range checks
+# (sources/db_range.py), Kafka's units are read as before
+_FILE_KINDS = _DESCRIBED
 
 
 def _wider_in_files(target: Target, files: Sequence[SourceFile],
