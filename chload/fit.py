@@ -450,6 +450,12 @@ def _wide(kind: str) -> str:
 def insert_expr(ident: str, read_type: str, table_type: str) -> str | None:
     """`accurateCast(ident, 'UInt8') AS ident` where `read_type` is `table_type` widened
     (widened); None otherwise (the caller's plain expression stands)."""
+    cast = cast_expr(ident, read_type, table_type)
+    return f"{cast} AS {ident}" if cast else None
+
+
+def cast_expr(ident: str, read_type: str, table_type: str) -> str | None:
+    """insert_expr's cast without its name (validation.py checks values with it)."""
     if read_type == table_type or _wide(table_type) != read_type:
         return None
-    return f"accurateCast({ident}, {quote_str(table_type)}) AS {ident}"
+    return f"accurateCast({ident}, {quote_str(table_type)})"

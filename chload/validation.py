@@ -116,16 +116,18 @@ def _check_files(t: Target, spec: LoadSpec, name: planner.TableName,
     settings = (*checked.settings, *spec.settings, *planner.csv_settings(files, spec.settings))
     return untold + [FileCheck(f.uri, failure=refused[f.uri], within_budget=False)
                      if f.uri in refused
-                     else _fetch_and_check(t, sources, f, read_columns, spec.budget, settings)
+                     else _fetch_and_check(t, sources, f, read_columns, spec.budget, settings,
+                                           existing or columns)
                      for f in files]
 
 
 def _fetch_and_check(t: Target, sources: RunSources, f: SourceFile,
                      columns: Sequence[Column], budget: ErrorBudget,
-                     extra: Sequence[tuple[str, str]]) -> FileCheck:
+                     extra: Sequence[tuple[str, str]],
+                     table: Sequence[Column] = ()) -> FileCheck:
     try:
         with sources.fetched((f,), columns) as (ready,):
-            return _check(t, ready, columns, budget, extra)
+            return _check(t, ready, columns, budget, extra, table)
     except ChloadError as exc:
         return FileCheck(f.uri, failure=str(exc), within_budget=False)
 
@@ -157,18 +159,27 @@ def _validating(target: str | None) -> Iterator[Target]:
 
 
 def _check(t: Target, f: SourceFile, columns: Sequence[Column],
-           budget: ErrorBudget, extra: Sequence[tuple[str, str]] = ()) -> FileCheck:
+           budget: ErrorBudget, extra: Sequence[tuple[str, str]] = (),
+           table: Sequence[Column] = ()) -> FileCheck:
+    """Read `f` as `columns`, each value also cast as a load inserts it into the `table`'s
+    columns (fit.cast_expr: a number read wider than its column must fit it), so that
+    what a load would refuse is a failure here too."""
     import tempfile
 
-    from chload import rejects
+    from chload import fit, rejects
+    from chload.schema import quote_ident
 
     check = FileCheck(f.uri)
     with tempfile.TemporaryDirectory(prefix="chload-validate-") as tmp:
         errors_file = os.path.join(tmp, "errors.csv")
         settings = settings_sql([*ErrorBudget(None, 1.0).engine_settings(errors_file), *extra])
         try:
+            read = {c.name: c.type for c in columns}
+            casts = [fit.cast_expr(quote_ident(c.name), read[c.name], c.type)
+                     for c in table if c.name in read]
+            values = ", ".join(["*", *(c for c in casts if c)])
             rows = t.infer_rows(f"SELECT count() AS n FROM {t.reader(f, f.format.name, columns)}"
-                                f" WHERE NOT ignore(*) SETTINGS {settings}")
+                                f" WHERE NOT ignore({values}) SETTINGS {settings}")
         except ChloadError as exc:
             check.failure = str(exc)
             return check

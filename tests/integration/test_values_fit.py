@@ -5,9 +5,11 @@ Before, each of these loaded and stored another value (NULL -> 0, 300 -> 44,
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from conftest import run_chload
 from test_small_contracts import load, sql, target  # noqa: F401 (target: a fixture)
 
 pytestmark = pytest.mark.integration
@@ -110,6 +112,10 @@ def test_a_number_past_the_sampled_start_is_refused_where_chdb_reads_the_file(
     assert code == 1 and "column v: a value does not fit UInt8" in \
         report["files"][0]["error"], (err, report)
     assert sql(target, "SELECT count() FROM fit_late") == "0"
+    out = run_chload("validate", str(late), "--table", "fit_late", "--target", where,
+                     "--json", env=env)  # says so too (the table exists: its types)
+    [check] = json.loads(out.stdout)
+    assert "column v: a value does not fit UInt8" in check["failure"], (out.stderr, check)
     code, _, err = load((where, env), str(fine), "--table", "fit_late", "--schema",
                         "id UInt64, v UInt8")
     assert code == 0, err
