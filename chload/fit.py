@@ -454,6 +454,19 @@ def insert_expr(ident: str, read_type: str, table_type: str) -> str | None:
     return f"{cast} AS {ident}" if cast else None
 
 
+def in_table_types(text: str, column: str | None, read: Sequence[Column],
+                   table: Sequence[Column]) -> str:
+    """An engine's error `text` about `column` (errors.locate), where that column was
+    read wider than the table holds it (widened): named by the table's type, the one the
+    user knows ("'true' is not UInt8", not "... Int64")."""
+    was = {c.name: c.type for c in read}.get(column or "")
+    kind = {c.name: c.type for c in table}.get(column or "")
+    if not was or not kind or was == kind or _wide(kind) != was:
+        return text
+    return text.replace(f" is not {was}", f" is not {kind}").replace(
+        f" is not {bare_type(was)}", f" is not {bare_type(kind)}")
+
+
 def cast_expr(ident: str, read_type: str, table_type: str) -> str | None:
     """insert_expr's cast without its name (validation.py checks values with it)."""
     if read_type == table_type or _wide(table_type) != read_type:

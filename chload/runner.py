@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+from chload import fit
 from chload.errors import KEEP_BAD_ROWS, ChloadError, DataError, backpressure
 from chload.retry import DEFAULT_POLICY, RetryPolicy, Sleep, call_with_retries
 from chload.sources import RunSources
@@ -148,7 +149,8 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         except ChloadError as exc:
             if abort_on_error:
                 stop.set()
-            error = str(exc) + next_step(exc, job)
+            error = fit.in_table_types(str(exc), getattr(exc, "column", None),
+                                       job.read_columns, job.columns) + next_step(exc, job)
             listener(Event("fail", job.file.uri, error=error))
             return FileResult(job.file.uri, "failed", seconds=time.monotonic() - started,
                               error=error)

@@ -181,7 +181,8 @@ def _check(t: Target, f: SourceFile, columns: Sequence[Column],
             rows = t.infer_rows(f"SELECT count() AS n FROM {t.reader(f, f.format.name, columns)}"
                                 f" WHERE NOT ignore({values}) SETTINGS {settings}")
         except ChloadError as exc:
-            check.failure = str(exc)
+            check.failure = fit.in_table_types(str(exc), getattr(exc, "column", None),
+                                               columns, table)
             return check
         check.rows = int(rows[0]["n"])
         # the errors file is on this machine: read by the engine that wrote it

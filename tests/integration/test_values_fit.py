@@ -121,3 +121,17 @@ def test_a_number_past_the_sampled_start_is_refused_where_chdb_reads_the_file(
     assert code == 0, err
     assert sql(target, "SELECT count(), sum(v), toTypeName(any(v)) FROM fit_late") == \
         f"20000\t{sum(i % 200 for i in range(1, 20_001))}\tUInt8"
+
+
+def test_a_word_in_a_narrow_integer_column_is_named_by_the_columns_type(
+        tmp_path: Path, target: tuple[str, dict]) -> None:  # noqa: F811
+    """The column is read as Int64 (above); the failure names its own type, UInt8."""
+    path = tmp_path / "word.csv"
+    path.write_text("id,v\n1,7\n2,true\n")
+    where, env = target
+    if where.startswith("http"):
+        where += "?path=push"
+    code, report, err = load((where, env), str(path), "--table", "fit_word", "--schema",
+                             "id UInt64, v UInt8")
+    assert code == 1 and "column v: 'true' is not UInt8" in report["files"][0]["error"], \
+        (err, report)

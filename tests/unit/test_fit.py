@@ -194,3 +194,18 @@ def test_a_number_too_wide_is_said_with_its_column() -> None:
         "-> accurateCast(__table1.v, 'UInt8') UInt8 : 3'. (CANNOT_CONVERT_TYPE)", "w.parquet")
     assert isinstance(error, DataError)
     assert "w.parquet: column v: a value does not fit UInt8 (read as Int64)" in str(error)
+
+
+def test_an_error_in_a_column_read_wider_names_the_tables_type() -> None:
+    """A narrow integer column is read as Int64 (planner.prepare_table); the engine's
+    parse error then says Int64, and the user's column is UInt8."""
+    read = [Column("id", "UInt64"), Column("v", "Int64"), Column("n", "Nullable(Int64)")]
+    table = [Column("id", "UInt64"), Column("v", "UInt8"), Column("n", "Nullable(UInt16)")]
+    said = "a.csv: line 6, column v: 'true' is not Int64"
+    assert fit.in_table_types(said, "v", read, table) == \
+        "a.csv: line 6, column v: 'true' is not UInt8"
+    assert fit.in_table_types("column n: 'x' is not Int64", "n", read, table) == \
+        "column n: 'x' is not UInt16"
+    assert fit.in_table_types("column id: 'x' is not UInt64", "id", read, table) == \
+        "column id: 'x' is not UInt64"  # read as it is held: unchanged
+    assert fit.in_table_types(said, None, read, table) == said
