@@ -334,9 +334,11 @@ def from_engine_message(message: str, context: str) -> ChloadError:
     wide = re.search(r"Value in column (\S+) cannot be safely converted into type ([^:\s]+)",
                      message)
     if wide:  # fit.insert_expr: a number its column cannot hold (read wider)
-        cast = re.search(r"accurateCast\((?:__table\d+\.)?`?([^ :`]+)", message)
+        cast = re.search(r"accurateCast\((?:__table\d+\.)?(?:`((?:[^`\\]|\\.)*)`|([^ :`,]+))",
+                         message)  # (a quoted name may hold spaces)
+        name = (cast.group(1) or cast.group(2)) if cast else ""
         kind, hint = DataError, WIDER_COLUMN
-        reason = (f"{f'column {cast.group(1)}: ' if cast else ''}a value does not fit "
+        reason = (f"{f'column {name}: ' if name else ''}a value does not fit "
                   f"{wide.group(2)} (read as {wide.group(1)}): it would be stored wrapped")
     elif null:  # input_format_null_as_default=0 (engine.py): the cause named, and the way on
         kind, hint = DataError, NULL_INTO_ORDINARY

@@ -16,19 +16,11 @@ import pytest
 import services
 from conftest import DATABASE_PASSWORD, run_chload
 from test_databases import Source
-from test_databases_untidy import _ch, _load, _refused, _suggested
+from test_databases_untidy import _ch, _load, _refused, _suggested, my, pg  # noqa: F401
+
+# ruff: noqa: F811 (pg and my are test_databases_untidy's fixtures, taken by the tests)
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def pg(postgres: services.Service) -> Source:
-    return Source("postgresql", postgres)
-
-
-@pytest.fixture
-def my(mariadb: services.Service) -> Source:
-    return Source("mysql", mariadb)
 
 
 @pytest.fixture

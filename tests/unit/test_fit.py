@@ -209,3 +209,13 @@ def test_an_error_in_a_column_read_wider_names_the_tables_type() -> None:
     assert fit.in_table_types("column id: 'x' is not UInt64", "id", read, table) == \
         "column id: 'x' is not UInt64"  # read as it is held: unchanged
     assert fit.in_table_types(said, None, read, table) == said
+
+
+def test_a_number_too_wide_is_said_with_its_whole_quoted_column_name() -> None:
+    from chload.errors import from_engine_message
+    error = from_engine_message(
+        "Code: 70. DB::Exception: Value in column Int64 cannot be safely converted into type "
+        "UInt8: while executing 'FUNCTION accurateCast(__table1.`my col` :: 2, 'UInt8'_String "
+        ":: 1) -> accurateCast(__table1.`my col`, 'UInt8'_String) UInt8 : 0'. "
+        "(CANNOT_CONVERT_TYPE)", "a b.csv")
+    assert "a b.csv: column my col: a value does not fit UInt8" in str(error)
