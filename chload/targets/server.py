@@ -145,6 +145,7 @@ class ServerTarget(StageFilling):
         self._reading = threading.local()
         self._reading_guard = threading.Lock()
         self._streams = Streams(8)  # data requests at once (above)
+        self._watch: ServerWatch | None = None  # open_streams with `adapt`, until close
         self.rejects = LoaderRejects(self.engine, self._send)
         self._setup: tuple[int, float] | None = None  # requests before the first stream
         self._units = [0, 0]  # stages committed, files in them
@@ -240,7 +241,9 @@ class ServerTarget(StageFilling):
             return streams + max(STAGING, streams)
         adapt.bounded(most_streams(self.caps.max_threads))
         self._streams = Streams(adapt.limit, adapt)
-        ServerWatch(self, adapt).start()
+        if self._watch is not None:  # (a Kafka load's earlier round)
+            self._watch.stop()
+        self._watch = ServerWatch(self, adapt).start()
         return adapt.maximum + max(STAGING, adapt.limit)
 
     # -- loading -----------------------------------------------------------------------
@@ -456,6 +459,8 @@ class ServerTarget(StageFilling):
             for stage in list(self._undropped):
                 self._drop(stage)
         finally:
+            if self._watch is not None:  # (its last look uses the client)
+                self._watch.stop()
             self.engine.close()
             self.client.close()
             shutil.rmtree(self.path, ignore_errors=True)

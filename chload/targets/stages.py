@@ -183,6 +183,13 @@ class ServerWatch:
         self._thread.start()
         return self
 
+    def stop(self) -> None:
+        """End the watch and wait for its last look (at most a request's time): a look
+        still under way while the target closes and the process exits printed a daemon
+        thread's traceback."""
+        self.adapt.finished.set()
+        self._thread.join(timeout=5)
+
     def _run(self) -> None:
         """The server as soon as a table is being loaded (it may be near its parts limit
         before the first request: a load of a second would otherwise end before the
