@@ -113,8 +113,8 @@ def bare_native(bootstrap: str, topic: str, partitions: int, work: Path,
                 options: tuple[tuple[str, str], ...] = ()) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
-    from chload.sources import kafka_native
-    from chload.sources.kafka_read import client_config
+    from chload.sources.kafka import native as kafka_native
+    from chload.sources.kafka.read import client_config
 
     lib, why = kafka_native.load()
     if lib is None:

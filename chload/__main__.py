@@ -1,3 +1,3 @@
-from chload.cli import run
+from chload.cli.main import run
 
 run()

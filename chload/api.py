@@ -16,11 +16,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from chload import formats, options, planner, runner
-from chload.adaptive import MAX_STREAMS, Controller
-from chload.errors import UsageError
-from chload.ledger import COMMITTING, FileEvent
-from chload.loadrun import (
+from chload import formats
+from chload.commit.ledger import COMMITTING, FileEvent, own_history
+from chload.commit.rejects import ErrorBudget
+from chload.core import options
+from chload.core import plan as planner
+from chload.core import run as runner
+from chload.core.finish import (
     _check_settings,
     _finish,
     _job_settings,
@@ -29,23 +31,27 @@ from chload.loadrun import (
     _summarize,
     _threads_per_file,
 )
-from chload.monitor import Monitor
-from chload.rejects import ErrorBudget
-from chload.runner import Event, FileResult, Listener
-from chload.sources import RunSources, SourceContext, SourceFile, kind_of
-from chload.sources.db_range import engine_of
-from chload.targets import LoadJob, Target, TargetSpec, open_target
+from chload.core.run import Event, FileResult, Listener
+from chload.errors import UsageError
+from chload.runtime.adaptive import MAX_STREAMS, Controller
+from chload.runtime.monitor import Monitor
+from chload.sources import registry
+from chload.sources.base import SourceContext, SourceFile
+from chload.sources.registry import kind_of
+from chload.sources.run import RunSources
+from chload.targets.base import LoadJob, Target
+from chload.targets.registry import TargetSpec, open_target
 
 if TYPE_CHECKING:
-    from chload.validation import FileCheck as FileCheck
-    from chload.validation import validate as validate
+    from chload.core.validate import FileCheck as FileCheck
+    from chload.core.validate import validate as validate
 
 
 def __getattr__(name: str) -> Any:
     """`validate` and `FileCheck`, from validation.py when first asked for: a load
     does not import it."""
     if name in ("validate", "FileCheck"):
-        from chload import validation
+        from chload.core import validate as validation
 
         return getattr(validation, name)
     raise AttributeError(f"module 'chload.api' has no attribute {name!r}")
@@ -195,7 +201,7 @@ def _begin_early(spec: LoadSpec) -> Callable[[], None]:
     cleanup. Imported only for a URL source: files do not need it."""
     if not any("://" in s for s in spec.sources):
         return lambda: None
-    from chload.sources import db_early
+    from chload.sources.databases import early as db_early
 
     return db_early.begin(spec.sources, spec.query, spec.incremental_by, spec.workers)
 
@@ -214,7 +220,7 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
     # A pipe is read once: not where rejected rows are read again (an error budget)
     pipes = target.reads_pipes and not spec.budget.allows_errors
     context = replace(_source_context(spec, target), pipes=pipes)
-    sources = RunSources(context)
+    sources = RunSources(context, registry)
     try:
         listed = _list_sources(spec, sources)
         with _engine_credentials(context):
@@ -226,7 +232,7 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
 def _load_stream(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
     """A Kafka load (sources/kafka.py): each round's units through `_load`, one run.
     Imported here: confluent-kafka and the module cost ~9 ms of every other start."""
-    from chload.sources import kafka
+    from chload.sources.kafka import source as kafka
 
     started_ns, clock = time.time_ns(), time.monotonic()
     table = planner.parse_table(spec.table, _default_database(target))
@@ -234,7 +240,7 @@ def _load_stream(spec: LoadSpec, target: Target, listener: Listener) -> LoadRepo
     options = kafka.Options(spec.batch_rows or kafka.BATCH_ROWS,
                             spec.batch_seconds or kafka.BATCH_SECONDS, spec.follow,
                             spec.kafka_options)
-    sources = RunSources(_source_context(spec, target))  # the spooled units are local files
+    sources = RunSources(_source_context(spec, target), registry)  # spooled units: local files
     try:
         kafka.load(spec, target, listener, lambda units, workers, schema: _load(
             replace(spec, workers=spec.workers or workers, schema=schema or spec.schema),
@@ -272,7 +278,7 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
                                    delimiter=dict(spec.settings).get("format_csv_delimiter"))
     report.recovered = target.recover(table.sql)
     state = target.ledger.table_state(table.database, table.name)
-    loaded, report.table_reset = planner.own_history(state,
+    loaded, report.table_reset = own_history(state,
                                                      target.ledger.loaded(table.display))
     plan = planner.decide(files, loaded, spec.force)
     refused = _refuse(target, table, untold, report.run_id, listener)
@@ -299,7 +305,7 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
             to_load = []
         plan = replace(plan, to_load=to_load, columns=columns, read_columns=read_columns,
                        created_table=created)
-        sources.stored(columns, read_columns, engine_of(target), spec.budget.allows_errors)
+        sources.stored(columns, read_columns, target.engine_name, spec.budget.allows_errors)
     target.ledger.stamp(table.display, state.uuid)
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load)))
@@ -356,7 +362,7 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
     path per process (hdfs.py)."""
     s3 = None
     if any(kind_of(s) == "s3" for s in spec.sources):
-        from chload.sources import aws
+        from chload.sources.files import aws
 
         s3 = aws.resolve(os.environ, spec.s3_endpoint)
     return SourceContext(format=spec.format, compression=spec.compression,
@@ -375,7 +381,7 @@ def _committed(spec: LoadSpec, target: Target) -> dict[str, str]:
     table = planner.parse_table(spec.table, _default_database(target))
     events = dict(target.ledger.loaded(table.display))
     events.update((e.uri, e) for e in target.ledger.latest(table.display, [COMMITTING]))
-    own, _ = planner.own_history(target.ledger.table_state(table.database, table.name),
+    own, _ = own_history(target.ledger.table_state(table.database, table.name),
                                  events)
     return {uri: e.identity for uri, e in own.items()}
 
@@ -384,7 +390,7 @@ def _engine_credentials(context: SourceContext) -> contextlib.AbstractContextMan
     """The S3 credentials handed to the engine while it reads (aws.hand_to_engine)."""
     if context.s3 is None:
         return contextlib.nullcontext()
-    from chload.sources import aws
+    from chload.sources.files import aws
 
     return aws.hand_to_engine(context.s3.credentials, os.environ)
 
@@ -467,7 +473,7 @@ def history(table: str | None = None, target: TargetName = None, limit: int = 50
 def errors(table: str, target: TargetName = None, limit: int = 10_000,
            **unknown: object) -> list[dict]:
     """Rejected rows of a table's current loads: file, line, error, raw."""
-    from chload import rejects
+    from chload.commit import rejects
 
     options.no_unknown("errors", unknown, ["table", "target", "limit"])
     name, limit = options.text("table", table), options.whole("limit", limit)

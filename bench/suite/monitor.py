@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from chload.monitor import cpu_jiffies, disk_counters
+from chload.runtime.monitor import cpu_jiffies, disk_counters
 
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -67,7 +67,7 @@ class Runner:
         self.env, self.work, self.server, self.deadline, self.log = (
             env, work, server, deadline, log)
         self._ids = itertools.count(1)
-        from chload.monitor import device_of
+        from chload.runtime.monitor import device_of
 
         self.device = device_of(work)
 

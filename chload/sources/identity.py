@@ -22,10 +22,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from chload.errors import SourceError
-from chload.sources import SourceFile, source_for
+from chload.sources.base import SourceFile
+from chload.sources.registry import source_for
 
 if TYPE_CHECKING:
-    from chload.targets import LoadJob
+    from chload.targets.base import LoadJob
 
 
 def current(file: SourceFile) -> SourceFile:

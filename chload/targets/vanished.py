@@ -15,10 +15,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 
-from chload.engine import Engine
 from chload.errors import ChloadError, SourceError, VanishedFile
+from chload.runtime.engine import Engine
 from chload.schema import Column
-from chload.sources import SourceFile, source_for
+from chload.sources.base import SourceFile
+from chload.sources.registry import source_for
 
 
 def vanished(file: SourceFile) -> VanishedFile:

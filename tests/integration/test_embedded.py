@@ -253,9 +253,9 @@ def big_trips(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _commit_groups(directory: Path, workers: int) -> list[int]:
     """Files per commit, in commit order, as the embedded target groups them."""
-    from chload.rejects import ErrorBudget
-    from chload.sources.local import list_local
-    from chload.targets.embedded import plan_groups
+    from chload.commit.rejects import ErrorBudget
+    from chload.sources.files.local import list_local
+    from chload.targets.embedded.target import plan_groups
 
     return [len(g) for g in plan_groups(list_local(str(directory), None, None),
                                         ErrorBudget(), workers)]

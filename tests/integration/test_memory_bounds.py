@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from conftest import run_chload
 
-from chload.engine import BLOCK_SETTINGS
 from chload.formats import detect
-from chload.sources import SourceFile
-from chload.targets.embedded import LARGE_UNIT_BYTES, _large
+from chload.runtime.engine import BLOCK_SETTINGS
+from chload.sources.base import SourceFile
+from chload.targets.embedded.target import LARGE_UNIT_BYTES, _large
 
 pytestmark = pytest.mark.integration
 

@@ -265,8 +265,9 @@ def test_http_loads_exactly(http_server: str, tmp_path: Path) -> None:
 def test_many_objects_in_one_read(minio: services.Service, bucket: str, tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine reads a `{a,b,c}` list of keys with exact per-object rows (for batches)."""
-    from chload.sources import aws, table_function_many
-    from chload.sources.s3 import list_s3
+    from chload.sources.files import aws
+    from chload.sources.files.s3 import list_s3
+    from chload.sources.registry import table_function_many
 
     env = s3_env(minio, tmp_path)
     for name, value in env.items():

@@ -8,9 +8,9 @@ import uuid
 import pytest
 import services
 
-from chload.targets import server_early
-from chload.targets.http import parse_target_url
-from chload.targets.server import ServerTarget
+from chload.targets.server import early as server_early
+from chload.targets.server.http import parse_target_url
+from chload.targets.server.target import ServerTarget
 
 pytestmark = pytest.mark.integration
 

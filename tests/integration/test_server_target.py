@@ -396,7 +396,7 @@ def test_system_table_queries_ride_out_tables_dropped_meanwhile(
     the target's rows() list the database, for at most 30 s."""
     import threading
 
-    from chload.targets import TargetSpec, open_target
+    from chload.targets.registry import TargetSpec, open_target
 
     database = f"churn_{uuid.uuid4().hex[:8]}"
     q(clickhouse, f"CREATE DATABASE {database}")

@@ -26,13 +26,13 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 
+from chload.commit.committer import BatchOverlap
+from chload.commit.ledger import FAILED, LOADED, FileEvent, Ledger, RunRecord, TableState
+from chload.commit.rejects import ErrorBudget
 from chload.errors import DataError, TransientError
-from chload.ledger import FAILED, LOADED, FileEvent, Ledger, RunRecord, TableState
-from chload.rejects import ErrorBudget
 from chload.schema import Column, split_table
-from chload.sources import SourceFile
-from chload.targets import Loaded, LoadJob, Target
-from chload.targets.commit import BatchOverlap
+from chload.sources.base import SourceFile
+from chload.targets.base import Loaded, LoadJob, Target
 
 
 class FakeLedger(Ledger):
@@ -84,6 +84,7 @@ class FakeTarget:
 
     display = "fake target"
     database = "default"
+    engine_name = ""
     reads_pipes = False
     wants_key_order = False
     single_writer = True
@@ -105,6 +106,9 @@ class FakeTarget:
         self.streams = 0
         self.flushed = self.closed = False
         self._guard = threading.Lock()
+
+    def has_type(self, name: str) -> bool:
+        return True
 
     # -- SQL (none runs) ---------------------------------------------------------------
     def command(self, sql: str) -> None:

@@ -12,12 +12,13 @@ import pytest
 from fake_target import FakeTarget
 from test_fake_target import _files, _spec
 
-from chload import api, runner
-from chload.adaptive import MAX_STREAMS, Controller, Pressure, PressureReader
+from chload import api
+from chload.core import run as runner
 from chload.errors import TransientError, backpressure, server_error
-from chload.retry import RetryPolicy
-from chload.targets import Loaded, LoadJob
-from chload.targets.stages import Streams, most_streams
+from chload.runtime.adaptive import MAX_STREAMS, Controller, Pressure, PressureReader
+from chload.runtime.retry import RetryPolicy
+from chload.targets.base import Loaded, LoadJob
+from chload.targets.server.stages import Streams, most_streams
 
 
 class Clock:
@@ -272,7 +273,7 @@ def test_a_load_never_fails_on_too_many_parts(tmp_path: Path,
 
 
 def test_the_summary_and_history_name_the_streams_and_their_bound() -> None:
-    from chload import render
+    from chload.cli import render
 
     clock = Clock()
     c = Controller(8, 8, clock=clock)

@@ -15,11 +15,11 @@ import pytest
 
 import chload
 from chload.api import LoadSpec
+from chload.core.run import Event, run
 from chload.errors import UsageError, from_engine_message, one_line
 from chload.formats import FileFormat
-from chload.runner import Event, run
-from chload.sources import SourceFile
-from chload.targets import Loaded, LoadJob
+from chload.sources.base import SourceFile
+from chload.targets.base import Loaded, LoadJob
 
 ROOT = Path(__file__).resolve().parents[2]
 NOWHERE = "http://127.0.0.1:9/"  # refused at once: nothing here may get that far

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
-from chload.targets.cluster_end import Ending
-from chload.targets.cluster_round import Round
+from chload.targets.cluster.end import Ending
+from chload.targets.cluster.round import Round
 
 
 class _Shard:

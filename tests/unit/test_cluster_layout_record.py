@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from chload.errors import UsageError
-from chload.targets.cluster_ledger import check_layout, layout_of
+from chload.targets.cluster.ledger import check_layout, layout_of
 
 
 def cluster(key: str = "cityHash64(id)", weights: tuple[int, ...] = (1, 2, 1),

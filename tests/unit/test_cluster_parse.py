@@ -9,8 +9,7 @@ from collections import Counter
 import pytest
 
 from chload.errors import UsageError
-from chload.targets.cluster import ClusterTarget
-from chload.targets.cluster_layout import (
+from chload.targets.cluster.layout import (
     Distributed,
     describe,
     layout_from,
@@ -18,6 +17,7 @@ from chload.targets.cluster_layout import (
     parse_shard_map,
     plain_engine,
 )
+from chload.targets.cluster.target import ClusterTarget
 
 
 def test_distributed_arguments_with_nested_key() -> None:
@@ -59,12 +59,12 @@ def test_whole_files_spread_by_weight_and_stable() -> None:
 
 
 def test_a_file_changed_between_shards_commits_is_refused() -> None:
+    from chload.commit.ledger import FileEvent
     from chload.errors import SourceError
     from chload.formats import FileFormat
-    from chload.ledger import FileEvent
-    from chload.sources import SourceFile
-    from chload.targets import LoadJob
-    from chload.targets.cluster import _Loaded
+    from chload.sources.base import SourceFile
+    from chload.targets.base import LoadJob
+    from chload.targets.cluster.target import _Loaded
 
     cluster = object.__new__(ClusterTarget)
     cluster.shards = [_Shard(1, 1), _Shard(2, 2), _Shard(3, 1)]  # type: ignore[list-item]

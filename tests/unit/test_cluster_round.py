@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from chload.targets.cluster_round import Round
+from chload.targets.cluster.round import Round
 
 
 def test_the_last_round_commits_once_every_unit_is_routed_or_failed() -> None:

@@ -19,8 +19,8 @@ from test_server_commit import (  # (this directory: pytest puts it on the path)
     stage_with,
 )
 
+from chload.commit.batch import CommitBatcher
 from chload.errors import TransientError
-from chload.targets.commit_batch import CommitBatcher
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from test_server_commit import (  # (this directory: pytest puts it on the path)
     stage_with,
 )
 
-from chload.ledger import LOADED
+from chload.commit.ledger import LOADED
 
 
 def test_stages_handed_over_together_are_one_group() -> None:

@@ -19,8 +19,8 @@ from test_server_commit import (  # (this directory: pytest puts it on the path)
     stage_with,
 )
 
-from chload.ledger import LOADED, FileEvent
-from chload.targets.commit import Committer
+from chload.commit.committer import Committer
+from chload.commit.ledger import LOADED, FileEvent
 
 
 class Hooked(FakeServer):

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from chload.commit.ledger import FileEvent, TableState, own_history
+from chload.core.plan import decide, parse_table
+from chload.core.run import RetryPolicy, call_with_retries
 from chload.errors import (
     DataError,
     SchemaError,
@@ -17,11 +20,9 @@ from chload.errors import (
     one_line,
 )
 from chload.formats import FileFormat, detect, split_compression
-from chload.ledger import FileEvent, TableState
-from chload.planner import decide, own_history, parse_table
-from chload.runner import RetryPolicy, call_with_retries
 from chload.schema import Column, default_order_by, match_columns, parse_structure
-from chload.sources import SourceFile, expand_braces
+from chload.sources.base import SourceFile
+from chload.sources.files.patterns import expand_braces
 
 
 @pytest.mark.parametrize("name, fmt, method", [
@@ -129,7 +130,7 @@ def test_decide_skips_loaded_and_refuses_changed_unless_forced() -> None:
 def test_decide_finds_a_file_loaded_under_its_older_spelling(tmp_path: Path) -> None:
     """chload 0.1.0 recorded a path's abspath; a file reached through a symlinked
     directory is now its realpath: the ledger's older spelling must still skip it."""
-    from chload.sources.local import list_local
+    from chload.sources.files.local import list_local
 
     (tmp_path / "real").mkdir()
     (tmp_path / "real" / "a.csv").write_text("id\n1\n")
@@ -187,7 +188,7 @@ def test_retries_transient_then_succeeds_and_terminal_fails_fast() -> None:
 
 
 def test_budget_allows_count_and_ratio() -> None:
-    from chload.rejects import ErrorBudget
+    from chload.commit.rejects import ErrorBudget
 
     assert ErrorBudget(10, None).allows(10, 1000) and not ErrorBudget(10, None).allows(11, 10**6)
     assert ErrorBudget(None, 0.01).allows(10, 1000) and not ErrorBudget(None, 0.01).allows(11, 1000)
@@ -195,7 +196,7 @@ def test_budget_allows_count_and_ratio() -> None:
 
 
 def test_text_column_of_numbers_but_a_few_is_numeric_under_a_budget() -> None:
-    from chload.sample import numeric_type
+    from chload.core.sample import numeric_type
 
     def stats(values: int, not_int: int, not_float: int) -> dict[str, int]:
         return {"values:m": values, "not_Int64:m": not_int, "not_Float64:m": not_float}
@@ -210,7 +211,7 @@ def test_text_column_of_numbers_but_a_few_is_numeric_under_a_budget() -> None:
 
 
 def test_medium_files_share_stages_balanced_and_bounded() -> None:
-    from chload.targets.embedded_groups import SHARED_FILES, share_stages
+    from chload.targets.embedded.groups import SHARED_FILES, share_stages
 
     def files(*sizes_mb: float, compression: str = "gzip") -> list[SourceFile]:
         return [SourceFile(f"/d/f{i:02d}.csv", int(mb * 2**20), 0, FileFormat("CSV", compression))
@@ -233,7 +234,7 @@ def test_medium_files_share_stages_balanced_and_bounded() -> None:
 
 
 def test_small_files_batched_in_even_runs() -> None:
-    from chload.targets.embedded_groups import batch_small
+    from chload.targets.embedded.groups import batch_small
 
     def files(count: int, kb: int) -> list[SourceFile]:
         return [SourceFile(f"/d/f{i:03d}.json", kb << 10, 0, FileFormat("JSONEachRow", "gzip"))
@@ -248,7 +249,7 @@ def test_small_files_batched_in_even_runs() -> None:
 
 
 def test_local_files_of_one_directory_read_as_one_list() -> None:
-    from chload.sources import table_function_many
+    from chload.sources.registry import table_function_many
 
     def local(*paths: str) -> list[SourceFile]:
         return [SourceFile(p, 1, 0, FileFormat("JSONEachRow", "gzip"), local_path=p)
@@ -263,7 +264,7 @@ def test_local_files_of_one_directory_read_as_one_list() -> None:
 
 
 def test_progress_of_a_failed_attempt_is_taken_back() -> None:
-    from chload.runner import Event, _Progress
+    from chload.core.run import Event, _Progress
 
     events: list[Event] = []
     progress = _Progress(events.append, "f")
@@ -282,7 +283,7 @@ def test_progress_of_a_failed_attempt_is_taken_back() -> None:
 def test_on_threads_runs_each_item_once_at_most_n_at_a_time() -> None:
     import threading
 
-    from chload.runner import on_threads
+    from chload.core.run import on_threads
 
     running, peak, guard = [0], [0], threading.Lock()
 
@@ -300,7 +301,7 @@ def test_on_threads_runs_each_item_once_at_most_n_at_a_time() -> None:
 
 
 def test_on_threads_raises_a_bug_and_starts_nothing_after_it() -> None:
-    from chload.runner import on_threads
+    from chload.core.run import on_threads
 
     started: list[int] = []
 

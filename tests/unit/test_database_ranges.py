@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from chload.errors import UsageError
-from chload.sources.database import (
+from chload.sources.databases.base import (
     Range,
     TableInfo,
     missing_ranges,
@@ -71,7 +71,7 @@ def test_uri_ranges_read_back() -> None:
 def test_debian_psql_wrapper_is_skipped_for_the_newest_client(tmp_path, monkeypatch) -> None:
     """pg_wrapper (a Perl start per psql) is replaced by the newest installed psql, as the
     wrapper itself picks with -h; any other psql is run as found."""
-    from chload.sources import postgres
+    from chload.sources.databases import postgres
 
     lib = tmp_path / "lib"
     for version in ("9.6", "13", "15", "notes"):
@@ -83,7 +83,7 @@ def test_debian_psql_wrapper_is_skipped_for_the_newest_client(tmp_path, monkeypa
     (tmp_path / "psql").symlink_to(wrapper)
     monkeypatch.setattr(postgres, "_PG_LIB", str(lib))
     assert postgres._unwrapped(str(tmp_path / "psql")) == str(lib / "15" / "bin" / "psql")
-    from chload.sources.database import parse_url
+    from chload.sources.databases.base import parse_url
 
     env = postgres._env(parse_url("postgresql://u@h/db/t", None),
                         str(lib / "15" / "bin" / "psql"))

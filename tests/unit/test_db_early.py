@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from chload.errors import SourceError
-from chload.sources import SourceContext, db_early
-from chload.sources.postgres import PostgresSource
+from chload.sources.base import SourceContext
+from chload.sources.databases import early as db_early
+from chload.sources.databases.postgres import PostgresSource
 
 URL = "postgresql://loader@db:5432/shop/public.orders"
 MY_URL = "mysql://loader@db:3306/shop/orders"

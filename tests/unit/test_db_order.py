@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from chload.sources import SourceContext, postgres
-from chload.sources.database import DbColumn, TableInfo, parse_url
-from chload.sources.postgres import PostgresSession, PostgresSource
+from chload.sources.base import SourceContext
+from chload.sources.databases import postgres
+from chload.sources.databases.base import DbColumn, TableInfo, parse_url
+from chload.sources.databases.postgres import PostgresSession, PostgresSource
 
 URL = "postgresql://loader@db:5432/shop/public.orders"
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from chload.errors import SourceError
-from chload.sources import db_pipes
+from chload.sources import pipes as db_pipes
 
 
 class Writer:

@@ -3,8 +3,8 @@ what the MariaDB C reader is told to check (mysql._checks)."""
 
 from __future__ import annotations
 
-from chload.sources import db_range
-from chload.sources.mysql import _checks
+from chload.core import ranges as db_range
+from chload.sources.databases.mysql import _checks
 
 
 def test_each_target_type_has_the_range_its_engine_parses() -> None:
@@ -52,7 +52,7 @@ def test_the_c_reader_is_told_each_fields_checks() -> None:
 
 
 def test_a_value_no_date_type_holds_is_suggested_string() -> None:
-    from chload.sources.database import DbColumn, DbUrl, RangeChecks
+    from chload.sources.databases.base import DbColumn, DbUrl, RangeChecks
 
     found = db_range.guards([("t", "any")], ["DateTime"], {}, db_range.CHDB, False)
     checks = RangeChecks(DbUrl("postgresql", "u", "h", 1, "d", "s", "t"),

@@ -19,7 +19,7 @@ SCRIPT = textwrap.dedent("""
         moves.append(threading.current_thread().name)
         real(path)
     os.chdir = chdir
-    from chload import engine
+    from chload.runtime import engine
     engine.prefetch()
     for thread in threading.enumerate():
         if thread.name.startswith("chload-"):

@@ -29,7 +29,7 @@ from chload.errors import (
     pinpointed,
     server_error,
 )
-from chload.retry import RetryPolicy, retry
+from chload.runtime.retry import RetryPolicy, retry
 
 OLD = "Code: {}, e.displayText() = DB::Exception: {}, e.what() = DB::Exception\n"
 
@@ -199,7 +199,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr("chload.retry.time.monotonic", lambda: fake.now)
+    monkeypatch.setattr("chload.runtime.retry.time.monotonic", lambda: fake.now)
     monkeypatch.setattr("time.sleep", fake.sleep)
     return fake
 
@@ -213,7 +213,7 @@ def test_tries_until_a_deadline_ends_the_last_pause_there(clock: Clock) -> None:
 # -- every loop honours it -------------------------------------------------------------
 
 def test_the_runner_retries_under_its_policy(clock: Clock) -> None:
-    from chload import runner
+    from chload.core import run as runner
 
     calls = scripted(*(TransientError("server: reset") for _ in range(3)))
     policy = RetryPolicy(attempts=3, base_seconds=0.25, jitter=False)
@@ -223,7 +223,7 @@ def test_the_runner_retries_under_its_policy(clock: Clock) -> None:
 
 
 def test_system_queries_ride_out_a_dropped_table_under_their_policy(clock: Clock) -> None:
-    from chload.targets.server import ServerTarget
+    from chload.targets.server.target import ServerTarget
 
     class Client:
         asked = 0
@@ -245,7 +245,7 @@ def test_system_queries_ride_out_a_dropped_table_under_their_policy(clock: Clock
 
 
 def test_an_http_source_asks_again_under_its_policy(clock: Clock) -> None:
-    from chload.sources.http import list_http
+    from chload.sources.files.http import list_http
 
     answers = [(503, {}), (502, {}), (500, {})]
 
@@ -257,8 +257,8 @@ def test_an_http_source_asks_again_under_its_policy(clock: Clock) -> None:
 
 
 def test_an_s3_listing_asks_again_under_its_policy(clock: Clock) -> None:
-    from chload.sources import aws
-    from chload.sources.s3 import Lister
+    from chload.sources.files import aws
+    from chload.sources.files.s3 import Lister
 
     answers: list[object] = [ConnectionResetError(), (503, {}, b""), (500, {}, b"")]
 
@@ -276,7 +276,7 @@ def test_an_s3_listing_asks_again_under_its_policy(clock: Clock) -> None:
 
 def test_the_lock_wait_backs_off_under_its_policy_until_its_deadline(
         clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
-    from chload.targets import locks
+    from chload.commit import locks
 
     def command(sql: str, query_id: str) -> None:
         raise EngineError("lock exists", 57)
@@ -296,8 +296,8 @@ def test_the_lock_wait_backs_off_under_its_policy_until_its_deadline(
 def test_a_lock_released_between_the_create_and_the_look_is_taken() -> None:
     """Two chloads: the CREATE finds the lock (57); the holder drops it before the look
     at its holder, which 18.16 answers with "doesn't exist": take it, do not fail."""
+    from chload.commit import locks
     from chload.errors import SchemaError
-    from chload.targets import locks
 
     creates: list[str] = []
 

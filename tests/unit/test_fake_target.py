@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 from fake_target import FakeTarget
 
-from chload import api, runner
+from chload import api
+from chload.commit.ledger import FAILED, LOADED
+from chload.core import run as runner
+from chload.core.run import Event, RetryPolicy
 from chload.formats import FileFormat
-from chload.ledger import FAILED, LOADED
-from chload.runner import Event, RetryPolicy
 from chload.schema import Column
-from chload.sources import SourceFile
-from chload.targets import LoadJob, Target
+from chload.sources.base import SourceFile
+from chload.targets.base import LoadJob, Target
 
 FAST = RetryPolicy(attempts=3, base_seconds=0.0)
 TABLE = "`default`.`t`"
@@ -58,8 +59,8 @@ def _progress(events: list[Event]) -> dict[str, int]:
 def test_the_fake_is_a_whole_target() -> None:
     """Every member of the Target protocol, on the fake and on both real targets (mypy
     checks the real ones: targets._conforms)."""
-    from chload.targets.embedded import EmbeddedTarget
-    from chload.targets.server import ServerTarget
+    from chload.targets.embedded.target import EmbeddedTarget
+    from chload.targets.server.target import ServerTarget
 
     members = [n for n in vars(Target) if not n.startswith("_")]
     assert {"create_table", "load_batch", "plan_batches", "open_streams", "workdir",
@@ -175,7 +176,7 @@ def test_load_batches_where_the_target_plans_them(tmp_path: Path) -> None:
 ])
 def test_target_spec_reads_the_environment_given_once(value: str | None, where: str,
                                                       server: bool) -> None:
-    from chload.targets import TargetSpec
+    from chload.targets.registry import TargetSpec
 
     env = {"CLICKHOUSE_PASSWORD": "pw"}
     spec = TargetSpec.resolve(value, env)

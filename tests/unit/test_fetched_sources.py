@@ -20,7 +20,8 @@ from chload import api
 from chload.errors import TransientError, UsageError
 from chload.formats import FileFormat
 from chload.schema import Column
-from chload.sources import SCHEMES, Source, SourceContext, SourceFile
+from chload.sources.base import Source, SourceContext, SourceFile
+from chload.sources.registry import KINDS, SCHEMES
 
 TABLE = "`default`.`t`"
 TSV = FileFormat("TSV", "none")
@@ -104,6 +105,10 @@ class RangeSource:
     def known_empty(self, file: SourceFile) -> bool:
         return False
 
+    def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
+               rejects: bool) -> None:
+        return None
+
 
 class KeyedTarget(FakeTarget):
     """The fake, remembering the ORDER BY of the tables it creates."""
@@ -124,6 +129,7 @@ def log(monkeypatch: pytest.MonkeyPatch) -> dict[str, list]:
     module.SOURCE = RangeSource(record)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "chload.sources.ranges", module)
     monkeypatch.setitem(SCHEMES, "ranges", "ranges")
+    monkeypatch.setitem(KINDS, "ranges", "chload.sources.ranges")
     return record
 
 

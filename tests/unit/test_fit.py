@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from chload import fit
+from chload.core import fit
 from chload.formats import FileFormat
 from chload.schema import Column
-from chload.sources import SourceFile
+from chload.sources.base import SourceFile
 
 
 def _file(path: Path, data: str, fmt: str = "CSVWithNames") -> SourceFile:

@@ -10,10 +10,11 @@ import pytest
 
 from chload.errors import SourceError
 from chload.formats import FileFormat
-from chload.sources import SourceFile, StreamPosition, kafka_native
-from chload.sources import kafka as K
-from chload.sources import kafka_units as U
-from chload.sources.kafka_read import AUDIT_CSV, AUDIT_TSV, Unit, audited, audited_line
+from chload.sources.base import SourceFile, StreamPosition
+from chload.sources.kafka import native as kafka_native
+from chload.sources.kafka import source as K
+from chload.sources.kafka import units as U
+from chload.sources.kafka.read import AUDIT_CSV, AUDIT_TSV, Unit, audited, audited_line
 
 
 def test_no_compiler_or_python_forced_falls_back_with_a_reason(monkeypatch, tmp_path):
@@ -72,8 +73,8 @@ def test_a_spool_read_ahead_is_used_only_where_its_partition_ended_as_planned():
 
 
 def test_lag_is_reported_per_partition_and_summed_in_the_progress_view():
-    from chload.render import ProgressView
-    from chload.runner import Event
+    from chload.cli.render import ProgressView
+    from chload.core.run import Event
 
     behind, done, stopped = _part(100, 250), _part(250, 250), _part(0, 90)
     stopped.stopped = True
@@ -116,8 +117,8 @@ class _Handle:
 
 @pytest.mark.parametrize("fail", [False, True])
 def test_a_streamed_unit_commits_only_if_its_reader_finished_it(fail):
-    from chload.sources import db_pipes
-    from chload.sources.kafka_read import PipeReading
+    from chload.sources import pipes as db_pipes
+    from chload.sources.kafka.read import PipeReading
 
     read_end, write_end = db_pipes.make()
     reading = PipeReading(_Handle(fail), Unit("t", 0, 0, 1), write_end, False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-from chload.monitor import Monitor, Saturation, _diagnose
+from chload.runtime.monitor import Monitor, Saturation, _diagnose
 
 
 def test_monitor_measures_cpu_of_real_work(tmp_path: object) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from chload import native
-from chload.sources import mysql, mysql_native
+from chload.runtime import native
+from chload.sources.databases import mysql, mysql_native
 
 
 def test_fields_are_unescaped_and_only_a_bare_backslash_n_is_null() -> None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chload.capabilities import Capabilities
-from chload.engine import Engine
 from chload.formats import FileFormat
+from chload.runtime.engine import Engine
 from chload.schema import Column, settings_sql
-from chload.sources import SourceFile
-from chload.targets import LoadJob
-from chload.targets.fill import SERIAL_PARSE_BELOW, StageFilling, parquet_block_rows
+from chload.sources.base import SourceFile
+from chload.targets.base import LoadJob
+from chload.targets.server.capabilities import Capabilities
+from chload.targets.server.fill import SERIAL_PARSE_BELOW, StageFilling, parquet_block_rows
 
 NARROW = [Column("id", "UInt64"), Column("miles", "UInt32"), Column("duration", "UInt32"),
           Column("vehicle_id", "UInt8")]

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from chload.capabilities import Capabilities, server_columns
+from chload.core.plan import parse_table
+from chload.core.sniff import guess_delimiter, header_names, looks_like_names, split_line
 from chload.errors import SchemaError, UsageError
 from chload.formats import FileFormat, detect
-from chload.planner import parse_table
 from chload.schema import Column, create_table_sql, header_columns, parse_structure
-from chload.sniff import guess_delimiter, header_names, looks_like_names, split_line
-from chload.sources import SourceFile
+from chload.sources.base import SourceFile
+from chload.targets.server.capabilities import Capabilities, server_columns
 
 
 def test_schema_takes_quoted_names() -> None:

@@ -7,7 +7,12 @@ import gzip
 
 import pytest
 
-from chload.capabilities import (
+from chload.errors import AuthError, DataError, SchemaError, SourceError, TransientError
+from chload.formats import FileFormat
+from chload.schema import Column
+from chload.sources.base import SourceFile
+from chload.targets.base import LoadJob
+from chload.targets.server.capabilities import (
     Capabilities,
     probe,
     probe_gzipped,
@@ -15,13 +20,8 @@ from chload.capabilities import (
     server_type,
     storable,
 )
-from chload.errors import AuthError, DataError, SchemaError, SourceError, TransientError
-from chload.formats import FileFormat
-from chload.schema import Column
-from chload.sources import SourceFile
-from chload.targets import LoadJob
-from chload.targets.http import TargetURL, parse_target_url
-from chload.targets.push import push_error, push_sql, select_sql
+from chload.targets.server.http import TargetURL, parse_target_url
+from chload.targets.server.push import push_error, push_sql, select_sql
 
 OLD_TYPES = frozenset({"UInt8", "UInt64", "Int64", "Float64", "String", "Date", "DateTime",
                        "Nullable", "Array", "Tuple", "LowCardinality", "Decimal", "UUID"})
@@ -88,7 +88,7 @@ def test_probe_bodies_are_select_1_compressed() -> None:
     import lzma
     import zlib
 
-    from chload.capabilities import _PROBES
+    from chload.targets.server.capabilities import _PROBES
 
     for method, decompress in (("gzip", gzip.decompress), ("deflate", zlib.decompress),
                                ("xz", lzma.decompress), ("bz2", bz2.decompress)):
@@ -142,7 +142,7 @@ def test_low_cardinality_kept_where_it_is_stable() -> None:
 def test_the_server_target_creates_tables_with_types_it_stores() -> None:
     """create_table maps the columns (not the DDL text); the key is the one the given
     columns make, and chload's own statements go to the server as written."""
-    from chload.targets.server import ServerTarget
+    from chload.targets.server.target import ServerTarget
 
     target = ServerTarget.__new__(ServerTarget)
     target.caps = OLD
@@ -209,8 +209,8 @@ def test_push_errors_carry_the_servers_answer(message: str, kind: type, text: st
 
 
 def test_raw_when_the_server_reads_the_bytes_else_push() -> None:
-    from chload.targets.fill import PUSH, RAW
-    from chload.targets.server import ServerTarget
+    from chload.targets.server.fill import PUSH, RAW
+    from chload.targets.server.target import ServerTarget
 
     target = ServerTarget.__new__(ServerTarget)
     target.caps, target.url = OLD, URL

@@ -12,9 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from chload.errors import EngineError, TransientError
-from chload.ledger import COMMITTING, LOADED, FileEvent
-from chload.targets.commit import (
+from chload.commit.committer import (
     CommitInterrupted,
     Committer,
     Holder,
@@ -25,8 +23,10 @@ from chload.targets.commit import (
     _Turn,
     stage_name,
 )
-from chload.targets.commit_orphans import orphan
-from chload.targets.locks import TableLock
+from chload.commit.ledger import COMMITTING, LOADED, FileEvent
+from chload.commit.locks import TableLock
+from chload.commit.orphans import orphan
+from chload.errors import EngineError, TransientError
 
 TABLE, DISPLAY = "`db`.`t`", "db.t"
 
@@ -523,7 +523,7 @@ class _Recorder:
 
 
 def test_the_ledger_logs_the_mark_in_the_statement_that_logs_the_files() -> None:
-    from chload.ledger import Ledger
+    from chload.commit.ledger import Ledger
 
     sql = _Recorder()
     Ledger(sql).record([event("a.csv"), event("b.csv")], mark_of=("db", "t"))
@@ -535,7 +535,7 @@ def test_the_ledger_logs_the_mark_in_the_statement_that_logs_the_files() -> None
 
 
 def test_a_batch_too_big_for_one_query_reads_the_mark_first() -> None:
-    from chload.ledger import Ledger
+    from chload.commit.ledger import Ledger
 
     sql = _Recorder()
     events = [event(f"s3://bucket/{'x' * 900}/{i}.csv") for i in range(256)]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import socket
 
-from chload.targets import server_early
-from chload.targets.http import parse_target_url
-from chload.targets.server import ServerTarget
+from chload.targets.server import early as server_early
+from chload.targets.server.http import parse_target_url
+from chload.targets.server.target import ServerTarget
 
 
 def _closed_port() -> int:

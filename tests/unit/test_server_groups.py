@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from chload.formats import FileFormat
-from chload.sources import SourceFile
-from chload.targets import server_groups
-from chload.targets.server_groups import BATCHED_BELOW, FLOW_BELOW, plan
+from chload.sources.base import SourceFile
+from chload.targets.server import groups as server_groups
+from chload.targets.server.groups import BATCHED_BELOW, FLOW_BELOW, plan
 
 PARQUET, CSV_GZ, JSON_GZ = (FileFormat("Parquet", "none"), FileFormat("CSV", "gzip"),
                             FileFormat("JSONEachRow", "gzip"))

@@ -25,8 +25,8 @@ from chload.errors import (
     normalize,
     server_error,
 )
-from chload.retry import RetryPolicy, call_with_retries
-from chload.targets.http import HttpClient, TargetURL, parse_target_url
+from chload.runtime.retry import RetryPolicy, call_with_retries
+from chload.targets.server.http import HttpClient, TargetURL, parse_target_url
 
 # -- target URLs ----------------------------------------------------------------------
 
@@ -341,13 +341,13 @@ def test_a_cut_or_foreign_answer_is_transient(answer: bytes) -> None:
     (100, 64, 8),  # 8 in all at most
 ])
 def test_streams_fill_the_server_in_even_rounds(files: int, cores: int, streams: int) -> None:
-    from chload.targets.stages import streams_for
+    from chload.targets.server.stages import streams_for
 
     assert streams_for(files, cores) == streams
 
 
 def test_files_beyond_the_streams_create_their_stage_once_every_stream_has_begun() -> None:
-    from chload.targets.stages import Streams
+    from chload.targets.server.stages import Streams
 
     streams = Streams(2)
     streams.stage_turn()

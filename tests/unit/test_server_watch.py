@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
-from chload.adaptive import Controller
-from chload.targets.stages import ServerWatch
+from chload.runtime.adaptive import Controller
+from chload.targets.server.stages import ServerWatch
 
 
 def test_stop_ends_the_watch_and_waits_for_its_last_look() -> None:

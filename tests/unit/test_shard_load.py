@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from chload.render import _shard_line
-from chload.targets.shard_load import Counters, read, saturation
+from chload.cli.render import _shard_line
+from chload.targets.cluster.shard_load import Counters, read, saturation
 
 
 def counters(at: float, **events: int) -> Counters:

@@ -6,9 +6,9 @@ import bz2
 import gzip
 from pathlib import Path
 
+from chload.core.sniff import header_names, starts_with_names
 from chload.formats import detect
-from chload.sniff import header_names, starts_with_names
-from chload.sources import SourceFile
+from chload.sources.base import SourceFile
 
 NAMES = ["id", "miles", "duration", "vehicle_id"]
 

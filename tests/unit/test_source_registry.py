@@ -15,25 +15,19 @@ from dataclasses import FrozenInstanceError
 
 import pytest
 
-from chload import cli, planner
 from chload.api import LoadSpec, _list_sources
+from chload.cli import main as cli
+from chload.core import plan as planner
 from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
 from chload.schema import Column
-from chload.sources import (
-    SCHEMES,
-    InPlace,
-    RunSources,
-    SourceContext,
-    SourceFile,
-    identity,
-    source_for,
-    table_function,
-    table_function_many,
-)
-from chload.sources import release as release_files
-from chload.targets import LoadJob
-from chload.targets.embedded import _select_sql
+from chload.sources import identity, registry
+from chload.sources.base import InPlace, SourceContext, SourceFile
+from chload.sources.registry import KINDS, SCHEMES, source_for, table_function, table_function_many
+from chload.sources.registry import release as release_files
+from chload.sources.run import RunSources
+from chload.targets.base import LoadJob
+from chload.targets.embedded.target import _select_sql
 from chload.targets.vanished import VanishedFile, check_present, explain_gone
 
 CSV = FileFormat("CSV", "none")
@@ -86,13 +80,14 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeSource:
     module.SOURCE = source  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "chload.sources.fake", module)
     monkeypatch.setitem(SCHEMES, "fake", "fake")
+    monkeypatch.setitem(KINDS, "fake", "chload.sources.fake")
     return source
 
 
 def test_a_new_scheme_is_one_module_and_one_registry_line(fake: FakeSource) -> None:
     context = SourceContext(format="CSV")
     spec = LoadSpec(sources=("fake://unit/a,b", "fake://unit/b,empty"), table="t")
-    run = RunSources(context)
+    run = RunSources(context, registry)
     files = _list_sources(spec, run)
     assert [f.uri for f in files] == ["fake://unit/a", "fake://unit/b", "fake://unit/empty"]
     assert fake.contexts == [context, context]

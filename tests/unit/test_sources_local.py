@@ -12,9 +12,9 @@ import pytest
 
 from chload.errors import SourceError
 from chload.formats import FileFormat
-from chload.sources import SourceFile
-from chload.sources.local import list_local, release, spool_stdin, table_function
-from chload.sources.remote import brace_list
+from chload.sources.base import SourceFile
+from chload.sources.files.local import list_local, release, spool_stdin, table_function
+from chload.sources.files.patterns import brace_list
 
 
 def csv(path: Path, text: str = "id\n1\n") -> Path:

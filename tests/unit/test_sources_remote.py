@@ -12,10 +12,11 @@ import pytest
 
 from chload.errors import EngineError, SourceError, TransientError, UsageError
 from chload.formats import FileFormat
-from chload.sources import SourceFile, aws, table_function, table_function_many
-from chload.sources.hdfs import list_hdfs
-from chload.sources.http import list_http, redact
-from chload.sources.s3 import (
+from chload.sources.base import SourceFile
+from chload.sources.files import aws
+from chload.sources.files.hdfs import list_hdfs
+from chload.sources.files.http import list_http, redact
+from chload.sources.files.s3 import (
     KeyMatcher,
     Lister,
     S3Object,
@@ -23,6 +24,7 @@ from chload.sources.s3 import (
     listing_prefixes,
     parse_uri,
 )
+from chload.sources.registry import table_function, table_function_many
 
 SECRET = "s3cr3t-Never-Shown"
 NOW_NS = 1_700_000_000 * 10**9

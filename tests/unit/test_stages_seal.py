@@ -8,7 +8,7 @@ import time
 import pytest
 
 from chload.errors import EngineError, TransientError
-from chload.targets import stages
+from chload.targets.server import stages
 
 
 class FakeServer:

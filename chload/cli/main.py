@@ -1,0 +1,383 @@
+"""The `chload` command: flags -> LoadSpec -> chload.api -> rendering.
+
+A thin skin: it parses, calls one library function and draws what comes back. rich is
+imported only when a terminal will see it, and the engine only when a command needs
+it, so `chload --help` is instant and pipelines pay nothing for the progress bar.
+
+Exit codes: 0 all good; 1 some file failed; 2 bad usage or a terminal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from chload.errors import ChloadError, UsageError
+
+
+def run() -> None:
+    """The `chload` command (and `python -m chload`): main(), then exit.
+
+    When main() returns, everything is done: output written, ledger flushed, connections
+    closed, temporary files removed, and every engine (chDB) session closed. Python's
+    teardown after that (freeing every object and module) takes 10-20 ms on these
+    machines, 1% of a 10M-row load into a server; with chDB loaded, its library's own
+    teardown makes it 40-120 ms, 4-10% of a 1 s embedded load. So the process ends
+    without it. (A session still open, e.g. a library caller's, keeps the normal exit.)
+    """
+    code = main()
+    engine = sys.modules.get("chload.runtime.engine")
+    if "chdb" not in sys.modules or (engine is not None and engine.idle()):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (BrokenPipeError, ValueError):  # a reader gone, a stream closed
+                pass
+        os._exit(code)
+    sys.exit(code)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = _parser(argv[0] if argv else None).parse_args(argv)
+    for stream in (sys.stdout, sys.stderr):  # bytes a String holds, written as they are
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="surrogateescape")
+    try:
+        return int(args.func(args))
+    except ChloadError as exc:
+        if getattr(args, "debug", False):  # the traceback, and the same exit code
+            import traceback
+
+            traceback.print_exc()
+        print(f"chload: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):  # a script reading stdout gets an answer too
+            print(json.dumps({"error": str(exc), "kind": type(exc).__name__}))
+        return 2
+    except BrokenPipeError:  # `chload files | head`: the reader has gone; so do we
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("chload: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+def _parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: of `command` alone when it names one, else of every
+    command (`chload --help`, a typo). Each parser looks up argparse's translations on
+    disk (gettext), and the other five cost ~1.5 ms of every start."""
+    parser = argparse.ArgumentParser(
+        prog="chload", description="Get data into ClickHouse fast and exactly once.")
+    parser.add_argument("--version", action="version", version=_version())
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    for name, (about, flags) in _COMMANDS.items():
+        if command not in _COMMANDS or name == command:
+            flags(commands.add_parser(name, **about))
+    return parser
+
+
+def _files_flags(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--table", "-t", required=True)
+    p.add_argument("--json", action="store_true", help="print JSON (a list of objects)")
+    p.add_argument("--shard", action="append", default=[], metavar="HOST:TCP_PORT=URL",
+                   help="a Distributed table's replica and its HTTP URL (as for load)")
+    p.set_defaults(func=_files)
+
+
+def _sql_flags(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("query")
+    p.add_argument("--format", default="PrettyCompact",
+                   help="any ClickHouse output format: TSV, JSON, Pretty, CSV ...")
+    p.set_defaults(func=_sql)
+
+
+def _history_flags(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--table", "-t")
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--run", metavar="RUN_ID", help="per-file detail of one run")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_history)
+
+
+def _errors_flags(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--table", "-t", required=True)
+    p.add_argument("--limit", type=int, default=10_000)
+    p.add_argument("--json", action="store_true", help="print JSON (a list of objects)")
+    p.set_defaults(func=_errors)
+
+
+def _validate_flags(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    _spec_flags(p)
+    p.set_defaults(func=_validate)
+
+
+def _workers(value: str) -> int | None:
+    """--workers N, or auto (None)."""
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: a number, or auto") from None
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="directory of the embedded ClickHouse (default "
+                   "./chload-data, or $CHLOAD_TARGET) or http(s)://[user@]host:port[/db]")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+
+
+def _load_flags(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    _spec_flags(p)
+    p.add_argument("--order-by", help="ORDER BY of a table chload creates")
+    p.add_argument("--partition-by", help="PARTITION BY of a table chload creates")
+    p.add_argument("--audit", action="store_true", help="add _source_file and _loaded_at")
+    p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                   help="a ClickHouse setting for the inserts (repeatable)")
+    p.add_argument("--workers", type=_workers, metavar="N|auto",
+                   help="files loaded in parallel; into a server, data requests at a time "
+                        "(default auto: estimated, and into a server adapted while loading)")
+    p.add_argument("--force", action="store_true", help="load files already loaded")
+    p.add_argument("--on-error", default="continue", choices=["continue", "abort"],
+                   help="after a failed file: go on with the others (default) or stop")
+    p.add_argument("--kafka-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="a librdkafka setting for kafka:// sources, e.g. security.protocol="
+                   "SASL_SSL (repeatable; ${VAR} takes the value from the environment)")
+    p.add_argument("--follow", action="store_true", help="kafka://: keep loading new "
+                   "messages until SIGINT/SIGTERM (default: up to the end, then exit)")
+    p.add_argument("--batch-rows", type=int, metavar="N",
+                   help="kafka://: messages per commit at most (default 500000)")
+    p.add_argument("--batch-seconds", type=float, metavar="S",
+                   help="kafka:// --follow: commit at least this often (default 5)")
+    p.add_argument("--query", help="a postgresql:// or mysql:// source: load the rows of "
+                   "this SELECT (the URL names the database)")
+    p.add_argument("--incremental-by", metavar="COLUMN", help="a database source: load the "
+                   "rows whose COLUMN (one that only grows) is above what was loaded")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
+    p.add_argument("--shard", action="append", default=[], metavar="HOST:TCP_PORT=URL",
+                   help="a Distributed table's replica (as system.clusters names it) and "
+                   "its HTTP URL (repeatable; default: its host, the target's port)")
+    p.add_argument("--shard-by", default="auto", choices=["auto", "file"],
+                   help="a Distributed table: rows by its sharding key (auto) or whole "
+                   "files by weight")
+    p.set_defaults(func=_load)
+
+
+def _spec_flags(p: argparse.ArgumentParser) -> None:
+    """The flags `load` and `validate` share: what to read, into which table, with which
+    error budget (a validate says what a load with the same flags would do)."""
+    p.add_argument("sources", nargs="+", metavar="SOURCE")
+    p.add_argument("--table", "-t", required=True, help="table name, or db.table")
+    p.add_argument("--format", "-f", help="ClickHouse input format (default: from the name)")
+    p.add_argument("--compression", help="gzip, zstd, bz2, xz, lz4, none (default: from name)")
+    p.add_argument("--schema", help="'a UInt32, b String': how to read the data")
+    p.add_argument("--max-errors", type=int, metavar="N",
+                   help="bad rows a file may have (default 0); a load keeps them in "
+                   "chload.rejects")
+    p.add_argument("--max-error-ratio", type=float, metavar="R",
+                   help="bad rows / all rows a file may have, e.g. 0.01")
+    p.add_argument("--s3-endpoint", metavar="URL", help="S3-compatible endpoint, e.g. "
+                   "http://127.0.0.1:9000 (default: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, AWS)")
+    p.add_argument("--json", action="store_true", help="print the answer as JSON")
+
+
+# Each command: what its parser is made with, and the function adding its flags.
+_COMMANDS: dict[str, tuple[dict[str, Any], Callable[[argparse.ArgumentParser], None]]] = {
+    "load": ({"help": "load files into a table, exactly once per file",
+              "description": "Load files, directories, globs or - (stdin) into a table. "
+                             "Files already loaded are skipped."}, _load_flags),
+    "files": ({"help": "the ledger: each file's state for a table"}, _files_flags),
+    "sql": ({"help": "run SQL against the target"}, _sql_flags),
+    "history": ({"help": "one line per load run"}, _history_flags),
+    "errors": ({"help": "rejected rows of a table: file, line, error, raw"}, _errors_flags),
+    "validate": ({"help": "parse sources against a table's schema; writes nothing",
+                  "description": "Parse every row of the sources as `load` with the same "
+                                 "flags would; writes nothing."}, _validate_flags),
+}
+
+
+# Flags only `load` has (its parser adds them), with what a LoadSpec takes when absent.
+_LOAD_ONLY: dict[str, Any] = {"order_by": None, "partition_by": None, "audit": False,
+                               "workers": None, "force": False, "on_error": "continue",
+                               "follow": False, "batch_rows": None, "batch_seconds": None,
+                               "query": None, "incremental_by": None, "shard_by": "auto"}
+
+
+def _spec(args: argparse.Namespace) -> Any:
+    """The LoadSpec of a `load` or `validate` command line: one mapping of flags."""
+    from chload.api import LoadSpec
+
+    return LoadSpec(
+        sources=tuple(args.sources), table=args.table, target=args.target, format=args.format,
+        compression=args.compression, schema=args.schema, s3_endpoint=args.s3_endpoint,
+        max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
+        settings=_settings(getattr(args, "setting", [])),
+        kafka_options=_settings(getattr(args, "kafka_option", []), "--kafka-option"),
+        shards=_shards(getattr(args, "shard", [])),
+        **{name: getattr(args, name, default) for name, default in _LOAD_ONLY.items()},
+    )
+
+
+def _shards(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in values:
+        name, sep, url = item.partition("=")
+        if not sep:
+            raise UsageError(f"--shard {item}: write it as HOST:TCP_PORT=http(s)://HOST:PORT")
+        out.append((name.strip(), url.strip()))
+    return tuple(out)
+
+
+def _settings(values: Sequence[str], flag: str = "--setting") -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in values:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(f"{flag} {name.strip() or item}: write it as name=value, e.g. "
+                             + ("max_threads=4" if flag == "--setting"
+                                else "security.protocol=SASL_SSL"))
+        out.append((name.strip(), value.strip()))
+    return tuple(out)
+
+
+def _load(args: argparse.Namespace) -> int:
+    target = args.target or os.environ.get("CHLOAD_TARGET", "")
+    if "://" not in target:
+        from chload.runtime.engine import prefetch
+
+        prefetch()  # an embedded target: chDB imports while chload.api does
+        return _load_with(args)
+    from chload.targets.server import early as server_early
+
+    server_early.begin(target, args.table, os.environ)  # asked while chload.api imports
+    try:
+        return _load_with(args)
+    finally:
+        server_early.discard()
+
+
+def _load_with(args: argparse.Namespace) -> int:
+    from chload.api import load
+
+    spec = _spec(args)
+    show = not args.quiet and not args.json and sys.stdout.isatty()
+    if show:
+        from chload.cli.render import ProgressView
+
+        with ProgressView() as view:
+            report = load(spec, listener=view.on_event)
+    else:
+        report = load(spec)
+    if args.json:
+        data = report.to_dict()
+        if len(data["files"]) > 1000:
+            data["files"] = data["files"][:1000]
+        print(json.dumps(data))
+    elif not args.quiet:
+        from chload.cli.render import print_summary
+
+        print_summary(report)
+    elif not report.ok:
+        from chload.cli.render import print_failures
+
+        print_failures(report)
+    return 0 if report.ok else 1
+
+
+def _files(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from chload.api import files
+
+    events = files(args.table, args.target, shards=_shards(args.shard))
+    if args.json:
+        print(json.dumps([_file_row(asdict(e)) for e in events]))
+    else:
+        from chload.cli.render import print_files
+
+        print_files(args.table, events)
+    return 0
+
+
+def _file_row(row: dict) -> dict:
+    row["table"] = row.pop("target_table")
+    row.pop("stage", None)
+    row.pop("mark", None)
+    return row
+
+
+def _sql(args: argparse.Namespace) -> int:
+    from chload.api import sql
+
+    sys.stdout.write(sql(args.query, args.target, args.format))
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from chload.api import history, run_files
+
+    if args.run:
+        events = run_files(args.run, args.target)
+        if args.json:
+            print(json.dumps([_file_row(asdict(e)) for e in events]))
+        else:
+            from chload.cli.render import print_files
+
+            print_files(f"run {args.run}", events)
+        return 0
+    runs = history(args.table, args.target, args.limit)
+    if args.json:
+        print(json.dumps(list(runs)))
+    else:
+        from chload.cli.render import print_history
+
+        print_history(runs)
+    return 0
+
+
+def _errors(args: argparse.Namespace) -> int:
+    from chload.api import errors
+
+    rows = errors(args.table, args.target, args.limit)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        from chload.cli.render import print_rejects
+
+        print_rejects(args.table, rows)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from chload.api import validate
+
+    checks = validate(_spec(args))
+    if args.json:
+        print(json.dumps([asdict(c) for c in checks]))
+    else:
+        from chload.cli.render import print_checks
+
+        print_checks(checks)
+    return 0 if all(c.within_budget and not c.failure for c in checks) else 1
+
+
+def _version() -> str:
+    from chload import __version__
+
+    return f"chload {__version__}"
+

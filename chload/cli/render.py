@@ -1,0 +1,234 @@
+"""Drawing for the CLI: the progress bar, the summary, the ledger and history tables.
+
+Only the CLI imports this module. rich is imported only for a terminal; piped output
+is plain tab-separated text that scripts can read.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from chload.api import FileCheck, LoadReport
+from chload.commit.ledger import FileEvent
+from chload.core.run import Event
+
+
+class ProgressView:
+    """A rich progress bar on stderr: files done/total, bytes, rows, rows/s, ETA.
+
+    The bar advances by bytes (as stored), so the ETA follows the work left even when
+    files differ in size.
+    """
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._console = Console(stderr=True)
+        self._progress = Progress(
+            TextColumn("[bold]loading"), BarColumn(), TextColumn("{task.fields[files]} files"),
+            DownloadColumn(), TextColumn("{task.fields[rows]} rows"),
+            TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
+            TimeRemainingColumn(), console=self._console, transient=True,
+        )
+        self._task = self._progress.add_task("load", total=None, files="0/?", rows="0",
+                                             rate="")
+        self._files_total = 0
+        self._files_done = 0
+        self._rows = 0
+        self._lag: dict[str, int] = {}  # a Kafka load: messages due per partition
+        self._started = time.monotonic()
+
+    def __enter__(self) -> ProgressView:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def on_event(self, event: Event) -> None:
+        if event.kind == "plan":
+            self._files_total = event.files_total
+            self._progress.update(self._task, total=event.bytes_total or None)
+        elif event.kind == "progress":  # parsed (not yet committed): moves the bar
+            self._rows += event.rows
+            self._progress.advance(self._task, event.bytes)
+        elif event.kind in ("done", "skip"):
+            self._files_done += 1
+        elif event.kind == "fail":
+            self._files_done += 1
+            self._console.print(f"[red]failed[/red] {event.error}", highlight=False)
+        elif event.kind == "lag":
+            self._lag[event.uri] = event.rows
+        else:
+            return
+        rate = self._rows / max(time.monotonic() - self._started, 1e-6)
+        lag = f", lag {sum(self._lag.values()):,}" if self._lag else ""
+        self._progress.update(self._task, files=f"{self._files_done}/{self._files_total}",
+                              rows=f"{self._rows:,}", rate=f"{rate:,.0f} rows/s{lag}")
+
+
+def print_summary(report: LoadReport) -> None:
+    parts = [f"{report.files_loaded} loaded", f"{report.files_skipped} skipped"]
+    if report.files_failed:
+        parts.append(f"{report.files_failed} failed")
+    if report.rows_rejected:
+        parts.append(f"{report.rows_rejected:,} rows rejected (chload errors --table "
+                     f"{report.table})")
+    if report.files_changed:
+        parts.append(f"{report.files_changed} changed since last load")
+    print(f"{report.table}: {report.files_total} files: {', '.join(parts)}; "
+          f"{report.rows_loaded:,} rows, {_size(report.bytes_read)} in {report.seconds:.2f} s"
+          f" ({report.rows_per_second:,.0f} rows/s)")
+    if report.table_reset:
+        print(f"  {report.table_reset}")
+    for note in report.notes:
+        print(f"  note: {note}")
+    sat = report.saturation
+    if sat and report.files_loaded:
+        disk = (f", disk {sat['disk']} {sat['disk_util_pct']:.0f}% busy"
+                if sat.get("disk_util_pct") is not None else "")
+        cpu = f"{sat['cpu_util_pct']:.0f}%" if sat.get("cpu_util_pct") is not None else "?"
+        print(f"  saturation: CPU {cpu} of {sat['cores']} cores{disk}; "
+              f"limit: {sat['bottleneck']}{_streams(report.concurrency)}")
+    for shard in report.shards if report.files_loaded else []:
+        print(f"  {_shard_line(shard)}")
+    if len(report.shards) > 1 and report.files_loaded:
+        slowest = max(report.shards, key=lambda s: s["seconds"])
+        print(f"  slowest shard: {slowest['shard']} ({slowest['seconds']:.2f} s committing)")
+    print_failures(report)
+
+
+def _shard_line(shard: dict) -> str:
+    """A shard's rows, and what its server did meanwhile (targets/shard_load.py)."""
+    line = (f"shard {shard['shard']} ({shard['replica']}): {shard['rows']:,} rows, "
+            f"{shard['seconds']:.2f} s committing")
+    server = shard.get("server") or {}
+    if server.get("cpu_s") is None:
+        return line + "; its server's counters: not read"
+    pct = server["cpu_util_pct"]
+    line += (f"; server CPU {server['cpu_s']:.2f} s ({pct:.0f}% of {server['cores']} "
+             "cores)")
+    if server.get("cpu_wait_pct") is not None:
+        line += f", waited for a CPU {server['cpu_wait_pct']:.0f}% of its run time"
+    if server.get("merges_running"):
+        line += f", {server['merges_running']} merges running"
+    return line + f"; limit: {server['bottleneck']}"
+
+
+def _streams(c: dict[str, Any]) -> str:
+    """The streams' part of the saturation line: how many, and what bounded them."""
+    if not c:
+        return ""
+    if c["mode"] == "fixed":
+        return f"; streams: {c['final']} ({c['bound']})"
+    n = len(c["changes"])
+    moved = (f"{c['start']} -> {c['final']} (from {c['lowest']} to {c['highest']}, "
+             f"{n} change{'s' if n > 1 else ''})" if n else f"{c['final']}")
+    return f"; streams: auto, {moved}, bound: {c['bound']}"
+
+
+def print_failures(report: LoadReport) -> None:
+    """One line per failed file on stderr (--quiet too: an exit status alone says not
+    which file, nor what to do)."""
+    for result in report.files:
+        if result.status == "failed":
+            print(f"  failed: {result.error}", file=sys.stderr)
+
+
+def print_files(table: str, events: Sequence[FileEvent]) -> None:
+    if not events:
+        print(f"no files recorded for {table}", file=sys.stderr)
+        return
+    header = ["file", "state", "rows", "bytes", "loaded_at", "error"]
+    rows = [[e.uri, e.state, str(e.rows), str(e.size), _when(e.seq), e.error] for e in events]
+    if any(" shard " in e.target_table for e in events):  # a cluster: a row per shard
+        header.insert(1, "shard")
+        for row, e in zip(rows, events, strict=True):
+            row.insert(1, e.target_table.rpartition(" shard ")[2] if " shard " in
+                       e.target_table else "-")
+    _table(f"files of {table}", header, rows)
+
+
+def print_history(runs: Sequence[dict[str, Any]]) -> None:
+    header = ["started", "table", "loaded", "skipped", "failed", "rows", "seconds", "rows/s",
+              "streams", "sources"]
+    rows = [[_when(int(r["started_ns"])), r["target_table"], str(r["files_loaded"]),
+             str(r["files_skipped"]), str(r["files_failed"]), str(r["rows_loaded"]),
+             f"{float(r['seconds']):.2f}",
+             f"{int(r['rows_loaded']) / max(float(r['seconds']), 1e-9):,.0f}",
+             _run_streams(str(r.get("concurrency") or "")), r["sources"]]
+            for r in runs]
+    _table("load history", header, rows)
+
+
+def _run_streams(recorded: str) -> str:
+    """A run's streams in a word: `8`, or `auto 8->4 (3 changes)` (chload history --json
+    has each change and its reason)."""
+    if not recorded:
+        return "-"
+    import json
+
+    c = json.loads(recorded)
+    if c["mode"] == "fixed" or not c["changes"]:
+        return f"{c['mode']} {c['final']}"
+    n = len(c["changes"])
+    return f"auto {c['start']}->{c['final']} ({n} change{'s' if n > 1 else ''})"
+
+
+def print_rejects(table: str, rows: Sequence[dict[str, Any]]) -> None:
+    _table(f"rejected rows of {table}", ["file", "line", "error", "raw"],
+           [[r["file"], str(r["line"]), r["error"], r["raw"][:200]] for r in rows])
+
+
+def print_checks(checks: Sequence[FileCheck]) -> None:
+    rows = []
+    for c in checks:
+        first = c.first_errors[0] if c.first_errors else None
+        detail = c.failure or (f"line {first['line']}: {first['error']}" if first else "")
+        verdict = "unreadable" if c.failure else "would load" if c.within_budget else "would fail"
+        rows.append([c.uri, str(c.rows), str(c.errors), verdict,
+                     detail.replace("\n", " ")[:300]])
+    _table("validation (nothing was written)",
+           ["file", "rows ok", "rows bad", "verdict", "first error"], rows)
+
+
+def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    if not sys.stdout.isatty():
+        print("\t".join(header))
+        for row in rows:
+            print("\t".join(cell.replace("\t", " ").replace("\n", " ") for cell in row))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name in header:
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
+def _when(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "kB", "MB", "GB"):  # decimal, as the progress bar shows them
+        if value < 1000:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"

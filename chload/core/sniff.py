@@ -1,0 +1,204 @@
+"""The first line of a CSV/TSV file: read cheaply, split into fields, judged as names.
+
+Whether a file starts with a header, and which columns that header names, is asked of
+every CSV/TSV file a load takes (planner.check_headers): a file whose header names other
+columns than the table's must fail alone, and a server as old as 18.16 reads a
+header's columns by position. For a local file the line is read here (at most 64 KB,
+decompressed by the standard library), which costs microseconds and spares the ~0.4 s
+it takes to start chDB; any doubt (another compression, a remote file, a line longer
+than the limit) answers None and the engine reads the line (dialect.first_line).
+Only the header line is read: no data row passes through Python.
+
+What looks like a header when the engine cannot tell (every column text, so types do
+not differ between the first line and the rest) is decided by `looks_like_names`.
+"""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import gzip
+import lzma
+import os
+import re
+import stat
+import zlib
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from chload.formats import FileFormat
+from chload.sources.base import SourceFile
+
+LIMIT = 1 << 16
+BOM = "\ufeff"
+_OPENERS: dict[str, Callable[[str], Any]] = {  # path -> a binary file object
+    "none": lambda path: open(path, "rb"),
+    "gzip": gzip.GzipFile,
+    "bz2": bz2.BZ2File,
+    "xz": lzma.LZMAFile,
+    "deflate": lambda path: _Inflated(path),
+}
+_DELIMITERS = {"CSV": ",", "TSV": "\t", "TabSeparated": "\t"}
+_TSV_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "\\": "\\", "0": "\0", "b": "\b",
+                "f": "\f", "'": "'", '"': '"'}
+# Values, not names: numbers, dates and times, booleans, NULL.
+_VALUE = re.compile(
+    r"^[-+]?(\d[\d_]*\.?\d*|\.\d+)([eE][-+]?\d+)?$"  # 12, -3.5, 1e9
+    r"|^(0x[0-9a-f]+|inf|-inf|nan|true|false|null|\\n|none)$"
+    r"|^\d{1,4}[-/.]\d{1,2}[-/.]\d{1,4}([ t]\d{1,2}:\d{2}.*)?$"  # 2024-01-31, 31/01/2024
+    r"|^\d{1,2}:\d{2}(:\d{2}(\.\d+)?)?$",  # 12:30:00
+    re.I,
+)
+MAX_NAME = 128  # a header field longer than this is a value
+
+
+class _Inflated:
+    """The start of a zlib (`deflate`) file, inflated: enough for its first line."""
+
+    def __init__(self, path: str) -> None:
+        with open(path, "rb") as raw:
+            self.data = zlib.decompressobj().decompress(raw.read(LIMIT), LIMIT)
+
+    def __enter__(self) -> _Inflated:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def read(self, limit: int) -> bytes:
+        return self.data[:limit]
+
+    def readline(self, limit: int) -> bytes:
+        end = self.data.find(b"\n", 0, limit)
+        return self.data[:limit] if end < 0 else self.data[:end + 1]
+
+
+def delimiter(fmt: FileFormat) -> str | None:
+    """`,` for CSV (or the delimiter the run reads it with), a tab for TSV (with or
+    without names), None for other formats."""
+    base = fmt.name.removesuffix("WithNamesAndTypes").removesuffix("WithNames")
+    if base == "CSV" and fmt.delimiter:
+        return fmt.delimiter
+    return _DELIMITERS.get(base)
+
+
+def header_names(file: SourceFile) -> list[str] | None:
+    """The fields of a local file's first line, or None when that cannot be read cheaply."""
+    if delimiter(file.format) is None:
+        return None
+    text = first_text(file)
+    return None if text is None else split_line(text, file.format)
+
+
+def split_line(text: str, fmt: FileFormat) -> list[str] | None:
+    """A CSV/TSV line (as the file has it) as its fields: quotes and escapes undone, a
+    byte order mark and the line end dropped. None for an empty line or another format."""
+    sep = delimiter(fmt)
+    text = text.removeprefix(BOM).rstrip("\r\n")
+    if sep is None or not text:
+        return None
+    if fmt.name.startswith("CSV"):  # the engine trims a CSV field's spaces
+        return [field.strip(" \t") for field in
+                next(csv.reader([text], delimiter=sep, skipinitialspace=sep != " "))]
+    return [_unescape_tsv(field) for field in text.split(sep)]
+
+
+# What a CSV file's first line may be separated by instead of `,`, in the order asked.
+OTHER_DELIMITERS = (";", "\t", "|")
+
+
+def guess_delimiter(text: str) -> str | None:
+    """The separator of a CSV first line that `,` does not split but another does:
+    `a;b;c` -> `;`. None when `,` splits it, or nothing else does (one column).
+
+    Only a first line is weighed (no data row passes through Python); the header check
+    then judges every file by the delimiter chosen here (planner.check_headers).
+    """
+    comma = split_line(text, FileFormat("CSV", "none"))
+    if not comma or len(comma) > 1:
+        return None
+    for sep in OTHER_DELIMITERS:
+        fields = split_line(text, FileFormat("CSV", "none", sep))
+        if fields and len(fields) > 1:
+            return sep
+    return None
+
+
+def read_again(file: SourceFile) -> bool:
+    """Whether reading the start of `file` leaves it whole for the load: a remote object
+    or a regular file, not a pipe (what is read from one is gone)."""
+    try:
+        return not file.local_path or stat.S_ISREG(os.stat(file.local_path).st_mode)
+    except OSError:
+        return False
+
+
+def first_text(file: SourceFile) -> str | None:
+    """A local file's first line as text, or None when that cannot be read cheaply."""
+    opener = _OPENERS.get(file.format.compression)
+    if opener is None or not file.local_path or not read_again(file):
+        return None
+    try:
+        with opener(file.local_path) as stream:
+            line = stream.readline(LIMIT)
+        text = line.decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError, lzma.LZMAError, zlib.error, ValueError):
+        return None
+    if len(line) >= LIMIT and not text.endswith("\n"):
+        return None  # longer than the limit: let the engine say
+    return text
+
+
+def unreadable(file: SourceFile) -> str | None:
+    """Why a local CSV/TSV file cannot be read as written, from one read of its first
+    line, or None: UTF-16 text (a UTF-16 byte order mark, as Windows tools write
+    "Unicode" text; the engine reads UTF-8 only, and said "Rows have different amount
+    of values"), or Excel's delimiter hint as the first line (`sep=;`, which no engine
+    skips: it became the header, and the real header a row)."""
+    opener = _OPENERS.get(file.format.compression)
+    if delimiter(file.format) is None or opener is None or not file.local_path \
+            or not read_again(file):
+        return None
+    try:
+        with opener(file.local_path) as stream:
+            line = stream.readline(LIMIT)
+    except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError):
+        return None
+    if line[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return ("the file is UTF-16 text (it begins with a UTF-16 byte order mark, as "
+                "Windows tools write 'Unicode' text); convert it to UTF-8, e.g. iconv -f "
+                "UTF-16 -t UTF-8 FILE > FILE.utf8, and load that")
+    hint = line.decode("utf-8", errors="replace").removeprefix(BOM).rstrip("\r\n")
+    if re.fullmatch(r"sep=.", hint):
+        return (f"its first line {hint!r} is Excel's delimiter hint, not data or a header; "
+                f"remove it (e.g. tail -n +2 FILE > FILE.csv) and load that, with --setting "
+                f"format_csv_delimiter={hint[4:]} if the delimiter is not guessed")
+    return None
+
+
+def _unescape_tsv(field: str) -> str:
+    return re.sub(r"\\(.)", lambda m: _TSV_ESCAPES.get(m.group(1), m.group(0)), field)
+
+
+def starts_with_names(file: SourceFile, names: Collection[str]) -> bool | None:
+    """True when the first line is exactly some of `names` (each once); None: unknown."""
+    fields: Any = header_names(file)
+    if not fields or len(set(fields)) != len(fields):
+        return None
+    return True if set(fields) <= set(names) else None
+
+
+def looks_like_names(fields: Sequence[str], unique: bool = True) -> bool:
+    """Whether a first line reads as column names rather than values.
+
+    Every field is text that is not a number, a date, a time, a boolean or NULL, at
+    most 128 characters on one line; fewer than half the fields are empty (a header
+    with one empty field is still a header); with `unique`, no name comes twice.
+    A line of words (`Paris,France`) passes: the caller weighs that (planner.py).
+    """
+    named = [f.strip() for f in fields if f.strip()]
+    if not named or (len(fields) - len(named)) * 2 >= len(fields):
+        return False
+    if unique and len(set(named)) != len(named):
+        return False
+    return all(len(f) <= MAX_NAME and "\n" not in f and not _VALUE.match(f) for f in named)

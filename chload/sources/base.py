@@ -1,0 +1,276 @@
+"""What every source is: a unit (`SourceFile`), the `Source` protocol, its defaults.
+
+One module per kind of source, each implementing `Source` as its `SOURCE`, found by
+URI scheme (`SCHEMES`, `source_for`). Each lists its units (never reads their rows)
+and describes how the engine can reach them; the engine does all the reading. What a
+source needs to list (format, S3 settings, the engine that lists HDFS, the ledger's
+committed units) comes in a `SourceContext` built once by the caller: nothing here
+reads the environment. A run holds its sources in `RunSources`: a source that keeps a
+session from listing to loading (a database snapshot) keeps it there, not in a global.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from chload.formats import FileFormat
+
+if TYPE_CHECKING:
+    from chload.schema import Column
+    from chload.sources.files.aws import S3Settings
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPosition:
+    """Where a unit of a stream (a Kafka partition) stands in that stream.
+
+    A stream's units are named `<stream>/<first>-<last>` (offsets, inclusive), and the
+    ledger holds them in order: a unit may commit only while the stream's committed end
+    (last + 1 of its latest committed unit, 0 for none) is still `after`, the end its
+    plan saw (commit.py checks it under the commit lock). Ledger events older than
+    `since_seq` are set aside (a table re-created, a topic re-created with --force).
+    `line_base`: row n of the unit's data is record `line_base + n` of the stream (a
+    Kafka offset), for the rejects' `line`; 0 when rows are not numbered so.
+    """
+
+    stream: str
+    after: int
+    since_seq: int = 0
+    line_base: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    """One file or object to load, known by its identity.
+
+    `uri` is what the ledger records and the user sees (never a secret);
+    `size` and `mtime_ns` (or `etag`) make the identity: a file is loaded again when
+    they change.
+    """
+
+    uri: str
+    size: int
+    mtime_ns: int
+    format: FileFormat
+    etag: str = ""
+    local_path: str | None = None  # files on this machine: the path the engine reads (the
+    # file itself, a plain-named link to it, or stdin's spool); `uri` when it is the file
+    is_stream: bool = False  # stdin: no identity, never skipped
+    kind: str = "local"  # which module of chload.sources reads it: local, s3, hdfs, http, ...
+    location: str = ""  # remote kinds: the URL the engine reads, if not `uri` (never a
+    # secret); a unit fetched before loading (Source.fetch): what its source reads
+    anonymous: bool = False  # s3: no credentials, read unsigned (public buckets)
+    position: StreamPosition | None = None  # a unit of a stream (Kafka): see StreamPosition
+    aliases: tuple[str, ...] = ()  # other uris a ledger may know it by: a path's abspath
+    # spelling, which chload 0.1.0 recorded before uris became the realpath
+
+    @property
+    def name(self) -> str:
+        return self.uri.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def identity(self) -> str:
+        return self.etag or f"{self.size}:{self.mtime_ns}"
+
+
+Query = Callable[[str], list[dict]]  # runs SQL in an engine, returns small rows
+
+
+@dataclass(frozen=True, slots=True)
+class SourceContext:
+    """What listing needs beyond the pattern, resolved once at the top (api) and passed
+    down: no source reads the environment or finds an engine by itself.
+
+    `query` runs SQL in the engine that will read the data: HDFS is listed through the
+    engine's own hdfs() (the client that reads it, hdfs.py), and chDB allows one engine
+    path per process, so that engine is the target's (given by api, never taken).
+    `s3` is None unless a source is s3:// (resolving reads ~/.aws and may import botocore).
+    """
+
+    format: str | None = None
+    compression: str | None = None
+    workdir: str = "."  # where standard input is spooled (the target's tmp directory)
+    s3: S3Settings | None = None
+    query: Query | None = None
+    patterns: tuple[str, ...] = ()  # every source the run names (one that loads alone checks)
+    select: str | None = None  # --query: a database source loads this SELECT's rows
+    incremental_by: str | None = None  # --incremental-by: a column that only grows
+    force: bool = False  # --force: a source of ranges lists every range, committed or not
+    workers: int | None = None  # --workers (None: automatic): a source cutting ranges cuts
+    # enough for them
+    committed: Callable[[], Mapping[str, str]] | None = None  # uri -> identity of the units
+    # committed into the run's table (the ledger's, of the table as it is now, `committing`
+    # ones included: recovery finishes them); a source of ranges lists the complement
+    pipes: bool = False  # the engine that loads runs in this process and reads a pipe
+    # (/dev/fd/N): a fetched unit may stream into it rather than be spooled first
+    key_order: bool = False  # the target sorts a unit by its key after the last byte
+    # (Target.wants_key_order): a database source reads ranges in key order where cheap
+    schema: str | None = None  # --schema: a database source carries a column it cannot
+
+
+class Source(Protocol):
+    """What every kind of source provides: listing with identities, and the engine's
+    reader. One module of chload.sources per kind, exposing `SOURCE`; see `SCHEMES`.
+
+    A source whose units the engine reads where they are (files, objects: `InPlace`
+    gives those answers) implements listing and reading. A source whose units must be
+    made readable first (a key range of a database snapshot, an offset range of a Kafka
+    partition) uses the other hooks, each asked in one place:
+
+    - `open` (api, once per kind and run: `RunSources`): the object for this run; a
+      source keeping a session from listing to loading returns a new one, whose `list`
+      opens the session and whose `close` (api, when the run ends) ends it;
+    - `fetch` (the runner, right before a unit's load, retried on TransientError):
+      the unit as a local file with the same uri and identity (a spool under
+      `workdir`), removed by the same source's `release` right after the load;
+    - `loads_alone` (api, when grouping): a unit never batched with others;
+    - `columns`, `sorting_key` (api, before inference): what the source knows of its
+      data's columns and key; the planner then infers nothing;
+    - `display` (api: the run's record, messages): a pattern without its secrets;
+    - `options`: the LoadSpec fields only this kind reads (`query`, `incremental_by`):
+      given while no source of the run reads them, they are a usage error.
+    """
+
+    kind: str  # the module's name; SourceFile.kind of what it lists
+    schemes: tuple[str, ...]  # the URI schemes it reads (SCHEMES says the same)
+    options: tuple[str, ...]  # LoadSpec fields only this kind reads
+
+    def open(self) -> Source:
+        """The object that lists, fetches and releases this run's units: `self`, unless
+        the source keeps something from listing to loading (then a new object)."""
+        ...
+
+    def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
+        """Every unit the pattern names, each once, with its identity; reads no rows."""
+        ...
+
+    def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
+        """The SQL table function with which the engine reads `file` (never a secret)."""
+        ...
+
+    def table_function_many(self, files: Sequence[SourceFile], fmt: str,
+                            structure: str | None) -> tuple[str, str] | None:
+        """One table function over several files and the SQL giving each row's uri, or
+        None: read them one by one."""
+        ...
+
+    def fetch(self, file: SourceFile, columns: Sequence[Column], workdir: str) -> SourceFile:
+        """`file` made readable by the engine: itself, or a local copy of its bytes (same
+        uri and identity, `kind` local, `local_path` a spool under `workdir`) that the
+        engine reads as `columns` (a source converting while it spools writes those)."""
+        ...
+
+    def release(self, files: Iterable[SourceFile]) -> None:
+        """Remove what listing or `fetch` made for the engine (links, spools); never a
+        source."""
+        ...
+
+    def close(self) -> None:
+        """End what this run's object keeps (a session, a snapshot); the run is over."""
+        ...
+
+    def loads_alone(self, file: SourceFile) -> bool:
+        """True when `file` is committed on its own, never in a batch of small files."""
+        ...
+
+    def columns(self, files: Sequence[SourceFile]) -> builtins.list[Column] | None:
+        """The columns of `files`' data, when the source knows them (a database table's);
+        None: the engine infers them."""
+        ...
+
+    def sorting_key(self, files: Sequence[SourceFile]) -> str | None:
+        """ORDER BY for a table created for `files` (a primary key), if the source has one."""
+        ...
+
+    def display(self, pattern: str) -> str:
+        """`pattern` as shown in the run's record and messages (never a secret)."""
+        ...
+
+    def current(self, file: SourceFile) -> SourceFile:
+        """`file` with its identity as it is now (identity.py); as listed if unknowable."""
+        ...
+
+    def still_there(self, file: SourceFile) -> bool | None:
+        """Whether `file` can still be read, asked cheaply; None: only a read can tell."""
+        ...
+
+    def reads_at_uri(self, file: SourceFile) -> bool:
+        """True when the engine reads `file` at its uri, so its `_path` is the uri."""
+        ...
+
+    def known_empty(self, file: SourceFile) -> bool:
+        """True when `file` surely holds no bytes (a size of 0 that is not just unsaid)."""
+        ...
+
+    def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
+               rejects: bool) -> None:
+        """The run's table as the target stores it (`columns`), the types its rows are
+        read as (`read`), the engine that parses them and whether an error budget keeps
+        rejected rows: told before any unit is fetched, to a source that checks values
+        against the target's types (a database's)."""
+        ...
+
+
+class InPlace:
+    """The `Source` answers of a kind whose units the engine reads where they are
+    (files, objects): one object for every run, nothing fetched, batched when small,
+    columns inferred by the engine, shown as typed."""
+
+    options: tuple[str, ...] = ()
+
+    def open(self) -> Source:
+        return self  # type: ignore[return-value]  # the subclass is the Source
+
+    def fetch(self, file: SourceFile, columns: Sequence[Column], workdir: str) -> SourceFile:
+        return file
+
+    def close(self) -> None:
+        return None
+
+    def loads_alone(self, file: SourceFile) -> bool:
+        return False
+
+    def columns(self, files: Sequence[SourceFile]) -> builtins.list[Column] | None:
+        return None
+
+    def sorting_key(self, files: Sequence[SourceFile]) -> str | None:
+        return None
+
+    def display(self, pattern: str) -> str:
+        return pattern
+
+    def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
+               rejects: bool) -> None:
+        return None
+
+
+class RemoteSource(InPlace):
+    """The `Source` answers every remote kind shares (a subclass lists and reads):
+    listing makes nothing to release; an object keeps its listed identity (identity.py
+    says why); only a read tells whether it is still there; a size of 0 may just be
+    unsaid (HTTP without Content-Length), so no object is known empty."""
+
+    kind = ""
+    schemes: tuple[str, ...] = ()
+
+    def table_function_many(self, files: Sequence[SourceFile], fmt: str,
+                            structure: str | None) -> tuple[str, str] | None:
+        return None
+
+    def release(self, files: Iterable[SourceFile]) -> None:
+        return None
+
+    def current(self, file: SourceFile) -> SourceFile:
+        return file
+
+    def still_there(self, file: SourceFile) -> bool | None:
+        return None
+
+    def reads_at_uri(self, file: SourceFile) -> bool:
+        return False
+
+    def known_empty(self, file: SourceFile) -> bool:
+        return False

@@ -1,0 +1,355 @@
+"""Local files: paths, directories and globs (`*`, `?`, `**`, `{a,b}`, `{1..10}`), and stdin.
+
+A file is known by its resolved location (`realpath`), so every spelling of it in one
+command (`./a.csv`, a path through `..`, a symlink, a glob that also matches it) is one
+file, loaded once; for paths without symlinks that is the absolute path, as before.
+A name that exists is taken literally even if it holds `*`, `?`, `[` or `{`.
+
+Walks (a directory, `**`) follow symlinked directories but enter each directory once
+(by device and inode), so symlink loops end. They skip hidden names, what is not a
+regular file (pipes, sockets), and every chload target directory (it holds
+`.chload.lock`): a target's own files are never a source.
+
+The engine's file() expands `*`, `?` and `{}` in any path it is given and has no escape
+for them (chDB 4.4: `data_\\*.csv` matches nothing, `data_*.csv` reads `data_a.csv` too).
+So a real name holding one, or bytes that are not UTF-8, reaches the engine as a symlink
+with a plain name in a temporary directory; the uri stays the real path (bytes that are
+not UTF-8 written `\\xNN`). `release()` removes such links and stdin's spool.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import stat
+import sys
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
+from fnmatch import fnmatchcase
+from urllib.parse import unquote
+
+from chload.errors import SourceError, UsageError
+from chload.formats import compressed_as, detect
+from chload.runtime.engine import LOCK_NAME
+from chload.schema import quote_str
+from chload.sources.base import InPlace, SourceContext, SourceFile
+from chload.sources.files.patterns import brace_list, expand_braces
+
+_PATTERN_CHARS = set("*?[{")
+_ENGINE_GLOB = re.compile(r"[*?{}]")  # what the engine's file() expands in a path
+_NOT_PLAIN = re.compile(r"[^A-Za-z0-9._-]")
+_LINKS_PREFIX = "chload-links-"
+_PROC_FD = "/proc/self/fd/"
+
+_made: set[str] = set()  # spools and links this process made and has not released
+_made_lock = threading.Lock()
+
+
+def list_local(pattern: str, fmt: str | None, compression: str | None) -> list[SourceFile]:
+    """Every regular file the pattern names, once each, sorted by uri."""
+    found = _find(pattern)
+    listing = _Listing()
+    files: dict[str, SourceFile] = {}
+    try:
+        for path, named in found:
+            real = os.path.realpath(path)
+            if real not in files:
+                file = _describe(path, real, named, fmt, compression, listing)
+                if file is not None:
+                    files[real] = file
+    except BaseException:
+        release(files.values())
+        raise
+    if not files:
+        raise SourceError(f"{display(pattern)}: no such file, or the pattern matches nothing")
+    return sorted(files.values(), key=lambda f: f.uri)
+
+
+def display(path: str) -> str:
+    """A path as text: bytes of the name that are not UTF-8 written `\\xNN`."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _find(pattern: str) -> list[tuple[str, bool]]:
+    """(path, named explicitly) for what the pattern names; a path that exists is
+    taken literally, glob characters and all."""
+    path = os.path.expanduser(_without_scheme(pattern))
+    if os.path.lexists(path) or not _PATTERN_CHARS & set(path):
+        return _named(path)
+    found: list[tuple[str, bool]] = []
+    for piece in expand_braces(path):
+        if os.path.lexists(piece):
+            found.extend(_named(piece))
+        elif _PATTERN_CHARS & set(piece):
+            found.extend((p, False) for p in _glob(piece))
+    return found
+
+
+def _without_scheme(source: str) -> str:
+    """`file:///a/b%20c.csv` (or `file://localhost/...`) -> `/a/b c.csv`."""
+    if not source.startswith("file://"):
+        return source
+    path = source.removeprefix("file://")
+    path = "/" + path.removeprefix("localhost/") if path.startswith("localhost/") else path
+    return unquote(path) if "%" in path and not os.path.lexists(path) else path
+
+
+def _named(path: str) -> list[tuple[str, bool]]:
+    if os.path.isdir(path):
+        if _TargetDirs().holds(os.path.realpath(path)):
+            raise SourceError(f"{display(path)}: a chload target directory (it holds "
+                              f"{LOCK_NAME}); its files are never a source")
+        return [(p, False) for p in _walk(path)]
+    if os.path.exists(path):
+        return [(path, True)]
+    raise SourceError(f"{display(path)}: no such file or directory")
+
+
+def _glob(pattern: str) -> Iterator[str]:
+    """Python's glob, but `**` walks with `_walk` (each directory once: loops end)."""
+    parts = pattern.split("/")
+    if "**" not in parts:
+        yield from glob.glob(pattern)
+        return
+    cut = parts.index("**")
+    base = "/".join(parts[:cut]) or ("/" if pattern.startswith("/") else ".")
+    rest = [p for p in parts[cut:] if p]
+    bases = glob.glob(base) if _PATTERN_CHARS & set(base) else [base]
+    for directory in (b for b in bases if os.path.isdir(b)):
+        for path in _walk(directory):
+            if _match(rest, os.path.relpath(path, directory).split("/")):
+                yield path
+
+
+def _match(pattern: Sequence[str], parts: Sequence[str]) -> bool:
+    """Path components against pattern components; `**` is any number of them."""
+    if not pattern:
+        return not parts
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_match(rest, parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and _component(head, parts[0]) and _match(rest, parts[1:])
+
+
+def _component(pattern: str, name: str) -> bool:
+    if name.startswith(".") and not pattern.startswith("."):
+        return False  # as glob: a wildcard does not match a hidden name
+    return fnmatchcase(name, pattern)
+
+
+def _walk(directory: str) -> Iterator[str]:
+    """Every regular, non-hidden file under a directory, recursively. Symlinked
+    directories are followed; each directory is entered once; chload targets never."""
+    seen: set[tuple[int, int]] = set()
+    for root, dirs, names in os.walk(directory, followlinks=True):
+        try:
+            st = os.stat(root)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in seen or LOCK_NAME in names:
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        yield from (os.path.join(root, n) for n in sorted(names) if not n.startswith("."))
+
+
+class _TargetDirs:
+    """Which directories are inside a chload target (a directory holding `.chload.lock`)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, bool] = {}
+
+    def holds(self, directory: str) -> bool:
+        if directory not in self._known:
+            parent = os.path.dirname(directory)
+            self._known[directory] = os.path.exists(os.path.join(directory, LOCK_NAME)) or (
+                parent != directory and self.holds(parent))
+        return self._known[directory]
+
+
+class _Listing:
+    """What one listing learns and makes: which directories are chload targets, and
+    symlinks with plain names, in one temporary directory made on first use."""
+
+    def __init__(self) -> None:
+        self.targets = _TargetDirs()
+        self._directory = ""
+        self._links = 0
+
+    def engine_path(self, real: str) -> str:
+        """What the engine's file() can be given for `real`: itself, or a plain link."""
+        if not _ENGINE_GLOB.search(real) and display(real) == real:
+            return real
+        if not self._directory:
+            self._directory = tempfile.mkdtemp(prefix=_LINKS_PREFIX)
+        name = _NOT_PLAIN.sub("_", display(os.path.basename(real)))
+        self._links += 1
+        link = os.path.join(self._directory, f"{self._links}-{name}")
+        os.symlink(real, link)
+        _remember(link)
+        return link
+
+
+def _describe(path: str, real: str, named: bool, fmt: str | None, compression: str | None,
+              listing: _Listing) -> SourceFile | None:
+    """The file at `real`, or None for one a walk or glob met that is no source:
+    not a regular file, or inside a chload target. Named explicitly, those are errors."""
+    try:
+        st = os.stat(real)
+    except OSError as exc:
+        if named:
+            raise SourceError(f"{display(path)}: cannot read it ({exc.strerror})") from exc
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        if named:
+            raise SourceError(f"{display(path)}: not a regular file; to load a pipe, "
+                              "send it to standard input: ... | chload load - --format ...")
+        return None
+    if listing.targets.holds(os.path.dirname(real)):
+        if named:
+            raise SourceError(f"{display(path)}: inside a chload target directory; a "
+                              "target's own files are never a source")
+        return None
+    spelled = display(os.path.abspath(path))  # the uri chload 0.1.0 recorded
+    told = detect(display(path), fmt, compression, strict=False)
+    if compression in (None, "auto"):
+        told = compressed_as(real, told)
+    return SourceFile(
+        uri=display(real), size=st.st_size, mtime_ns=st.st_mtime_ns, format=told,
+        local_path=listing.engine_path(real),
+        aliases=(spelled,) if spelled != display(real) else (),
+    )
+
+
+def spool_stdin(fmt: str | None, compression: str | None, workdir: str) -> SourceFile:
+    """Standard input, copied in chunks to a file the engine can read more than once.
+
+    Schema inference reads the start of the data and the load reads all of it, so a
+    pipe is spooled (bytes only, bounded memory; no row is parsed in Python). The spool
+    is unlinked at once and read through `/proc/self/fd/N` where there is one, so no
+    copy outlives the process, even killed; `release()` closes it.
+    """
+    if not fmt:
+        raise UsageError("-: reading standard input needs --format (e.g. --format CSVWithNames)")
+    os.makedirs(workdir, exist_ok=True)
+    handle, path = tempfile.mkstemp(prefix="stdin-", dir=workdir)
+    try:
+        with open(handle, "wb", closefd=False) as out:
+            shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
+        if os.path.exists(f"{_PROC_FD}{handle}"):
+            os.remove(path)
+            path = f"{_PROC_FD}{handle}"
+        else:
+            os.close(handle)
+    except BaseException:
+        os.close(handle)
+        if os.path.exists(path):
+            os.remove(path)
+        raise
+    _remember(path)
+    st = os.stat(path)
+    return SourceFile(
+        uri="stdin", size=st.st_size, mtime_ns=st.st_mtime_ns,
+        format=detect("stdin", fmt, compression or "none"), local_path=path, is_stream=True,
+    )
+
+
+def _remember(path: str) -> None:
+    with _made_lock:
+        _made.add(path)
+
+
+def release(files: Iterable[SourceFile]) -> None:
+    """Remove what listing made for the engine (stdin's spool, plain-named links) once
+    their load is over; only ever what this process made, never a source file."""
+    for f in files:
+        path = f.local_path or ""
+        with _made_lock:
+            if path not in _made:
+                continue
+            _made.discard(path)
+        if path.startswith(_PROC_FD):
+            os.close(int(path[len(_PROC_FD):]))
+            continue
+        os.remove(path)
+        if os.path.basename(os.path.dirname(path)).startswith(_LINKS_PREFIX):
+            try:
+                os.rmdir(os.path.dirname(path))
+            except OSError:
+                pass  # other links of the same listing are still in it
+
+
+def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
+    """`file('path', 'Format', 'structure', 'compression')`."""
+    args = [file.local_path or file.uri, fmt, structure or "auto", file.format.compression]
+    return f"file({', '.join(quote_str(a) for a in args)})"
+
+
+def table_function_many(files: Sequence[SourceFile], fmt: str,
+                        structure: str | None) -> tuple[str, str] | None:
+    """One file() over a `dir/{a,b,c}` list of one directory's files; each row's uri is
+    the directory's plus `_file`. Measured: 50 gzip JSON files (8.6 MB) parsed in
+    0.18-0.22 s this way, 0.36-0.40 s as a UNION ALL of one file() each. Files the engine
+    reads through a link (glob characters in the name) are read one by one."""
+    if any(f.is_stream or not f.local_path or f.local_path != f.uri for f in files):
+        return None
+    listed = brace_list(files)
+    directory = os.path.dirname(files[0].uri) + "/"
+    if listed is None or "/" in listed[len(directory):]:
+        return None  # the engine matches a list within one directory only
+    one = SourceFile(listed, 0, 0, files[0].format, local_path=listed)
+    return table_function(one, fmt, structure), f"concat({quote_str(directory)}, _file)"
+
+
+class LocalSource(InPlace):
+    """Paths, directories, globs and `file://` on this machine, and `-` (standard input,
+    spooled): read by the engine's file(). The one kind whose identity can be taken
+    again at the read (a stat) and whose presence is known without reading."""
+
+    kind = "local"
+    schemes: tuple[str, ...] = ("file",)
+
+    def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
+        if pattern == "-":
+            return [spool_stdin(context.format, context.compression, context.workdir)]
+        return list_local(pattern, context.format, context.compression)
+
+    def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
+        return table_function(file, fmt, structure)
+
+    def table_function_many(self, files: Sequence[SourceFile], fmt: str,
+                            structure: str | None) -> tuple[str, str] | None:
+        return table_function_many(files, fmt, structure)
+
+    def release(self, files: Iterable[SourceFile]) -> None:
+        release(files)
+
+    def current(self, file: SourceFile) -> SourceFile:
+        """The file's size and mtime as they are now (stdin's spool: as spooled)."""
+        if file.is_stream or not file.local_path:
+            return file
+        try:
+            st = os.stat(file.local_path)
+        except OSError as exc:
+            raise SourceError(f"{file.uri}: cannot read it ({exc.strerror}); it was there "
+                              "when listed") from exc
+        return replace(file, size=st.st_size, mtime_ns=st.st_mtime_ns)
+
+    def still_there(self, file: SourceFile) -> bool | None:
+        if file.is_stream or not file.local_path:
+            return None
+        return os.path.isfile(file.local_path) and os.access(file.local_path, os.R_OK)
+
+    def reads_at_uri(self, file: SourceFile) -> bool:
+        return file.local_path == file.uri  # not stdin's spool, nor a plain-named link
+
+    def known_empty(self, file: SourceFile) -> bool:
+        return file.size == 0
+
+
+SOURCE = LocalSource()

@@ -1,0 +1,145 @@
+"""Where a Kafka load starts: the kafka:// URI, each partition's committed end read
+from the target's ledger, and the plan from there to the high watermark, with a topic
+rewound, re-created or cut by retention below the ledger's end reported
+(docs/kafka.md: units and the exactly-once argument). Apart from kafka.py, which runs
+the rounds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from chload.commit.ledger import COMMITTING, LOADED, own_history
+from chload.core.run import FileResult
+from chload.errors import UsageError
+from chload.sources.kafka.read import Broker, Unit
+
+if TYPE_CHECKING:
+    from chload.targets.base import Target
+
+SCHEME = "kafka://"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSource:
+    """What `kafka://host:port[,host:port]/topic[,topic]` names."""
+
+    bootstrap: str
+    topics: tuple[str, ...]
+
+
+def parse_uri(sources: Sequence[str]) -> KafkaSource:
+    """The one kafka:// source of a load (several topics comma-separated)."""
+    if len(sources) != 1:
+        raise UsageError("a Kafka load takes one kafka://broker:port/topic source (several "
+                         "topics comma-separated); load files with another command")
+    rest = sources[0][len(SCHEME):]
+    bootstrap, _, path = rest.partition("/")
+    if "@" in bootstrap:
+        raise UsageError("kafka://: no credentials in the URI; pass them with --kafka-option "
+                         "sasl.username=... --kafka-option 'sasl.password=${VAR}'")
+    topics = tuple(t for t in path.strip("/").split(",") if t)
+    if not bootstrap or not topics or any("/" in t for t in topics):
+        raise UsageError(f"{sources[0]}: write kafka://broker:port/topic (several topics "
+                         "comma-separated)")
+    return KafkaSource(bootstrap.lower(), topics)
+
+
+# --------------------------------------------------------------------------- planning
+
+@dataclass(slots=True)
+class Partition:
+    """One partition's place: the next offset to load, the committed end the plan
+    started from (`after`), and up to where this run loads (`end`)."""
+
+    topic: str
+    partition: int
+    stream: str
+    topic_id: str
+    next: int
+    after: int
+    end: int
+    since_seq: int = 0
+    stopped: bool = False
+    streamed: int = 0  # rounds in which this run streamed a unit of it (kafka._stream_round)
+
+    def unit(self, rows: int) -> Unit:
+        return Unit(self.topic, self.partition, self.next, min(self.end, self.next + rows) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    end: int  # last offset of the stream's latest committed unit + 1
+    identity: str  # that unit's identity: '<topic id>:<first>-<last>'
+
+
+def stream_of(source: KafkaSource, topic: str, partition: int) -> str:
+    return f"{SCHEME}{source.bootstrap}/{topic}/{partition}"
+
+
+def committed(target: Target, database: str, name: str, display: str,
+              ) -> tuple[dict[str, Mark], int]:
+    """Each Kafka stream's committed end in the table's own history (ledger.own_history:
+    a table dropped, re-created or truncated starts again), and the ledger seq from
+    which events count (events before it were set aside)."""
+    live = {e.uri: e for e in target.ledger.latest(display)
+            if e.uri.startswith(SCHEME) and e.state in (COMMITTING, LOADED)}
+    own, _ = own_history(target.ledger.table_state(database, name), live)
+    since = max((e.seq for uri, e in live.items() if uri not in own), default=-1) + 1
+    marks: dict[str, Mark] = {}
+    for uri, event in own.items():
+        stream, _, span = uri.rpartition("/")
+        end = int(span.rpartition("-")[2]) + 1
+        if event.seq >= since and end > marks.get(stream, Mark(0, "")).end:
+            marks[stream] = Mark(end, event.identity)
+    return marks, since
+
+
+def plan(broker: Broker, source: KafkaSource, marks: dict[str, Mark], since: int,
+         force: bool) -> tuple[list[Partition], list[FileResult]]:
+    """Every partition of the source's topics, from its committed end (or low
+    watermark) to its high watermark now; and the partitions refused, with why."""
+    partitions: list[Partition] = []
+    refused: list[FileResult] = []
+    for topic in source.topics:
+        numbers = broker.partitions(topic)  # first: a broker down or no topic, said soon
+        topic_id = broker.topic_id(topic)
+        for number in numbers:
+            low, high = broker.watermarks(topic, number)
+            stream = stream_of(source, topic, number)
+            part = Partition(topic, number, stream, topic_id, low, 0, high, since)
+            problem = _place(part, marks.get(stream), low, high, force)
+            if problem:
+                refused.append(FileResult(stream, "failed", error=problem))
+            else:
+                partitions.append(part)
+    return partitions, refused
+
+
+def _place(part: Partition, mark: Mark | None, low: int, high: int, force: bool) -> str:
+    """Set where the partition starts from its ledger mark; or say why it cannot."""
+    if mark is None:
+        return ""
+    where = f"kafka {part.topic}/{part.partition}"
+    old_id = mark.identity.rpartition(":")[0]
+    if old_id and part.topic_id and old_id != part.topic_id:
+        if force:  # the new topic from its start; the old one's units are set aside
+            part.since_seq = time.time_ns()
+            return ""
+        return (f"{where}: the topic was re-created (id {part.topic_id}, the ledger's "
+                f"loads are of {old_id}); nothing loaded from it: pass --force to load the "
+                "new topic from its start")
+    part.next = part.after = mark.end
+    if mark.end > high:
+        return (f"{where}: offsets end at {high} but the ledger has loaded up to "
+                f"{mark.end - 1} (topic rewound or re-created); nothing loaded from it")
+    if mark.end < low:
+        if force:
+            part.next = low
+            return ""
+        return (f"{where}: offsets {mark.end}..{low - 1} were deleted (retention) before "
+                f"chload loaded them; nothing loaded from it: pass --force to go on from "
+                f"offset {low}, without them")
+    return ""

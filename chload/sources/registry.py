@@ -1,0 +1,115 @@
+"""The registry of sources: which module reads a URI scheme, found by name.
+
+The one place that names every kind of source. A kind is a module exposing `SOURCE` (a
+`Source`, sources/base.py); it is imported only when a run names its scheme, so the
+Kafka and database clients cost nothing to a load of files. A new kind of source is a
+module and a line in `KINDS` (and in `SCHEMES` for its URI schemes).
+
+Only the layers above the sources import this module (the API, the targets): a source
+never does, so no source is tied back to the list of all of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from chload.errors import UsageError
+from chload.sources.base import Source, SourceFile
+
+if TYPE_CHECKING:  # every kind's SOURCE is a Source: mypy checks every member
+    from chload.sources.databases.mysql import MysqlSource
+    from chload.sources.databases.postgres import PostgresSource
+    from chload.sources.files.hdfs import HdfsSource
+    from chload.sources.files.http import HttpSource
+    from chload.sources.files.local import LocalSource
+    from chload.sources.files.s3 import S3Source
+    from chload.sources.kafka.source import KafkaStreamSource
+
+    def _conforms(a: LocalSource, b: S3Source, c: HdfsSource, d: HttpSource,
+                  e: PostgresSource, f: MysqlSource, g: KafkaStreamSource) -> list[Source]:
+        return [a, b, c, d, e, f, g]
+
+
+# kind -> the module whose `SOURCE` lists and reads it
+KINDS: dict[str, str] = {
+    "local": "chload.sources.files.local",
+    "s3": "chload.sources.files.s3",
+    "hdfs": "chload.sources.files.hdfs",
+    "http": "chload.sources.files.http",
+    "postgres": "chload.sources.databases.postgres",
+    "mysql": "chload.sources.databases.mysql",
+    "kafka": "chload.sources.kafka.source",
+}
+
+# URI scheme -> kind. A path without a scheme (and `-`, standard input) is `local`.
+SCHEMES: dict[str, str] = {
+    "file": "local",
+    "s3": "s3",
+    "hdfs": "hdfs",
+    "http": "http",
+    "https": "http",
+    "postgresql": "postgres",
+    "postgres": "postgres",
+    "mysql": "mysql",
+    "mariadb": "mysql",
+    "kafka": "kafka",
+}
+
+
+def kind_of(pattern: str) -> str:
+    """Which kind of source reads what the user typed (a path, `-`, or scheme://...)."""
+    if "://" not in pattern:
+        return "local"
+    scheme = pattern.split("://")[0].lower()
+    if scheme not in SCHEMES:
+        raise UsageError(f"{pattern.split('@')[-1]}: {scheme}:// is not a source chload "
+                         "reads; use a path, s3://, hdfs://, http(s)://, kafka://, postgresql:// "
+                         "or mysql://")
+    return SCHEMES[scheme]
+
+
+def source_for(what: str | SourceFile) -> Source:
+    """The source that lists a pattern, or that listed a file (by its `kind`)."""
+    kind = what.kind if isinstance(what, SourceFile) else kind_of(what)
+    if kind not in KINDS:
+        raise NotImplementedError(f"{kind}: no reader for this kind of source")
+    source: Source = importlib.import_module(KINDS[kind]).SOURCE
+    return source
+
+
+def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
+    """The SQL table function with which the engine reads `file` itself (pull).
+
+    `structure` None means: let the engine infer it. One place per kind of source, so
+    targets never build source SQL (and secrets stay out of SQL text where possible).
+    """
+    return source_for(file).table_function(file, fmt, structure)
+
+
+def table_function_many(files: Sequence[SourceFile], fmt: str,
+                        structure: str | None) -> tuple[str, str] | None:
+    """One table function reading several files, and the SQL expression that gives each
+    row's file `uri`; None when the files cannot share one (read them one by one).
+
+    For object stores this is what makes many small objects fast: the engine reads a
+    `{a,b,c}` list of keys without listing, one query plan for the whole batch.
+    """
+    if len(files) < 2 or len({f.kind for f in files}) != 1:
+        return None
+    return source_for(files[0]).table_function_many(files, fmt, structure)
+
+
+def release(files: Iterable[SourceFile]) -> None:
+    """Release what listing made for each file (its source's `release`)."""
+    by_kind: dict[str, list[SourceFile]] = {}
+    for f in files:
+        by_kind.setdefault(f.kind, []).append(f)
+    for group in by_kind.values():
+        source_for(group[0]).release(group)
+
+
+def display(pattern: str) -> str:
+    """What the user typed, without secrets (Source.display)."""
+    return source_for(pattern).display(pattern)

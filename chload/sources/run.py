@@ -1,0 +1,130 @@
+"""The sources of one run (`RunSources`): one object per kind, opened once, closed at
+the end, so what a source keeps from listing to loading (a database snapshot) is the
+run's and not a global. Which module reads a kind comes from `Kinds` (the registry,
+given by the caller): nothing here names a kind of source.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from chload.sources.base import Source, SourceContext, SourceFile
+
+if TYPE_CHECKING:
+    from chload.schema import Column
+
+
+class Kinds(Protocol):
+    """Which source reads what (sources/registry.py is one)."""
+
+    def kind_of(self, pattern: str) -> str: ...
+
+    def source_for(self, what: str | SourceFile) -> Source: ...
+
+
+def _once(fetch: Callable[[], SourceFile]) -> SourceFile:
+    return fetch()
+
+
+class RunSources:
+    """The sources of one run: one object per kind (`Source.open`), so what a source
+    keeps from listing to loading (a database snapshot) is this run's, and ends with it
+    (`close`). Listing, fetching, releasing and describing go through here."""
+
+    def __init__(self, context: SourceContext, kinds: Kinds) -> None:
+        self.context = context
+        self.kinds = kinds
+        self._open: dict[str, Source] = {}
+        self._listed: dict[str, list[SourceFile]] = {}
+        self._guard = threading.Lock()
+
+    def of(self, what: str | SourceFile) -> Source:
+        """This run's object for the kind of source that lists `what`."""
+        kind = what.kind if isinstance(what, SourceFile) else self.kinds.kind_of(what)
+        with self._guard:
+            if kind not in self._open:
+                self._open[kind] = self.kinds.source_for(what).open()
+            return self._open[kind]
+
+    def list(self, pattern: str) -> list[SourceFile]:
+        files = self.of(pattern).list(pattern, self.context)
+        with self._guard:
+            self._listed.setdefault(self.kinds.kind_of(pattern), []).extend(files)
+        return files
+
+    def release(self, files: Iterable[SourceFile]) -> None:
+        """Release what listing made for these files now (a second spelling of one)."""
+        by_kind: dict[str, list[SourceFile]] = {}
+        for f in files:
+            by_kind.setdefault(f.kind, []).append(f)
+        for kind, group in by_kind.items():
+            with self._guard:
+                listed = self._listed.get(kind, [])
+                self._listed[kind] = [f for f in listed if all(f is not g for g in group)]
+            self.of(group[0]).release(group)
+
+    def close(self) -> None:
+        """The run is over: release every file still listed, end every source's session."""
+        with self._guard:
+            opened, listed = dict(self._open), self._listed
+            self._open, self._listed = {}, {}
+        try:
+            for kind, source in opened.items():
+                source.release(listed.get(kind, []))
+        finally:
+            for source in opened.values():
+                source.close()
+
+    def options(self) -> set[str]:
+        """The LoadSpec fields some source of this run reads (Source.options)."""
+        with self._guard:
+            return {name for source in self._open.values() for name in source.options}
+
+    def loads_alone(self, file: SourceFile) -> bool:
+        return self.of(file).loads_alone(file)
+
+    def columns(self, files: Sequence[SourceFile]) -> builtins.list[Column] | None:
+        """The data's columns as its source knows them; None (infer them) when it does
+        not, or when the files are of several kinds."""
+        if not files or len({f.kind for f in files}) != 1:
+            return None
+        return self.of(files[0]).columns(files)
+
+    def sorting_key(self, files: Sequence[SourceFile]) -> str | None:
+        if not files or len({f.kind for f in files}) != 1:
+            return None
+        return self.of(files[0]).sorting_key(files)
+
+    def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
+               rejects: bool) -> None:
+        """The run's table as the target stores it, before any unit is fetched: told to
+        the sources that check values against it (a database's, database.py `stored`)."""
+        with self._guard:
+            opened = list(self._open.values())
+        for source in opened:
+            source.stored(columns, read, engine, rejects)
+
+    @contextlib.contextmanager
+    def fetched(self, files: Sequence[SourceFile], columns: Sequence[Column],
+                attempt: Callable[[Callable[[], SourceFile]], SourceFile] = _once,
+                ) -> Iterator[tuple[SourceFile, ...]]:
+        """`files` readable by the engine (Source.fetch into the context's workdir, each
+        call made by `attempt`, e.g. with retries) for the duration of their load; what
+        a fetch made (a spool) is released by its source after, loaded or not."""
+        workdir = self.context.workdir
+        made: list[tuple[Source, SourceFile, SourceFile]] = []
+        try:
+            for f in files:
+                source = self.of(f)
+                copy = attempt(functools.partial(source.fetch, f, columns, workdir))
+                made.append((source, f, copy))
+            yield tuple(copy for _, _, copy in made)
+        finally:
+            for source, original, copy in made:
+                if copy is not original:
+                    source.release([copy])
