@@ -36,7 +36,7 @@ from chload.errors import UsageError
 from chload.runtime.adaptive import MAX_STREAMS, Controller
 from chload.runtime.monitor import Monitor
 from chload.sources import registry
-from chload.sources.base import SourceContext, SourceFile
+from chload.sources.base import SourceContext, SourceFile, Stream
 from chload.sources.registry import kind_of
 from chload.sources.run import RunSources
 from chload.targets.base import LoadJob, Target
@@ -44,16 +44,14 @@ from chload.targets.registry import TargetSpec, open_target
 
 if TYPE_CHECKING:
     from chload.core.validate import FileCheck as FileCheck
-    from chload.core.validate import validate as validate
 
 
 def __getattr__(name: str) -> Any:
-    """`validate` and `FileCheck`, from validation.py when first asked for: a load
-    does not import it."""
-    if name in ("validate", "FileCheck"):
-        from chload.core import validate as validation
+    """`FileCheck`, from core/validate.py when first asked for: a load does not import it."""
+    if name == "FileCheck":
+        from chload.core.validate import FileCheck
 
-        return getattr(validation, name)
+        return FileCheck
     raise AttributeError(f"module 'chload.api' has no attribute {name!r}")
 
 
@@ -215,8 +213,9 @@ def _target_spec(target: str | None, create: bool = True) -> TargetSpec:
 def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None) -> LoadReport:
     """`load` into a target already open (kept open): any `targets.Target`, e.g. the
     unit tests' in-memory one. `spec.target` is not looked at."""
-    if any(s.lower().startswith("kafka://") for s in spec.sources):  # a stream: units
-        return _load_stream(spec, target, listener or (lambda event: None))  # by rounds
+    stream = registry.stream_of(spec.sources)
+    if stream is not None:  # a stream: its units round by round
+        return _load_stream(spec, target, listener or (lambda event: None), stream)
     # A pipe is read once: not where rejected rows are read again (an error budget)
     pipes = target.reads_pipes and not spec.budget.allows_errors
     context = replace(_source_context(spec, target), pipes=pipes)
@@ -229,43 +228,41 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
         sources.close()  # what listing made, and what a source kept for the run
 
 
-def _load_stream(spec: LoadSpec, target: Target, listener: Listener) -> LoadReport:
-    """A Kafka load (sources/kafka.py): each round's units through `_load`, one run.
-    Imported here: confluent-kafka and the module cost ~9 ms of every other start."""
-    from chload.sources.kafka import source as kafka
-
+def _load_stream(spec: LoadSpec, target: Target, listener: Listener,
+                 stream: Stream) -> LoadReport:
+    """A stream's load (a Kafka topic): each round's units through `_load`, one run."""
     started_ns, clock = time.time_ns(), time.monotonic()
     table = planner.parse_table(spec.table, _default_database(target))
     report = LoadReport(table.display, target.display, os.urandom(6).hex())
-    options = kafka.Options(spec.batch_rows or kafka.BATCH_ROWS,
-                            spec.batch_seconds or kafka.BATCH_SECONDS, spec.follow,
-                            spec.kafka_options)
     sources = RunSources(_source_context(spec, target), registry)  # spooled units: local files
+    added = stream.audit_columns if spec.audit else None
     try:
-        kafka.load(spec, target, listener, lambda units, workers, schema: _load(
+        stream.rounds(spec, target, listener, lambda units, workers, schema: _load(
             replace(spec, workers=spec.workers or workers, schema=schema or spec.schema),
-            target, sources, units, listener, run_id=report.run_id, record=False),
-            table, report, options)
+            target, sources, units, listener, run_id=report.run_id, record=False,
+            added=added), table, report)
     finally:
         sources.close()
     report.seconds = time.monotonic() - clock
-    _finish(target, _run_record(spec, report, started_ns))
+    _finish(target, _run_record(spec, report, started_ns, sources))
     return report
 
 
 def _load(spec: LoadSpec, target: Target, sources: RunSources, listed: list[SourceFile],
-          listener: Listener, run_id: str = "", record: bool = True) -> LoadReport:
+          listener: Listener, run_id: str = "", record: bool = True,
+          added: planner.AddColumns | None = None) -> LoadReport:
     """Into `target`, or into each shard of its Distributed table (targets/cluster.py)."""
     table = planner.parse_table(spec.table, _default_database(target))
     with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
-        report = _load_table(spec, t, table, sources, listed, listener, run_id, record)
+        report = _load_table(spec, t, table, sources, listed, listener, run_id, record,
+                             added)
         report.shards = t.shard_report()
         return report
 
 
 def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources: RunSources,
                 listed: list[SourceFile], listener: Listener, run_id: str = "",
-                record: bool = True) -> LoadReport:
+                record: bool = True, added: planner.AddColumns | None = None) -> LoadReport:
     started_ns, clock = time.time_ns(), time.monotonic()
     _check_settings(target, spec.settings)
     report = LoadReport(table.display, target.display, run_id or os.urandom(6).hex())
@@ -288,7 +285,7 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
             target, table, plan.to_load, existing=existing, schema=spec.schema,
             order_by=spec.order_by or sources.sorting_key(plan.to_load),
             partition_by=spec.partition_by, audit=spec.audit, budget=spec.budget,
-            described=described,
+            described=described, sources=sources, added=added,
             dates_told="date_time_input_format" in dict(spec.settings),
         )
         if not state.exists:
@@ -337,7 +334,7 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
                 for uri, why in plan.refused.items()]
     _summarize(report, results, plan, time.monotonic() - clock)
     if record:
-        _finish(target, _run_record(spec, report, started_ns))
+        _finish(target, _run_record(spec, report, started_ns, sources))
     return report
 
 
@@ -500,3 +497,72 @@ def _opened(target: object) -> Iterator[Target]:
     finally:
         t.close()
 
+
+_VALIDATE_OPTIONS = ("target", "format", "compression", "schema", "max_errors",
+                     "max_error_ratio", "s3_endpoint")
+
+
+def validate(sources: Sources | LoadSpec, table: str | None = None, *,
+             target: TargetName = None, format: str | None = None,
+             compression: str | None = None, schema: str | None = None,
+             max_errors: int | None = None, max_error_ratio: float | None = None,
+             s3_endpoint: str | None = None, **unknown: object) -> list[FileCheck]:
+    """Parse every row of every source against the table's (or the inferred) schema.
+
+    Takes what load() takes: sources and table= with options, or the LoadSpec a load
+    would be given (its options that only shape a load, such as order_by, workers or
+    settings, change nothing here).
+
+    Writes nothing to the table or the ledger: bad rows are counted by the engine into
+    a temporary errors file, outside the target. With an error budget, each file says
+    whether a load with that budget would take it, and inference is the load's. Before
+    the first load into an embedded target (no directory yet) the data is checked in a
+    scratch engine, removed after: nothing is left behind.
+    """
+    from chload.core.validate import check_files
+
+    options.no_unknown("validate", unknown, _VALIDATE_OPTIONS)
+    given = dict(target=target, format=format, compression=compression, schema=schema,
+                 max_errors=max_errors, max_error_ratio=max_error_ratio,
+                 s3_endpoint=s3_endpoint)
+    if isinstance(sources, LoadSpec):
+        if table is not None or any(v is not None for v in given.values()):
+            raise UsageError("validate(): given a LoadSpec, put the table and options in it")
+        spec = sources
+    else:
+        spec = _spec("validate", sources, table, given)
+    with _validating(spec.target) as t:
+        name = planner.parse_table(spec.table, _default_database(t))
+        existing = t.table_columns(name.sql)
+        context = _source_context(spec, t)
+        run_sources = RunSources(context, registry)
+        try:
+            listed = _list_sources(spec, run_sources)
+            with _engine_credentials(context):
+                return check_files(t, spec, name, existing, run_sources, listed)
+        finally:
+            run_sources.close()
+
+
+@contextlib.contextmanager
+def _validating(target: str | None) -> Iterator[Target]:
+    """The target to validate against: the named one if it exists; an embedded one not
+    made yet (before the first load) is a scratch directory, removed after (no table
+    there: the data's own columns are checked)."""
+    import shutil
+    import tempfile
+
+    spec = _target_spec(target, create=False)
+    if spec.url is not None or os.path.isdir(spec.where):
+        with _opened(target) as t:
+            yield t
+        return
+    scratch = tempfile.mkdtemp(prefix="chload-validate-")
+    try:
+        t = open_target(TargetSpec(scratch))
+        try:
+            yield t
+        finally:
+            t.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -18,7 +18,6 @@ from chload.errors import ChloadError
 from chload.formats import HEADER_FORMATS, JSON_LINES, FileFormat
 from chload.schema import decide_header, header_columns
 from chload.sources.base import SourceFile
-from chload.sources.registry import source_for
 from chload.targets.base import Target
 
 
@@ -147,7 +146,7 @@ def _first_text(target: Target, file: SourceFile, local: bool = True) -> str | N
 def samples(files: Iterable[SourceFile], limit: int = 3) -> list[SourceFile]:
     """The files worth asking about a schema: the first few not known to be empty (a
     remote object of size 0 may just not have said its size: Source.known_empty)."""
-    return [f for f in files if not source_for(f).known_empty(f)][:limit]
+    return [f for f in files if not f.empty][:limit]
 
 
 def rows_before_blank_tail(target: Target, file: SourceFile) -> int | None:

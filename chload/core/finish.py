@@ -20,7 +20,7 @@ from chload.core.run import Event, FileResult, Listener
 from chload.errors import TerminalError, UsageError
 from chload.schema import quote_str, settings_sql
 from chload.sources.base import SourceFile
-from chload.sources.registry import display
+from chload.sources.run import RunSources
 from chload.targets.base import Target
 
 if TYPE_CHECKING:
@@ -114,10 +114,12 @@ def _summarize(report: LoadReport, results: list[FileResult], plan: planner.Plan
     report.created_table = plan.created_table
 
 
-def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int) -> RunRecord:
+def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int,
+                sources: RunSources) -> RunRecord:
     status = "ok" if report.ok else "failed" if not report.files_loaded else "partial"
     return RunRecord(
-        report.run_id, report.table, " ".join(display(s) for s in spec.sources), started_ns,
+        report.run_id, report.table, " ".join(sources.display(s) for s in spec.sources),
+        started_ns,
         time.time_ns(),
         report.files_total, report.files_loaded, report.files_skipped, report.files_failed,
         report.rows_loaded, report.rows_rejected, report.bytes_read, report.seconds, status,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from chload.commit.ledger import FileEvent
@@ -40,7 +40,11 @@ from chload.schema import (
     quote_ident,
 )
 from chload.sources.base import SourceFile
+from chload.sources.run import RunSources
 from chload.targets.base import Target
+
+# columns a stream's reader writes into each row (--audit): (target, data, format, inferred)
+AddColumns = Callable[[Target, list[Column], str, bool], list[Column]]
 
 # Formats whose rows carry no column names, so a table's columns cannot stand in.
 POSITIONAL_FORMATS = {"CSV", "TSV", "TabSeparated", "CSVWithNames", "TSVWithNames",
@@ -142,7 +146,8 @@ def prepare_table(
     existing: list[Column] | None, schema: str | None, order_by: str | None,
     partition_by: str | None, audit: bool, create: bool = True,
     budget: ErrorBudget | None = None, described: list[Column] | None = None,
-    dates_told: bool = False,
+    dates_told: bool = False, sources: RunSources | None = None,
+    added: AddColumns | None = None,
 ) -> tuple[list[Column], list[Column], bool]:
     """Create the table if needed; return (table columns, read columns, created).
     `existing`: the table's columns (target.table_columns), None if it does not exist.
@@ -168,10 +173,8 @@ def prepare_table(
         _same_names(files, described, given or [])
     data = given if given is not None else _data_columns(target, files, existing, tolerate,
                                                          dates_told)
-    if audit and files and files[0].uri.startswith("kafka://"):  # columns the reader adds
-        from chload.sources.kafka.source import with_kafka_columns
-
-        data = with_kafka_columns(target, data, files[0].format.name, given is None)
+    if audit and files and added is not None:  # columns a stream's reader adds
+        data = added(target, data, files[0].format.name, given is None)
     created = False
     if existing is None and not create:
         return data, data, False
@@ -184,20 +187,17 @@ def prepare_table(
     matched = match_columns(table.display, existing, data, audit)
     read = data if given is not None else matched
     if files and all(f.format.name in NAMED_FORMATS for f in files):
-        read = fit.widened(read, _wider_in_files(target, files, read))
-    elif files and all(f.format.name in LINE_FORMATS and f.kind in _FILE_KINDS for f in files):
+        read = fit.widened(read, _wider_in_files(target, files, read, sources))
+    elif (files and all(f.format.name in LINE_FORMATS for f in files)
+          and sources is not None and sources.reads_in_place(files)):
         read = fit.widened(read, {c.name for c in read if fit.narrow_int(c.type)})
     return matched, read, created
 
 
-_DESCRIBED = ("local", "s3", "hdfs", "http")  # sources whose files DESCRIBE reads
-# Sources of files (stdin too): a database's ranges have their own range checks
-# (sources/db_range.py), Kafka's units are read as before
-_FILE_KINDS = _DESCRIBED
 
 
-def _wider_in_files(target: Target, files: Sequence[SourceFile],
-                    read: Sequence[Column]) -> set[str]:
+def _wider_in_files(target: Target, files: Sequence[SourceFile], read: Sequence[Column],
+                    sources: RunSources | None) -> set[str]:
     """The narrow integer columns (fit.widened) that a typed file holds in another type
     (an Int64 for a UInt8 column), asked of the first and the last file (their footers:
     DESCRIBE), only when the table has such a column. Read wide and checked, every such
@@ -207,8 +207,9 @@ def _wider_in_files(target: Target, files: Sequence[SourceFile],
     a file among them holding a wider type is read as before (its number wraps). A file
     that cannot be described is taken as wider."""
     narrow = {c.name: c.type for c in read if fit.narrow_int(c.type)}
-    if not narrow or any(f.is_stream or f.kind not in _DESCRIBED for f in files):
-        return set()  # (a stream, Kafka's messages: read as before)
+    if (not narrow or sources is None or any(f.is_stream for f in files)
+            or not sources.reads_in_place(files)):
+        return set()  # (stdin, a stream's or a database's units: read as before)
 
     def wider(f: SourceFile) -> set[str]:
         try:

@@ -19,8 +19,12 @@ from typing import TYPE_CHECKING, Protocol
 from chload.formats import FileFormat
 
 if TYPE_CHECKING:
+    from chload.api import LoadReport, LoadSpec
+    from chload.core.plan import TableName
+    from chload.core.run import Listener
     from chload.schema import Column
     from chload.sources.files.aws import S3Settings
+    from chload.targets.base import Target
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,7 @@ class SourceFile:
     # secret); a unit fetched before loading (Source.fetch): what its source reads
     anonymous: bool = False  # s3: no credentials, read unsigned (public buckets)
     position: StreamPosition | None = None  # a unit of a stream (Kafka): see StreamPosition
+    empty: bool = False  # surely holds no bytes (Source.known_empty, asked when listed)
     aliases: tuple[str, ...] = ()  # other uris a ledger may know it by: a path's abspath
     # spelling, which chload 0.1.0 recorded before uris became the realpath
 
@@ -134,9 +139,11 @@ class Source(Protocol):
       given while no source of the run reads them, they are a usage error.
     """
 
-    kind: str  # the module's name; SourceFile.kind of what it lists
+    kind: str  # the kind's name in the registry; SourceFile.kind of what it lists
     schemes: tuple[str, ...]  # the URI schemes it reads (SCHEMES says the same)
     options: tuple[str, ...]  # LoadSpec fields only this kind reads
+    reads_in_place: bool  # the engine reads its units where they are (files, objects):
+    # DESCRIBE reads a typed file's own columns, and values are checked as the engine reads
 
     def open(self) -> Source:
         """The object that lists, fetches and releases this run's units: `self`, unless
@@ -220,6 +227,7 @@ class InPlace:
     columns inferred by the engine, shown as typed."""
 
     options: tuple[str, ...] = ()
+    reads_in_place = True
 
     def open(self) -> Source:
         return self  # type: ignore[return-value]  # the subclass is the Source
@@ -274,3 +282,24 @@ class RemoteSource(InPlace):
 
     def known_empty(self, file: SourceFile) -> bool:
         return False
+
+
+# loads one round's units as one load, each unit exactly once: (units, workers, schema)
+LoadRound = Callable[[list[SourceFile], int | None, str | None], "LoadReport"]
+
+
+class Stream(Protocol):
+    """A source whose units are planned and read round by round (a Kafka topic), not
+    listed once: the API hands it the run and a `LoadRound` that loads each round."""
+
+    def rounds(self, spec: LoadSpec, target: Target, listener: Listener,
+               load_round: LoadRound, table: TableName, report: LoadReport) -> None:
+        """Load the spec's streams into `table` round by round, adding each round's
+        results to `report`, until caught up (or, following, until stopped)."""
+        ...
+
+    def audit_columns(self, target: Target, data: list[Column], fmt: str,
+                      inferred: bool) -> list[Column]:
+        """--audit: the data's columns with those the stream's reader writes into each
+        row, at the types the target stores them."""
+        ...

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from chload.errors import UsageError
-from chload.sources.base import Source, SourceFile
+from chload.sources.base import Source, SourceFile, Stream
 
 if TYPE_CHECKING:  # every kind's SOURCE is a Source: mypy checks every member
     from chload.sources.databases.mysql import MysqlSource
@@ -56,6 +56,20 @@ SCHEMES: dict[str, str] = {
     "mariadb": "mysql",
     "kafka": "kafka",
 }
+
+
+STREAMS = ("kafka",)  # kinds loaded round by round: their SOURCE is also a `Stream`
+
+
+def stream_of(patterns: Sequence[str]) -> Stream | None:
+    """The `Stream` that loads these patterns, when they name a stream (a Kafka topic);
+    None for files and tables. Its module is imported only then."""
+    kinds = {kind_of(p) for p in patterns}
+    stream = next((k for k in STREAMS if k in kinds), None)
+    if stream is None:
+        return None
+    source: Stream = importlib.import_module(KINDS[stream]).SOURCE
+    return source
 
 
 def kind_of(pattern: str) -> str:

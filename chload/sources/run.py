@@ -11,6 +11,7 @@ import contextlib
 import functools
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 from chload.sources.base import Source, SourceContext, SourceFile
@@ -52,7 +53,9 @@ class RunSources:
             return self._open[kind]
 
     def list(self, pattern: str) -> list[SourceFile]:
-        files = self.of(pattern).list(pattern, self.context)
+        source = self.of(pattern)
+        files = [replace(f, empty=True) if source.known_empty(f) else f
+                 for f in source.list(pattern, self.context)]
         with self._guard:
             self._listed.setdefault(self.kinds.kind_of(pattern), []).extend(files)
         return files
@@ -84,6 +87,15 @@ class RunSources:
         """The LoadSpec fields some source of this run reads (Source.options)."""
         with self._guard:
             return {name for source in self._open.values() for name in source.options}
+
+    def display(self, pattern: str) -> str:
+        """`pattern` without its secrets (Source.display)."""
+        return self.kinds.source_for(pattern).display(pattern)
+
+    def reads_in_place(self, files: Sequence[SourceFile]) -> bool:
+        """True when the engine reads every one of `files` where it is (a file, an
+        object, stdin's spool; not a unit a source makes readable)."""
+        return all(self.of(f).reads_in_place for f in files)
 
     def loads_alone(self, file: SourceFile) -> bool:
         return self.of(file).loads_alone(file)

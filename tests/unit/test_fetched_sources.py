@@ -34,6 +34,7 @@ class RangeSource:
     kind = "ranges"
     schemes: tuple[str, ...] = ("ranges",)
     options: tuple[str, ...] = ("query",)
+    reads_in_place = False
 
     def __init__(self, log: dict[str, list]) -> None:
         self.log = log

@@ -420,6 +420,7 @@ class DatabaseSource:
     kind = ""
     schemes: tuple[str, ...] = ()
     options: tuple[str, ...] = ("query", "incremental_by")
+    reads_in_place = False  # a range is read by the source's own query
 
     def __init__(self) -> None:
         self.session: Session | None = None

@@ -292,7 +292,8 @@ def _stream_schema(reader: SpoolReader, fmt: FileFormat, due: list[Partition], s
         files = _one_sample([s.file for s in spools if s.file.size], spool)
         data, _, _ = planner.prepare_table(target, table, files, existing=None, schema=None,
                                            order_by=None, partition_by=None,
-                                           audit=bool(audit), create=False)
+                                           audit=bool(audit), create=False,
+                                           added=with_kafka_columns)
     except ChloadError as exc:
         return None, f"the columns of a sample of the first messages: {exc}"
     finally:
@@ -468,6 +469,17 @@ class KafkaStreamSource(RemoteSource):
 
     kind = "kafka"
     schemes: tuple[str, ...] = ("kafka",)
+    reads_in_place = False  # offsets are spooled or piped by the reader
+
+    def rounds(self, spec: LoadSpec, target: Target, listener: Listener,
+               load_round: LoadRound, table: Any, report: LoadReport) -> None:
+        options = Options(spec.batch_rows or BATCH_ROWS, spec.batch_seconds or BATCH_SECONDS,
+                          spec.follow, spec.kafka_options)
+        load(spec, target, listener, load_round, table, report, options)
+
+    def audit_columns(self, target: Target, data: list[Column], fmt: str,
+                      inferred: bool) -> list[Column]:
+        return with_kafka_columns(target, data, fmt, inferred)
 
     def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
         raise UsageError(f"{pattern}: a Kafka topic is read by `chload load` alone (its units "
