@@ -5,7 +5,7 @@ takes and drops the lock, and a part of `chload.files` (15 columns) cost 18.16 3
 of CPU on an idle server and up to 29 ms while a load's INSERTs ran (traced on 2
 cores), taken from the streams the server parses. Stages committed as soon as filled
 went in small groups (16 gzip CSV files at 8 streams: 5 groups, 7 ledger parts a run).
-So a filled stage waits here for others and they commit as one group (commit.py
+So a filled stage waits here for others and they commit as one group (committer.py
 `commit_group`), when the first of these holds:
 
 - fewer than `slack` units of this target are being filled: the load's last round,
@@ -20,7 +20,7 @@ So a filled stage waits here for others and they commit as one group (commit.py
 
 Nothing of the exactly-once protocol changes: the group is committed by the committer
 as any group is. A unit that follows a stream (a Kafka range) commits at once, in its
-order (rule 5 of commit.py).
+order (rule 5 of committer.py).
 """
 
 from __future__ import annotations

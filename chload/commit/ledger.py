@@ -13,7 +13,7 @@ File states:
          `-> failed    `-> (crash) recovery decides: loaded, or loading again
 
 `committing` carries the stage table and a `mark` the target needs to tell, after a
-crash, whether the stage was already attached (see targets/commit.py). So `loaded`
+crash, whether the stage was already attached (see commit/committer.py). So `loaded`
 events may wait a little and go in batches (`LoadedEvents`).
 
 Every event also names the table it went into by its `table_uuid`, where the engine
@@ -285,7 +285,7 @@ class LoadedEvents:
     """`loaded` events waiting to be written: every second or so, and at flush().
 
     After a commit, `committing` (with the stage and mark) already settles a crash
-    (targets/commit.py), so `loaded` may wait and share one INSERT with others; on a
+    (commit/committer.py), so `loaded` may wait and share one INSERT with others; on a
     server that is a round trip less per file. `add` never raises: the file is
     committed, and an error here must not make the runner load it again (events that
     could not be written are tried again by the next write).

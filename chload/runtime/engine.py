@@ -7,7 +7,7 @@ A chDB session runs one query at a time (a second thread's `SELECT 1` waits for 
 first thread's INSERT to finish), but several sessions on one path run in parallel:
 measured on 2 cores, two 5-file inserts took 1.79 s on two sessions, 3.24 s on one.
 So each thread gets its own session. The same class, in memory, is a server target's
-loader engine (targets/push.py).
+loader engine (server/push.py).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ LOCK_NAME = ".chload.lock"
 #   (mmap), so RSS grew with the file: 5.8 GB for a 5 GB gzip CSV, 3.3 GB for the
 #   Parquet file. pread reads through bounded buffers at the same speed.
 # - BLOCK_SETTINGS, for an insert of much data (the embedded target sets them per
-#   insert, only there: targets/embedded.py LARGE_UNIT_BYTES).
+#   insert, only there: embedded/target.py LARGE_UNIT_BYTES).
 SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
     ("storage_file_read_method", "pread"),
     ("compile_aggregate_expressions", "0"),

@@ -1,4 +1,4 @@
-"""The end of a cluster load, apart from the loading itself (cluster.py): the stages'
+"""The end of a cluster load, apart from the loading itself (cluster/target.py): the stages'
 and route tables' drops (on threads of their own, waited for by flush and close), the
 shard servers' counters read at the start and the end of the data (shard_load.py), the
 per-shard report, and the shards' last writes and closing.
@@ -76,7 +76,7 @@ class Ending:
         on 40 threads at once slowed the writes and held the loader's GIL: the run's end
         started 14 ms after the last attach, the writes took 20-26 ms instead of 10-17;
         in turn, a DROP takes ~1.2 ms. A stage left by a crash before is an orphan the
-        next run drops (commit.py rule 6)."""
+        next run drops (committer.py rule 6)."""
         with self._busy_guard:
             drops, self._end_drops = self._end_drops, {}
         for shard in self.shards:

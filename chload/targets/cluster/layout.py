@@ -1,7 +1,7 @@
 """What a Distributed table is made of, read from the servers before any row: its engine's
 arguments, the cluster's layout in system.clusters, one ServerTarget per shard (its first
 replica that answers, checked to be of that shard), and the shards' local tables checked
-alike. Apart from cluster.py, which loads into what this module opened, so the loading
+alike. Apart from cluster/target.py, which loads into what this module opened, so the loading
 paths read apart from the metadata they rest on.
 """
 

@@ -5,7 +5,7 @@
         [--shard HOST:TCP_PORT=http://HOST:HTTP_PORT ...] [--shard-by file]
 
 A target is a list of shards (DESIGN principle 6). When --table on a server target is a
-`Distributed(cluster, db, local, key)` table, `for_table` (cluster_open.py) opens one
+`Distributed(cluster, db, local, key)` table, `for_table` (cluster/open.py) opens one
 ServerTarget per shard (its first replica that answers) with its own ledger (`chload.files` on that
 shard), committer and lock, and loads each shard's local table:
 
@@ -322,7 +322,7 @@ class ClusterTarget(Ending):
         committed, failed = self._round.commit(
             Unit(job, stage, todo, shares, done, by_file), self._commit)
         # A commit that may have attached (not a TransientError) keeps its stage: the
-        # shard's next run settles it by the mark rule (commit.py rule 4).
+        # shard's next run settles it by the mark rule (committer.py rule 4).
         keep = {n for n, exc in failed.items() if not isinstance(exc, TransientError)}
         self._drop_stage(stage, [s for s in self.shards if s.number not in keep])
         if failed:
@@ -374,7 +374,7 @@ class ClusterTarget(Ending):
 
     def _commit(self, units: list[Unit]) -> list[tuple[set[int], dict[int, BaseException]]]:
         """Each unit's share on each shard into its local table with its own ledger
-        entry, each shard's units as one group (commit.py `commit_group`), the shards at
+        entry, each shard's units as one group (committer.py `commit_group`), the shards at
         once; per unit, the shards that attached its share and the errors of those that
         failed. A shard that fails stops nothing of the others: a retry loads only the
         shards still lacking the unit. A batch's files get their own rows of the shard

@@ -2,7 +2,7 @@
 
 Small files are batched and medium ones share stages, so that many files do not cost a
 stage and a commit each; every group is one INSERT through a Null table and two views
-(embedded.py `_load_flow`), which runs on one thread: so groups come at least one per
+(embedded/target.py `_load_flow`), which runs on one thread: so groups come at least one per
 worker, of about equal parsing work.
 """
 

@@ -14,7 +14,7 @@ created by ServerTarget, on the main thread). The thread imports nothing (an imp
 two threads at once can deadlock on a circular one): whatever it runs is imported by
 `begin`. Any failure leaves nothing, and the load asks again and reports it as ever.
 An answer read 20-30 ms early is one a run started that much earlier would have read:
-the commit protocol does not trust it any more than that (commit.py).
+the commit protocol does not trust it any more than that (committer.py).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ through the loader's engine (push), a batch streamed through that engine (one IN
 for all its files, their rows counted on the way: `_flow`; over https gathered there
 first: `_gather`); and how many rows go into each part the server writes.
 
-Split from server.py, whose ServerTarget mixes `StageFilling` in: these are the ways
-into a fresh stage (server.py's docstring says when each is taken, and why); the
-target itself connects, runs SQL, and commits (commit.py).
+Split from server/target.py, whose ServerTarget mixes `StageFilling` in: these are the ways
+into a fresh stage (server/target.py's docstring says when each is taken, and why); the
+target itself connects, runs SQL, and commits (committer.py).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ DEFAULT_PART_ROWS, MAX_PART_ROWS = 1 << 20, 1 << 26  # ... within these (server 
 PARQUET_BLOCK_BYTES, PARQUET_DEFAULT_ROWS = 16 << 20, 65409  # a pushed Parquet block
 SERIAL_PARSE_BELOW = 1 << 20  # files (as stored) a push parses without parallel parsing
 PIPE_PART_BYTES = 512 << 20  # ... and for a piped unit (a database range, at most about
-# 3M rows: sources/database.py RANGE_ROWS): its stage in one part, so no merge after the
+# 3M rows: sources/databases/base.py RANGE_ROWS): its stage in one part, so no merge after the
 # stream (docs/databases.md "What bounds each run")
 
 
@@ -148,7 +148,7 @@ class StageFilling:
     def _part_rows(self, job: LoadJob, budget: int = PART_BYTES) -> int:
         """Rows per part the server writes: one part per file up to `budget` bytes of
         rows in memory (~128 MB; a piped database range 512 MB), so most stages need no
-        merge before the attach (commit.py rule 2). Measured into 18.16, a 2M-row range
+        merge before the attach (committer.py rule 2). Measured into 18.16, a 2M-row range
         as one part instead of two: server CPU 0.56-0.83 s against 0.92-1.07, the 0.2-0.37 s
         merge after the stream gone (bench/databases.py variant `onepart`)."""
         width = sum(_width(c.type) for c in job.columns) + (64 if job.audit else 0)

@@ -3,7 +3,7 @@
 Two ways into a stage differ in what a group costs (fill.py):
 
 - *raw*: the server parses each file of a group in its own request, a part each, and
-  the parts are merged to one before the attach (commit.py rule 2). That merge cost
+  the parts are merged to one before the attach (committer.py rule 2). That merge cost
   18.16 about what parsing the rows again does (2 gzip CSV files of 250,000 rows:
   OPTIMIZE FINAL 117 ms, posting one file 136 ms), so only small files (< 512 KB,
   ~100,000 rows), whose own stage and commit (~5 requests) cost more, share a stage;

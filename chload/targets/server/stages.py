@@ -1,7 +1,7 @@
 """A server target's stages, around their filling (fill.py): how many data requests
 run at once and when the files beyond them create their stages (`Streams`,
 `streams_for`), sealing a filled stage to one part per partition (`seal`),
-which the attach needs (commit.py rule 2), and the server's watch (`ServerWatch`).
+which the attach needs (committer.py rule 2), and the server's watch (`ServerWatch`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ STAGING = 2  # files in flight beyond the streams, at least (see ServerTarget.op
 
 
 def seal(server: ServerTarget, stage: str, sleep: Sleep | None = None) -> tuple[int, list[str]]:
-    """Rows in the stage and its partitions, each merged to one part (commit.py rule 2).
+    """Rows in the stage and its partitions, each merged to one part (committer.py rule 2).
 
     A big stage (a file of millions of rows is several inserted blocks) is being merged in
     the background while it is sealed, and 18.16 refuses an OPTIMIZE whose parts a merge
