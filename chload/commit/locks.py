@@ -29,8 +29,8 @@ from chload.errors import ChloadError, EngineError, TransientError, missing_tabl
 from chload.runtime.retry import RetryPolicy
 from chload.schema import quote_str
 
-try:  # CPython's own SHA-1: the same digest as hashlib's, without loading OpenSSL (3-4 ms
-    from _sha1 import sha1  # of every start); names of locks and machines only
+try:  # CPython's own SHA-1: the same digest as hashlib's, without loading OpenSSL at
+    from _sha1 import sha1  # every start; names of locks and machines only
 except ImportError:  # pragma: no cover -- a Python built without it
     from hashlib import sha1
 

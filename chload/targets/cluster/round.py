@@ -61,10 +61,8 @@ class Round:
       waits until no unit is still routing. Then each shard commits them as one group
       (committer.py: one survey, each stage logged and attached in turn), and the local
       tables get their parts once the servers are done parsing: attaching as units
-      came in started the tables' merges while the rest still routed (measured on 3
-      servers sharing 2 cores, 10 files of 1M rows: routing into stages cost the
-      servers 2.4-2.5 s of CPU, inserting into the Distributed table, which merges
-      meanwhile, 2.8-3.3 s). Earlier rounds of a long load commit as they come: no
+      came in started the tables' merges while the rest still routed, which cost the
+      servers more CPU. Earlier rounds of a long load commit as they come: no
       stream waits for a round's slowest unit.
     """
 

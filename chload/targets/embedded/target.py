@@ -5,8 +5,8 @@ Exactly once per file, without a column of ours in the user's table:
 1. `INSERT INTO chload.stage_<machine>_<pid>_<id> SELECT ... FROM file(...)`: the engine
    parses and writes into a fresh table shaped like the target (`CREATE TABLE ... AS`);
 2. the committer (committer.py, the same as a server's) logs `committing` with the
-   table's `mark` and the stage's name, then attaches the stage (`ALTER TABLE t ATTACH
-   PARTITION ... FROM chload.stage_...`, hard links, milliseconds);
+   table's `mark` and the stage's name, then attaches the stage's partitions
+   (commit/attach.py; hard links, cheap);
 3. ledger `loaded` (written in batches: the `committing` event already settles a crash)
    and drop the stage.
 
@@ -167,8 +167,8 @@ class EmbeddedTarget:
         return streams  # a file in flight is a file loading: none waits staged
 
     def default_workers(self, files: Sequence[SourceFile]) -> int:
-        # Measured on 2 cores, 20 gzip CSV files: 2 parallel per-file inserts beat one
-        # glob query by ~10%; more than 2 per core adds nothing.
+        # Parallel per-file inserts beat one glob query; more than 2 per core adds
+        # nothing.
         return max(1, min(len(files), max(2, os.cpu_count() or 2)))
 
     # -- loading -----------------------------------------------------------------------
@@ -220,10 +220,9 @@ class EmbeddedTarget:
 
     def _create_stage(self, stage: str, table: str, then: Sequence[str] = ()) -> None:
         """A stage shaped like `table`, which never merges: its parts are attached as
-        they are (committer.py rule 2), so a merge there is wasted work, and its DROP waits
-        for the merge running. Measured on 2 cores, 16 Parquet files (4M rows) in two
-        stages: each DROP took ~0.7 s and the load 1.9 s; without merges 1 ms and 0.8 s.
-        (The switch lives in the table object only: nothing to undo after a crash.)
+        they are (committer.py rule 2), so a merge there is wasted work, and its DROP
+        waits for the merge running. (The switch lives in the table object only:
+        nothing to undo after a crash.)
         `then`: statements to run in the same call (a group's views)."""
         self.command(";\n".join((f"CREATE TABLE {DATABASE}.{stage} AS {table}",
                                   f"SYSTEM STOP MERGES {DATABASE}.{stage}", *then)))
@@ -302,11 +301,9 @@ class EmbeddedTarget:
         The engine reads a file gone since listing as empty, so a file without rows is
         looked at again before the commit (vanished.py).
 
-        Measured on 2 cores against one INSERT per file into a shared stage: 10 files of
-        51 columns (taxi) 1.0 s against 1.5 s, 1.5 CPU s against 2.1, as every INSERT
-        writes its own parts; against parsing into a Memory table and copying it into
-        the stage: 200 small gzip JSON files 0.95 s against 1.32 s. The file column is
-        LowCardinality: as a String, copying it per row cost narrow tables ~20%."""
+        Cheaper than one INSERT per file into a shared stage (each writes its own
+        parts) and than parsing into a Memory table and copying it into the stage.
+        The file column is LowCardinality: a String costs narrow tables per row."""
         holder = self.committer.holder
         stage, raw, counts, to_stage, to_counts = (stage_name(holder) for _ in range(5))
         names = ", ".join(_names(job))

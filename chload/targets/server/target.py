@@ -10,9 +10,8 @@ Then, per file, the fastest correct path into a fresh stage table
 keys are the table's):
 
 - *raw*: the server parses the format and the compression (gzip CSV into 18.16): the
-  file's bytes are posted as they are, with `Content-Encoding`, streamed from disk.
-  Measured on 2 cores, 10M rows of gzip CSV into 18.16: 2.6 s of CPU in all, against
-  2.8 s in chDB plus 1.7 s in the server when chDB parses and pushes Native.
+  file's bytes are posted as they are, with `Content-Encoding`, streamed from disk:
+  the cheapest way in CPU, the loader's and the server's together.
 - *push*: it cannot (Parquet, ORC, Avro, zstd/xz into 18.16; --audit columns, which the
   engine computes; or the server rejected the bytes, e.g. a CSV dialect 18.16 does not
   read): chDB in this process reads the file and streams `Native` (push.py),
@@ -235,13 +234,8 @@ class ServerTarget(StageFilling):
         """Let `streams` data requests run at once; return how many files to keep in
         flight: as many again (at least STAGING), each with its stage created and
         waiting for a stream, so a stream that ends a file starts the next at once
-        while the file it ended commits (a dozen small requests, 100 ms and more while
-        the server is busy).
-
-        Measured into 18.16 on 2 cores, 10 gzip CSV files of 1M rows, 5 streams: with
-        2 files more in flight, two of the second round's files started 37 and 108 ms
-        after their stream was free (their threads were still committing); with 5
-        more, none waits.
+        while the file it ended commits (a dozen small requests). With fewer in
+        flight, files of the second round wait for threads still committing.
 
         With `adapt` (--workers auto) the controller moves the limit while the load
         runs, within `most_streams` of the server's cores, watched by `ServerWatch`
