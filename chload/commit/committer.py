@@ -2,7 +2,7 @@
 which commit lock, and with which other commits of this process (group commit).
 
 The protocol (lock, log `committing` with the table's mark, attach, unlock, `loaded`,
-drop the stage) and its proof are in docs/architecture-notes-targets.md; attach.py
+drop the stage) and its proof are in docs/architecture.md ("The commit protocol"); attach.py
 holds its statements. The invariants that make a crash at any instant harmless:
 
 1. The lock is released only after every partition is attached: a file `committing`

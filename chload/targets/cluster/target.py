@@ -23,7 +23,7 @@ shard), committer and lock, and loads each shard's local table:
   loads there exactly as into a single server.
 
 A unit is loaded when every shard it goes to has committed its share; a rerun loads it
-again only into the shards whose ledger lacks it (docs/cluster-target.md argues why a
+again only into the shards whose ledger lacks it (docs/target-cluster.md argues why a
 crash between two shards' commits loses and doubles nothing). Every shard's stages go
 through that shard's Committer (`_commit`): nothing here attaches.
 

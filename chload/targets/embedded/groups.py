@@ -15,7 +15,7 @@ from chload.sources.base import SourceFile
 from chload.targets.batching import BATCH_BYTES, BATCH_FILES, spread_by_size
 
 # Files below this are batched: above it, a file's own stage and commit cost little
-# next to its parse (docs/architecture-notes-targets.md). (A server target batches up
+# next to its parse (docs/benchmarks.md). (A server target batches up
 # to 4 MB: there a file costs ~8 requests.)
 SMALL_FILE_BYTES = 1 << 20
 # Files from SMALL_FILE_BYTES to this share a stage and a commit, up to SHARED_FILES and

@@ -57,7 +57,7 @@ PARQUET_BLOCK_BYTES, PARQUET_DEFAULT_ROWS = 16 << 20, 65409  # a pushed Parquet 
 SERIAL_PARSE_BELOW = 1 << 20  # files (as stored) a push parses without parallel parsing
 PIPE_PART_BYTES = 512 << 20  # ... and for a piped unit (a database range, at most about
 # 3M rows: sources/databases/base.py RANGE_ROWS): its stage in one part, so no merge after the
-# stream (docs/databases.md "What bounds each run")
+# stream (docs/sources-databases.md "How a table is read")
 
 
 class StageFilling:

@@ -16,7 +16,7 @@ Two ways into a stage differ in what a group costs (fill.py):
   merges afterwards. Small ones always; larger ones (up to FLOW_BELOW) only into a
   wide table (WIDE_COLUMNS), where a part costs most (files per column, written and
   then merged), not rows: the server sorts and writes a group's part once its stream
-  ends, a serial tail that grows with the rows (docs/architecture-notes-targets.md).
+  ends, a serial tail that grows with the rows (docs/benchmarks.md).
   (JSON lines of 512 KB and more stay raw and alone: whether chDB or the server
   parses them faster depends on the columns, which fill.py `_gathers` looks at per
   unit.)
