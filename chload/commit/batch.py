@@ -1,17 +1,15 @@
 """When a server target's loaded stages commit: together, in fewer groups.
 
 Every group commit writes one part of the ledger (`committing`, with the marks) and
-takes and drops the lock, and a part of `chload.files` (15 columns) cost 18.16 3-10 ms
-of CPU on an idle server and up to 29 ms while a load's INSERTs ran (traced on 2
-cores), taken from the streams the server parses. Stages committed as soon as filled
-went in small groups (16 gzip CSV files at 8 streams: 5 groups, 7 ledger parts a run).
-So a filled stage waits here for others and they commit as one group (commit.py
+takes and drops the lock, and a part of `chload.files` costs the server CPU taken
+from the streams it parses. Stages committed as soon as filled went in small groups.
+So a filled stage waits here for others and they commit as one group (committer.py
 `commit_group`), when the first of these holds:
 
 - fewer than `slack` units of this target are being filled: the load's last round,
   whose units commit as they come (as they did before: those that come while a commit
   runs go in the next group), since every stage left waiting until the end would
-  lengthen the load's tail by its attach (5 ms a stage of 51 columns here);
+  lengthen the load's tail by its attach;
 - as many wait as there are files staged beyond the streams (`slack`): each waiting unit
   holds the thread that would stage the next file, and once `slack` wait, the streams
   have no staged file left for when they finish;
@@ -20,7 +18,7 @@ So a filled stage waits here for others and they commit as one group (commit.py
 
 Nothing of the exactly-once protocol changes: the group is committed by the committer
 as any group is. A unit that follows a stream (a Kafka range) commits at once, in its
-order (rule 5 of commit.py).
+order (rule 5 of committer.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The file ledger and the run history: tables in the target, next to the data.
 
-State lives with the data (DESIGN principle 3): any host can resume a load and anyone
+State lives with the data: any host can resume a load and anyone
 can inspect it with SQL. The ledger is an append-only event log; a file's current state
 is its latest event (`argMax(..., seq)`), so recording a transition is one small INSERT
 and no UPDATE is ever needed. The SQL here runs unchanged on chDB 26 and on a
@@ -13,7 +13,7 @@ File states:
          `-> failed    `-> (crash) recovery decides: loaded, or loading again
 
 `committing` carries the stage table and a `mark` the target needs to tell, after a
-crash, whether the stage was already attached (see targets/commit.py). So `loaded`
+crash, whether the stage was already attached (see commit/committer.py). So `loaded`
 events may wait a little and go in batches (`LoadedEvents`).
 
 Every event also names the table it went into by its `table_uuid`, where the engine
@@ -42,11 +42,9 @@ RUNS = f"{DATABASE}.runs"
 
 LOADING, COMMITTING, LOADED, FAILED = "loading", "committing", "loaded", "failed"
 # Events logged with their mark in one statement (INSERT ... SELECT, one arm per event),
-# at most: 18.16 plans a UNION ALL of many arms slowly, under the commit lock. Measured
-# on 2 cores, 100 events: 73-92 ms in one statement, 8-12 ms reading the mark first and
-# appending the rows as JSON; 1 event: 3 ms either way, one round trip fewer inline;
-# 25: 15-27 ms against (interpolated) ~5-8. A raw load's groups (a file a stage, at
-# most a stage per stream: 8) stay inline, as before.
+# at most: 18.16 plans a UNION ALL of many arms slowly, under the commit lock; more
+# are appended after reading the mark first. A raw load's groups (a file a stage, at
+# most a stage per stream: 8) stay inline.
 _INLINE_EVENTS = 8
 _INLINE_BYTES = 128 << 10  # and never a statement near the server's max_query_size (256 KiB)
 
@@ -152,7 +150,7 @@ class Ledger:
 
     def complete(self) -> bool:
         """Whether every table (and column) `ensure` and rejects.ensure make is there: one
-        query instead of their five statements (~40 ms of an embedded run)."""
+        query instead of their five statements."""
         present = {r["name"] for r in self._sql.rows(
             f"SELECT name FROM system.tables WHERE database = '{DATABASE}' UNION ALL "
             "SELECT concat(table, '.', name) FROM system.columns WHERE database = "
@@ -226,8 +224,8 @@ class Ledger:
             self._insert(FILES, (asdict(replace(e, mark=int(top) + e.mark)) for e in events))
             return
         # One scan of system.parts for the whole group, the events ARRAY JOINed to it:
-        # a UNION ALL of a SELECT per event, each with its own scalar subquery, cost
-        # 18.16 8 ms of CPU for 10 events against 4 (a group's log, under the lock)
+        # a UNION ALL of a SELECT per event, each with its own scalar subquery, costs
+        # 18.16 about twice the CPU (a group's log, under the lock)
         values = ", ".join(f"m + e.{i}" if k == "mark" else f"e.{i}"
                            for i, k in enumerate(rows[0], start=1))
         columns = ", ".join(f.name for f in fields(FileEvent))
@@ -285,7 +283,7 @@ class LoadedEvents:
     """`loaded` events waiting to be written: every second or so, and at flush().
 
     After a commit, `committing` (with the stage and mark) already settles a crash
-    (targets/commit.py), so `loaded` may wait and share one INSERT with others; on a
+    (commit/committer.py), so `loaded` may wait and share one INSERT with others; on a
     server that is a round trip less per file. `add` never raises: the file is
     committed, and an error here must not make the runner load it again (events that
     could not be written are tried again by the next write).

@@ -1,10 +1,10 @@
-"""Commit locks: who may attach into a table now (the committer, commit.py, runs its
+"""Commit locks: who may attach into a table now (the committer, committer.py, runs its
 protocol inside one). The lock is the only thing that differs between targets:
 
 - a server is shared by loader processes on many hosts, so its lock is a table on the
   server (`TableLock`): `CREATE TABLE chload.lock_<t>` is an atomic test-and-set on
   every ClickHouse version, survives a server restart, and is broken when its holder
-  is gone (commit.py rule 3);
+  is gone (committer.py rule 3);
 - an embedded target's directory is held by one process (engine.py's `flock`), so no
   other process can stage or commit there; within the process the committer's
   per-table turn already lets one commit at a time in (`ProcessLock`).
@@ -29,8 +29,8 @@ from chload.errors import ChloadError, EngineError, TransientError, missing_tabl
 from chload.runtime.retry import RetryPolicy
 from chload.schema import quote_str
 
-try:  # CPython's own SHA-1: the same digest as hashlib's, without loading OpenSSL (3-4 ms
-    from _sha1 import sha1  # of every start); names of locks and machines only
+try:  # CPython's own SHA-1: the same digest as hashlib's, without loading OpenSSL at
+    from _sha1 import sha1  # every start; names of locks and machines only
 except ImportError:  # pragma: no cover -- a Python built without it
     from hashlib import sha1
 
@@ -150,7 +150,7 @@ class ProcessLock:
 
 class TableLock:
     """A server's lock: the table `chload.lock_<t>`, whose column default names the
-    holder (commit.py rule 3 says when it is broken)."""
+    holder (committer.py rule 3 says when it is broken)."""
 
     exclusive = False
 

@@ -1,4 +1,4 @@
-"""Which stages no commit needs any more (commit.py rule 6), apart from the protocol.
+"""Which stages no commit needs any more (committer.py rule 6), apart from the protocol.
 
 A stage is dropped only when no file of any table, still `committing`, names it
 (`committing_stages`), and its process is gone (`orphan`): a crashed commit into one

@@ -4,8 +4,8 @@ Within a budget (`--max-errors`, `--max-error-ratio`) the engine skips rows it c
 parse (`input_format_allow_errors_num`) and writes each one to an errors file
 (`input_format_record_errors_file_path`: row number, reason, raw text). The engine then
 reads that file into `chload.rejects`; Python only counts. Row numbers are exact only
-without parallel parsing (measured: with it, a 1M-row file reported rows 500001 and
-1000000 for 500000 and 999999), so a load with a budget parses on one thread.
+without parallel parsing (with it, rows near a chunk's end are numbered from the
+wrong chunk), so a load with a budget parses on one thread.
 
 For JSON lines the engine records the row number but no reason or raw text, so the
 engine is asked again: the raw line by number (`LineAsString`), and its error by

@@ -1,7 +1,7 @@
-"""A commit request, and what the committer's survey decides of it (commit.py rule 5):
+"""A commit request, and what the committer's survey decides of it (committer.py rule 5):
 whether another load committed its files meanwhile, where each stream it follows ends,
 what a request learns when its group stopped before it, and the queries a run's first
-look (`_start_sql`) and the mark rule (`block_tops`) ask. Apart from commit.py so the
+look (`_start_sql`) and the mark rule (`block_tops`) ask. Apart from committer.py so the
 protocol's module holds the protocol (the lock, the log, the attach, settling); these
 are functions of the survey's rows, or build its queries.
 """

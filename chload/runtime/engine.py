@@ -4,10 +4,9 @@ chDB allows one database path per process, and a second process cannot open a pa
 another holds; its own message for that is cryptic. We take an exclusive `flock` on
 `<dir>/.chload.lock` first, so a second chload gets one clear line instead.
 A chDB session runs one query at a time (a second thread's `SELECT 1` waits for the
-first thread's INSERT to finish), but several sessions on one path run in parallel:
-measured on 2 cores, two 5-file inserts took 1.79 s on two sessions, 3.24 s on one.
+first thread's INSERT to finish), but several sessions on one path run in parallel.
 So each thread gets its own session. The same class, in memory, is a server target's
-loader engine (targets/push.py).
+loader engine (server/push.py).
 """
 
 from __future__ import annotations
@@ -27,17 +26,15 @@ from chload.runtime.monitor import CallStats
 LOCK_NAME = ".chload.lock"
 # Settings of every chDB session; a query's own SETTINGS (a user's --setting) still win.
 # - compile_*: no JIT. The engine compiles an expression (LLVM) the third time it sees
-#   it, 25-40 ms each: a commit's survey (argMax) and block-number query (max) hit it on
-#   the fourth unit, so the last commit of 16 plain JSON files in 4 groups took 70 ms
-#   instead of 15 (on 2 cores), at the very end of the load where nothing overlaps it;
-#   a load's own expressions are column copies, too cheap to gain from compiling.
-# For bounded memory (bench/memory.py), on 2 cores, 1.94 GB Parquet (19.7M rows of
-# ~120 bytes) into an embedded table, peak RSS of a bare chDB insert:
+#   it, and a commit's survey (argMax) and block-number query (max) would pay for that
+#   at the end of the load, where nothing overlaps it; a load's own expressions are
+#   column copies, too cheap to gain from compiling.
+# For bounded memory (bench/memory.py):
 # - storage_file_read_method: chDB's file() maps a local file into memory by default
-#   (mmap), so RSS grew with the file: 5.8 GB for a 5 GB gzip CSV, 3.3 GB for the
-#   Parquet file. pread reads through bounded buffers at the same speed.
+#   (mmap), so RSS grows with the file. pread reads through bounded buffers at the
+#   same speed.
 # - BLOCK_SETTINGS, for an insert of much data (the embedded target sets them per
-#   insert, only there: targets/embedded.py LARGE_UNIT_BYTES).
+#   insert, only there: embedded/target.py LARGE_UNIT_BYTES).
 SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
     ("storage_file_read_method", "pread"),
     ("compile_aggregate_expressions", "0"),
@@ -213,8 +210,8 @@ class Engine:
 
 def prefetch() -> None:
     """Start loading chDB's engine library on a thread, for a command that will open an
-    embedded target: most of chDB's 0.15-0.25 s import is mapping that library, which
-    leaves the interpreter free, so chload's own modules (~60 ms) import meanwhile.
+    embedded target: most of chDB's import is mapping that library, which leaves the
+    interpreter free, so chload's own modules import meanwhile.
 
     Only the library, by its absolute path, never the `chdb` package: the package's
     import changes the process's working directory to its own while it loads, so a

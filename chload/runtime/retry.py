@@ -5,12 +5,14 @@ often and how long is a `RetryPolicy`: a number of tries, or a deadline, with
 exponential backoff between them (full jitter where many workers would otherwise retry
 in step, as the runner's do). The loops that use it:
 
-    runner       a file's load: 5 tries, 0.5 s doubling to 20 s, full jitter
-    server.py    a system-table query that met a table dropped meanwhile: 6 tries, 10 ms on
-    locks.py     waiting for a server's commit lock: 20 ms doubling to 0.5 s, for 10 minutes
-    commit.py    settling a commit of unknown outcome: every 2 s until half the lease
-    sources      an HTTP HEAD, an S3 listing page: 3 tries, 0.5 s doubling (5xx and
-                 network errors)
+    runner           a file's load: 5 tries, 0.5 s doubling to 20 s, full jitter
+    server/early.py  a system-table query that met a table dropped meanwhile: 6 tries,
+                     10 ms on
+    locks.py         waiting for a server's commit lock: 20 ms doubling to 0.5 s, for
+                     10 minutes
+    attach.py        settling a commit of unknown outcome: every 2 s until half the lease
+    sources          an HTTP HEAD, an S3 listing page: 3 tries, 0.5 s doubling (5xx and
+                     network errors)
 
 `sleep` is a parameter everywhere, so tests script failures and record the waits
 instead of waiting (dlt's dummy destination, `fail_prob`).

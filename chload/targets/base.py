@@ -43,7 +43,7 @@ class LoadJob:
 
     @property
     def follows(self) -> tuple[StreamPosition, ...]:
-        """Where the files that are units of a stream must start (commit.py checks)."""
+        """Where the files that are units of a stream must start (committer.py checks)."""
         return tuple(f.position for f in self.files if f.position is not None)
 
     @property
@@ -157,7 +157,7 @@ class Target(Protocol):
     def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
                   env: Mapping[str, str]) -> AbstractContextManager[Target]:
         """The target a load into `table` goes through: this one, or (a server's
-        Distributed table) the cluster of its shards (targets/cluster.py), closed after."""
+        Distributed table) the cluster of its shards (cluster/target.py), closed after."""
         ...
 
     def shard_report(self) -> list[dict]:

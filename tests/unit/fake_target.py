@@ -26,10 +26,9 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 
-from chload.commit.committer import BatchOverlap
 from chload.commit.ledger import FAILED, LOADED, FileEvent, Ledger, RunRecord, TableState
 from chload.commit.rejects import ErrorBudget
-from chload.errors import DataError, TransientError
+from chload.errors import BatchOverlap, DataError, TransientError
 from chload.schema import Column, split_table
 from chload.sources.base import SourceFile
 from chload.targets.base import Loaded, LoadJob, Target

@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 from test_server_commit import DISPLAY, TABLE, FakeServer, event, stage_with
 
-from chload.commit.committer import CommitInterrupted, Committer, Holder, Sql
+from chload.commit.committer import Committer
 from chload.commit.ledger import COMMITTING, LOADED, LoadedEvents
-from chload.commit.locks import ProcessLock, dirty_name
-from chload.errors import EngineError, TransientError
+from chload.commit.locks import Holder, ProcessLock, Sql, dirty_name
+from chload.errors import CommitInterrupted, EngineError, TransientError
 
 
 def embedded(server: FakeServer) -> Committer:

@@ -12,21 +12,13 @@ from dataclasses import replace
 
 import pytest
 
-from chload.commit.committer import (
-    CommitInterrupted,
-    Committer,
-    Holder,
-    Sql,
-    _lock_name,
-    _Request,
-    _taken,
-    _Turn,
-    stage_name,
-)
+from chload.commit.committer import Committer, _Turn, stage_name
 from chload.commit.ledger import COMMITTING, LOADED, FileEvent
-from chload.commit.locks import TableLock
+from chload.commit.locks import Holder, Sql, TableLock
+from chload.commit.locks import lock_name as _lock_name
 from chload.commit.orphans import orphan
-from chload.errors import EngineError, TransientError
+from chload.commit.request import _Request, _taken
+from chload.errors import CommitInterrupted, EngineError, TransientError
 
 TABLE, DISPLAY = "`db`.`t`", "db.t"
 

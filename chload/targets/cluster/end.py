@@ -1,4 +1,4 @@
-"""The end of a cluster load, apart from the loading itself (cluster.py): the stages'
+"""The end of a cluster load, apart from the loading itself (cluster/target.py): the stages'
 and route tables' drops (on threads of their own, waited for by flush and close), the
 shard servers' counters read at the start and the end of the data (shard_load.py), the
 per-shard report, and the shards' last writes and closing.
@@ -72,11 +72,9 @@ class Ending:
 
     def _drop_end(self) -> None:
         """The last round's stages, each shard's in turn on a thread of its own, once the
-        run's last ledger writes are done (flush). Dropped with those writes, 30 DROPs
-        on 40 threads at once slowed the writes and held the loader's GIL: the run's end
-        started 14 ms after the last attach, the writes took 20-26 ms instead of 10-17;
-        in turn, a DROP takes ~1.2 ms. A stage left by a crash before is an orphan the
-        next run drops (commit.py rule 6)."""
+        run's last ledger writes are done (flush): dropped with those writes, all the
+        DROPs at once slowed the writes and held the loader's GIL. A stage left by a
+        crash before is an orphan the next run drops (committer.py rule 6)."""
         with self._busy_guard:
             drops, self._end_drops = self._end_drops, {}
         for shard in self.shards:
@@ -157,8 +155,8 @@ class Ending:
 
 def _flush(shard: Shard, held: Sequence[FileEvent]) -> None:
     """The shard's `loaded` events, while its kept lock is released (flush): the lock
-    guards attaches, and `committing` already says these attached (a chain of two
-    round trips before, 10-35 ms each in the tail while the drops ran)."""
+    guards attaches, and `committing` already says these attached (one round trip in
+    the tail instead of a chain of two)."""
     shard.target.loaded.add(e.moved(LOADED) for e in held)  # (writes them if due)
     shard.target.flush()  # (the rest: no round trip when none is left)
 

@@ -1,7 +1,7 @@
 """What a Distributed table is made of, read from the servers before any row: its engine's
 arguments, the cluster's layout in system.clusters, one ServerTarget per shard (its first
 replica that answers, checked to be of that shard), and the shards' local tables checked
-alike. Apart from cluster.py, which loads into what this module opened, so the loading
+alike. Apart from cluster/target.py, which loads into what this module opened, so the loading
 paths read apart from the metadata they rest on.
 """
 
@@ -144,8 +144,7 @@ class Described:
 
 def describe(server: ServerTarget, table: str) -> Described:
     """The table's engine arguments, its columns and system.clusters, in one round trip
-    (three in a chain before: engine, cluster, columns; 2-15 ms each here, the servers
-    idle meanwhile)."""
+    rather than three in a chain (engine, cluster, columns)."""
     database, name = split_table(table)
     where = f"database = {quote_str(database)}"
     rows = server.rows(
@@ -199,7 +198,7 @@ def open_shards(entry: ServerTarget, table: str, dist: Distributed,
     """One ServerTarget per shard: its first replica that answers and is the replica
     system.clusters says (checked by its own is_local row, where it lists the cluster).
     A shard no replica of answers is a UsageError, before any row. The shards are
-    opened at once (a few round trips each: serially, 3 shards cost a start-up 40 ms)."""
+    opened at once (a few round trips each, which in series would add up at start-up)."""
     seen: dict[str, str] = {}
     guard = threading.Lock()
 

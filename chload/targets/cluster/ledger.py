@@ -2,7 +2,7 @@
 
 Each shard keeps its own ledger (`chload.files` on that shard, under the local table's
 name), written by its own committer; this view answers the loader's questions about
-the Distributed table from them (targets/cluster.py: a unit is loaded when every shard
+the Distributed table from them (cluster/target.py: a unit is loaded when every shard
 it goes to has it, at one identity), while the run history and failures before any
 shard was reached stay on the target server's ledger.
 

@@ -1,5 +1,5 @@
 """Opening a cluster target: `for_table` turns a server target and a table name into
-the ClusterTarget of that table's shards when it is Distributed (cluster.py), or the
+the ClusterTarget of that table's shards when it is Distributed (cluster/target.py), or the
 server target itself; a Distributed table chload cannot load as asked is one line here,
 before any row.
 """

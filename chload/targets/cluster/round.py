@@ -1,4 +1,4 @@
-"""When a cluster load's units commit (targets/cluster.py): the units under way, and
+"""When a cluster load's units commit (cluster/target.py): the units under way, and
 the last round's wait (Round's docstring says why).
 """
 
@@ -55,16 +55,14 @@ class Round:
 
     - `in_flight` (from a unit's start to the end of its commit): while another is
       under way, each shard keeps its commit lock after a commit for the next
-      (commit.py `linger`), released at the end of the run (flush): a lock CREATE and
+      (committer.py `linger`), released at the end of the run (flush): a lock CREATE and
       DROP less per unit and shard.
     - The last round (every planned unit started) commits together: a routed unit
       waits until no unit is still routing. Then each shard commits them as one group
-      (commit.py: one survey, each stage logged and attached in turn), and the local
+      (committer.py: one survey, each stage logged and attached in turn), and the local
       tables get their parts once the servers are done parsing: attaching as units
-      came in started the tables' merges while the rest still routed (measured on 3
-      servers sharing 2 cores, 10 files of 1M rows: routing into stages cost the
-      servers 2.4-2.5 s of CPU, inserting into the Distributed table, which merges
-      meanwhile, 2.8-3.3 s). Earlier rounds of a long load commit as they come: no
+      came in started the tables' merges while the rest still routed, which cost the
+      servers more CPU. Earlier rounds of a long load commit as they come: no
       stream waits for a round's slowest unit.
     """
 

@@ -4,8 +4,8 @@
     chload load 'data/*.csv.gz' --table events --target http://ch1:8123/analytics \\
         [--shard HOST:TCP_PORT=http://HOST:HTTP_PORT ...] [--shard-by file]
 
-A target is a list of shards (DESIGN principle 6). When --table on a server target is a
-`Distributed(cluster, db, local, key)` table, `for_table` (cluster_open.py) opens one
+A target is a list of shards. When --table on a server target is a
+`Distributed(cluster, db, local, key)` table, `for_table` (cluster/open.py) opens one
 ServerTarget per shard (its first replica that answers) with its own ledger (`chload.files` on that
 shard), committer and lock, and loads each shard's local table:
 
@@ -16,21 +16,22 @@ shard), committer and lock, and loads each shard's local table:
   once and routes every row by the table's own key, weights and types (placement equal
   to a Distributed insert's by construction). Then each shard commits its stage into
   its local table through its own committer, with its own ledger entry (unit, rows of
-  that shard). Measured against the loader's chDB computing the shard of every row and
-  pushing Native to each shard (docs/cluster-target.md): as fast for the servers, and
-  2.2 s of the loader's CPU per 10M rows less.
+  that shard). As fast for the servers as the loader's chDB computing the shard of
+  every row and pushing Native to each, and far less of the loader's CPU.
 - **files** (no key, a key calling rand(), or --shard-by file): each unit goes whole to
   one shard, chosen by weight from a hash of its uri (a rerun picks the same shard), and
   loads there exactly as into a single server.
 
 A unit is loaded when every shard it goes to has committed its share; a rerun loads it
-again only into the shards whose ledger lacks it (docs/cluster-target.md argues why a
-crash between two shards' commits loses and doubles nothing).
+again only into the shards whose ledger lacks it (docs/target-cluster.md argues why a
+crash between two shards' commits loses and doubles nothing). Every shard's stages go
+through that shard's Committer (`_commit`): nothing here attaches.
 
 Replicas: a shard's local table is Replicated*MergeTree when it has several replicas
 (18.16's system.clusters does not show internal_replication: one replica takes each
 insert and ZooKeeper copies it, as internal_replication=true would); the stage is a
-plain MergeTree of the same keys, and ATTACH PARTITION ... FROM replicates on 18.16.
+plain MergeTree of the same keys, and the committer's attach (commit/attach.py)
+replicates on 18.16.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class ClusterTarget(Ending):
 
     reads_pipes = False  # piped units (Kafka, databases) are not routed to shards yet
     single_writer = False
-    wants_key_order = False  # (not measured through the routing)
+    wants_key_order = False  # (no gain shown through the routing)
 
     def __init__(self, entry: ServerTarget, table: str, dist: Distributed,
                  shards: list[Shard], by_file: bool) -> None:
@@ -322,7 +323,7 @@ class ClusterTarget(Ending):
         committed, failed = self._round.commit(
             Unit(job, stage, todo, shares, done, by_file), self._commit)
         # A commit that may have attached (not a TransientError) keeps its stage: the
-        # shard's next run settles it by the mark rule (commit.py rule 4).
+        # shard's next run settles it by the mark rule (committer.py rule 4).
         keep = {n for n, exc in failed.items() if not isinstance(exc, TransientError)}
         self._drop_stage(stage, [s for s in self.shards if s.number not in keep])
         if failed:
@@ -374,7 +375,7 @@ class ClusterTarget(Ending):
 
     def _commit(self, units: list[Unit]) -> list[tuple[set[int], dict[int, BaseException]]]:
         """Each unit's share on each shard into its local table with its own ledger
-        entry, each shard's units as one group (commit.py `commit_group`), the shards at
+        entry, each shard's units as one group (committer.py `commit_group`), the shards at
         once; per unit, the shards that attached its share and the errors of those that
         failed. A shard that fails stops nothing of the others: a retry loads only the
         shards still lacking the unit. A batch's files get their own rows of the shard

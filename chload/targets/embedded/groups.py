@@ -2,7 +2,7 @@
 
 Small files are batched and medium ones share stages, so that many files do not cost a
 stage and a commit each; every group is one INSERT through a Null table and two views
-(embedded.py `_load_flow`), which runs on one thread: so groups come at least one per
+(embedded/target.py `_load_flow`), which runs on one thread: so groups come at least one per
 worker, of about equal parsing work.
 """
 
@@ -14,15 +14,14 @@ from chload.commit.rejects import ErrorBudget
 from chload.sources.base import SourceFile
 from chload.targets.batching import BATCH_BYTES, BATCH_FILES, spread_by_size
 
-# Files below this are batched. Measured on 2 cores, gzip CSV of 4 narrow columns,
-# batched vs one by one: 40 x 260 KB 0.88 s vs 1.2-1.6 s, 20 x 680 KB 0.95 s vs 1.17 s,
-# 16 x 1.3 MB 1.6-2.2 s vs 1.2-1.3 s (when a batch was parsed once more, from memory).
-# (A server target batches up to 4 MB: there a file costs ~8 requests.)
+# Files below this are batched: above it, a file's own stage and commit cost little
+# next to its parse (docs/benchmarks.md). (A server target batches up
+# to 4 MB: there a file costs ~8 requests.)
 SMALL_FILE_BYTES = 1 << 20
 # Files from SMALL_FILE_BYTES to this share a stage and a commit, up to SHARED_FILES and
 # SHARED_BYTES (about 2-3 s of parsing gzip CSV on one core; _parse_cost) a group, so
-# a crash costs little redone work; larger files have a stage each, whose ~25-45 ms
-# is little next to their parse.
+# a crash costs little redone work; larger files have a stage each, whose cost is
+# little next to their parse.
 MEDIUM_FILE_BYTES = 16 << 20
 SHARED_FILES = 16
 SHARED_BYTES = 32 << 20
@@ -87,8 +86,8 @@ def balanced(files: Sequence[SourceFile], workers: int, most_files: int, most_by
 
 def _parse_cost(f: SourceFile) -> int:
     """The bytes of gzip CSV that take as long to parse as `f`: its size, or a third of
-    it for uncompressed text (measured on 2 cores: 72.8 MB of plain CSV and 21.2 MB of
-    the same rows gzipped both took ~1.2 s), so 32 MB of plain JSON is not a group."""
+    it for uncompressed text (plain text parses about three times as fast per byte),
+    so 32 MB of plain JSON is not a group."""
     return f.size // 3 if plain_text(f) else f.size
 
 
@@ -116,5 +115,5 @@ def _medium(f: SourceFile) -> bool:
 
 
 def plain_text(f: SourceFile) -> bool:
-    """Uncompressed text: parses ~3x as fast per byte, and takes about its size in memory."""
+    """Uncompressed text: parses faster per byte, and takes about its size in memory."""
     return f.format.compression == "none" and f.format.name not in _COLUMNAR

@@ -4,15 +4,15 @@ Exactly once per file, without a column of ours in the user's table:
 
 1. `INSERT INTO chload.stage_<machine>_<pid>_<id> SELECT ... FROM file(...)`: the engine
    parses and writes into a fresh table shaped like the target (`CREATE TABLE ... AS`);
-2. the committer (commit.py, the same as a server's) logs `committing` with the
-   table's `mark` and the stage's name, then attaches the stage (`ALTER TABLE t ATTACH
-   PARTITION ... FROM chload.stage_...`, hard links, milliseconds);
+2. the committer (committer.py, the same as a server's) logs `committing` with the
+   table's `mark` and the stage's name, then attaches the stage's partitions
+   (commit/attach.py; hard links, cheap);
 3. ledger `loaded` (written in batches: the `committing` event already settles a crash)
    and drop the stage.
 
 A crash before 2 leaves only a stage, which the next run drops (it is not of that run's
 process, and no `committing` file of any table needs it). A crash after the
-`committing` event is settled by the mark rule (commit.py). The commit lock is the
+`committing` event is settled by the mark rule (committer.py). The commit lock is the
 one difference from a server: this process is the directory's only writer (engine.py
 holds a `flock`), so the lock is in-process (locks.ProcessLock).
 """
@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from chload.commit import rejects
-from chload.commit.committer import BatchOverlap, Committer, Sql, stage_name
+from chload.commit.committer import Committer, stage_name
 from chload.commit.ledger import (
     DATABASE,
     FAILED,
@@ -40,11 +40,18 @@ from chload.commit.ledger import (
     TableState,
     create_statements,
 )
-from chload.commit.locks import ProcessLock
+from chload.commit.locks import ProcessLock, Sql
 from chload.commit.rejects import ErrorBudget
 from chload.core import fit
 from chload.core.ranges import CHDB
-from chload.errors import ChloadError, DataError, TransientError, UsageError, pinpointed
+from chload.errors import (
+    BatchOverlap,
+    ChloadError,
+    DataError,
+    TransientError,
+    UsageError,
+    pinpointed,
+)
 from chload.runtime.engine import BLOCK_SETTINGS, SESSION_SETTINGS, Engine
 from chload.runtime.monitor import unit_costs
 from chload.schema import (
@@ -160,8 +167,8 @@ class EmbeddedTarget:
         return streams  # a file in flight is a file loading: none waits staged
 
     def default_workers(self, files: Sequence[SourceFile]) -> int:
-        # Measured on 2 cores, 20 gzip CSV files: 2 parallel per-file inserts beat one
-        # glob query by ~10%; more than 2 per core adds nothing.
+        # Parallel per-file inserts beat one glob query; more than 2 per core adds
+        # nothing.
         return max(1, min(len(files), max(2, os.cpu_count() or 2)))
 
     # -- loading -----------------------------------------------------------------------
@@ -190,7 +197,7 @@ class EmbeddedTarget:
         return Loaded(rows, read, rejected) if done else Loaded(0, read)
 
     def _commit(self, job: LoadJob, stage: str, events: Sequence[FileEvent]) -> bool:
-        """Attach the stage through the committer (commit.py), then queue `loaded` and
+        """Attach the stage through the committer (committer.py), then queue `loaded` and
         drop it; False when another load committed one of the files meanwhile.
 
         A TransientError means nothing was committed: the stage is dropped and the
@@ -213,10 +220,9 @@ class EmbeddedTarget:
 
     def _create_stage(self, stage: str, table: str, then: Sequence[str] = ()) -> None:
         """A stage shaped like `table`, which never merges: its parts are attached as
-        they are (commit.py rule 2), so a merge there is wasted work, and its DROP waits
-        for the merge running. Measured on 2 cores, 16 Parquet files (4M rows) in two
-        stages: each DROP took ~0.7 s and the load 1.9 s; without merges 1 ms and 0.8 s.
-        (The switch lives in the table object only: nothing to undo after a crash.)
+        they are (committer.py rule 2), so a merge there is wasted work, and its DROP
+        waits for the merge running. (The switch lives in the table object only:
+        nothing to undo after a crash.)
         `then`: statements to run in the same call (a group's views)."""
         self.command(";\n".join((f"CREATE TABLE {DATABASE}.{stage} AS {table}",
                                   f"SYSTEM STOP MERGES {DATABASE}.{stage}", *then)))
@@ -295,11 +301,9 @@ class EmbeddedTarget:
         The engine reads a file gone since listing as empty, so a file without rows is
         looked at again before the commit (vanished.py).
 
-        Measured on 2 cores against one INSERT per file into a shared stage: 10 files of
-        51 columns (taxi) 1.0 s against 1.5 s, 1.5 CPU s against 2.1, as every INSERT
-        writes its own parts; against parsing into a Memory table and copying it into
-        the stage: 200 small gzip JSON files 0.95 s against 1.32 s. The file column is
-        LowCardinality: as a String, copying it per row cost narrow tables ~20%."""
+        Cheaper than one INSERT per file into a shared stage (each writes its own
+        parts) and than parsing into a Memory table and copying it into the stage.
+        The file column is LowCardinality: a String costs narrow tables per row."""
         holder = self.committer.holder
         stage, raw, counts, to_stage, to_counts = (stage_name(holder) for _ in range(5))
         names = ", ".join(_names(job))
@@ -340,7 +344,7 @@ class EmbeddedTarget:
 
     # -- recovery ----------------------------------------------------------------------
     def recover(self, table: str) -> int:
-        """Settle what interrupted commits left (commit.py); return how many files."""
+        """Settle what interrupted commits left (committer.py); return how many files."""
         if self.fresh:
             return 0
         return self.committer.start(table, display_table(table))

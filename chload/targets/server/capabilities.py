@@ -1,4 +1,4 @@
-"""What a ClickHouse server can do, asked once at connect (DESIGN principle 4).
+"""What a ClickHouse server can do, asked once at connect.
 
 The plan follows answers, not version numbers: which input formats the server parses
 (`system.formats`), which table functions and settings it knows, which data types it

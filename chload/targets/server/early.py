@@ -1,9 +1,9 @@
 """A server target's first requests, begun while the loader still imports.
 
 Why: into a server, the time to the first data byte was Python's start, chload's
-imports (~35 ms of one core) and then, one after the other, the probe and the reads a
-load of a table begins with (its columns, the commit survey, its state, the ledger's
-`loaded`: ~10-15 ms, mostly the server's work, on the other core). `chload load`
+imports (on one core) and then, one after the other, the probe and the reads a load of
+a table begins with (its columns, the commit survey, its state, the ledger's `loaded`:
+mostly the server's work, which can run on the other core). `chload load`
 names its target and table before it imports the engine of a load (cli._load), so a
 thread connects and asks them meanwhile; ServerTarget takes the connection, the
 capabilities and the answers (`claim`), each answer given once, for its very SQL,
@@ -13,8 +13,8 @@ Reads only: a server whose ledger is not complete gets the probe alone (its ledg
 created by ServerTarget, on the main thread). The thread imports nothing (an import on
 two threads at once can deadlock on a circular one): whatever it runs is imported by
 `begin`. Any failure leaves nothing, and the load asks again and reports it as ever.
-An answer read 20-30 ms early is one a run started that much earlier would have read:
-the commit protocol does not trust it any more than that (commit.py).
+An answer read early is one a run started that much earlier would have read: the
+commit protocol does not trust it any more than that (committer.py).
 """
 
 from __future__ import annotations

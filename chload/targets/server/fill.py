@@ -3,9 +3,9 @@ through the loader's engine (push), a batch streamed through that engine (one IN
 for all its files, their rows counted on the way: `_flow`; over https gathered there
 first: `_gather`); and how many rows go into each part the server writes.
 
-Split from server.py, whose ServerTarget mixes `StageFilling` in: these are the ways
-into a fresh stage (server.py's docstring says when each is taken, and why); the
-target itself connects, runs SQL, and commits (commit.py).
+Split from server/target.py, whose ServerTarget mixes `StageFilling` in: these are the ways
+into a fresh stage (server/target.py's docstring says when each is taken, and why); the
+target itself connects, runs SQL, and commits (committer.py).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ DEFAULT_PART_ROWS, MAX_PART_ROWS = 1 << 20, 1 << 26  # ... within these (server 
 PARQUET_BLOCK_BYTES, PARQUET_DEFAULT_ROWS = 16 << 20, 65409  # a pushed Parquet block
 SERIAL_PARSE_BELOW = 1 << 20  # files (as stored) a push parses without parallel parsing
 PIPE_PART_BYTES = 512 << 20  # ... and for a piped unit (a database range, at most about
-# 3M rows: sources/database.py RANGE_ROWS): its stage in one part, so no merge after the
-# stream (docs/databases.md "What bounds each run")
+# 3M rows: sources/databases/base.py RANGE_ROWS): its stage in one part, so no merge after the
+# stream (docs/sources-databases.md "How a table is read")
 
 
 class StageFilling:
@@ -98,8 +98,8 @@ class StageFilling:
         `input_format_csv_empty_as_default` (18.16) does. A file whose start has such a
         field (fit.empty_fields) is pushed, so the table holds what the embedded target
         would (tests/integration/test_values_fit.py); one that writes NULL as `\\N`, as
-        ClickHouse does, is posted as it is (pushing 10 taxi gzip CSV files of 51 columns
-        took 1.5x as long). An empty field after the first 16 KB is read as 0."""
+        ClickHouse does, is posted as it is (a push costs more). An empty field after
+        the first 16 KB is read as 0."""
         return (job.file.format.name.startswith("CSV")
                 and "input_format_csv_empty_as_default" not in self.caps.settings
                 and any("Nullable(" in c.type for c in job.columns)
@@ -148,19 +148,15 @@ class StageFilling:
     def _part_rows(self, job: LoadJob, budget: int = PART_BYTES) -> int:
         """Rows per part the server writes: one part per file up to `budget` bytes of
         rows in memory (~128 MB; a piped database range 512 MB), so most stages need no
-        merge before the attach (commit.py rule 2). Measured into 18.16, a 2M-row range
-        as one part instead of two: server CPU 0.56-0.83 s against 0.92-1.07, the 0.2-0.37 s
-        merge after the stream gone (bench/databases.py variant `onepart`)."""
+        merge before the attach (committer.py rule 2), a merge that would run after the
+        stream is gone (bench/databases.py variant `onepart`)."""
         width = sum(_width(c.type) for c in job.columns) + (64 if job.audit else 0)
         return max(DEFAULT_PART_ROWS, min(MAX_PART_ROWS, budget // max(1, width)))
 
     def _gathers(self, job: LoadJob) -> bool:
         """Read a batch in the loader's engine (`_flow`) when it would push anyway, and
-        for JSON lines with other than numeric columns. Measured into 18.16 on 2 cores:
-        200 files of stream snapshots (strings, dates, an array): 18.16 spent 6 s of CPU
-        parsing 600,000 rows, chDB gathering 2.4-3.1 s in all against 6.6-7.9 s a
-        request per file. Numbers only (4M trips rows in 16 files): a request per file
-        1.45 s, gathered 1.9-2.4 s; gzip CSV likewise (raw 0.94-1.0 s, gathered 1.7 s)."""
+        for JSON lines with other than numeric columns: 18.16 parses strings, dates and
+        arrays in JSON slowly, while numbers only are faster a request per file."""
         if self.path_for(job) == PUSH:
             return True
         return (job.file.format.name in JSON_LINES
@@ -180,10 +176,8 @@ class StageFilling:
         engine, whose two views push the rows to the server (a URL table: one Native
         request) and count them per file (a Memory table).
 
-        Measured into 18.16 on 2 cores, 200 gzip JSON files of 3,000 rows in 2 batches:
-        0.71 s, as fast as chDB's own push of the same files (0.77 s); gathering each
-        batch in a Memory table first and pushing it after took 2-3 s (8 batches), the
-        server idle until every file was read (first byte 0.8-0.9 s).
+        As fast as chDB's own push of the same files; gathering each batch in a Memory
+        table first leaves the server idle until every file is read.
         Over https the engine cannot reach the server with our CA (push.py): _gather."""
         if self.url.secure:
             return self._gather(job, stage)
@@ -229,8 +223,7 @@ class StageFilling:
         """A batch of small files through the loader's engine: one query reads every file
         into a Memory table that keeps each row's file (exact rows per file), then one
         Native stream fills the stage. The stage gets one part and needs no merge; a
-        request per file made a part per file, merged before the attach (measured into
-        18.16: 200 gzip JSON files of 3,000 rows, 6.6-7.9 s one request per file).
+        request per file made a part per file, merged before the attach.
         `inspect` is given the Memory table's name (in the loader's engine, its rows'
         file in `_chload_file`) once it is filled: a cluster counts each file's rows
         per shard there."""
@@ -272,10 +265,8 @@ class StageFilling:
         first (`max_block_size=1000, max_block_size=100000` reads blocks of 1,000 rows),
         so a user's `--setting input_format_parallel_parsing=0` was ignored.
         Files too small for two chunks of chDB's parallel parsing (10 MB of text; under
-        SERIAL_PARSE_BELOW as stored, so gzip's ~10x too) are parsed on the thread that
-        reads them: into 18.16, 200 gzip JSON files of 130 KB (1 MB of text) in 2
-        streamed batches, loader CPU 1.19 s -> 1.14 s and 1.05x the speed (medians of
-        6 rounds, same run, load 2.3-3.5)."""
+        SERIAL_PARSE_BELOW as stored, so gzip's expanded text too) are parsed on the thread that
+        reads them: less loader CPU for many small files."""
         small = all(0 < f.size < SERIAL_PARSE_BELOW for f in job.files)
         merged = dict((*PUSH_SETTINGS, ("session_timezone", self.caps.timezone),
                        ("input_format_parquet_max_block_size",
@@ -355,9 +346,8 @@ def _width(typ: str) -> int:
 def parquet_block_rows(columns: Sequence[Column]) -> int:
     """Rows per block the loader's engine reads from Parquet for a push: ~PARQUET_BLOCK_BYTES
     of the table's rows in memory, within chDB's default (65,409) and 1M rows. By default
-    a narrow file's row group of 250,000 rows went to the server as 4 Native blocks; as
-    one, the loader's CPU for 4M trips rows in 16 files fell 0.61-0.62 s to 0.58-0.60 s
-    (docs/server-target.md "Measured"). By rows, not by chDB's
+    a narrow file's row group of 250,000 rows went to the server as 4 Native blocks, one
+    is cheaper for the loader (docs/benchmarks.md). By rows, not by chDB's
     input_format_parquet_prefer_block_bytes: that one counts compressed bytes, so a wide
     row group of well-compressed strings became a single block of 100 MB."""
     width = sum(_width(c.type) for c in columns)

@@ -3,10 +3,9 @@
 Two ways into a stage differ in what a group costs (fill.py):
 
 - *raw*: the server parses each file of a group in its own request, a part each, and
-  the parts are merged to one before the attach (commit.py rule 2). That merge cost
-  18.16 about what parsing the rows again does (2 gzip CSV files of 250,000 rows:
-  OPTIMIZE FINAL 117 ms, posting one file 136 ms), so only small files (< 512 KB,
-  ~100,000 rows), whose own stage and commit (~5 requests) cost more, share a stage;
+  the parts are merged to one before the attach (committer.py rule 2). That merge
+  costs 18.16 about what parsing the rows again does, so only small files (< 512 KB),
+  whose own stage and commit (~5 requests) cost more, share a stage;
   in as many groups as streams, so every stream has work.
 - *through the loader's engine* (a format or compression the server does not read;
   small JSON lines, which chDB parses for less than 18.16 does): a group is one
@@ -17,12 +16,10 @@ Two ways into a stage differ in what a group costs (fill.py):
   merges afterwards. Small ones always; larger ones (up to FLOW_BELOW) only into a
   wide table (WIDE_COLUMNS), where a part costs most (files per column, written and
   then merged), not rows: the server sorts and writes a group's part once its stream
-  ends, a serial tail that grows with the rows. Measured into 18.16 on 2 cores, same
-  run: 10 Parquet files of 50,000 taxi rows (51 columns) 1.09 s shared, 1.25 s a file
-  at a time (chDB's push 1.25 s); 16 of 250,000 trips rows (4 columns) 0.76 s
-  shared, 0.67 s a file at a time (push 0.69 s). (JSON lines of 512 KB and more stay raw and
-  alone: whether chDB or the server parses them faster depends on the columns, which
-  fill.py `_gathers` looks at per unit.)
+  ends, a serial tail that grows with the rows (docs/benchmarks.md).
+  (JSON lines of 512 KB and more stay raw and alone: whether chDB or the server
+  parses them faster depends on the columns, which fill.py `_gathers` looks at per
+  unit.)
 """
 
 from __future__ import annotations

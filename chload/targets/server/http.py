@@ -17,8 +17,7 @@ every message passes through `TargetURL.scrub`.
 
 The wire is HTTP/1.1 POST with a body, the answer read whole (chunked, sized, or to
 the close), on a plain socket: `http.client` would bring the `email` package and `ssl`
-to every start-up (22-30 ms measured here, of a 1.5-2 s load), for a protocol this
-narrow. `ssl` is imported for https targets only.
+to every start-up, for a protocol this narrow. `ssl` is imported for https targets only.
 """
 
 from __future__ import annotations
@@ -257,7 +256,7 @@ class _Connection:
 
     def __init__(self, host: str, port: int, tls: ssl.SSLContext | None) -> None:
         # An ASCII name goes as bytes (the resolver takes both; typeshed says str): as
-        # str, it imports the idna codec first (~1 ms of every start) to encode ASCII.
+        # str, it imports the idna codec first (at every start) to encode ASCII.
         address = (host.encode() if host.isascii() else host, port)
         sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT)  # type: ignore[arg-type]
         try:

@@ -1,7 +1,7 @@
 """A server target's stages, around their filling (fill.py): how many data requests
 run at once and when the files beyond them create their stages (`Streams`,
 `streams_for`), sealing a filled stage to one part per partition (`seal`),
-which the attach needs (commit.py rule 2), and the server's watch (`ServerWatch`).
+which the attach needs (committer.py rule 2), and the server's watch (`ServerWatch`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ STAGING = 2  # files in flight beyond the streams, at least (see ServerTarget.op
 
 
 def seal(server: ServerTarget, stage: str, sleep: Sleep | None = None) -> tuple[int, list[str]]:
-    """Rows in the stage and its partitions, each merged to one part (commit.py rule 2).
+    """Rows in the stage and its partitions, each merged to one part (committer.py rule 2).
 
     A big stage (a file of millions of rows is several inserted blocks) is being merged in
     the background while it is sealed, and 18.16 refuses an OPTIMIZE whose parts a merge
@@ -84,9 +84,9 @@ class Streams:
     latency and the server's backpressure say (`--workers auto`).
 
     The files beyond the streams (STAGING) wait until every stream has begun its first
-    request, at most a second: 18.16 runs DDL one statement at a time, and at the start
-    of a load 7 stage CREATEs at once took 13-48 ms each on a busy machine, so the last
-    stream began 30 ms after the first, behind stages that would wait for a stream anyway.
+    request, at most a second: 18.16 runs DDL one statement at a time, so stage
+    CREATEs at the start would delay the streams' first requests behind stages that
+    would wait for a stream anyway.
     """
 
     def __init__(self, count: int, adapt: Controller | None = None) -> None:
@@ -146,9 +146,8 @@ def streams_for(files: int, cores: int) -> int:
     """Data requests at once into a server with `cores` (its max_threads).
 
     A server parses one INSERT on one thread, and each waits at times on its disk or its
-    client, so a server takes more streams than it has cores: curl posting 10 gzip CSV
-    files into 18.16 on 2 cores was 1.08x as fast 4 at a time as 2 at a time, 1.10x 5 at
-    a time, 1.09-1.17x all 10 at once. Up to 4 per core and 8 in all (more adds server
+    client, so a server takes more streams than it has cores (docs/benchmarks.md).
+    Up to 4 per core and 8 in all (more adds server
     memory: each INSERT holds a block), spread evenly over the rounds the files need:
     10 files go 5 and 5, not 8 and then 2 on a half-idle server.
     """
@@ -158,8 +157,8 @@ def streams_for(files: int, cores: int) -> int:
 
 
 def most_streams(cores: int) -> int:
-    """The adaptive limit's bound: 4 streams per server core (the measured gain of
-    more streams than cores, above), 16 at most (each INSERT holds a block in memory)."""
+    """The adaptive limit's bound: 4 streams per server core (more streams than cores
+    pay, above), 16 at most (each INSERT holds a block in memory)."""
     return max(1, min(MAX_STREAMS, 4 * cores))
 
 

@@ -4,15 +4,14 @@
     CLICKHOUSE_PASSWORD=... chload load 'x/*.parquet' -t events --target https://ch:8443/db
 
 At connect the server is asked what it can do (capabilities.py; for `chload load`, on a
-thread while the loader still imports, with the load's first reads: server_early.py).
+thread while the loader still imports, with the load's first reads: server/early.py).
 Then, per file, the fastest correct path into a fresh stage table
 `chload.stage_<machine>_<pid>_<id>` (`CREATE TABLE ... AS <table>`, so its structure and
 keys are the table's):
 
 - *raw*: the server parses the format and the compression (gzip CSV into 18.16): the
-  file's bytes are posted as they are, with `Content-Encoding`, streamed from disk.
-  Measured on 2 cores, 10M rows of gzip CSV into 18.16: 2.6 s of CPU in all, against
-  2.8 s in chDB plus 1.7 s in the server when chDB parses and pushes Native.
+  file's bytes are posted as they are, with `Content-Encoding`, streamed from disk:
+  the cheapest way in CPU, the loader's and the server's together.
 - *push*: it cannot (Parquet, ORC, Avro, zstd/xz into 18.16; --audit columns, which the
   engine computes; or the server rejected the bytes, e.g. a CSV dialect 18.16 does not
   read): chDB in this process reads the file and streams `Native` (push.py),
@@ -23,7 +22,7 @@ per partition, stages.py's; this module connects, runs SQL and drives each load.
 The table itself is created from structured columns (`create_table`), each type as
 this server stores it (capabilities.server_columns), not from DDL text.
 
-Then the stage is attached into the table under the commit lock (commit.py: the
+Then the stage is attached into the table under the commit lock (committer.py: the
 exactly-once protocol and why it holds with several loader hosts), and the ledger says
 `loaded`. The ledger is `chload.files` on the server, so any host can resume.
 
@@ -48,7 +47,7 @@ from dataclasses import replace
 
 from chload.commit import rejects
 from chload.commit.batch import CommitBatcher
-from chload.commit.committer import BatchOverlap, Committer, Sql, stage_name
+from chload.commit.committer import Committer, stage_name
 from chload.commit.ledger import (
     DATABASE,
     FAILED,
@@ -58,8 +57,10 @@ from chload.commit.ledger import (
     Ledger,
     LoadedEvents,
 )
+from chload.commit.locks import Sql
 from chload.commit.rejects import ErrorBudget
 from chload.errors import (
+    BatchOverlap,
     ChloadError,
     DataError,
     SchemaError,
@@ -140,7 +141,7 @@ class ServerTarget(StageFilling):
         self._columns_asked: dict[str, list[Column] | None] = {}  # (see _distributed)
         self._width = 0  # columns of the table last asked for (the run's table)
         # table -> ' ENGINE = ...' of its stages: a cluster's Replicated local tables,
-        # staged in a plain MergeTree of the same keys (targets/cluster.py)
+        # staged in a plain MergeTree of the same keys (cluster/target.py)
         self.stage_engines: dict[str, str] = {}
         self.insert_params: dict[str, str] = {}  # server settings of every data INSERT
         self.loading: set[str] = set()  # tables loaded into: their parts are watched
@@ -233,13 +234,8 @@ class ServerTarget(StageFilling):
         """Let `streams` data requests run at once; return how many files to keep in
         flight: as many again (at least STAGING), each with its stage created and
         waiting for a stream, so a stream that ends a file starts the next at once
-        while the file it ended commits (a dozen small requests, 100 ms and more while
-        the server is busy).
-
-        Measured into 18.16 on 2 cores, 10 gzip CSV files of 1M rows, 5 streams: with
-        2 files more in flight, two of the second round's files started 37 and 108 ms
-        after their stream was free (their threads were still committing); with 5
-        more, none waits.
+        while the file it ended commits (a dozen small requests). With fewer in
+        flight, files of the second round wait for threads still committing.
 
         With `adapt` (--workers auto) the controller moves the limit while the load
         runs, within `most_streams` of the server's cores, watched by `ServerWatch`
@@ -302,7 +298,7 @@ class ServerTarget(StageFilling):
 
     def _budgeted(self, job: LoadJob, stage: str, errors_file: str) -> int:
         """With an error budget the loader's engine parses (push): it skips bad rows
-        within --max-errors and writes each to `errors_file` (loader_rejects.py); a
+        within --max-errors and writes each to `errors_file` (commit/rejects.py); a
         server parsing the bytes itself could not say which rows it skipped."""
         try:
             return self._push(job, stage, extra=job.budget.engine_settings(errors_file))
@@ -314,7 +310,7 @@ class ServerTarget(StageFilling):
 
     def plan_batches(self, files: Sequence[SourceFile], budget: ErrorBudget,
                      workers: int) -> list[tuple[SourceFile, ...]]:
-        """Files in groups of one stage and one commit each (server_groups.py says
+        """Files in groups of one stage and one commit each (server/groups.py says
         which share one); with an error budget each alone (the engine's errors file
         does not say which file a rejected row came from)."""
         if budget.allows_errors:
@@ -341,7 +337,7 @@ class ServerTarget(StageFilling):
     def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
         """Several files through one stage and one commit, each file's rows counted
         as it lands. Any failure before the commit raises, and the runner loads the files
-        one by one; after the commit begins nothing is retried (rule 5 of commit.py makes
+        one by one; after the commit begins nothing is retried (rule 5 of committer.py makes
         a file-by-file retry of a batch that may have committed load nothing)."""
         self._check_engine(job)
         with self.committer.expecting(job.table, [f.uri for f in job.files]):
@@ -390,7 +386,7 @@ class ServerTarget(StageFilling):
 
     def _commit(self, job: LoadJob, stage: str, partitions: Sequence[str],
                 events: Sequence[FileEvent]) -> bool:
-        """Commit a filled stage: with others, in fewer groups (commit_batch.py); a unit
+        """Commit a filled stage: with others, in fewer groups (batch.py); a unit
         of a stream at once, in its order."""
         if job.follows:
             return self.committer.commit(job.table, job.table_display, stage, partitions,
