@@ -172,7 +172,7 @@ _AUTH_CODES = {192, 193, 194, 195, 497, 516}
 PASSWORD_ENV = "CLICKHOUSE_PASSWORD"  # where a server target's password may come from
 
 # The patterns below are compiled when first used (re caches them): they read error
-# texts only, and compiling them all at import was ~1 ms of every start.
+# texts only, and compiling them all at import would slow every start.
 _ERRNO_SOURCE = r"Cannot (stat|open) file|No such file|Permission denied"
 
 _BEFORE = r"before: '((?:[^'\\]|\\.)*)'"

@@ -25,7 +25,7 @@ from chload.formats import HEADER_FORMATS, FileFormat
 AUDIT_COLUMNS = {"_source_file": "LowCardinality(String)", "_loaded_at": "DateTime"}
 NULL_SAMPLE_ROWS = 200_000
 # Whether the first line is a header the engine decides from the lines after it; a few
-# hundred say as much as its default 25,000 (which took 1.5 s on a 51-column file).
+# hundred say as much as its default 25,000, which is slow on wide files.
 HEADER_SAMPLE = ("SETTINGS input_format_max_rows_to_read_for_schema_inference = 500, "
                  "input_format_max_bytes_to_read_for_schema_inference = 1048576")
 _UNSORTABLE = re.compile(

@@ -40,12 +40,9 @@ def _job_settings(spec: LoadSpec) -> tuple[tuple[str, str], ...]:
 
 
 def _threads_per_file(workers: int, jobs: int) -> int:
-    """Engine threads per file: the cores shared among the files loading at once.
-
-    Measured on 2 cores, 10 gzip CSV files of 51 columns: two files at once with one
-    thread each took 3.3 s of CPU, the engine's default (parallel parsing, 2 threads
-    each) 4.4 s for the same wall time or worse. A lone file gets every core.
-    """
+    """Engine threads per file: the cores shared among the files loading at once (the
+    engine's default, parallel parsing in every file, spends more CPU for the same wall
+    time); a lone file gets every core."""
     return max(1, (os.cpu_count() or 2) // max(1, min(workers, jobs)))
 
 
@@ -123,6 +120,6 @@ def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int,
         time.time_ns(),
         report.files_total, report.files_loaded, report.files_skipped, report.files_failed,
         report.rows_loaded, report.rows_rejected, report.bytes_read, report.seconds, status,
-        os.uname().nodename,  # as socket.gethostname(), without importing socket (4 ms)
+        os.uname().nodename,  # as socket.gethostname(), without importing socket
         json.dumps(report.concurrency, separators=(",", ":")) if report.concurrency else "",
     )

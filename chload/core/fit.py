@@ -13,11 +13,10 @@ CSV, not an empty field, not JSON's null).
 So before a local CSV/TSV/JSON-lines file loads, the start of it (16 KB, decompressed:
 about 1,000 rows of 4 numbers, 40 of 51 columns) is held against the table's types,
 and a value that does not fit fails the file alone, naming the line, the column, the
-value and what to change. Only those first rows are seen; a value further on is
-stored as ClickHouse stores it (README, "Bad rows, error budgets, validation").
-A clean start costs a few substring searches over its bytes (~0.2 ms a file, most of
-it opening and decompressing); only a start that may hold a misfit is split into
-values (~1 ms).
+value and what to change. Only those first rows are seen here; where chDB reads the
+file, narrow integers are checked in every row (`widened`, `insert_expr`); docs/
+reading-files.md says what is checked where. A clean start costs a few substring
+searches over its bytes; only a start that may hold a misfit is split into values.
 
 `--setting input_format_null_as_default=1` (or `input_format_csv_empty_as_default=1`
 for empty CSV fields) says defaults for NULL are wanted: then NULLs are not refused.
@@ -117,10 +116,9 @@ _EXPONENTS = (b"0e0", b"0e+0", b"0e-0", b"0E0", b"0E+0", b"0E-0")
 def _may_misfit(data: bytes, fmt: FileFormat, kinds: Sequence[str], nulls_ok: bool,
                 engine: str) -> bool:
     """Whether the start could hold a misfit, asked of its bytes with substring searches
-    (each ~0.01 ms for 16 KB; a regular expression took 4-5x as long), so that a clean
-    file of common types (Int64, Float64, String, DateTime of these centuries) is never
-    split into values (~0.8 ms for 16 KB of narrow CSV rows). False only where the full check
-    would find nothing; True sends the start to it."""
+    (cheaper than a regular expression), so that a clean file of common types (Int64,
+    Float64, String, DateTime of these centuries) is never split into values. False only
+    where the full check would find nothing; True sends the start to it."""
     family = "JSON" if fmt.name in JSON_LINES else "CSV" if fmt.name.startswith("CSV") \
         else "TSV"
     hints, sep = _NULL_HINTS[family], (delimiter(fmt) or ",").encode()
@@ -189,7 +187,7 @@ Rows = tuple[list[str], Callable[[int], int], list[list]]
 def _text_rows(text: str, file: SourceFile, read: Sequence[str]) -> Rows | None:
     """A CSV/TSV start as columns of fields (`\\N` kept as written) named by the file's
     header, else by the run's columns. Rows of another width are left out (the load
-    reports them). Split in C (csv.reader, str.split): a loop a row cost 4x as much."""
+    reports them). Split in C (csv.reader, str.split), not by a loop a row."""
     sep = delimiter(file.format) or ","
     csv_like = file.format.name.startswith("CSV")
     lines = text.splitlines()
@@ -231,7 +229,7 @@ def _json_rows(text: str) -> Rows | None:
     """A JSON-lines start as columns, one per key of any object: numbers and
     strings as text, null as `\\N`, a missing key as None (the column's default is what
     the format means by it), objects, arrays and booleans as None (no rule reads them).
-    Parsed in one call: a call a line cost ~3x as much."""
+    Parsed in one call, not a call a line."""
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     try:
         objects = json.loads("[" + ",".join(line for _, line in lines) + "]")
@@ -295,7 +293,7 @@ def _rule(base: str, engine: str) -> Rule | None:
     """The check of a column's values (text; None for an absent JSON key) against
     `base`: the first that does not fit and why, or None. Each first asks, in C (max,
     min, join, a regular expression over the joined values), whether any value could
-    misfit: a clean column of 4,000 values costs ~0.05 ms, a value-by-value loop 0.3."""
+    misfit, so a clean column is never checked value by value."""
     if (m := _INT.match(base)):
         return _integers(base, int(m.group(2)), bool(m.group(1)))
     kind = base.split("(")[0]

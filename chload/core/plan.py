@@ -200,12 +200,11 @@ def _wider_in_files(target: Target, files: Sequence[SourceFile], read: Sequence[
                     sources: RunSources | None) -> set[str]:
     """The narrow integer columns (fit.widened) that a typed file holds in another type
     (an Int64 for a UInt8 column), asked of the first and the last file (their footers:
-    DESCRIBE), only when the table has such a column. Read wide and checked, every such
-    column cost taxi's 10 Parquet files 1.25x the time (all held their own narrow types),
-    and a DESCRIBE of every file cost 16 trips Parquet files 76 ms before the first byte
-    (4-5 ms each, uncached), so the files between are taken to hold what those two do:
-    a file among them holding a wider type is read as before (its number wraps). A file
-    that cannot be described is taken as wider."""
+    DESCRIBE), only when the table has such a column: reading every such column wide
+    slows typed files that hold their own narrow types, and a DESCRIBE of every file
+    delays the first byte (docs/benchmarks.md), so the files between are taken to hold
+    what those two do: a file among them holding a wider type is read as before (its
+    number wraps). A file that cannot be described is taken as wider."""
     narrow = {c.name: c.type for c in read if fit.narrow_int(c.type)}
     if (not narrow or sources is None or any(f.is_stream for f in files)
             or not sources.reads_in_place(files)):

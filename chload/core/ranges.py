@@ -1,31 +1,15 @@
-"""Dates and times a database column holds that the target's column type cannot.
+"""Which dates and times each target engine's column types hold, and the checks a
+database source runs so that a value outside them is refused, never changed.
 
-The engine that parses a range's rows changes such a value without a word: an 18.16
-server stores a `DateTime` of 1960 as 1970-01-01 07:08:09 (its date table starts in
-1970 and ends in 2105), a `Date` of 1960 or 2120 as 0000-00-00; chDB reads a `DateTime`
-of 1960 as 1970-01-01 and a MariaDB datetime of year 0000 as the current year. So the
-source's own query checks each such value where it is read, and one outside the
-target type's range is never passed on as a date (DESIGN.md: bad input loses nothing):
-
-- without an error budget the range fails, with one line naming the table, the column,
-  the value, the range of the type on that target and the `--schema` to pass
-  (`message`): PostgreSQL is made to raise it (`postgres.py`: the value cast to the
-  column's type after a marker, which its parser refuses), the MariaDB C reader
-  returns it (mysql_copy.c);
-- with one (`--max-errors`), the value is written as text no date parser takes
-  (`out of range: 1960-05-06 ...`), so the engine rejects that row into chload.rejects
-  like any other row it cannot read.
-
-A column is checked only where its source type can hold a value its target type
-cannot (`Guard`): never for numbers or text, and for a timestamp only where the target
-is narrower (on chDB, DateTime64 and Date32 hold 0001 to 9999, so a PostgreSQL
-timestamp is checked for its years before 1 and after 9999 and its infinities, a
-MariaDB datetime for its year 0000). What a check costs is in docs/databases.md.
-
-The ranges were measured here, by the text parse of each engine (`ENGINES`): chDB
-26.9 and ClickHouse 18.16. Another server version gets the narrowest of what older
-servers are documented to hold (a value it could hold may then be refused, never
-changed).
+An engine parsing such a value changes it without a word (18.16 stores a 1960 `Date`
+as 0000-00-00; chDB clamps a 1960 `DateTime` to 1970-01-01). So a database source's own
+query checks each column whose source type can hold what its target type cannot
+(`guards`): without an error budget the range fails with one line naming the column,
+the value, the type's range and the `--schema` to pass (`message`); with one, the value
+is written as text no date parser takes (`SHOWN`), and the row goes to chload.rejects.
+`ENGINES` holds the ranges of chDB and ClickHouse 18.16, found by each engine's text
+parse; another server gets the narrowest of what older servers are documented to hold.
+docs/sources-databases.md says more.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Whether a file starts with a header, and which columns that header names, is ask
 every CSV/TSV file a load takes (planner.check_headers): a file whose header names other
 columns than the table's must fail alone, and a server as old as 18.16 reads a
 header's columns by position. For a local file the line is read here (at most 64 KB,
-decompressed by the standard library), which costs microseconds and spares the ~0.4 s
-it takes to start chDB; any doubt (another compression, a remote file, a line longer
+decompressed by the standard library), which costs microseconds and spares starting
+chDB; any doubt (another compression, a remote file, a line longer
 than the limit) answers None and the engine reads the line (dialect.first_line).
 Only the header line is read: no data row passes through Python.
 
