@@ -92,7 +92,7 @@ class DatabaseSource:
         the types the rows are read as (`read`), which ClickHouse parses them (`engine`,
         Target.engine) and whether an error budget rejects rows (`rejects`). The
         session then checks the date and time values those types cannot hold
-        (db_range.py) in every range it reads."""
+        (core/ranges.py) in every range it reads."""
         session = self.session
         if session is None:
             return
@@ -109,7 +109,7 @@ class DatabaseSource:
 
     def fetch(self, file: SourceFile, columns: Sequence[Column], workdir: str) -> SourceFile:
         """The range made readable by the engine: streamed through a pipe where the
-        engine is in this process and converts nothing (db_pipes.py), else read by the
+        engine is in this process and converts nothing (sources/pipes.py), else read by the
         database's client into a spool: TSV as the source printed it, or, where a column
         needs the engine to convert it, Native."""
         session = self._open()

@@ -72,7 +72,7 @@ _SETUP = ("SET SESSION sql_mode = ''", "SET SESSION time_zone = '+00:00'",
 class MysqlSession:
     """One snapshot of one MySQL/MariaDB table (or query), read range by range."""
 
-    range_checks = NO_CHECKS  # set once the target's types are known (db_range.py)
+    range_checks = NO_CHECKS  # set once the target's types are known (core/ranges.py)
     bounds_in_snapshot = True  # False where no lock could be taken (_take_snapshot)
 
     def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
@@ -427,7 +427,7 @@ def _zero_dates(columns: list[DbColumn], types: dict[str, str],
 
 def _checks(zero: str, guards: dict[int, db_range.Guard], fields: int) -> str:
     """What the native reader checks in each field (mysql_copy.c parse_checks): zero dates
-    (`zero`, _zero_dates) and ranges (db_range.py); '' for nothing."""
+    (`zero`, _zero_dates) and ranges (core/ranges.py); '' for nothing."""
     if not zero and not guards:
         return ""
     mode = "S" if any(g.rejects for g in guards.values()) else "F"

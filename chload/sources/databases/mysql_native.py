@@ -33,7 +33,7 @@ CONNECT_TIMEOUT = 10
 WRITE_FAILED = -1
 ZERO_DATE = -2  # a zero date where the range may hold none (NativeError args: the
 # field's index and its value, tab-separated: mysql_copy.c put_row)
-OUT_OF_RANGE = -3  # a date or time the target's type cannot hold (db_range.py): the same
+OUT_OF_RANGE = -3  # a date or time the target's type cannot hold (core/ranges.py): the same
 
 
 def libmariadb() -> str:

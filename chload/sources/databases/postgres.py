@@ -79,7 +79,7 @@ WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY
 class PostgresSession:
     """One snapshot of one PostgreSQL table (or query), read range by range."""
 
-    range_checks = NO_CHECKS  # set once the target's types are known (db_range.py)
+    range_checks = NO_CHECKS  # set once the target's types are known (core/ranges.py)
     bounds_in_snapshot = True  # `bounds` reads the exported snapshot itself
     control: Control  # the controlling psql; made first, so `close` always has it
 
@@ -340,7 +340,7 @@ def _within(column: DbColumn, guard: db_range.Guard) -> str:
 
 
 def _refused(column: DbColumn, guard: db_range.Guard) -> str:
-    """The range check of a column (db_range.py), a condition of the COPY's WHERE (a
+    """The range check of a column (core/ranges.py), a condition of the COPY's WHERE (a
     SELECT of plain columns needs no projection: a CASE there cost the database twice
     as much): a value outside [lo, hi] (infinity too) is cast, after a marker, to an
     integer, which PostgreSQL refuses with an error quoting it, and the range fails

@@ -164,7 +164,7 @@ def _shell_word(text: str) -> str:
 # -- values out of the target's range ----------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class RangeChecks:
-    """A session's range checks (db_range.py): by column position, and the columns as
+    """A session's range checks (core/ranges.py): by column position, and the columns as
     they are read (for the --schema a refusal suggests)."""
 
     url: DbUrl
