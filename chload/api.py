@@ -195,13 +195,18 @@ def load(sources: Sources | LoadSpec, table: str | None = None, *,
 
 
 def _begin_early(spec: LoadSpec) -> Callable[[], None]:
-    """A database source's session begun while the target opens (db_early.py), and its
-    cleanup. Imported only for a URL source: files do not need it."""
-    if not any("://" in s for s in spec.sources):
-        return lambda: None
+    """A PostgreSQL source's session begun while the target opens (sources/databases/
+    early.py), and its cleanup. Imported only for such a URL: files do not need it."""
+    pattern = spec.sources[0] if len(spec.sources) == 1 else ""
+    if "://" not in pattern or registry.SCHEMES.get(pattern.split("://")[0].lower()) != "postgres":
+        return lambda: None  # MySQL/MariaDB: begun where the run lists (early.py says why)
     from chload.sources.databases import early as db_early
+    from chload.sources.databases.base import DatabaseSource
 
-    return db_early.begin(spec.sources, spec.query, spec.incremental_by, spec.workers)
+    source = registry.source_for(pattern)
+    assert isinstance(source, DatabaseSource)
+    return db_early.begin(pattern, source, SourceContext(
+        select=spec.query, incremental_by=spec.incremental_by, workers=spec.workers, pipes=True))
 
 
 def _target_spec(target: str | None, create: bool = True) -> TargetSpec:

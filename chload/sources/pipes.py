@@ -2,9 +2,8 @@
 
 Why: spooled, a range is written whole by the database's client, then parsed whole by
 the engine, one after the other; streamed, the engine parses while the database and
-its client produce, so on 2 cores the two overlap. Measured (bench/databases.py,
-docs/databases.md): this is what took chload from below to above the single-stream
-methods.
+its client produce, so on 2 cores the two overlap (bench/databases.py;
+docs/benchmarks.md has the figures).
 
 How: the source makes an anonymous pipe; the database's client (psql) writes into its
 write end, or a thread relays the client's output into it (MySQL: the end of a range

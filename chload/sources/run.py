@@ -115,7 +115,7 @@ class RunSources:
     def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
                rejects: bool) -> None:
         """The run's table as the target stores it, before any unit is fetched: told to
-        the sources that check values against it (a database's, database.py `stored`)."""
+        the sources that check values against it (a database's, databases/base.py `stored`)."""
         with self._guard:
             opened = list(self._open.values())
         for source in opened:

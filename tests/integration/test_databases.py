@@ -392,8 +392,8 @@ def test_a_range_is_read_in_key_order_when_the_target_asks(
     """postgres.read_in_key_order against the real database: rows updated after the
     fill lie at the table's end (a sequential scan gives them last), yet the table is
     in key order by its statistics, so an asking target gets every range sorted."""
-    from chload.sources.databases.base import parse_url
     from chload.sources.databases.postgres import PostgresSession
+    from chload.sources.databases.table import parse_url
 
     source = Source("postgresql", postgres)
     source.orders(table_name, 1, 20_000)

@@ -7,17 +7,9 @@ from __future__ import annotations
 import pytest
 
 from chload.errors import UsageError
-from chload.sources.databases.base import (
-    Range,
-    TableInfo,
-    missing_ranges,
-    parse_range,
-    parse_url,
-    plan_units,
-    range_predicate,
-    redact,
-    split_range,
-)
+from chload.sources.databases.plan import missing_ranges, parse_range, plan_units, split_range
+from chload.sources.databases.session import Range, range_predicate
+from chload.sources.databases.table import TableInfo, parse_url, redact
 
 
 def test_url_parts_and_no_password_in_display() -> None:
@@ -71,7 +63,7 @@ def test_uri_ranges_read_back() -> None:
 def test_debian_psql_wrapper_is_skipped_for_the_newest_client(tmp_path, monkeypatch) -> None:
     """pg_wrapper (a Perl start per psql) is replaced by the newest installed psql, as the
     wrapper itself picks with -h; any other psql is run as found."""
-    from chload.sources.databases import postgres
+    from chload.sources.databases import postgres_psql as postgres
 
     lib = tmp_path / "lib"
     for version in ("9.6", "13", "15", "notes"):
@@ -83,10 +75,9 @@ def test_debian_psql_wrapper_is_skipped_for_the_newest_client(tmp_path, monkeypa
     (tmp_path / "psql").symlink_to(wrapper)
     monkeypatch.setattr(postgres, "_PG_LIB", str(lib))
     assert postgres._unwrapped(str(tmp_path / "psql")) == str(lib / "15" / "bin" / "psql")
-    from chload.sources.databases.base import parse_url
 
-    env = postgres._env(parse_url("postgresql://u@h/db/t", None),
-                        str(lib / "15" / "bin" / "psql"))
+    env = postgres.client_env(parse_url("postgresql://u@h/db/t", None),
+                              str(lib / "15" / "bin" / "psql"))
     assert env["PGSYSCONFDIR"]  # what the wrapper would have set
     plain = tmp_path / "plain-psql"
     plain.write_text("#!/bin/sh\n")

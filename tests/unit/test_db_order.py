@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from chload.sources.base import SourceContext
-from chload.sources.databases import postgres
-from chload.sources.databases.base import DbColumn, TableInfo, parse_url
+from chload.sources.databases import postgres_psql as postgres
 from chload.sources.databases.postgres import PostgresSession, PostgresSource
+from chload.sources.databases.table import DbColumn, TableInfo, parse_url
 
 URL = "postgresql://loader@db:5432/shop/public.orders"
 
@@ -80,9 +80,9 @@ def test_psql_writes_a_range_1_mib_at_a_time_where_stdbuf_can_run_it(
     library = tmp_path / "coreutils" / "libstdbuf.so"
     monkeypatch.setattr(postgres, "_LIBEXEC", (str(tmp_path),))
     monkeypatch.setattr(postgres.shutil, "which", lambda name: f"/bin/{name}")
-    assert postgres._buffered("/pg/psql") == ["/pg/psql"]  # no library: stdbuf would fail
+    assert postgres.buffered("/pg/psql") == ["/pg/psql"]  # no library: stdbuf would fail
     library.parent.mkdir()
     library.write_bytes(b"")
-    assert postgres._buffered("/pg/psql") == ["/bin/stdbuf", "--output=1048576", "/pg/psql"]
+    assert postgres.buffered("/pg/psql") == ["/bin/stdbuf", "--output=1048576", "/pg/psql"]
     monkeypatch.setattr(postgres.shutil, "which", lambda name: None)
-    assert postgres._buffered("/pg/psql") == ["/pg/psql"]
+    assert postgres.buffered("/pg/psql") == ["/pg/psql"]

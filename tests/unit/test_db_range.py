@@ -52,7 +52,7 @@ def test_the_c_reader_is_told_each_fields_checks() -> None:
 
 
 def test_a_value_no_date_type_holds_is_suggested_string() -> None:
-    from chload.sources.databases.base import DbColumn, DbUrl, RangeChecks
+    from chload.sources.databases.table import DbColumn, DbUrl, RangeChecks
 
     found = db_range.guards([("t", "any")], ["DateTime"], {}, db_range.CHDB, False)
     checks = RangeChecks(DbUrl("postgresql", "u", "h", 1, "d", "s", "t"),

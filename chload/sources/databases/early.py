@@ -1,30 +1,39 @@
-"""A database source's snapshot begun while the target opens.
+"""A database source's session begun while the target opens, claimed where the run lists.
 
-Why: the embedded target's start (chDB's import, its session, the ledger) is 0.3-0.4 s
-of one core before anything is listed, and the database session after it (connect,
-describe, export the snapshot, and PostgreSQL's first range connection) another
-0.05-0.1 s, while the other core waits. Started in a thread at the top of `load`,
-the session is ready when `DatabaseSource.list` asks for it (`claim`), if the run's
-options are the ones it was begun with; else it is closed and a new one made. Nothing
-is read before `list`: a session holds a snapshot and connections only. A session no
-run claims (the target failed to open) is closed by `begin`'s cleanup.
+The target's start and the database session (connect, describe, export the snapshot)
+each keep one core busy; begun in a thread at the top of `load` (api.py's
+`_begin_early`, which finds the source), the session is ready when
+`DatabaseSource.list` asks for it (`claim`) if the run's options are the ones it was
+begun with; else it is closed and a new one made. Nothing is read before `list`: a
+session holds a snapshot and connections only. A session no run claims (the target
+failed to open) is closed by `begin`'s cleanup.
 
-PostgreSQL only: a MySQL/MariaDB session begun early made `--workers 2` into the
-embedded target slower in two runs (1.76 against 1.55 s, 2.51 against 1.94 s, same CPU:
-bench/databases.py with the commit before as a variant), not understood, so it is begun
-where the run lists, as before. It cannot matter: the whole session (libmariadb's
-connect, describe, lock, snapshot, unlock) was 4 ms in a trace (docs/databases.md run
-H), all that beginning it early could save.
+PostgreSQL only: a MySQL/MariaDB session begun early made the run slower, and its whole
+session is too short for beginning it early to save anything
+(docs/architecture-notes-sources.md).
+
+This module knows no kind of source: the caller passes the source that makes the
+session, so it imports neither the registry nor base.py (which imports it).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from chload.sources.base import SourceContext
+
+
+class _Closes(Protocol):
+    def close(self) -> None: ...
+
+
+class Opens(Protocol):
+    """What begins a session: base.py's DatabaseSource."""
+
+    def session_for(self, pattern: str, context: SourceContext) -> _Closes: ...
 
 
 @dataclass
@@ -39,28 +48,14 @@ _EARLY: dict[str, _Early] = {}
 _GUARD = threading.Lock()
 
 
-def begin(patterns: Sequence[str], select: str | None, incremental_by: str | None,
-          workers: int | None) -> Callable[[], None]:
-    """Start the session of a run's one database source in a thread; the cleanup to
-    call when the run ends (it closes the session if `list` did not claim it)."""
-    from chload.sources.registry import SCHEMES, source_for
-
-    if len(patterns) != 1 or "://" not in patterns[0]:
-        return lambda: None
-    pattern = patterns[0]
-    if SCHEMES.get(pattern.split("://")[0].lower()) != "postgres":
-        return lambda: None  # MySQL/MariaDB: begun early it was slower (below)
-    # imported only now: database.py brings hashlib (OpenSSL), ~6 ms of every file load
-    from chload.sources.databases.base import DatabaseSource, parse_url
-    source = source_for(pattern)
-    assert isinstance(source, DatabaseSource)
-    context = SourceContext(select=select, incremental_by=incremental_by, workers=workers,
-                            pipes=True)
+def begin(pattern: str, source: Opens, context: SourceContext) -> Callable[[], None]:
+    """Start `source`'s session of `pattern` in a thread; the cleanup to call when the
+    run ends (it closes the session if `list` did not claim it)."""
     early = _Early(key(context))
 
     def start() -> None:
         try:
-            early.session = source._session(parse_url(pattern, select), context)
+            early.session = source.session_for(pattern, context)
         except BaseException as exc:  # noqa: BLE001 (raised by `claim`, in the run's thread)
             early.error = exc
 

@@ -2,7 +2,7 @@
  *
  * Why: the `mariadb` client cannot mark NULL apart from the string 'NULL' while
  * escaping tabs and newlines, so the server had to escape every text field in SQL
- * (IF/RLIKE/REPLACE, 0.3-0.5 CPU-s per 2M rows on the database), and a Python thread
+ * (IF/RLIKE/REPLACE, a real cost to the database), and a Python thread
  * relayed the client's output to find where a range ends. Here the rows come over
  * libmariadb's text protocol (the client's own library, mysql_use_result: row by row,
  * nothing held) and are written as ClickHouse TSV (backslash escapes, \N for NULL)

@@ -1,12 +1,12 @@
 """The native MySQL/MariaDB reader: mysql_copy.c, compiled on first use, through ctypes.
 
 Why: with the `mariadb` client, the server had to format every text field as a TSV
-field in SQL (the client prints NULL and the string 'NULL' alike when it escapes), which
-cost the database 0.3-0.5 CPU-s per 2M rows, and a Python thread relayed the client's
-output to find each range's end marker. The C reader gets the rows over libmariadb's
-text protocol (the client's own library) and writes them escaped, \\N for NULL,
-straight into the engine's pipe; the database sends the plain columns.
-docs/databases.md has the figures.
+field in SQL (the client prints NULL and the string 'NULL' alike when it escapes), at
+a cost to the database, and a Python thread relayed the client's output to find each
+range's end marker. The C reader gets the rows over libmariadb's text protocol (the
+client's own library) and writes them escaped, \\N for NULL, straight into the
+engine's pipe; the database sends the plain columns. docs/benchmarks.md has the
+figures.
 
 It is built with the system `cc` against the system's libmariadb.so.3 (headers not
 needed: mysql_copy.c declares the calls it makes) into `$CHLOAD_CACHE` or
@@ -33,7 +33,7 @@ CONNECT_TIMEOUT = 10
 WRITE_FAILED = -1
 ZERO_DATE = -2  # a zero date where the range may hold none (NativeError args: the
 # field's index and its value, tab-separated: mysql_copy.c put_row)
-OUT_OF_RANGE = -3  # a date or time the target's type cannot hold (db_range.py): the same
+OUT_OF_RANGE = -3  # a date or time the target's type cannot hold (core/ranges.py): the same
 
 
 def libmariadb() -> str:

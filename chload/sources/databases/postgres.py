@@ -1,49 +1,48 @@
 """PostgreSQL tables and queries, read from one exported snapshot by `psql` COPY.
 
-A session holds one connection (a `psql` fed statements: _Control) in a REPEATABLE
-READ, READ ONLY transaction that exported its snapshot (`pg_export_snapshot()`) and
-stays open for the run; each range is one `psql` process that imports it (`SET
-TRANSACTION SNAPSHOT`) and runs `COPY (SELECT ... WHERE range) TO STDOUT` into the
-pipe the engine reads (or a spool file: database.py): every range sees the
-same database state, whatever is written meanwhile, and no row passes through Python.
-
-Measured on 2 cores, 500,000 rows (bigint, int, numeric(10,2), timestamp, 2 text):
-`psql` COPY to a file 0.60 s; psycopg's copy (a Python call per row) 1.20 s; chDB's
-`postgresql()` read and insert 1.05 s, which has no shared snapshot (each range its own
-connection and transaction: not consistent under concurrent writes), and would put the
-password in the engine's query text and logs. The password goes to `psql` by its
-environment (PGPASSWORD) only, never its command line.
+A session holds one connection (a `psql` fed statements: postgres_psql.Control) in a
+REPEATABLE READ, READ ONLY transaction that exported its snapshot
+(`pg_export_snapshot()`) and stays open for the run; each range is one `psql` process
+that imports it (`SET TRANSACTION SNAPSHOT`) and runs `COPY (SELECT ... WHERE range) TO
+STDOUT` into the pipe the engine reads (or a spool file: base.py): every range sees
+the same database state, whatever is written meanwhile, and no row passes through
+Python. Why psql rather than psycopg or chDB's postgresql(): see
+docs/architecture-notes-sources.md.
 
 COPY's text format is what ClickHouse's TSV reads (`\\N` for NULL, backslash escapes);
-a few types are printed differently by the SELECT (below, `_select`), and bytea and
-arrays are converted by the engine from the text COPY gives (database.py).
+a few types are printed differently by the SELECT (below, `_column`), and bytea and
+arrays are converted by the engine from the text COPY gives (base.py).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from typing import IO
 
 from chload.core import ranges as db_range
-from chload.errors import ChloadError, SourceError, TransientError, UsageError
+from chload.errors import SourceError, UsageError
 from chload.sources import pipes as db_pipes
 from chload.sources.base import SourceContext
-from chload.sources.databases.base import (
+from chload.sources.databases.base import DatabaseSource
+from chload.sources.databases.postgres_psql import (
+    Control,
+    Psql,
+    buffered,
+    client_env,
+    connection_args,
+    find_psql,
+)
+from chload.sources.databases.session import Range, range_predicate, stream_read
+from chload.sources.databases.table import (
     NO_CHECKS,
-    DatabaseSource,
     DbColumn,
     DbUrl,
-    Range,
-    RangeChecks,
     TableInfo,
     cannot_carry,
     nullable,
-    range_predicate,
-    stream_read,
 )
 from chload.sources.pipes import Reading
 
@@ -63,14 +62,7 @@ _INTEGER_AXIS = {"smallint", "integer", "bigint"}
 _TIME_AXIS = {"date", "timestamp without time zone", "timestamp with time zone"}
 _ARRAY_ELEMENTS = {"smallint", "integer", "bigint", "real", "double precision", "text",
                    "character varying", "boolean", "uuid"}
-_LIBEXEC = ("/usr/libexec", "/usr/lib", "/usr/local/libexec")  # where stdbuf's library is
-_PG_LIB = "/usr/lib/postgresql"  # Debian's clients, one directory per version
-FINISH_SECONDS = 60  # after its output ended, psql only commits and exits
-OUT_BUFFER = 1 << 20  # a range's psql writes its COPY output this much at a time (_buffered)
 CORRELATED = 0.9  # a key this correlated with the table's order is read in order (_order)
-_TRANSIENT = ("could not connect", "Connection refused", "server closed the connection",
-              "timeout expired", "the database system is starting up")
-
 # A domain's column is described by its base type (the values are the base type's:
 # COPY prints them so): `CREATE DOMAIN email AS text` is a text column.
 _COLUMNS_SQL = """SELECT a.attname,
@@ -87,17 +79,19 @@ WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY
 class PostgresSession:
     """One snapshot of one PostgreSQL table (or query), read range by range."""
 
-    range_checks = NO_CHECKS  # set once the target's types are known (db_range.py)
+    range_checks = NO_CHECKS  # set once the target's types are known (core/ranges.py)
+    bounds_in_snapshot = True  # `bounds` reads the exported snapshot itself
+    control: Control  # the controlling psql; made first, so `close` always has it
 
     def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
                  pipes: bool = False) -> None:
         self.url, self.query = url, query
-        self.psql = _client()
-        self.reader = _buffered(self.psql)  # a range's psql (the control's is plain)
+        self.psql = find_psql()
+        self.reader = buffered(self.psql)  # a range's psql (the control's is plain)
         self.spare: tuple[int, subprocess.Popen[bytes], IO[bytes]] | None = (
             self._spawn() if pipes else None)  # (ranges are streamed: SourceContext.pipes)
         try:
-            self.control = _Control(url, self.psql)
+            self.control = Control(url, self.psql)
         except BaseException:
             self._drop_spare()
             raise
@@ -161,19 +155,10 @@ class PostgresSession:
     def read_in_key_order(self) -> None:
         """Read each range in primary key order where that is an ordered read of the
         table (`_order`); asked by a target that sorts a unit's rows after its last
-        byte (DatabaseSource.list, SourceContext's `key_order`).
-
-        Why: the created table (and the stage a range is loaded into) is sorted by the
-        source's primary key, and a server writing a block not already in key order
-        sorts it first. Into 18.16 the stage of a range is one part written after the
-        range's last byte, when nothing else overlaps it, and that sort (a permutation
-        of every column, with its memory) was about 0.15 of the 0.37-0.40 server CPU-s
-        spent then (perf, 2M rows). A sequential scan is not quite in key order even
-        for a table filled in key order (rows in reused space); a scan of the key's
-        index is, at +0.1-0.13 database CPU-s per 2M rows, spent while the rows stream.
-        Into the embedded target, which writes as the rows come and is short of CPU
-        on 2 cores, that cost was a loss (bench/databases.py, docs/databases.md run I).
-        """
+        byte (DatabaseSource.list, SourceContext's `key_order`): a server sorts a
+        block not already in key order before writing it, and an index scan in key
+        order moves that work to the database, while the rows stream. Why not for the
+        embedded target: docs/architecture-notes-sources.md."""
         self.order = self._order()
 
     def _order(self) -> str:
@@ -220,8 +205,8 @@ class PostgresSession:
                             else c.select for i, c in enumerate(self.info.columns))
         checks = "".join(f" AND {_refused(c, guards[i])}" for i, c in
                          enumerate(self.info.columns) if i in guards and not guards[i].rejects)
-        # checks raise the plan's cost over jit_above_cost (100,000 for a 2M-row table in
-        # key order): compiling it cost the database 0.04 CPU-s more than it saved
+        # checks raise the plan's cost over jit_above_cost: compiling the plan cost the
+        # database more than it saved
         jit = "SET jit = off;\n" if checks else ""
         return (f"\\set ON_ERROR_STOP 1\nBEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY;\n"
                 f"SET TRANSACTION SNAPSHOT '{self.snapshot}';\nSET DateStyle = ISO;\n"
@@ -235,9 +220,9 @@ class PostgresSession:
         connects meanwhile."""
         errors = tempfile.TemporaryFile()
         try:
-            proc = subprocess.Popen([*self.reader, "-X", "-q", *_where(self.url)],
+            proc = subprocess.Popen([*self.reader, "-X", "-q", *connection_args(self.url)],
                                     stdin=subprocess.PIPE, stdout=out, stderr=errors,
-                                    env=_env(self.url, self.psql))
+                                    env=client_env(self.url, self.psql))
         except BaseException:
             errors.close()
             raise
@@ -247,7 +232,7 @@ class PostgresSession:
 
     def _spawn(self) -> tuple[int, subprocess.Popen[bytes], IO[bytes]]:
         """The first range's `psql` and its pipe, started with the controlling one so
-        that both connect at once (a connection is 30-40 ms of the start)."""
+        that both connect at once (a connection is a good part of the start)."""
         read_end, write_end = db_pipes.make()
         try:
             return (read_end, *self._start(write_end))
@@ -259,147 +244,32 @@ class PostgresSession:
         spare, self.spare = self.spare, None
         if spare is not None:
             os.close(spare[0])
-            _Psql(self.url, spare[1], spare[2]).stop()
+            Psql(self.url, spare[1], spare[2]).stop()
 
-    def read(self, where: str, out: int) -> _Psql:
+    def read(self, where: str, out: int) -> Psql:
         """`psql` in the snapshot: COPY (the range) TO STDOUT, into `out` (owned)."""
-        return _Psql(self.url, *self._start(out), self.range_checks).feed(
+        return Psql(self.url, *self._start(out), self.range_checks).feed(
             self._script(where))
 
     def stream(self, where: str) -> tuple[int, Reading]:
         """`read` into a pipe: the one psql started with the session, if still alive."""
         spare, self.spare = self.spare, None
         if spare is not None and spare[1].poll() is None:
-            return spare[0], _Psql(self.url, spare[1], spare[2], self.range_checks).feed(
+            return spare[0], Psql(self.url, spare[1], spare[2], self.range_checks).feed(
                 self._script(where))
         if spare is not None:
             os.close(spare[0])
-            _Psql(self.url, spare[1], spare[2]).stop()
+            Psql(self.url, spare[1], spare[2]).stop()
         return stream_read(self, where)
 
     def close(self) -> None:
         self._drop_spare()
-        if hasattr(self, "control"):
-            self.control.stop()
-
-
-class _Control:
-    """The controlling connection: one `psql` fed statements on stdin, each followed by
-    `\\echo <marker>`, its rows read from stdout up to the marker (fields split by
-    0x1F, NULL shown as 0x1E). psql rather than psycopg: importing psycopg alone took
-    130-200 ms of every run, measured on 2 cores."""
-
-    def __init__(self, url: DbUrl, psql: str) -> None:
-        self.url = url
-        self.marker = f"chload-end-{os.urandom(8).hex()}"
-        argv = [psql, "-X", "-q", "-A", "-t", "-F", "\x1f", "-P", "null=\x1e", "-v",
-                "ON_ERROR_STOP=1", *_where(url)]
-        self.errors = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.errors, env=_env(url, psql))
-
-    def rows(self, sql: str) -> list[list[str | None]]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            self.proc.stdin.write(f"{sql};\n\\echo {self.marker}\n".encode())
-            self.proc.stdin.flush()
-        except OSError:
-            raise self._failed() from None
-        found: list[list[str | None]] = []
-        while True:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise self._failed()
-            text = line.decode().rstrip("\n")
-            if text == self.marker:
-                return found
-            found.append([None if v == "\x1e" else v for v in text.split("\x1f")])
-
-    def _failed(self) -> ChloadError:
-        self.proc.wait()
-        self.errors.seek(0)
-        lines = self.errors.read().decode(errors="replace").strip().splitlines()
-        said = [line for line in lines if "ERROR" in line or "FATAL" in line
-                or line.startswith("psql:")]
-        return _error(self.url, (said or lines or [f"psql exit {self.proc.returncode}"])[0])
-
-    def stop(self) -> None:
-        try:
-            if self.proc.stdin:
-                self.proc.stdin.close()  # psql ends, and the transaction with it
-            self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
-        self.errors.close()
-
-
-def _where(url: DbUrl) -> list[str]:
-    """psql's connection arguments (never the password: that is in its environment).
-    `-w`: never ask for a password; at a terminal, each psql (two at the start) asked
-    for one on /dev/tty under the progress bar, and the run waited (_error says how to
-    give it)."""
-    return ["-w", "-h", url.host, "-p", str(url.port), "-d", url.database,
-            *(["-U", url.user] if url.user else [])]
-
-
-def _env(url: DbUrl, psql: str) -> dict[str, str]:
-    # UTF8 whatever the database's encoding and the user's locale (psql's default is
-    # the locale's): a LATIN1 database's text came as Latin-1 bytes, loaded as they were
-    env = {**os.environ, "PGAPPNAME": "chload", "PGCONNECT_TIMEOUT": "10",
-           "PGCLIENTENCODING": "UTF8"}
-    if psql.startswith(_PG_LIB + "/"):  # run without its wrapper: what it would set
-        env.setdefault("PGSYSCONFDIR", "/etc/postgresql-common")
-    if url.password is not None:
-        env["PGPASSWORD"] = url.password
-    return env
+        self.control.stop()
 
 
 def _text(value: str) -> str:
     """A SQL string literal (an E-string: backslashes and quotes escaped)."""
     return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
-class _Psql:
-    """One `psql` writing one range (database.Reading)."""
-
-    def __init__(self, url: DbUrl, proc: subprocess.Popen[bytes], errors: IO[bytes],
-                 checks: RangeChecks = NO_CHECKS) -> None:
-        self.url, self.proc, self.errors, self.checks = url, proc, errors, checks
-
-    def feed(self, script: bytes) -> _Psql:
-        """Give psql its statements (a few hundred bytes: never blocks) and end its
-        input, so it exits after them."""
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(script)
-            self.proc.stdin.close()
-        except OSError:
-            pass  # psql ended already: finish() says why
-        return self
-
-    def finish(self) -> None:
-        try:
-            code = self.proc.wait(timeout=FINISH_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise SourceError(f"{self.url.display}: psql did not end within "
-                              f"{FINISH_SECONDS} s of its output's end") from None
-        self.errors.seek(0)
-        message = self.errors.read().decode(errors="replace").strip().splitlines()
-        self.errors.close()
-        if code:
-            for line in message:  # a value a range check refused (_refused)
-                found = re.search(rf'"{db_range.MARKER} (\d+) (.*)"$', line)
-                if found and int(found.group(1)) in self.checks.guards:
-                    raise self.checks.refusal(int(found.group(1)), found.group(2))
-            raise _error(self.url, message[-1] if message else f"psql exit {code}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.errors.close()
 
 
 def _column(name: str, typ: str, notnull: bool, typtype: str,
@@ -470,11 +340,11 @@ def _within(column: DbColumn, guard: db_range.Guard) -> str:
 
 
 def _refused(column: DbColumn, guard: db_range.Guard) -> str:
-    """The range check of a column (db_range.py), a condition of the COPY's WHERE (a
+    """The range check of a column (core/ranges.py), a condition of the COPY's WHERE (a
     SELECT of plain columns needs no projection: a CASE there cost the database twice
     as much): a value outside [lo, hi] (infinity too) is cast, after a marker, to an
     integer, which PostgreSQL refuses with an error quoting it, and the range fails
-    (_Psql.finish). (A timestamp's parser took some such text: 'm 1 infinity'.) NULL
+    (Psql.finish). (A timestamp's parser took some such text: 'm 1 infinity'.) NULL
     passes. It follows the range's own predicate, which PostgreSQL tests first (the
     cheaper): rows of other ranges are not checked."""
     col = _ident(column.name)
@@ -526,63 +396,8 @@ def _ch(name: str) -> str:
     return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
 
 
-def _client() -> str:
-    found = shutil.which("psql")
-    if not found:
-        raise UsageError("psql (PostgreSQL's client) is needed on this machine to read "
-                         "PostgreSQL: install it (e.g. apt-get install postgresql-client)")
-    return _unwrapped(found)
-
-
-def _buffered(psql: str) -> list[str]:
-    """psql under coreutils' `stdbuf -o`, where it is installed: psql writes a COPY's
-    rows with stdio's fwrite, one row at a time, into a pipe's 4 KiB stdio buffer, so
-    2M rows were 27,000 write()s, and the reader of the pipe (chDB's file(), or the
-    relay posting it to a server in 1 MiB chunks) woke and read as often; with a 1 MiB
-    buffer they are about 100. (psql flushes only at the COPY's end; stdbuf sets the
-    buffer through its LD_PRELOAD library, then execs psql: the same process.)
-    Measured (docs/databases.md run I, PostgreSQL 2M rows): the loader's CPU 0.04-0.13
-    s less; 2 workers into 18.16 1.07 against 1.19 s (6 rounds, every one ahead), 1
-    worker the same. Without stdbuf or its library (which it needs to run psql at
-    all), psql runs as it is."""
-    stdbuf = shutil.which("stdbuf")
-    if not stdbuf or not any(os.path.exists(os.path.join(d, "coreutils", "libstdbuf.so"))
-                             for d in _LIBEXEC):
-        return [psql]
-    return [stdbuf, f"--output={OUT_BUFFER}", psql]
-
-
-def _unwrapped(psql: str) -> str:
-    """Debian's `psql` is pg_wrapper, a Perl script that picks a version and execs its
-    psql: 25-30 ms and a Perl start per process, on the path to the first byte (a run
-    starts two at once). Given `-h` (chload always passes it) the wrapper ignores
-    $PGCLUSTER and runs the newest installed psql, with $PGSYSCONFDIR defaulting to
-    /etc/postgresql-common (`_env`): so that psql is run directly, the same way."""
-    if os.path.basename(os.path.realpath(psql)) != "pg_wrapper":
-        return psql
-    versions = []
-    for name in os.listdir(_PG_LIB) if os.path.isdir(_PG_LIB) else []:
-        binary = os.path.join(_PG_LIB, name, "bin", "psql")
-        if re.fullmatch(r"\d+(\.\d+)?", name) and os.access(binary, os.X_OK):
-            versions.append((tuple(int(p) for p in name.split(".")), binary))
-    return max(versions)[1] if versions else psql
-
-
-def _error(url: DbUrl, exc: object) -> ChloadError:
-    """A psql error as one line naming the source (never the password)."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    text = re.sub(r"^(psql: )?(error: )?((<stdin>:\d+: )?(ERROR|FATAL):\s+)?", "", text)
-    if url.password:
-        text = text.replace(url.password, "***")
-    if "no password supplied" in text:
-        text += ("; give it by $PGPASSWORD, ~/.pgpass or the URL "
-                 "(postgresql://user:password@host/...)")
-    kind = TransientError if any(t in text for t in _TRANSIENT) else SourceError
-    return kind(f"{url.with_user}: {text}")
-
-
 class PostgresSource(DatabaseSource):
-    """`postgresql://` and `postgres://` sources (database.py says how they load)."""
+    """`postgresql://` and `postgres://` sources (base.py says how they load)."""
 
     kind = "postgres"
     schemes: tuple[str, ...] = ("postgresql", "postgres")

@@ -12,9 +12,9 @@ Where each setting comes from, first match wins (as with the AWS CLI):
                  credentials: botocore resolves it; nothing at all: anonymous (public
                  buckets), and the engine reads with NOSIGN.
 
-Why not boto3 for listing: importing boto3 and building a client costs ~0.4 s on
-these machines, about a fifth of loading 10M rows; SigV4 for one GET is 40 lines of
-hashlib. botocore is imported only for the credential sources that need it.
+Why not boto3 for listing: importing boto3 and building a client is a large part of
+a small load's time; SigV4 for one GET is 40 lines of hashlib. botocore is imported
+only for the credential sources that need it.
 
 Resolved once: the caller (api) calls `resolve` with the environment and the
 --s3-endpoint flag at the top of a run and passes the `S3Settings` down; nothing else
@@ -178,7 +178,7 @@ def _botocore_credentials(profile: str | None) -> Credentials:
     """
     where = f"profile {profile}" if profile else "the AWS environment"
     try:
-        import botocore.session  # lazy: ~0.4 s, and only these credential sources need it
+        import botocore.session  # lazy: a slow import, and only these credential sources need it
     except ImportError:
         raise UsageError(f"{where} needs botocore to get credentials: pip install boto3, "
                          "or export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY") from None

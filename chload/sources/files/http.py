@@ -9,7 +9,7 @@ A URL that answers 404 is a one-line error naming it, before anything loads.
 `user:password@` in a URL, and query parameters that carry a secret (`redact`), are
 kept out of the `uri` (ledger, messages, history); the engine gets the URL as written,
 in `location`, except `user:password@`, which it gets as a Basic Authorization header.
-Untidy servers (redirects, no extension, gzip bodies): docs/remote-sources.md.
+Untidy servers (redirects, no extension, gzip bodies): docs/sources-files.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Several chloads on one topic and table split its partitions: a Kafka consumer group
-that decides who loads what, and nothing else (docs/kafka.md, "Two chloads on one
+that decides who loads what, and nothing else (docs/sources-kafka.md, "Two chloads on one
 topic and table").
 
 A membership consumer subscribe()s to the topics with group.id `chload-<table>` (or
 the user's --kafka-option group.id) and pauses every partition it is given: it fetches
 nothing, commits nothing; its callbacks only say which partitions are this process's.
-Rounds plan those partitions only (kafka._rounds through `due`). Exactness does not
+Rounds plan those partitions only (source._rounds through `due`). Exactness does not
 rest on the group: the committer's check (commit.py rule 5) still refuses a unit whose
 partition moved since it was planned, so a rebalance in the middle of a unit (old and
 new owner both loading it for a moment) cannot duplicate. A run without --follow ends

@@ -1,7 +1,7 @@
-"""The native Kafka reader: kafka_spool.c, compiled on first use, through ctypes.
+"""The native Kafka reader: spool.c, compiled on first use, through ctypes.
 
 Why: reading through confluent-kafka makes a Python object per message, and that alone
-took longer than loading the same rows from a file (docs/kafka.md). The C reader
+took longer than loading the same rows from a file (docs/sources-kafka.md). The C reader
 writes message values straight into the spool files with librdkafka's batch API, all
 of a round's partitions at once; ctypes releases the GIL during the call, so it can
 read the next round while the engine loads this one.
@@ -32,7 +32,7 @@ TIMEOUT_MS = 30_000  # no message for this long while offsets are still due: fai
 
 
 class NativeUnit(ctypes.Structure):
-    """chl_unit in kafka_spool.c (same order and types)."""
+    """chl_unit in spool.c (same order and types)."""
 
     _fields_ = [("topic", ctypes.c_char_p), ("partition", ctypes.c_int32),
                 ("fd", ctypes.c_int32), ("first", ctypes.c_int64), ("last", ctypes.c_int64),
@@ -104,8 +104,8 @@ class NativeReader:
 
     def read(self, units: Sequence[tuple[str, int, int, int, int, int]]) -> list[NativeUnit]:
         """(topic, partition, first, last, fd, audit) each: read all at once; `audit`
-        (kafka_read.AUDIT_*): each value gets the message's Kafka columns as its last
-        fields (kafka_read.audited, audited_line)."""
+        (read.AUDIT_*): each value gets the message's Kafka columns as its last
+        fields (read.audited, audited_line)."""
         array = (NativeUnit * len(units))()
         for slot, (topic, partition, first, last, fd, audit) in zip(array, units,
                                                                      strict=True):

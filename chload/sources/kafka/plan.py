@@ -1,7 +1,7 @@
 """Where a Kafka load starts: the kafka:// URI, each partition's committed end read
 from the target's ledger, and the plan from there to the high watermark, with a topic
 rewound, re-created or cut by retention below the ledger's end reported
-(docs/kafka.md: units and the exactly-once argument). Apart from kafka.py, which runs
+(docs/sources-kafka.md: units and the exactly-once argument). Apart from source.py, which runs
 the rounds."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class Partition:
     end: int
     since_seq: int = 0
     stopped: bool = False
-    streamed: int = 0  # rounds in which this run streamed a unit of it (kafka._stream_round)
+    streamed: int = 0  # rounds in which this run streamed a unit of it (source._stream_round)
 
     def unit(self, rows: int) -> Unit:
         return Unit(self.topic, self.partition, self.next, min(self.end, self.next + rows) - 1)

@@ -1,8 +1,8 @@
 """The broker side of a Kafka load: librdkafka's settings, the one client that talks to
 Kafka (partitions, watermarks, topic ids), and reading a unit's messages into a spool as
-bytes. Apart from kafka.py, which plans units from the ledger and runs the rounds, so
+bytes. Apart from source.py, which plans units from the ledger and runs the rounds, so
 what depends on confluent-kafka and its message quirks (gaps, nulls, end-of-partition
-markers) sits in one place; docs/kafka.md measures the reader.
+markers) sits in one place; docs/benchmarks.md measures the reader.
 """
 
 from __future__ import annotations
@@ -20,20 +20,20 @@ from typing import Any, cast
 
 from chload.errors import SourceError, UsageError
 
-CONSUME_BATCH = 5_000  # messages per consume() call (docs/kafka.md: 100k was slower)
+CONSUME_BATCH = 5_000  # messages per consume() call (a much larger batch was slower)
 READ_TIMEOUT = 30.0  # seconds without a message while a unit's offsets are still due
-# --audit: how each row gets its Kafka columns (0: not at all), kafka_spool.c's AUDIT_*
+# --audit: how each row gets its Kafka columns (0: not at all), spool.c's AUDIT_*
 AUDIT_JSON, AUDIT_CSV, AUDIT_TSV = 1, 2, 3
 
 # The native reader parses every fetched message, also those past a unit's last offset:
 # 16 MB per partition (the Python reader's, fewer consume() calls) read far past a
-# mid-partition unit; with librdkafka's 1 MB default, five 400k-message units read in
-# about half the time (docs/kafka.md). The user's --kafka-option still wins.
+# mid-partition unit, so it keeps librdkafka's 1 MB default (docs/benchmarks.md). The
+# user's --kafka-option still wins.
 NATIVE_FETCH = 1 << 20  # max.partition.fetch.bytes of the native reader
 # Once a partition's local queue holds queued.min.messages (100k), librdkafka >= 2.3 stops
 # fetching it for fetch.queue.backoff.ms, 1 s by default: a reader that drains faster
-# than that waited most of a second per 100k messages per partition (docs/kafka.md).
-# Set for the native reader, where it was measured; the Python reader keeps the default.
+# than that waits out the backoff again and again. Set for the native reader, which
+# drains that fast; the Python reader keeps the default.
 FETCH_QUEUE_BACKOFF_MS = "10"
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_KEYS = ("password", "secret", "key", "token", "jaas")
@@ -53,7 +53,7 @@ def client_config(bootstrap: str, options: Sequence[tuple[str, str]],
         config.update({"enable.auto.commit": "false", "enable.partition.eof": "true",
                        "auto.offset.reset": "error", "fetch.max.bytes": str(64 << 20),
                        "max.partition.fetch.bytes": str(NATIVE_FETCH if native else 16 << 20)})
-        if native:  # since librdkafka 2.3: "?" = optional (kafka_spool.c)
+        if native:  # since librdkafka 2.3: "?" = optional (spool.c)
             config["?fetch.queue.backoff.ms"] = FETCH_QUEUE_BACKOFF_MS
     for name, value in options:
         config[name] = _expand(name, value)
@@ -104,7 +104,7 @@ class Broker:
 
     def partitions(self, topic: str) -> list[int]:
         """The topic's partitions; a broker that cannot be reached, or a topic it does
-        not have, is one line saying what to check (docs/kafka.md "Untidy inputs")."""
+        not have, is one line saying what to check (docs/sources-kafka.md "Untidy inputs")."""
         from confluent_kafka import KafkaError
 
         meta = self._metadata(topic)
@@ -216,7 +216,7 @@ class SpoolReader:
 
     def stream(self, unit: Unit, audit: int) -> tuple[str, PipeReading]:
         """The unit's values streamed into a pipe as they are read, for the engine to
-        parse while they come (docs/kafka.md: read and parse overlap); the pipe's path
+        parse while they come (docs/sources-kafka.md: read and parse overlap); the pipe's path
         (/dev/fd/N, db_pipes) and its reading, whose `finish` says whether the unit was
         read whole. Each partition has its own consumer handle and thread, so a writer
         waiting on a full pipe holds up no other partition. Native reader only."""
@@ -380,7 +380,7 @@ def audited(value: bytes, topic: str, partition: int, offset: int, timestamp_ms:
             key: bytes | None) -> bytes:
     """--audit: a JSON object with `_topic`, `_partition`, `_offset`, `_timestamp` (UTC,
     milliseconds) and `_key` ("" if none) as its last fields, so the engine parses them
-    as columns with the rest (docs/kafka.md); a value that is not an object goes as it
+    as columns with the rest (docs/sources-kafka.md); a value that is not an object goes as it
     is, and the engine rejects it like any malformed row."""
     body = value.rstrip(b" \t\r\n")
     if not body.endswith(b"}"):

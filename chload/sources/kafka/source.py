@@ -12,18 +12,18 @@ last offset of its committed units, plus one. Units are planned from there (or t
 watermark) to the high watermark seen at start, and each commits only while that end
 is still the one its plan saw (commit.py rule 5, sources.StreamPosition). So a kill at
 any instant, two chloads on one topic at once, or a rerun load each offset once:
-consumer-group offsets decide nothing (none are committed; the group, kafka_group.py,
+consumer-group offsets decide nothing (none are committed; the group, group.py,
 only splits the partitions between processes). The argument in full, and
-the measurements behind the reader, are in docs/kafka.md.
+the measurements behind the reader, are in docs/sources-kafka.md.
 
     plan     recover the table (settle `committing`), read each partition's committed
              end, its watermarks and the topic's id; report a topic rewound, re-created
-             or cut by retention below the ledger's end (kafka_plan.py)
+             or cut by retention below the ledger's end (plan.py)
     read     per round, the next unit of each partition (up to --batch-rows messages)
              into a spool, values joined by newlines: by the native reader (C through
              ctypes, all partitions in one call, no Python object per message) or,
-             without cc or librdkafka, by confluent-kafka consume(5000) (kafka_read.py,
-             kafka_native.py; spool files: kafka_units.py); the next round is read in a
+             without cc or librdkafka, by confluent-kafka consume(5000) (read.py,
+             native.py; spool files: units.py); the next round is read in a
              thread while one loads.
              Streamed instead (`streams`: no error budget; the columns from --schema,
              the table or a sample, `_stream_schema`): each unit
@@ -85,9 +85,9 @@ BATCH_SECONDS = 5.0  # --follow: a unit is cut at least this often (--batch-seco
 LINE_FORMATS = {"JSONEachRow", "JSONLines", "NDJSON", "JSONAsString", "JSONCompactEachRow",
                 "CSV", "TSV", "TabSeparated", "LineAsString", "TSKV", "CustomSeparated"}
 # --audit: the formats whose rows the reader extends with the message's Kafka columns
-# as their last fields (kafka_read.audited, audited_line), how, and those columns'
-# types. _topic is a String: parsed into LowCardinality(String), 1M rows took ~0.3 s
-# more (docs/kafka.md).
+# as their last fields (read.py: audited, audited_line), how, and those columns'
+# types. _topic is a String: parsing it into LowCardinality(String) cost more
+# (docs/benchmarks.md).
 AUDIT_FORMATS = {"JSONEachRow": AUDIT_JSON, "JSONLines": AUDIT_JSON, "NDJSON": AUDIT_JSON,
                  "CSV": AUDIT_CSV, "TSV": AUDIT_TSV, "TabSeparated": AUDIT_TSV}
 AUDIT_COLUMNS = {"_topic": "String", "_partition": "UInt32",
@@ -346,8 +346,7 @@ def _stream_round(reader: SpoolReader, fmt: FileFormat, due: list[Partition],
                                     position=StreamPosition(p.stream, p.after, p.since_seq,
                                                             unit.first - 1)))
         # all at once: a unit waiting for a worker is a partition whose reader waits on
-        # its full pipe (embedded, 4 partitions: 1.37 s against 1.61 s with the target's
-        # 2 workers, best of three, docs/kafka.md)
+        # its full pipe
         done = load_round(files, len(files), options.schema)
     finally:
         for f in files:

@@ -1,5 +1,5 @@
 /* chload's native Kafka reader: offset ranges of partitions into spool files, values
- * joined by '\n', without a Python object per message (docs/kafka.md: the Python
+ * joined by '\n', without a Python object per message (docs/sources-kafka.md: the Python
  * reader alone took longer than loading the same rows from a file).
  *
  * Compiled on first use by chload/sources/kafka_native.py with the system `cc` against

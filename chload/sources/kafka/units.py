@@ -1,6 +1,6 @@
-"""Kafka units read into spool files: the spooled path of kafka.py's rounds.
+"""Kafka units read into spool files: the spooled path of source.py's rounds.
 
-A unit (topic, partition, offsets) is read by kafka_read.SpoolReader into a file of its
+A unit (topic, partition, offsets) is read by read.SpoolReader into a file of its
 values joined by newlines, in the target's tmp directory, and loaded like a local file;
 the next round's units are read in a thread while one loads (`following`, `taken`).
 """
@@ -95,8 +95,9 @@ def _spooled(part: Partition, unit: Unit, after: int, path: str, read: Spooled,
 
 @contextmanager
 def spool_dir(target: Target) -> Iterator[str]:
-    """Spools in the target's tmp directory (an embedded target's; else the system's)."""
-    home = str(getattr(target, "path", ""))
+    """Spools in the `tmp` directory of the target's workdir (Target.workdir: an
+    embedded target's directory, a server's temporary one); else the system's."""
+    home = target.workdir
     base = os.path.join(home, "tmp") if home and os.path.isdir(home) else None
     if base:
         os.makedirs(base, exist_ok=True)
