@@ -10,7 +10,7 @@ failed to open) is closed by `begin`'s cleanup.
 
 PostgreSQL only: a MySQL/MariaDB session begun early made the run slower, and its whole
 session is too short for beginning it early to save anything
-(docs/architecture-notes-sources.md).
+(docs/sources-databases.md).
 
 This module knows no kind of source: the caller passes the source that makes the
 session, so it imports neither the registry nor base.py (which imports it).

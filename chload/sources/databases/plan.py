@@ -10,7 +10,7 @@ Invariant: a run lists the *complement* of the committed ranges within `(-inf, u
 so no key value is in two committed ranges and none is left out. `upper` is the
 snapshot's max of the axis for `--incremental-by`, and for a full copy the max recorded
 by the copy that started it (in each unit's identity): a finished copy loads nothing on
-a rerun. docs/architecture-notes-sources.md says more.
+a rerun. docs/sources-databases.md says more.
 """
 
 from __future__ import annotations

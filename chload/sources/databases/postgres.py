@@ -7,7 +7,7 @@ that imports it (`SET TRANSACTION SNAPSHOT`) and runs `COPY (SELECT ... WHERE ra
 STDOUT` into the pipe the engine reads (or a spool file: base.py): every range sees
 the same database state, whatever is written meanwhile, and no row passes through
 Python. Why psql rather than psycopg or chDB's postgresql(): see
-docs/architecture-notes-sources.md.
+docs/sources-databases.md.
 
 COPY's text format is what ClickHouse's TSV reads (`\\N` for NULL, backslash escapes);
 a few types are printed differently by the SELECT (below, `_column`), and bytea and
@@ -158,7 +158,7 @@ class PostgresSession:
         byte (DatabaseSource.list, SourceContext's `key_order`): a server sorts a
         block not already in key order before writing it, and an index scan in key
         order moves that work to the database, while the rows stream. Why not for the
-        embedded target: docs/architecture-notes-sources.md."""
+        embedded target: docs/sources-databases.md."""
         self.order = self._order()
 
     def _order(self) -> str:
