@@ -237,8 +237,8 @@ def _map_library() -> None:
 
 def _import_chdb() -> None:
     """Import chDB without pyarrow: chDB treats it as optional (Arrow results only, which
-    chload never asks for), and importing it (and numpy) costs 0.1-0.3 s of every run's
-    start. Only while chDB imports; a later `import pyarrow` works as usual. One thread
+    chload never asks for), and importing it (and numpy) would slow every run's start.
+    Only while chDB imports; a later `import pyarrow` works as usual. One thread
     at a time: a second waits for the first's import."""
     with _import_guard:
         if "chdb.session" in sys.modules or "pyarrow" in sys.modules:

@@ -55,8 +55,7 @@ def batch_small(files: Sequence[SourceFile], workers: int) -> list[tuple[SourceF
     """Small files in runs of neighbours (one file() reads a run of one directory), at
     least one run a worker once they hold SPLIT_BYTES: a group's INSERT (a Null table
     and two views, _load_flow) runs on one thread whatever max_threads says, so a single
-    batch of every file left the other cores idle (quick bench, 2 cores: 8 gzip CSV
-    files of 0.7 MB in one batch took 0.75 s, the same CPU as the hand SQL's 0.58 s)."""
+    batch of every file would leave the other cores idle."""
     split = sum(f.size for f in files) >= SPLIT_BYTES
     return balanced(files, workers, BATCH_FILES, BATCH_BYTES,
                     min(workers, len(files)) if split else 1, runs=True)

@@ -193,8 +193,8 @@ class StageFilling:
             f"CREATE DATABASE IF NOT EXISTS {FLOW_DATABASE} ENGINE = Memory",  # (no disk:
             # the URL table's DDL holds the password)
             f"CREATE TABLE {flow}_in ({structure(columns)}, _chload_file "
-            "LowCardinality(String)) ENGINE = Null",  # (a String per row cost 4M narrow
-            # rows of Parquet 0.2 s; `_file` is LowCardinality, and so stays the tag)
+            "LowCardinality(String)) ENGINE = Null",  # (LowCardinality, as `_file` is: a
+            # String per row is costly on narrow rows)
             f"CREATE TABLE {flow}_out ({structure(columns)}) ENGINE = {url}",
             f"CREATE TABLE {flow}_n (f String, n UInt64) ENGINE = Memory",
             f"CREATE MATERIALIZED VIEW {flow}_push TO {flow}_out AS SELECT {names} "
