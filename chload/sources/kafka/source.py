@@ -468,6 +468,7 @@ class KafkaStreamSource(RemoteSource):
 
     kind = "kafka"
     schemes: tuple[str, ...] = ("kafka",)
+    options: tuple[str, ...] = ("follow", "batch_rows", "batch_seconds", "kafka_options")
 
     def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
         raise UsageError(f"{pattern}: a Kafka topic is read by `chload load` alone (its units "
