@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import MISSING, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -41,6 +41,7 @@ from chload.core.report import (
     LoadReport,
     LoadSpec,
     OnError,
+    Pairs,
     Saturation,
     ServerSaturation,
     Settings,
@@ -119,7 +120,7 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
          max_errors: int | None = None, max_error_ratio: float | None = None,
          kafka_options: Settings = (), follow: bool = False, batch_rows: int | None = None,
          batch_seconds: float | None = None, query: str | None = None,
-         incremental_by: str | None = None, shards: Settings = (),
+         incremental_by: str | None = None, shards: Pairs = (),
          shard_by: ShardBy = "auto", listener: Listener | None = None) -> LoadReport:
     """Load files into a table, exactly once per file; the options are the CLI's flags
     (`--max-errors` is `max_errors`). A wrong value is a UsageError naming the option.
@@ -460,7 +461,7 @@ def _told(files: list[SourceFile], sources: RunSources) -> list[SourceFile]:
 
 
 def files(table: str, *, target: TargetName = None,
-          shards: Mapping[str, str] | Iterable[tuple[str, str]] = ()) -> list[FileEvent]:
+          shards: Pairs = ()) -> list[FileEvent]:
     """The ledger: each file's latest state for a table.
 
     :param table: ``name`` or ``db.name``.

@@ -24,6 +24,7 @@ Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 TargetName = str | os.PathLike[str] | None
 SettingValue = str | int | float | bool
 Settings = Mapping[str, SettingValue] | Iterable[tuple[str, SettingValue]]
+Pairs = Mapping[str, str] | Iterable[tuple[str, str]]  # e.g. shards: replica -> URL
 OnError = Literal["continue", "abort"]
 ShardBy = Literal["auto", "file"]
 

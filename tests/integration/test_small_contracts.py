@@ -77,7 +77,8 @@ def test_validate_takes_the_loadspec_a_load_takes(tmp_path: Path, good: Path) ->
         f"spec = LoadSpec(sources=[{str(good)!r}], table='t', target={str(fresh)!r}, "
         "max_errors=1, order_by='id')\n"
         "by_spec = chload.validate(spec)\n"
-        f"by_words = chload.validate({str(good)!r}, table='t', target={str(fresh)!r}, max_errors=1)\n"
+        f"by_words = chload.validate({str(good)!r}, table='t', target={str(fresh)!r}, "
+        "max_errors=1)\n"
         "assert by_spec == by_words, (by_spec, by_words)\n"
         "print(by_spec[0].rows, by_spec[0].within_budget)\n"
     )
