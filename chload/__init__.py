@@ -3,7 +3,8 @@
     import chload
     report = chload.load(["data/*.csv.gz"], table="trips")
 
-Imports are lazy: `chload --help` and the CLI start without loading the engine.
+The functions and the types they return are chload.api's (see its docstring). Imports
+are lazy: `chload --help` and the CLI start without loading the engine.
 
 `chload.errors(...)` is a function, although `chload.errors` is also a module: Python
 sets a package's attribute to a submodule when the submodule is first imported, so the
@@ -19,16 +20,28 @@ from typing import TYPE_CHECKING, Any
 import chload.errors as _errors_module  # before `def errors` below: see the docstring
 
 __version__ = "0.1.0"
-__all__ = ["load", "files", "sql", "history", "errors", "validate", "run_files", "LoadSpec",
-           "LoadReport", "FileCheck", "ChloadError"]
+__all__ = ["load", "validate", "files", "sql", "history", "errors", "run_files", "LoadSpec",
+           "LoadReport", "FileResult", "FileEvent", "FileCheck", "Event", "Saturation",
+           "Concurrency", "StreamChange", "Costs", "ShardLoad", "ServerSaturation",
+           "ChloadError"]
 
 ChloadError = _errors_module.ChloadError
 
 if TYPE_CHECKING:
     from chload.api import (
+        Concurrency,
+        Costs,
+        Event,
         FileCheck,
+        FileEvent,
+        FileResult,
         LoadReport,
         LoadSpec,
+        Saturation,
+        ServerSaturation,
+        ShardLoad,
+        StreamChange,
+        TargetName,
         files,
         history,
         load,
@@ -38,11 +51,12 @@ if TYPE_CHECKING:
     )
 
 
-def errors(table: str, target: Any = None, limit: int = 10_000) -> list[dict]:
-    """Rejected rows of a table's current loads: file, line, error, raw (api.errors)."""
+def errors(table: str, *, target: TargetName = None, limit: int = 10_000) -> list[dict[str, Any]]:
+    """Rejected rows of a table's current loads: file, line, error, raw (api.errors,
+    which documents the options)."""
     from chload import api
 
-    return api.errors(table, target, limit)
+    return api.errors(table, target=target, limit=limit)
 
 
 def __getattr__(name: str) -> Any:

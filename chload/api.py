@@ -1,10 +1,14 @@
-"""The public Python API: `load()`, `LoadSpec`, `LoadReport`; `files()`, `sql()`.
+"""The public Python API: `load()` and `validate()`, which take a LoadSpec's fields as
+keyword parameters (or a LoadSpec), and the readers of what loads did: `files()`,
+`sql()`, `history()`, `errors()`, `run_files()`.
 
     report = chload.load(["data/*.csv.gz"], table="trips")
     print(report.rows_loaded, report.files_failed)
 
-The CLI is a thin skin over these functions; nothing here prints. Progress goes to an
-optional listener as `Event`s.
+The CLI is a thin layer over these functions; nothing here prints. Progress goes to an
+optional listener as `Event`s. The types a call returns live in core/report.py (the
+spec and the report), core/run.py (Event, FileResult), commit/ledger.py (FileEvent) and
+core/validate.py (FileCheck), and are exported here and from `chload`.
 """
 
 from __future__ import annotations
@@ -12,9 +16,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import MISSING, fields, replace
+from typing import TYPE_CHECKING, Any, Literal
 
 from chload import formats
 from chload.commit.ledger import COMMITTING, FileEvent, own_history
@@ -31,6 +35,26 @@ from chload.core.finish import (
     _summarize,
     _threads_per_file,
 )
+from chload.core.report import (
+    Concurrency,
+    Costs,
+    LoadReport,
+    LoadSpec,
+    OnError,
+    Pairs,
+    Saturation,
+    ServerSaturation,
+    Settings,
+    ShardBy,
+    ShardLoad,
+    Sources,
+    StreamChange,
+    TargetName,
+    concurrency_of,
+    costs_of,
+    saturation_of,
+    shards_of,
+)
 from chload.core.run import Event, FileResult, Listener
 from chload.errors import UsageError
 from chload.runtime.adaptive import MAX_STREAMS, Controller
@@ -45,83 +69,20 @@ from chload.targets.registry import TargetSpec, open_target
 if TYPE_CHECKING:
     from chload.core.validate import FileCheck as FileCheck
 
+__all__ = ["load", "validate", "files", "sql", "history", "errors", "run_files", "LoadSpec",
+           "LoadReport", "FileResult", "FileEvent", "FileCheck", "Event", "Listener",
+           "Saturation", "Concurrency", "StreamChange", "Costs", "ShardLoad",
+           "ServerSaturation", "Sources", "TargetName", "Settings"]
+
 
 def __getattr__(name: str) -> Any:
-    """`FileCheck`, from core/validate.py when first asked for: a load does not import it."""
+    """`FileCheck`, from core/validate.py when first asked for: a load does not import
+    it."""
     if name == "FileCheck":
         from chload.core.validate import FileCheck
 
         return FileCheck
     raise AttributeError(f"module 'chload.api' has no attribute {name!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class LoadSpec:
-    """Everything a load needs, validated once; flags, env and code all end here."""
-
-    sources: tuple[str, ...]
-    table: str
-    target: str | None = None  # a directory or http(s)://...; None: $CHLOAD_TARGET, ./chload-data
-    format: str | None = None  # any ClickHouse input format name; default: from the file name
-    compression: str | None = None  # gzip, zstd, ...; default: from the file name
-    schema: str | None = None  # 'a UInt32, b String': how to read the data / create the table
-    order_by: str | None = None
-    partition_by: str | None = None
-    audit: bool = False  # add _source_file and _loaded_at, computed by the engine
-    settings: tuple[tuple[str, str], ...] = ()  # ClickHouse settings for every INSERT
-    workers: int | None = None  # parallel files; None or 'auto': sized by the target, and
-    #                             into a server adapted while loading (adaptive.py)
-    force: bool = False  # load files the ledger says are loaded already
-    on_error: str = "continue"  # continue | abort
-    s3_endpoint: str | None = None  # S3-compatible endpoint; None: AWS_ENDPOINT_URL(_S3), AWS
-    max_errors: int | None = None  # bad rows a file may have; they go to chload.rejects
-    max_error_ratio: float | None = None  # bad rows / all rows a file may have
-    kafka_options: tuple[tuple[str, str], ...] = ()  # librdkafka settings; values may be ${VAR}
-    follow: bool = False  # kafka://: keep loading until SIGINT/SIGTERM
-    batch_rows: int | None = None  # kafka://: messages per unit at most (default 500,000)
-    batch_seconds: float | None = None  # kafka:// --follow: a unit at least this often
-    query: str | None = None  # a database source: load this query's rows (one unit)
-    incremental_by: str | None = None  # a database source: load rows above the ledger's mark
-    shards: tuple[tuple[str, str], ...] = ()  # a cluster's replica HOST:TCP_PORT -> its URL
-    shard_by: str = "auto"  # a Distributed table: auto (rows by its key) or file
-
-    def __post_init__(self) -> None:
-        for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
-            object.__setattr__(self, name, convert(name, getattr(self, name)))
-        if not self.sources:
-            raise UsageError("nothing to load: name at least one file, directory, glob or -")
-        if self.on_error not in ("continue", "abort"):
-            raise UsageError(f"--on-error {self.on_error}: use continue or abort")
-        planner.validate_options(self.compression, self.workers)
-        planner.parse_table(self.table)
-        if self.max_errors is not None and self.max_errors < 0:
-            raise UsageError(f"--max-errors {self.max_errors}: must be 0 or more")
-        if self.max_error_ratio is not None and not 0 <= self.max_error_ratio <= 1:
-            raise UsageError(f"--max-error-ratio {self.max_error_ratio}: must be in [0, 1]")
-        if self.batch_rows is not None and self.batch_rows < 1:
-            raise UsageError(f"--batch-rows {self.batch_rows}: must be 1 or more")
-
-    @property
-    def budget(self) -> ErrorBudget:
-        return ErrorBudget(self.max_errors, self.max_error_ratio)
-
-
-# What each LoadSpec field may be given as, and the one type it holds (options.py).
-_SPEC_TYPES = {
-    "sources": options.sources, "table": options.text, "target": options.optional_path,
-    "format": options.optional_text, "compression": options.optional_text,
-    "schema": options.optional_text, "order_by": options.optional_text,
-    "partition_by": options.optional_text, "audit": options.flag,
-    "settings": options.settings, "workers": options.workers, "force": options.flag,
-    "on_error": options.text, "s3_endpoint": options.optional_text,
-    "max_errors": options.optional_whole, "max_error_ratio": options.optional_ratio,
-    "kafka_options": options.settings, "follow": options.flag,
-    "batch_rows": options.optional_whole, "batch_seconds": options.optional_seconds,
-    "query": options.optional_text, "incremental_by": options.optional_text,
-    "shards": options.settings, "shard_by": options.text,
-}
-Sources = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
-TargetName = str | os.PathLike[str] | None
 
 
 def _spec(function: str, sources: object, table: object, given: dict[str, Any]) -> LoadSpec:
@@ -134,65 +95,135 @@ def _spec(function: str, sources: object, table: object, given: dict[str, Any]) 
     return LoadSpec(sources=sources, table=table, **given)  # type: ignore[arg-type]
 
 
-@dataclass(slots=True)
-class LoadReport:
-    """What a load did. `ok` is False when any file failed."""
-
-    table: str
-    target: str
-    run_id: str
-    files_total: int = 0
-    files_loaded: int = 0
-    files_skipped: int = 0
-    files_failed: int = 0
-    files_changed: int = 0  # loaded before under another identity: failed, or --force
-    table_reset: str = ""  # why the ledger's earlier loads into the table were set aside
-    rows_loaded: int = 0
-    rows_rejected: int = 0
-    bytes_read: int = 0
-    seconds: float = 0.0
-    created_table: bool = False
-    recovered: int = 0
-    saturation: dict = field(default_factory=dict)  # CPU, disk, network; see monitor.py
-    concurrency: dict = field(default_factory=dict)  # streams: mode, range, changes, bound
-    costs: dict = field(default_factory=dict)  # a server: fixed and per-unit costs (cost_report)
-    shards: list[dict] = field(default_factory=list)  # a cluster: per shard rows, bytes, s
-    notes: list[str] = field(default_factory=list)  # worth knowing, not errors (slow paths)
-    files: list[FileResult] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.files_failed == 0
-
-    @property
-    def rows_per_second(self) -> float:
-        return self.rows_loaded / self.seconds if self.seconds else 0.0
-
-    def to_dict(self) -> dict:
-        data = asdict(self)
-        data["rows_per_second"] = round(self.rows_per_second, 1)
-        data["seconds"] = round(self.seconds, 3)
-        return data
+# What a LoadSpec field holds when the caller did not give it.
+_UNSET: dict[str, object] = {f.name: f.default for f in fields(LoadSpec)
+                             if f.default is not MISSING}
 
 
-def load(sources: Sources | LoadSpec, table: str | None = None, *,
-         listener: Listener | None = None, **options: object) -> LoadReport:
-    """Load files into a table, exactly once per file. See LoadSpec for the options.
+def _spec_of(function: str, sources: Sources | LoadSpec, call: dict[str, Any]) -> LoadSpec:
+    """The LoadSpec of a call (`call`: its locals, the keyword parameters named as the
+    LoadSpec fields): `sources` itself when it is one, with no option beside it."""
+    given = {name: value for name, value in call.items() if name in _UNSET or name == "table"}
+    if not isinstance(sources, LoadSpec):
+        return _spec(function, sources, given.pop("table"), given)
+    beside = [name for name, value in given.items() if value != _UNSET.get(name)]
+    if beside:
+        raise UsageError(f"{function}(): given a LoadSpec, put {beside[0]}= in it")
+    return sources
 
-    Sources and target may be str or pathlib.Path; settings a dict or (name, value)
-    pairs. A wrong type or an unknown option is a UsageError naming it.
+
+def load(sources: Sources | LoadSpec, *, table: str | None = None, target: TargetName = None,
+         format: str | None = None, compression: str | None = None, schema: str | None = None,
+         order_by: str | None = None, partition_by: str | None = None, audit: bool = False,
+         settings: Settings = (), workers: int | Literal["auto"] | None = None,
+         force: bool = False, on_error: OnError = "continue", s3_endpoint: str | None = None,
+         max_errors: int | None = None, max_error_ratio: float | None = None,
+         kafka_options: Settings = (), follow: bool = False, batch_rows: int | None = None,
+         batch_seconds: float | None = None, query: str | None = None,
+         incremental_by: str | None = None, shards: Pairs = (),
+         shard_by: ShardBy = "auto", listener: Listener | None = None) -> LoadReport:
+    """Load files into a table, exactly once per file; the options are the CLI's flags
+    (`--max-errors` is `max_errors`). A wrong value is a UsageError naming the option.
+
+    :param sources: files, directories, globs, ``-`` (stdin) or URLs (s3://, hdfs://,
+        http(s)://, kafka://, postgresql://, mysql://): a str or pathlib.Path, or a list of
+        them; or a LoadSpec, then with no other option (``listener`` aside).
+    :param table: the table, ``name`` or ``db.name``; created when missing.
+    :param target: a directory of the embedded ClickHouse or http(s)://[user@]host:port[/db];
+        default ``$CHLOAD_TARGET``, else ``./chload-data``.
+    :param format: any ClickHouse input format; default: from each file's name.
+    :param compression: gzip, zstd, bz2, xz, lz4 or none; default: from each file's name.
+    :param schema: ``'a UInt32, b String'``: how to read the data, and the columns of a
+        table chload creates.
+    :param order_by: ORDER BY of a table chload creates.
+    :param partition_by: PARTITION BY of a table chload creates.
+    :param audit: add the columns _source_file and _loaded_at.
+    :param settings: ClickHouse settings for the inserts: a dict or (name, value) pairs.
+    :param workers: files loaded in parallel (into a server, data requests at a time);
+        None or "auto": sized by the target and, into a server, adapted while loading.
+    :param force: load files the ledger says are loaded already.
+    :param on_error: after a failed file, "continue" with the others or "abort".
+    :param s3_endpoint: an S3-compatible endpoint; default AWS_ENDPOINT_URL_S3,
+        AWS_ENDPOINT_URL, else AWS.
+    :param max_errors: bad rows a file may have (default 0); they go to chload.rejects.
+    :param max_error_ratio: bad rows / all rows a file may have, in [0, 1].
+    :param kafka_options: librdkafka settings for kafka:// sources, a dict or pairs;
+        a value ``${VAR}`` is read from the environment.
+    :param follow: kafka://: keep loading new messages until SIGINT/SIGTERM.
+    :param batch_rows: kafka://: messages per commit at most (default 500,000).
+    :param batch_seconds: kafka:// with follow: commit at least this often (default 5).
+    :param query: a postgresql:// or mysql:// source: load the rows of this SELECT.
+    :param incremental_by: a database source: load the rows whose column (one that only
+        grows) is above what was loaded.
+    :param shards: a Distributed table's replicas (HOST:TCP_PORT as system.clusters
+        names them) and their HTTP URLs, a dict or pairs; default: each host, the
+        target's port.
+    :param shard_by: a Distributed table: "auto" (rows by its sharding key) or "file"
+        (whole files by weight).
+    :param listener: called with each progress `Event` (plan, start, progress, done,
+        skip, fail, lag).
+    :return: what the load did; ``report.ok`` is False when a file failed.
+
+    A flag only some kinds of source read (query, incremental_by, follow, batch_rows,
+    batch_seconds, kafka_options) is refused when no source of the load reads it.
     """
-    spec = sources if isinstance(sources, LoadSpec) else _spec("load", sources, table, options)
+    spec = _spec_of("load", sources, locals())
+    _refuse_unread(spec, {name for pattern in spec.sources
+                          for name in registry.source_for(pattern).options})
     early = _begin_early(spec)
     try:  # (a database's snapshot is taken while the target opens)
-        target = open_target(_target_spec(spec.target))
+        opened = open_target(_target_spec(spec.target))
         try:
-            return _load_into(spec, target, listener)
+            return _load_into(spec, opened, listener)
         finally:
-            target.close()
+            opened.close()
     finally:
         early()
 
+
+def validate(sources: Sources | LoadSpec, *, table: str | None = None,
+             target: TargetName = None, format: str | None = None,
+             compression: str | None = None, schema: str | None = None,
+             max_errors: int | None = None, max_error_ratio: float | None = None,
+             s3_endpoint: str | None = None) -> list[FileCheck]:
+    """Parse every row of every source against the table's (or the inferred) schema,
+    as `load` with the same options would; write nothing (core/validate.py).
+
+    :param sources: as `load`'s; or the LoadSpec a load would be given (its options
+        that only shape a load, such as order_by or workers, change nothing here).
+    :param table: the table whose columns the rows must fit; if it does not exist, the
+        columns a load would create.
+    :param target: as `load`'s.
+    :param format: as `load`'s.
+    :param compression: as `load`'s.
+    :param schema: as `load`'s.
+    :param max_errors: the error budget of `load`'s of the same name.
+    :param max_error_ratio: the error budget of `load`'s of the same name.
+    :param s3_endpoint: as `load`'s.
+    :return: one FileCheck a file: rows that parse, rows that do not, the first errors,
+        and whether a load with that error budget would take the file.
+    """
+    spec = _spec_of("validate", sources, locals())
+    _refuse_unread(spec, {name for pattern in spec.sources
+                          for name in registry.source_for(pattern).options})
+    return _validate(spec)
+
+
+# LoadSpec fields only some kinds of source read (Source.options): flag, who reads it.
+_SOURCE_OPTIONS = {"query": ("--query", "a postgresql:// or mysql:// source"),
+                   "incremental_by": ("--incremental-by", "a postgresql:// or mysql:// source"),
+                   "follow": ("--follow", "a kafka:// source"),
+                   "batch_rows": ("--batch-rows", "a kafka:// source"),
+                   "batch_seconds": ("--batch-seconds", "a kafka:// source"),
+                   "kafka_options": ("--kafka-option", "a kafka:// source")}
+
+
+def _refuse_unread(spec: LoadSpec, read: Collection[str]) -> None:
+    """A field of `_SOURCE_OPTIONS` given while no source of the load reads it (`read`:
+    the fields its sources read): a UsageError naming the flag, before anything opens."""
+    for name, (flag, who) in _SOURCE_OPTIONS.items():
+        if getattr(spec, name) != _UNSET[name] and name not in read:
+            raise UsageError(f"{flag}: only for {who}; no source of this load reads it")
 
 def _begin_early(spec: LoadSpec) -> Callable[[], None]:
     """A PostgreSQL source's session begun while the target opens (sources/databases/
@@ -261,7 +292,7 @@ def _load(spec: LoadSpec, target: Target, sources: RunSources, listed: list[Sour
     with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
         report = _load_table(spec, t, table, sources, listed, listener, run_id, record,
                              added)
-        report.shards = t.shard_report()
+        report.shards = shards_of(t.shard_report())
         return report
 
 
@@ -331,9 +362,9 @@ def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, source
                              sources=sources)
     finally:
         adapt.finished.set()
-    report.saturation = monitor.stop().to_dict() if jobs else {}
-    report.concurrency = adapt.summary() if jobs else {}
-    report.costs = target.cost_report() if jobs else {}
+    report.saturation = saturation_of(monitor.stop().to_dict()) if jobs else None
+    report.concurrency = concurrency_of(adapt.summary()) if jobs else None
+    report.costs = costs_of(target.cost_report()) if jobs else None
     results += refused + [FileResult(f.uri, "skipped") for f in plan.skipped]
     results += [FileResult(uri, "failed", error=why, changed=True)
                 for uri, why in plan.refused.items()]
@@ -397,11 +428,6 @@ def _engine_credentials(context: SourceContext) -> contextlib.AbstractContextMan
     return aws.hand_to_engine(context.s3.credentials, os.environ)
 
 
-# LoadSpec fields only some kinds of source read (Source.options): flag, who reads it.
-_SOURCE_OPTIONS = {"query": ("--query", "a postgresql:// or mysql:// source"),
-                   "incremental_by": ("--incremental-by", "a postgresql:// or mysql:// source")}
-
-
 def _list_sources(spec: LoadSpec, sources: RunSources) -> list[SourceFile]:
     """Every file the sources name, each once (by uri), in the order named; all of
     them listed before anything loads, so a pattern that matches nothing stops the run.
@@ -411,9 +437,7 @@ def _list_sources(spec: LoadSpec, sources: RunSources) -> list[SourceFile]:
         raise UsageError("-: standard input can be read once; name - once")
     for pattern in spec.sources:
         sources.of(pattern)  # unknown schemes, before anything is listed
-    for name, (flag, who) in _SOURCE_OPTIONS.items():
-        if getattr(spec, name) is not None and name not in sources.options():
-            raise UsageError(f"{flag}: only for {who}; no source of this load reads it")
+    _refuse_unread(spec, sources.options())
     files: dict[str, SourceFile] = {}
     for pattern in spec.sources:
         for f in sources.list(pattern):
@@ -438,11 +462,15 @@ def _told(files: list[SourceFile], sources: RunSources) -> list[SourceFile]:
     return [f for f in files if f not in marks]
 
 
-def files(table: str, target: TargetName = None, shards: object = (),
-          **unknown: object) -> list[FileEvent]:
-    """The ledger: each file's latest state for a table (a Distributed table's: each
-    file's on each shard, `target_table` naming the shard; `shards` as LoadSpec's)."""
-    options.no_unknown("files", unknown, ["table", "target", "shards"])
+def files(table: str, *, target: TargetName = None,
+          shards: Pairs = ()) -> list[FileEvent]:
+    """The ledger: each file's latest state for a table.
+
+    :param table: ``name`` or ``db.name``.
+    :param target: as `load`'s; the target must exist.
+    :param shards: a Distributed table's replicas and URLs, as `load`'s; its ledger has
+        each file's state on each shard, `target_table` naming the shard.
+    """
     name = options.text("table", table)
     planner.parse_table(name)
     with _opened(target) as t:
@@ -452,18 +480,26 @@ def files(table: str, target: TargetName = None, shards: object = (),
             return c.ledger.latest(table_name.display)
 
 
-def sql(query: str, target: TargetName = None, fmt: str = "TSV", **unknown: object) -> str:
-    """Run SQL against the target and return the engine's formatted answer."""
-    options.no_unknown("sql", unknown, ["query", "target", "fmt"])
-    query, fmt = options.text("query", query), options.text("fmt", fmt)
+def sql(query: str, *, target: TargetName = None, format: str = "TSV") -> str:
+    """Run SQL against the target and return the engine's answer as text.
+
+    :param query: any SQL statement.
+    :param target: as `load`'s; the target must exist.
+    :param format: any ClickHouse output format: TSV, JSON, CSV, PrettyCompact ...
+    """
+    query, format = options.text("query", query), options.text("format", format)
     with _opened(target) as t:
-        return t.text(query, fmt)
+        return t.text(query, format)
 
 
-def history(table: str | None = None, target: TargetName = None, limit: int = 50,
-            **unknown: object) -> Sequence[dict]:
-    """One entry per run of `load` (newest first)."""
-    options.no_unknown("history", unknown, ["table", "target", "limit"])
+def history(table: str | None = None, *, target: TargetName = None,
+            limit: int = 50) -> Sequence[dict[str, Any]]:
+    """One entry per run of `load`, newest first, as the ledger records it.
+
+    :param table: only the runs into this table; None: every table's.
+    :param target: as `load`'s; the target must exist.
+    :param limit: runs at most.
+    """
     table, limit = options.optional_text("table", table), options.whole("limit", limit)
     if table:
         planner.parse_table(table)
@@ -472,12 +508,16 @@ def history(table: str | None = None, target: TargetName = None, limit: int = 50
         return t.ledger.runs(name, limit)
 
 
-def errors(table: str, target: TargetName = None, limit: int = 10_000,
-           **unknown: object) -> list[dict]:
-    """Rejected rows of a table's current loads: file, line, error, raw."""
+def errors(table: str, *, target: TargetName = None,
+           limit: int = 10_000) -> list[dict[str, Any]]:
+    """Rejected rows of a table's current loads: file, line, error, raw.
+
+    :param table: ``name`` or ``db.name``.
+    :param target: as `load`'s; the target must exist.
+    :param limit: rows at most.
+    """
     from chload.commit import rejects
 
-    options.no_unknown("errors", unknown, ["table", "target", "limit"])
     name, limit = options.text("table", table), options.whole("limit", limit)
     planner.parse_table(name)
     with _opened(target) as t:
@@ -485,9 +525,12 @@ def errors(table: str, target: TargetName = None, limit: int = 10_000,
                                limit)
 
 
-def run_files(run_id: str, target: TargetName = None, **unknown: object) -> list[FileEvent]:
-    """Per-file detail of one run: the final event of each file it touched."""
-    options.no_unknown("run_files", unknown, ["run_id", "target"])
+def run_files(run_id: str, *, target: TargetName = None) -> list[FileEvent]:
+    """Per-file detail of one run: the final event of each file it touched.
+
+    :param run_id: a run's id, as `history` and LoadReport.run_id give it.
+    :param target: as `load`'s; the target must exist.
+    """
     run_id = options.text("run_id", run_id)
     with _opened(target) as t:
         return t.ledger.of_run(run_id)
@@ -503,39 +546,11 @@ def _opened(target: object) -> Iterator[Target]:
         t.close()
 
 
-_VALIDATE_OPTIONS = ("target", "format", "compression", "schema", "max_errors",
-                     "max_error_ratio", "s3_endpoint")
-
-
-def validate(sources: Sources | LoadSpec, table: str | None = None, *,
-             target: TargetName = None, format: str | None = None,
-             compression: str | None = None, schema: str | None = None,
-             max_errors: int | None = None, max_error_ratio: float | None = None,
-             s3_endpoint: str | None = None, **unknown: object) -> list[FileCheck]:
-    """Parse every row of every source against the table's (or the inferred) schema.
-
-    Takes what load() takes: sources and table= with options, or the LoadSpec a load
-    would be given (its options that only shape a load, such as order_by, workers or
-    settings, change nothing here).
-
-    Writes nothing to the table or the ledger: bad rows are counted by the engine into
-    a temporary errors file, outside the target. With an error budget, each file says
-    whether a load with that budget would take it, and inference is the load's. Before
-    the first load into an embedded target (no directory yet) the data is checked in a
-    scratch engine, removed after: nothing is left behind.
-    """
+def _validate(spec: LoadSpec) -> list[FileCheck]:
+    """validate() of a spec: the target (or a scratch one), its sources listed, each
+    file checked (core/validate.py)."""
     from chload.core.validate import check_files
 
-    options.no_unknown("validate", unknown, _VALIDATE_OPTIONS)
-    given = dict(target=target, format=format, compression=compression, schema=schema,
-                 max_errors=max_errors, max_error_ratio=max_error_ratio,
-                 s3_endpoint=s3_endpoint)
-    if isinstance(sources, LoadSpec):
-        if table is not None or any(v is not None for v in given.values()):
-            raise UsageError("validate(): given a LoadSpec, put the table and options in it")
-        spec = sources
-    else:
-        spec = _spec("validate", sources, table, given)
     with _validating(spec.target) as t:
         name = planner.parse_table(spec.table, _default_database(t))
         existing = t.table_columns(name.sql)

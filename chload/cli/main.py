@@ -1,6 +1,6 @@
-"""The `chload` command: flags -> LoadSpec -> chload.api -> rendering.
+"""The `chload` command: flags -> one typed call of chload.api -> rendering (render.py).
 
-A thin skin: it parses, calls one library function and draws what comes back. rich is
+A thin layer: it parses, calls one library function and draws what comes back. rich is
 imported only when a terminal will see it, and the engine only when a command needs
 it, so `chload --help` is instant and pipelines pay nothing for the progress bar.
 
@@ -10,14 +10,18 @@ Exit codes: 0 all good; 1 some file failed; 2 bad usage or a terminal error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from chload.errors import ChloadError, UsageError
+
+if TYPE_CHECKING:
+    from chload.api import Listener
 
 
 def run() -> None:
@@ -25,10 +29,9 @@ def run() -> None:
 
     When main() returns, everything is done: output written, ledger flushed, connections
     closed, temporary files removed, and every engine (chDB) session closed. Python's
-    teardown after that (freeing every object and module) takes 10-20 ms on these
-    machines, 1% of a 10M-row load into a server; with chDB loaded, its library's own
-    teardown makes it 40-120 ms, 4-10% of a 1 s embedded load. So the process ends
-    without it. (A session still open, e.g. a library caller's, keeps the normal exit.)
+    teardown after that (freeing every object and module, and chDB's library its own)
+    only costs time, a visible share of a short load; so the process ends without it.
+    (A session still open, e.g. a library caller's, keeps the normal exit.)
     """
     code = main()
     engine = sys.modules.get("chload.runtime.engine")
@@ -70,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser: of `command` alone when it names one, else of every
     command (`chload --help`, a typo). Each parser looks up argparse's translations on
-    disk (gettext), and the other five cost ~1.5 ms of every start."""
+    disk (gettext): the other commands' parsers would slow every start."""
     parser = argparse.ArgumentParser(
         prog="chload", description="Get data into ClickHouse fast and exactly once.")
     parser.add_argument("--version", action="version", version=_version())
@@ -207,28 +210,6 @@ _COMMANDS: dict[str, tuple[dict[str, Any], Callable[[argparse.ArgumentParser], N
 }
 
 
-# Flags only `load` has (its parser adds them), with what a LoadSpec takes when absent.
-_LOAD_ONLY: dict[str, Any] = {"order_by": None, "partition_by": None, "audit": False,
-                               "workers": None, "force": False, "on_error": "continue",
-                               "follow": False, "batch_rows": None, "batch_seconds": None,
-                               "query": None, "incremental_by": None, "shard_by": "auto"}
-
-
-def _spec(args: argparse.Namespace) -> Any:
-    """The LoadSpec of a `load` or `validate` command line: one mapping of flags."""
-    from chload.api import LoadSpec
-
-    return LoadSpec(
-        sources=tuple(args.sources), table=args.table, target=args.target, format=args.format,
-        compression=args.compression, schema=args.schema, s3_endpoint=args.s3_endpoint,
-        max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
-        settings=_settings(getattr(args, "setting", [])),
-        kafka_options=_settings(getattr(args, "kafka_option", []), "--kafka-option"),
-        shards=_shards(getattr(args, "shard", [])),
-        **{name: getattr(args, name, default) for name, default in _LOAD_ONLY.items()},
-    )
-
-
 def _shards(values: Sequence[str]) -> tuple[tuple[str, str], ...]:
     out = []
     for item in values:
@@ -270,15 +251,20 @@ def _load(args: argparse.Namespace) -> int:
 def _load_with(args: argparse.Namespace) -> int:
     from chload.api import load
 
-    spec = _spec(args)
     show = not args.quiet and not args.json and sys.stdout.isatty()
-    if show:
-        from chload.cli.render import ProgressView
-
-        with ProgressView() as view:
-            report = load(spec, listener=view.on_event)
-    else:
-        report = load(spec)
+    with _progress(show) as listener:
+        report = load(
+            args.sources, table=args.table, target=args.target, format=args.format,
+            compression=args.compression, schema=args.schema, order_by=args.order_by,
+            partition_by=args.partition_by, audit=args.audit,
+            settings=_settings(args.setting), workers=args.workers, force=args.force,
+            on_error=args.on_error, s3_endpoint=args.s3_endpoint,
+            max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
+            kafka_options=_settings(args.kafka_option, "--kafka-option"),
+            follow=args.follow, batch_rows=args.batch_rows,
+            batch_seconds=args.batch_seconds, query=args.query,
+            incremental_by=args.incremental_by, shards=_shards(args.shard),
+            shard_by=args.shard_by, listener=listener)
     if args.json:
         data = report.to_dict()
         if len(data["files"]) > 1000:
@@ -295,12 +281,24 @@ def _load_with(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+@contextlib.contextmanager
+def _progress(show: bool) -> Iterator[Listener | None]:
+    """The progress bar's listener while a load runs, if a terminal will see it."""
+    if not show:
+        yield None
+        return
+    from chload.cli.render import ProgressView
+
+    with ProgressView() as view:
+        yield view.on_event
+
+
 def _files(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from chload.api import files
 
-    events = files(args.table, args.target, shards=_shards(args.shard))
+    events = files(args.table, target=args.target, shards=_shards(args.shard))
     if args.json:
         print(json.dumps([_file_row(asdict(e)) for e in events]))
     else:
@@ -310,7 +308,7 @@ def _files(args: argparse.Namespace) -> int:
     return 0
 
 
-def _file_row(row: dict) -> dict:
+def _file_row(row: dict[str, Any]) -> dict[str, Any]:
     row["table"] = row.pop("target_table")
     row.pop("stage", None)
     row.pop("mark", None)
@@ -320,7 +318,7 @@ def _file_row(row: dict) -> dict:
 def _sql(args: argparse.Namespace) -> int:
     from chload.api import sql
 
-    sys.stdout.write(sql(args.query, args.target, args.format))
+    sys.stdout.write(sql(args.query, target=args.target, format=args.format))
     return 0
 
 
@@ -330,7 +328,7 @@ def _history(args: argparse.Namespace) -> int:
     from chload.api import history, run_files
 
     if args.run:
-        events = run_files(args.run, args.target)
+        events = run_files(args.run, target=args.target)
         if args.json:
             print(json.dumps([_file_row(asdict(e)) for e in events]))
         else:
@@ -338,7 +336,7 @@ def _history(args: argparse.Namespace) -> int:
 
             print_files(f"run {args.run}", events)
         return 0
-    runs = history(args.table, args.target, args.limit)
+    runs = history(args.table, target=args.target, limit=args.limit)
     if args.json:
         print(json.dumps(list(runs)))
     else:
@@ -351,7 +349,7 @@ def _history(args: argparse.Namespace) -> int:
 def _errors(args: argparse.Namespace) -> int:
     from chload.api import errors
 
-    rows = errors(args.table, args.target, args.limit)
+    rows = errors(args.table, target=args.target, limit=args.limit)
     if args.json:
         print(json.dumps(rows))
     else:
@@ -366,7 +364,10 @@ def _validate(args: argparse.Namespace) -> int:
 
     from chload.api import validate
 
-    checks = validate(_spec(args))
+    checks = validate(args.sources, table=args.table, target=args.target, format=args.format,
+                      compression=args.compression, schema=args.schema,
+                      max_errors=args.max_errors, max_error_ratio=args.max_error_ratio,
+                      s3_endpoint=args.s3_endpoint)
     if args.json:
         print(json.dumps([asdict(c) for c in checks]))
     else:

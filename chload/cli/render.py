@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from chload.api import FileCheck, LoadReport
+from chload.api import Concurrency, FileCheck, LoadReport, ShardLoad
 from chload.commit.ledger import FileEvent
 from chload.core.run import Event
 
@@ -97,9 +97,9 @@ def print_summary(report: LoadReport) -> None:
         print(f"  note: {note}")
     sat = report.saturation
     if sat and report.files_loaded:
-        disk = (f", disk {sat['disk']} {sat['disk_util_pct']:.0f}% busy"
-                if sat.get("disk_util_pct") is not None else "")
-        cpu = f"{sat['cpu_util_pct']:.0f}%" if sat.get("cpu_util_pct") is not None else "?"
+        busy, used = sat["disk_util_pct"], sat["cpu_util_pct"]
+        disk = f", disk {sat['disk']} {busy:.0f}% busy" if busy is not None else ""
+        cpu = f"{used:.0f}%" if used is not None else "?"
         print(f"  saturation: CPU {cpu} of {sat['cores']} cores{disk}; "
               f"limit: {sat['bottleneck']}{_streams(report.concurrency)}")
     for shard in report.shards if report.files_loaded else []:
@@ -110,24 +110,24 @@ def print_summary(report: LoadReport) -> None:
     print_failures(report)
 
 
-def _shard_line(shard: dict) -> str:
-    """A shard's rows, and what its server did meanwhile (targets/shard_load.py)."""
+def _shard_line(shard: ShardLoad) -> str:
+    """A shard's rows, and what its server did meanwhile (targets/cluster/shard_load.py)."""
     line = (f"shard {shard['shard']} ({shard['replica']}): {shard['rows']:,} rows, "
             f"{shard['seconds']:.2f} s committing")
-    server = shard.get("server") or {}
-    if server.get("cpu_s") is None:
+    server = shard["server"]
+    cpu, pct = server.get("cpu_s"), server.get("cpu_util_pct")
+    if cpu is None:
         return line + "; its server's counters: not read"
-    pct = server["cpu_util_pct"]
-    line += (f"; server CPU {server['cpu_s']:.2f} s ({pct:.0f}% of {server['cores']} "
-             "cores)")
-    if server.get("cpu_wait_pct") is not None:
-        line += f", waited for a CPU {server['cpu_wait_pct']:.0f}% of its run time"
+    line += f"; server CPU {cpu:.2f} s ({pct or 0:.0f}% of {server.get('cores')} cores)"
+    wait = server.get("cpu_wait_pct")
+    if wait is not None:
+        line += f", waited for a CPU {wait:.0f}% of its run time"
     if server.get("merges_running"):
         line += f", {server['merges_running']} merges running"
-    return line + f"; limit: {server['bottleneck']}"
+    return line + f"; limit: {server.get('bottleneck', 'unknown')}"
 
 
-def _streams(c: dict[str, Any]) -> str:
+def _streams(c: Concurrency | None) -> str:
     """The streams' part of the saturation line: how many, and what bounded them."""
     if not c:
         return ""

@@ -1,7 +1,7 @@
-"""Small contracts of the real `chload` command (issue 12, "smaller, same spirit"):
-validate before any load, --debug's exit code, --setting checked before anything is
-created, inference errors that keep their cause, a garbage or empty file, and two
-server loads of the same files at once. Results checked through SQL."""
+"""Small contracts of the real `chload` command: validate before any load, --debug's
+exit code, --setting checked before anything is created, a flag no source reads refused,
+inference errors that keep their cause, a garbage or empty file, and two server loads
+of the same files at once. Results checked through SQL."""
 
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ def test_validate_takes_the_loadspec_a_load_takes(tmp_path: Path, good: Path) ->
         f"spec = LoadSpec(sources=[{str(good)!r}], table='t', target={str(fresh)!r}, "
         "max_errors=1, order_by='id')\n"
         "by_spec = chload.validate(spec)\n"
-        f"by_words = chload.validate({str(good)!r}, 't', target={str(fresh)!r}, max_errors=1)\n"
+        f"by_words = chload.validate({str(good)!r}, table='t', target={str(fresh)!r}, "
+        "max_errors=1)\n"
         "assert by_spec == by_words, (by_spec, by_words)\n"
         "print(by_spec[0].rows, by_spec[0].within_budget)\n"
     )
@@ -407,3 +408,21 @@ def test_a_suggested_schema_keeps_the_leading_zeros_the_sample_saw(
     data.write_text("zip,d\n02134,01/13/2024\n10001,03/04/2024\n")
     code, _, err = load(target, str(data), "--table", "zips_dates")
     assert code == 2 and "--schema 'zip String, d String'" in err, err
+
+
+@pytest.mark.parametrize("source, flags, said", [
+    # port 9 (discard) answers nothing: the flag is refused before any connection
+    ("postgresql://loader@127.0.0.1:9/shop/public.orders", ["--follow"], "--follow: only "
+     "for a kafka:// source; no source of this load reads it"),
+    ("good.csv", ["--batch-rows", "10"], "--batch-rows: only for a kafka:// source; no "
+     "source of this load reads it"),
+])
+def test_a_flag_no_source_reads_is_refused_in_one_line(
+        source: str, flags: list[str], said: str, good: Path, target_dir: str) -> None:
+    source = str(good) if source == "good.csv" else source
+    out = run_chload("load", source, "--table", "t", *flags, "--target", target_dir,
+                     timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == f"chload: {said}\n"
+    assert out.stdout == ""
+    assert not Path(target_dir).exists()  # nothing opened, nothing created

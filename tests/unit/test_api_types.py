@@ -67,7 +67,6 @@ def test_spec_takes_paths_and_settings_of_any_plain_type() -> None:
     ({"settings": ["max_threads=2"]}, "settings=['max_threads=2']: must be a dict"),
     ({"settings": {"max_threads": None}}, "settings['max_threads']=None"),
     ({"format": 1}, "format=1: must be a str"),
-    ({"bogus": 1}, "load(): unknown option bogus; the options are audit, batch_rows,"),
 ])
 def test_load_answers_wrong_types_with_a_usage_error(options: dict, said: str) -> None:
     args: dict = {"table": "t", "target": NOWHERE, **options}
@@ -84,16 +83,17 @@ def test_load_answers_wrong_sources_with_a_usage_error() -> None:
 
 
 @pytest.mark.parametrize("call, said", [
-    (lambda: chload.files(5, NOWHERE), "table=5: must be a str"),  # type: ignore[arg-type]
+    (lambda: chload.files(5, target=NOWHERE), "table=5: must be a str"),  # type: ignore[arg-type]
     (lambda: chload.files("t", target=3), "target=3"),  # type: ignore[arg-type]
     (lambda: chload.history(limit="x", target=NOWHERE), "limit='x': must be an int"),
-    (lambda: chload.errors("t", NOWHERE, limit=None), "limit=None"),  # type: ignore[arg-type]
-    (lambda: chload.sql(5, NOWHERE), "query=5: must be a str"),  # type: ignore[arg-type]
-    (lambda: chload.run_files(None, NOWHERE), "run_id=None"),  # type: ignore[arg-type]
-    (lambda: chload.files("t", tagret="x"), "files(): unknown option tagret"),
-    (lambda: chload.validate("a.csv", "t", target=NOWHERE, workers=2),
-     "validate(): unknown option workers; the options are compression, format"),
-    (lambda: chload.validate("a.csv", "t", target=NOWHERE, max_errors="2"),
+    (lambda: chload.errors("t", target=NOWHERE, limit=None),  # type: ignore[arg-type]
+     "limit=None"),
+    (lambda: chload.sql(5, target=NOWHERE), "query=5: must be a str"),  # type: ignore[arg-type]
+    (lambda: chload.sql("SELECT 1", target=NOWHERE, format=None),  # type: ignore[arg-type]
+     "format=None: must be a str"),
+    (lambda: chload.run_files(None, target=NOWHERE), "run_id=None"),  # type: ignore[arg-type]
+    (lambda: chload.validate("a.csv", table="t", target=NOWHERE,
+                             max_errors="2"),  # type: ignore[arg-type]
      "max_errors='2': must be an int"),
 ])
 def test_reading_functions_answer_wrong_types_with_a_usage_error(

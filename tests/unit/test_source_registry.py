@@ -3,7 +3,7 @@
 A new kind of source is one module (exposing `SOURCE`) and one line in
 `sources.SCHEMES`: listing, reading, releasing, identity, presence and the audit
 column all ask it, so nothing outside chload.sources knows kinds by name. The CLI's
-load and validate share their flags and one flags -> LoadSpec mapping.
+load and validate share their flags, each passed to the API's keyword of its name.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Iterable, Sequence
-from dataclasses import FrozenInstanceError
+from dataclasses import FrozenInstanceError, replace
 
 import pytest
 
@@ -137,21 +137,25 @@ def test_a_plan_is_built_whole() -> None:
         plan.to_load = []  # type: ignore[misc]
 
 
-def test_load_and_validate_share_flags_and_their_mapping_to_a_loadspec() -> None:
+def test_load_and_validate_share_flags_and_their_mapping_to_a_loadspec(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from chload import api
+
+    calls: dict[str, dict] = {}
+    monkeypatch.setattr(api, "load", lambda sources, **kw: calls.setdefault(
+        "load", {"sources": sources, **kw}) and api.LoadReport("t", "x", "r"))
+    monkeypatch.setattr(api, "validate", lambda sources, **kw: calls.setdefault(
+        "validate", {"sources": sources, **kw}) and [])
     shared = ["a.csv", "-t", "db.t", "--format", "CSV", "--compression", "gzip", "--schema",
               "x Int8", "--max-errors", "3", "--max-error-ratio", "0.5", "--s3-endpoint",
               "http://127.0.0.1:9000", "--target", "somewhere"]
-    load = cli._parser().parse_args(["load", *shared, "--audit", "--setting", "a=1"])
-    check = cli._parser().parse_args(["validate", *shared])
-    assert cli._spec(check) == LoadSpec(
+    assert cli._load_with(cli._parser().parse_args(
+        ["load", *shared, "--audit", "--setting", "a=1", "--quiet"])) == 0
+    assert cli._validate(cli._parser().parse_args(["validate", *shared, "--json"])) == 0
+    check = LoadSpec(**calls["validate"])
+    assert check == LoadSpec(
         sources=("a.csv",), table="db.t", target="somewhere", format="CSV",
         compression="gzip", schema="x Int8", max_errors=3, max_error_ratio=0.5,
         s3_endpoint="http://127.0.0.1:9000")
-    assert cli._spec(load) == LoadSpec(**{**_as_dict(cli._spec(check)), "audit": True,
-                                          "settings": (("a", "1"),)})
-
-
-def _as_dict(spec: LoadSpec) -> dict:
-    from dataclasses import asdict
-
-    return asdict(spec)
+    assert calls["load"].pop("listener") is None  # --quiet: no progress bar
+    assert LoadSpec(**calls["load"]) == replace(check, audit=True, settings=(("a", "1"),))
