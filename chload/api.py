@@ -16,24 +16,17 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import MISSING, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from chload import formats
-from chload.commit.ledger import COMMITTING, FileEvent, own_history
-from chload.commit.rejects import ErrorBudget
+from chload.commit.ledger import FileEvent
+from chload.core import load as steps
 from chload.core import options
 from chload.core import plan as planner
-from chload.core import run as runner
 from chload.core.finish import (
-    _check_settings,
     _finish,
-    _job_settings,
-    _refuse,
     _run_record,
-    _summarize,
-    _threads_per_file,
 )
 from chload.core.report import (
     Concurrency,
@@ -50,20 +43,14 @@ from chload.core.report import (
     Sources,
     StreamChange,
     TargetName,
-    concurrency_of,
-    costs_of,
-    saturation_of,
-    shards_of,
 )
 from chload.core.run import Event, FileResult, Listener
 from chload.errors import UsageError
-from chload.runtime.adaptive import MAX_STREAMS, Controller
-from chload.runtime.monitor import Monitor
 from chload.sources import registry
-from chload.sources.base import SourceContext, SourceFile, Stream
+from chload.sources.base import SourceContext, Stream
 from chload.sources.registry import kind_of
 from chload.sources.run import RunSources
-from chload.targets.base import LoadJob, Target
+from chload.targets.base import Target
 from chload.targets.registry import TargetSpec, open_target
 
 if TYPE_CHECKING:
@@ -168,7 +155,7 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
     batch_seconds, kafka_options) is refused when no source of the load reads it.
     """
     spec = _spec_of("load", sources, locals())
-    _refuse_unread(spec, {name for pattern in spec.sources
+    steps.refuse_unread(spec, {name for pattern in spec.sources
                           for name in registry.source_for(pattern).options})
     early = _begin_early(spec)
     try:  # (a database's snapshot is taken while the target opens)
@@ -204,26 +191,10 @@ def validate(sources: Sources | LoadSpec, *, table: str | None = None,
         and whether a load with that error budget would take the file.
     """
     spec = _spec_of("validate", sources, locals())
-    _refuse_unread(spec, {name for pattern in spec.sources
+    steps.refuse_unread(spec, {name for pattern in spec.sources
                           for name in registry.source_for(pattern).options})
     return _validate(spec)
 
-
-# LoadSpec fields only some kinds of source read (Source.options): flag, who reads it.
-_SOURCE_OPTIONS = {"query": ("--query", "a postgresql:// or mysql:// source"),
-                   "incremental_by": ("--incremental-by", "a postgresql:// or mysql:// source"),
-                   "follow": ("--follow", "a kafka:// source"),
-                   "batch_rows": ("--batch-rows", "a kafka:// source"),
-                   "batch_seconds": ("--batch-seconds", "a kafka:// source"),
-                   "kafka_options": ("--kafka-option", "a kafka:// source")}
-
-
-def _refuse_unread(spec: LoadSpec, read: Collection[str]) -> None:
-    """A field of `_SOURCE_OPTIONS` given while no source of the load reads it (`read`:
-    the fields its sources read): a UsageError naming the flag, before anything opens."""
-    for name, (flag, who) in _SOURCE_OPTIONS.items():
-        if getattr(spec, name) != _UNSET[name] and name not in read:
-            raise UsageError(f"{flag}: only for {who}; no source of this load reads it")
 
 def _begin_early(spec: LoadSpec) -> Callable[[], None]:
     """A PostgreSQL source's session begun while the target opens (sources/databases/
@@ -257,9 +228,9 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
     context = replace(_source_context(spec, target), pipes=pipes)
     sources = RunSources(context, registry)
     try:
-        listed = _list_sources(spec, sources)
+        listed = steps.list_sources(spec, sources)
         with _engine_credentials(context):
-            return _load(spec, target, sources, listed, listener or (lambda event: None))
+            return steps.load_units(spec, target, sources, listed, listener or (lambda event: None))
     finally:
         sources.close()  # what listing made, and what a source kept for the run
 
@@ -268,12 +239,12 @@ def _load_stream(spec: LoadSpec, target: Target, listener: Listener,
                  stream: Stream) -> LoadReport:
     """A stream's load (a Kafka topic): each round's units through `_load`, one run."""
     started_ns, clock = time.time_ns(), time.monotonic()
-    table = planner.parse_table(spec.table, _default_database(target))
+    table = planner.parse_table(spec.table, steps.default_database(target))
     report = LoadReport(table.display, target.display, os.urandom(6).hex())
     sources = RunSources(_source_context(spec, target), registry)  # spooled units: local files
     added = stream.audit_columns if spec.audit else None
     try:
-        stream.rounds(spec, target, listener, lambda units, workers, schema: _load(
+        stream.rounds(spec, target, listener, lambda units, workers, schema: steps.load_units(
             replace(spec, workers=spec.workers or workers, schema=schema or spec.schema),
             target, sources, units, listener, run_id=report.run_id, record=False,
             added=added), table, report)
@@ -282,110 +253,6 @@ def _load_stream(spec: LoadSpec, target: Target, listener: Listener,
     report.seconds = time.monotonic() - clock
     _finish(target, _run_record(spec, report, started_ns, sources))
     return report
-
-
-def _load(spec: LoadSpec, target: Target, sources: RunSources, listed: list[SourceFile],
-          listener: Listener, run_id: str = "", record: bool = True,
-          added: planner.AddColumns | None = None) -> LoadReport:
-    """Into `target`, or into each shard of its Distributed table (targets/cluster.py)."""
-    table = planner.parse_table(spec.table, _default_database(target))
-    with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
-        report = _load_table(spec, t, table, sources, listed, listener, run_id, record,
-                             added)
-        report.shards = shards_of(t.shard_report())
-        return report
-
-
-def _load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources: RunSources,
-                listed: list[SourceFile], listener: Listener, run_id: str = "",
-                record: bool = True, added: planner.AddColumns | None = None) -> LoadReport:
-    started_ns, clock = time.time_ns(), time.monotonic()
-    _check_settings(target, spec.settings)
-    report = LoadReport(table.display, target.display, run_id or os.urandom(6).hex())
-    untold = [(f, formats.untold(f.uri)) for f in listed if not f.format.name]
-    listed = [f for f in listed if f.format.name]
-    existing = target.table_columns(table.sql)
-    described = sources.columns(listed)  # a source that knows its columns: no inference
-    files = planner.resolve_format(target, listed, planner.known_names(existing, spec.schema),
-                                   forced=spec.format is not None or described is not None,
-                                   delimiter=dict(spec.settings).get("format_csv_delimiter"))
-    report.recovered = target.recover(table.sql)
-    state = target.ledger.table_state(table.database, table.name)
-    loaded, report.table_reset = own_history(state,
-                                                     target.ledger.loaded(table.display))
-    plan = planner.decide(files, loaded, spec.force)
-    refused = _refuse(target, table, untold, report.run_id, listener)
-    settings = (*_job_settings(spec), *planner.csv_settings(files, spec.settings))
-    if plan.to_load:
-        columns, read_columns, created = planner.prepare_table(
-            target, table, plan.to_load, existing=existing, schema=spec.schema,
-            order_by=spec.order_by or sources.sorting_key(plan.to_load),
-            partition_by=spec.partition_by, audit=spec.audit, budget=spec.budget,
-            described=described, sources=sources, added=added,
-            dates_told="date_time_input_format" in dict(spec.settings),
-        )
-        if not state.exists:
-            state = target.ledger.table_state(table.database, table.name)
-        checked = planner.check_headers(target, table, plan.to_load,
-                                        existing or columns, read_columns, spec.audit,
-                                        named=planner.reads_by_name(spec.schema,
-                                                                    spec.settings),
-                                        settings=spec.settings)
-        to_load, settings = checked.files, (*checked.settings, *settings)
-        refused += _refuse(target, table, checked.refused, report.run_id, listener)
-        if refused and spec.on_error == "abort":
-            refused += [FileResult(f.uri, "not-started") for f in to_load]
-            to_load = []
-        plan = replace(plan, to_load=to_load, columns=columns, read_columns=read_columns,
-                       created_table=created)
-        sources.stored(columns, read_columns, target.engine_name, spec.budget.allows_errors)
-    target.ledger.stamp(table.display, state.uuid)
-    listener(Event("plan", files_total=len(plan.to_load),
-                   bytes_total=sum(f.size for f in plan.to_load)))
-    estimate = target.default_workers(plan.to_load)
-    workers = spec.workers or estimate
-    adapt = Controller(workers, workers, fixed=spec.workers is not None)
-    groups = _groups(target, sources, plan.to_load, spec.budget, workers)
-    threads = _threads_per_file(workers, len(groups))
-    jobs = [LoadJob(file=group[0], table=table.sql, table_display=table.display,
-                    columns=plan.columns, read_columns=plan.read_columns, audit=spec.audit,
-                    settings=settings, run_id=report.run_id, budget=spec.budget,
-                    batch=group if len(group) > 1 else (), threads=threads)
-            for group in groups]
-    if spec.workers is None:
-        adapt.bounded(MAX_STREAMS)  # the target bounds it by what it knows (its cores)
-    in_flight = target.open_streams(workers, None if adapt.fixed else adapt)
-    monitor = Monitor(target.workdir).start()
-    try:
-        results = runner.run(target, jobs, in_flight, listener,
-                             abort_on_error=spec.on_error == "abort", changed=plan.changed,
-                             sources=sources)
-    finally:
-        adapt.finished.set()
-    report.saturation = saturation_of(monitor.stop().to_dict()) if jobs else None
-    report.concurrency = concurrency_of(adapt.summary()) if jobs else None
-    report.costs = costs_of(target.cost_report()) if jobs else None
-    results += refused + [FileResult(f.uri, "skipped") for f in plan.skipped]
-    results += [FileResult(uri, "failed", error=why, changed=True)
-                for uri, why in plan.refused.items()]
-    _summarize(report, results, plan, time.monotonic() - clock)
-    if record:
-        _finish(target, _run_record(spec, report, started_ns, sources))
-    return report
-
-
-def _default_database(target: Target) -> str:
-    """What a bare table name means: a server target's URL may name a database."""
-    return target.database
-
-
-def _groups(target: Target, sources: RunSources, files: Sequence[SourceFile],
-            budget: ErrorBudget, workers: int) -> list[tuple[SourceFile, ...]]:
-    """Files grouped into batches where the target can load several as one; a unit its
-    source commits alone (Source.loads_alone: a database range) in a group of its own."""
-    alone = [f for f in files if sources.loads_alone(f)]
-    rest = [f for f in files if not sources.loads_alone(f)] if alone else files
-    return [(f,) for f in alone] + (target.plan_batches(rest, budget, workers) if rest else [])
 
 
 def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
@@ -404,19 +271,7 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
                          select=spec.query, incremental_by=spec.incremental_by,
                          force=spec.force, workers=spec.workers,
                          key_order=target.wants_key_order, schema=spec.schema,
-                         committed=lambda: _committed(spec, target))
-
-
-def _committed(spec: LoadSpec, target: Target) -> dict[str, str]:
-    """uri -> identity of the units the ledger has committed into the spec's table as it
-    is now (own_history), `committing` ones included: recovery, before any load, settles
-    each of them loaded (the mark rule)."""
-    table = planner.parse_table(spec.table, _default_database(target))
-    events = dict(target.ledger.loaded(table.display))
-    events.update((e.uri, e) for e in target.ledger.latest(table.display, [COMMITTING]))
-    own, _ = own_history(target.ledger.table_state(table.database, table.name),
-                                 events)
-    return {uri: e.identity for uri, e in own.items()}
+                         committed=lambda: steps.committed(spec, target))
 
 
 def _engine_credentials(context: SourceContext) -> contextlib.AbstractContextManager[None]:
@@ -426,40 +281,6 @@ def _engine_credentials(context: SourceContext) -> contextlib.AbstractContextMan
     from chload.sources.files import aws
 
     return aws.hand_to_engine(context.s3.credentials, os.environ)
-
-
-def _list_sources(spec: LoadSpec, sources: RunSources) -> list[SourceFile]:
-    """Every file the sources name, each once (by uri), in the order named; all of
-    them listed before anything loads, so a pattern that matches nothing stops the run.
-    Each source is listed by this run's object for its kind (RunSources), which
-    releases what listing made (stdin's spool, links) when the caller closes it."""
-    if spec.sources.count("-") > 1:
-        raise UsageError("-: standard input can be read once; name - once")
-    for pattern in spec.sources:
-        sources.of(pattern)  # unknown schemes, before anything is listed
-    _refuse_unread(spec, sources.options())
-    files: dict[str, SourceFile] = {}
-    for pattern in spec.sources:
-        for f in sources.list(pattern):
-            if f.uri in files:
-                sources.release([f])  # another spelling of a file named already
-            else:
-                files[f.uri] = f
-    return _told(list(files.values()), sources)
-
-
-def _told(files: list[SourceFile], sources: RunSources) -> list[SourceFile]:
-    """The files, less those whose name does not tell their format and that hold
-    nothing (Spark's _SUCCESS). The others stay, to fail alone (_load_table): a
-    directory's README.txt must not stop its data loading, nor vanish unreported. If no
-    file tells its format (an empty one named alone too), the run stops, as for one
-    file named."""
-    untold = [f for f in files if not f.format.name]
-    if untold and len(untold) == len(files):
-        raise UsageError(formats.untold(untold[0].uri))
-    marks = [f for f in untold if f.size == 0 and not f.is_stream]
-    sources.release(marks)
-    return [f for f in files if f not in marks]
 
 
 def files(table: str, *, target: TargetName = None,
@@ -474,7 +295,7 @@ def files(table: str, *, target: TargetName = None,
     name = options.text("table", table)
     planner.parse_table(name)
     with _opened(target) as t:
-        table_name = planner.parse_table(name, _default_database(t))
+        table_name = planner.parse_table(name, steps.default_database(t))
         with t.for_table(table_name.sql, options.settings("shards", shards), "auto",
                          os.environ) as c:
             return c.ledger.latest(table_name.display)
@@ -504,7 +325,7 @@ def history(table: str | None = None, *, target: TargetName = None,
     if table:
         planner.parse_table(table)
     with _opened(target) as t:
-        name = planner.parse_table(table, _default_database(t)).display if table else None
+        name = planner.parse_table(table, steps.default_database(t)).display if table else None
         return t.ledger.runs(name, limit)
 
 
@@ -521,7 +342,7 @@ def errors(table: str, *, target: TargetName = None,
     name, limit = options.text("table", table), options.whole("limit", limit)
     planner.parse_table(name)
     with _opened(target) as t:
-        return rejects.listing(t, planner.parse_table(name, _default_database(t)).display,
+        return rejects.listing(t, planner.parse_table(name, steps.default_database(t)).display,
                                limit)
 
 
@@ -552,12 +373,12 @@ def _validate(spec: LoadSpec) -> list[FileCheck]:
     from chload.core.validate import check_files
 
     with _validating(spec.target) as t:
-        name = planner.parse_table(spec.table, _default_database(t))
+        name = planner.parse_table(spec.table, steps.default_database(t))
         existing = t.table_columns(name.sql)
         context = _source_context(spec, t)
         run_sources = RunSources(context, registry)
         try:
-            listed = _list_sources(spec, run_sources)
+            listed = steps.list_sources(spec, run_sources)
             with _engine_credentials(context):
                 return check_files(t, spec, name, existing, run_sources, listed)
         finally:

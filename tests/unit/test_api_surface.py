@@ -14,6 +14,7 @@ import pytest
 
 import chload
 from chload import api
+from chload.core import load as steps
 from chload.core.report import (
     Concurrency,
     Costs,
@@ -94,12 +95,12 @@ def test_an_option_no_source_reads_is_refused_before_anything_opens(
 def test_the_options_a_source_reads_are_taken() -> None:
     assert {"follow", "batch_rows", "batch_seconds", "kafka_options"} <= set(
         api.registry.source_for("kafka://h:9092/t").options)
-    assert set(api._SOURCE_OPTIONS) == {"query", "incremental_by", "follow", "batch_rows",
+    assert set(steps.SOURCE_OPTIONS) == {"query", "incremental_by", "follow", "batch_rows",
                                         "batch_seconds", "kafka_options"}
     spec = LoadSpec(sources=("kafka://h:9092/t",), table="t", follow=True, batch_rows=5,
                     kafka_options={"a": "1"})  # type: ignore[arg-type]
-    api._refuse_unread(spec, api.registry.source_for("kafka://h:9092/t").options)
-    api._refuse_unread(LoadSpec(sources=("a.csv",), table="t"), ())  # defaults: all unread
+    steps.refuse_unread(spec, api.registry.source_for("kafka://h:9092/t").options)
+    steps.refuse_unread(LoadSpec(sources=("a.csv",), table="t"), ())  # defaults: all unread
 
 
 def _keys(typed: Any) -> set[str]:

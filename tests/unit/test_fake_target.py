@@ -12,6 +12,7 @@ from fake_target import FakeTarget
 
 from chload import api
 from chload.commit.ledger import FAILED, LOADED
+from chload.commit.rejects import ErrorBudget
 from chload.core import run as runner
 from chload.core.run import Event, RetryPolicy
 from chload.formats import FileFormat
@@ -37,7 +38,7 @@ def _jobs(target: FakeTarget, files: list[SourceFile]) -> list[LoadJob]:
     columns = [Column("id", "UInt64")]
     return [LoadJob(group[0], TABLE, "default.t", columns, columns, False, (), "run1",
                     batch=group if len(group) > 1 else ())
-            for group in target.plan_batches(files, api.ErrorBudget(), 2)]
+            for group in target.plan_batches(files, ErrorBudget(), 2)]
 
 
 def _run(target: FakeTarget, files: list[SourceFile], **kw: object,

@@ -15,9 +15,10 @@ from dataclasses import FrozenInstanceError, replace
 
 import pytest
 
-from chload.api import LoadSpec, _list_sources
+from chload.api import LoadSpec
 from chload.cli import main as cli
 from chload.core import plan as planner
+from chload.core.load import list_sources
 from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
 from chload.schema import Column
@@ -88,7 +89,7 @@ def test_a_new_scheme_is_one_module_and_one_registry_line(fake: FakeSource) -> N
     context = SourceContext(format="CSV")
     spec = LoadSpec(sources=("fake://unit/a,b", "fake://unit/b,empty"), table="t")
     run = RunSources(context, registry)
-    files = _list_sources(spec, run)
+    files = list_sources(spec, run)
     assert [f.uri for f in files] == ["fake://unit/a", "fake://unit/b", "fake://unit/empty"]
     assert fake.contexts == [context, context]
     assert fake.released == ["fake://unit/b"]  # the second spelling of b, released at once
