@@ -74,14 +74,14 @@ def place(request: pytest.FixtureRequest, target_dir: str, table_name: str) -> P
     return Place(_server_url(server), _server_env(server), table_name, server)
 
 
-# -- issue 12, item 1: a pending commit of table A survives a load into table B ------
+# -- a pending commit of table A survives a load into table B -----------------------
 
 @pytest.mark.parametrize("point", ["before-attach", "server-before-attach"])
 def test_a_crashed_commit_survives_a_load_into_another_table(
         place: Place, tmp_path: Path, point: str) -> None:
-    """The issue's repro: killed between `committing` and the attach into A, then a
-    load into B, then A again: every row of A exactly once, the ledger agreeing. The
-    crash point has its plain name and its older server- name on both targets."""
+    """Killed between `committing` and the attach into A, then a load into B, then A
+    again: every row of A exactly once, the ledger agreeing. The crash point has its
+    plain name and its older server- name on both targets."""
     ta, tb = f"{place.prefix}a", f"{place.prefix}b"
     _write_a(tmp_path / "a")
     (tmp_path / "b.csv").write_text("id,w\n1,q\n2,r\n")
@@ -133,7 +133,7 @@ def test_kill_9_in_loads_of_a_between_loads_of_b_then_exactly_once(
     assert set(place.ledger("ta").values()) == {("loaded", 1_000_000)}
 
 
-# -- issue 12, item 2: a batched file gone between listing and loading ---------------
+# -- a batched file gone between listing and loading --------------------------------
 
 _DELETE_AT_PLAN = """
 import json, os, sys
@@ -210,7 +210,7 @@ def test_a_medium_file_deleted_after_listing_fails_alone(tmp_path: Path,
     assert Place(target_dir, {}, "t").count("m") == 900_000
 
 
-# -- issue 17: a group commit logs its stages in one statement ------------------------
+# -- a group commit logs its stages in one statement --------------------------------
 
 def test_a_crash_inside_a_group_commit_into_a_server_then_exactly_once(
         clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:

@@ -245,7 +245,7 @@ def _start(trips: Path, target: str, env: dict[str, str] | None = None,
 
 @pytest.fixture(scope="module")
 def big_trips(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The issue's dataset: 20 gzip CSV files of 1,000,000 rows, several seconds to load.
+    """The trips dataset: 20 gzip CSV files of 1,000,000 rows, several seconds to load.
     Each file is large enough to load (and commit) alone, not in a batch of small files."""
     directory = tmp_path_factory.mktemp("big_trips")
     make_trips(str(directory), 20, 1_000_000)

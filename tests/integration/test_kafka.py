@@ -1,4 +1,4 @@
-"""Kafka topics into a table exactly once (issue 15), against a real broker.
+"""Kafka topics into a table exactly once, against a real broker.
 
 Every test has its own topic and table; messages are JSON rows `{"id": n, ...}` with ids
 unique across a topic, so `count() = uniqExact(id) = produced` is the exactly-once check.

@@ -1,7 +1,7 @@
-"""Small contracts of the real `chload` command (issue 12, "smaller, same spirit"):
-validate before any load, --debug's exit code, --setting checked before anything is
-created, inference errors that keep their cause, a garbage or empty file, and two
-server loads of the same files at once. Results checked through SQL."""
+"""Small contracts of the real `chload` command: validate before any load, --debug's exit
+code, --setting checked before anything is created, inference errors that keep their
+cause, a garbage or empty file, and two server loads of the same files at once. Results
+checked through SQL."""
 
 from __future__ import annotations
 
