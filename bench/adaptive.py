@@ -1,5 +1,5 @@
 """Adaptive concurrency (`--workers auto`) against fixed `--workers 1, 2, 4, 8`, while
-the machine is disturbed (issue 17's bar).
+the machine is disturbed.
 
 The same load (the trips rows in gzip CSV files with a header) into a ClickHouse 18.16
 server on this machine, a fresh table each time, once per setting per round, settings

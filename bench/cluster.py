@@ -1,4 +1,4 @@
-"""chload into a sharded cluster against the ways people load one by hand (issue 14).
+"""chload into a sharded cluster against the ways people load one by hand.
 
 Three ClickHouse 18.16 servers on 127.0.0.1 (scripts/services/clusters.py), shards
 weighted 1/2/1, a Distributed(c, default, t_local, cityHash64(id)) table over them; the

@@ -1,4 +1,4 @@
-"""chload from PostgreSQL and MariaDB vs the single-stream ways to copy a table (issue 16).
+"""chload from PostgreSQL and MariaDB vs the single-stream ways to copy a table.
 
 Same run, same data (an `orders` table: bigint pk, int, numeric(10,2), timestamp,
 nullable text, text), each method a whole process (Python start and chDB import

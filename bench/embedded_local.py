@@ -1,6 +1,6 @@
 """chload into the embedded engine vs the hand-written chDB INSERT ... SELECT FROM file().
 
-Issue 2's bar: `chload load` on 20 gzip CSV files (20M trips rows), as a whole process,
+The bar: `chload load` on 20 gzip CSV files (20M trips rows), as a whole process,
 takes at most 1.10x the time of a process that runs
 
     INSERT INTO trips SELECT * FROM file('dir/*.csv.gz', CSVWithNames, '<schema>')

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Bounded memory: the loader's peak RSS loading one big Parquet file and one big gzip
-CSV file (issue 17 item 3: a 2 GB Parquet file and a 5 GB gzip CSV under 1 GB of loader
+CSV file (the bar: a 2 GB Parquet file and a 5 GB gzip CSV under 1 GB of loader
 RSS), into the embedded engine and into an 18.16 server.
 
     python3 bench/memory.py [--parquet-gb 2] [--csv-gb 5] [--target both] [--json OUT]

@@ -1,6 +1,6 @@
 """chload from S3 (a real MinIO) into the embedded engine vs the hand-written chDB s3() INSERT.
 
-Issue 4's bar: `chload load 's3://bench/trips/*.csv.gz'` on 10 gzip CSV objects (10M trips
+The bar: `chload load 's3://bench/trips/*.csv.gz'` on 10 gzip CSV objects (10M trips
 rows), endpoint and keys only in the AWS environment variables, as a whole process,
 takes at most 1.10x the time of a process that runs
 

@@ -1,6 +1,6 @@
 """chload into a ClickHouse 18.16 server over HTTP vs the two classic hand-made loads.
 
-Issue 3's bar, same run, same data, same server (10M trips rows in 10 gzip CSV files
+The bar, same run, same data, same server (10M trips rows in 10 gzip CSV files
 with a header):
 
 - chload's wall time at least 0.95x as fast as the best hand-made method: POSTing the

@@ -10,11 +10,14 @@ from __future__ import annotations
 import contextlib
 import http.server
 import os
+import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -143,3 +146,67 @@ def serving_http(handler: object) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# -- an embedded load, watched from outside -----------------------------------------------
+# While a load runs, its process holds the target directory's flock (runtime/engine.py),
+# so `chload sql` cannot look in; the directory itself shows how far the load is. A kill
+# test waits for one of these and then kills, rather than after a guessed sleep.
+
+_PART = re.compile(r"^(?!tmp|delete_tmp).+_(\d+)_(\d+)_\d+(?:_\d+)?$")  # partition_min_max_level
+
+
+def _part_blocks(table_dir: Path) -> list[int]:
+    """The highest block number of each active-or-old part in a MergeTree table's data
+    directory (temporary parts of an INSERT, merge or attach left out)."""
+    if not table_dir.is_dir():
+        return []
+    return [int(m.group(2)) for m in map(_PART.match, os.listdir(table_dir)) if m]
+
+
+def top_block(target: str, table: str, database: str = "default") -> int:
+    """The highest block number committed into `table`: it grows with each commit (an
+    ATTACH PARTITION ... FROM takes new block numbers; a merge does not); 0 before any."""
+    return max(_part_blocks(Path(target, "data", database, table)), default=0)
+
+
+def stage_holds_rows(target: str, pid: int) -> bool:
+    """True once a stage table of process `pid` (chload.stage_<machine>_<pid>_<id>) holds
+    a part: that load is parsing rows it has not committed yet."""
+    for sql in Path(target, "metadata", "chload").glob(f"stage_*_{pid}_*.sql"):
+        found = re.search(r"UUID '([0-9a-f-]{36})'", sql.read_text(errors="replace"))
+        if found and _part_blocks(Path(target, "store", found[1][:3], found[1])):
+            return True
+    return False
+
+
+def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str,
+              timeout: float = 120) -> None:
+    """SIGKILL `proc` as soon as `ready()` holds; fail the test if the process ends first
+    (the kill would have interrupted nothing) or `ready()` does not hold within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            pytest.fail(f"the load ended (exit {proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"{what} did not happen within {timeout:.0f} s")
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL, f"the load ended before {what}"
+
+
+def kill_moments(target: str, table: str) -> list[tuple[str, Callable[[int, int], bool]]]:
+    """Three moments to kill an embedded load of `table` at, as (what, ready(pid, top
+    block before the run)): while its first stage fills (on a fresh directory: nothing
+    committed), right after its first commit, while a rerun's stage fills over committed
+    rows. Each needs the load to have at least two commits' worth of files."""
+    def filling(pid: int, before: int) -> bool:
+        return stage_holds_rows(target, pid)
+
+    def committed(pid: int, before: int) -> bool:
+        return top_block(target, table) > before
+
+    return [("its first stage holds rows", filling), ("its first commit", committed),
+            ("a stage of the rerun holds rows", filling)]

@@ -1,4 +1,4 @@
-"""The cluster target against real 18.16 clusters (issue 14): a Distributed table loaded
+"""The cluster target against real 18.16 clusters: a Distributed table loaded
 shard by shard, exactly once per (file, shard), every row on the shard its key names.
 
 Each shard is checked on its own server: its rows whose key does not belong there

@@ -6,18 +6,18 @@ The real `chload` command (or the Python API in a child process), real chDB, a r
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import services
 from common import make_trips
-from conftest import run_chload
+from conftest import kill_moments, kill_when, run_chload, top_block
 
 pytestmark = pytest.mark.integration
 
@@ -74,14 +74,14 @@ def place(request: pytest.FixtureRequest, target_dir: str, table_name: str) -> P
     return Place(_server_url(server), _server_env(server), table_name, server)
 
 
-# -- issue 12, item 1: a pending commit of table A survives a load into table B ------
+# -- a pending commit of table A survives a load into table B -----------------------
 
 @pytest.mark.parametrize("point", ["before-attach", "server-before-attach"])
 def test_a_crashed_commit_survives_a_load_into_another_table(
         place: Place, tmp_path: Path, point: str) -> None:
-    """The issue's repro: killed between `committing` and the attach into A, then a
-    load into B, then A again: every row of A exactly once, the ledger agreeing. The
-    crash point has its plain name and its older server- name on both targets."""
+    """Killed between `committing` and the attach into A, then a load into B, then A
+    again: every row of A exactly once, the ledger agreeing. The crash point has its
+    plain name and its older server- name on both targets."""
     ta, tb = f"{place.prefix}a", f"{place.prefix}b"
     _write_a(tmp_path / "a")
     (tmp_path / "b.csv").write_text("id,w\n1,q\n2,r\n")
@@ -112,30 +112,28 @@ def test_a_crash_after_the_attach_survives_a_load_into_another_table(
 
 def test_kill_9_in_loads_of_a_between_loads_of_b_then_exactly_once(
         tmp_path: Path, target_dir: str) -> None:
-    """Real kills at three moments of a load into A, each followed by a load into B;
-    the last load of A has every row exactly once."""
+    """Real kills at three moments of a load into A, each seen on disk before the kill
+    (while its first stage fills, right after its first commit, while a rerun's stage
+    fills), each followed by a load into B; the last load of A has every row exactly
+    once."""
     make_trips(str(tmp_path / "a"), 12, 1_000_000)  # 5 MB files: several to a stage
     (tmp_path / "b.csv").write_text("id,w\n1,q\n")
     args = [sys.executable, "-m", "chload", "load", str(tmp_path / "a"), "--table", "ta",
             "--target", target_dir, "--quiet", "--workers", "1"]
-    killed = 0
-    for delay in (1.2, 1.0, 0.8):
+    for what, ready in kill_moments(target_dir, "ta"):
+        before = top_block(target_dir, "ta")
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(delay)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            killed += 1
-        proc.wait(timeout=120)
+        kill_when(proc, functools.partial(ready, proc.pid, before), what)
         assert run_chload("load", str(tmp_path / "b.csv"), "-t", "tb", "--target",
                           target_dir).returncode == 0
-    assert killed >= 2  # the kills really interrupted loads
-    assert subprocess.run(args, timeout=180).returncode == 0
     place = Place(target_dir, {}, "t")
+    assert 0 < place.count("ta") < 12_000_000  # the kills left a load half done
+    assert subprocess.run(args, timeout=180).returncode == 0
     assert place.count("ta") == 12_000_000
     assert set(place.ledger("ta").values()) == {("loaded", 1_000_000)}
 
 
-# -- issue 12, item 2: a batched file gone between listing and loading ---------------
+# -- a batched file gone between listing and loading --------------------------------
 
 _DELETE_AT_PLAN = """
 import json, os, sys
@@ -212,7 +210,7 @@ def test_a_medium_file_deleted_after_listing_fails_alone(tmp_path: Path,
     assert Place(target_dir, {}, "t").count("m") == 900_000
 
 
-# -- issue 17: a group commit logs its stages in one statement ------------------------
+# -- a group commit logs its stages in one statement --------------------------------
 
 def test_a_crash_inside_a_group_commit_into_a_server_then_exactly_once(
         clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:

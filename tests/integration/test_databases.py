@@ -1,4 +1,4 @@
-"""PostgreSQL and MariaDB sources (issue 16): whole tables in ranges of one snapshot,
+"""PostgreSQL and MariaDB sources: whole tables in ranges of one snapshot,
 exactly once across kill -9, incrementally; types carried unchanged; the password
 nowhere. The real `chload` command against real PostgreSQL 15 and MariaDB 10.11, into
 embedded chDB and an 18.16 server; results checked through SQL against the source's."""
@@ -136,7 +136,7 @@ def test_full_copy_equals_the_source_and_a_rerun_loads_nothing(
 @pytest.mark.slow
 def test_two_million_rows_from_each_database_are_exact(source: Source, table_name: str,
                                                        target_dir: str) -> None:
-    """The issue's table at its size: count, exact decimal sum, NULLs, min/max time."""
+    """The orders table at two million rows: count, exact decimal sum, NULLs, min/max time."""
     source.orders(table_name, 1, 2_000_000)
     report = _load(source, table_name, target_dir, "--workers", "4")
     assert report["rows_loaded"] == 2_000_000
@@ -197,7 +197,7 @@ def test_incremental_by_id_loads_exactly_the_new_rows(source: Source, table_name
                                                       target_dir: str) -> None:
     source.orders(table_name, 1, 50_000)
     assert _load(source, table_name, target_dir)["rows_loaded"] == 50_000
-    source.add(table_name, 50_001, 150_000)  # the issue's 100k new rows
+    source.add(table_name, 50_001, 150_000)  # 100k new rows
     report = _load(source, table_name, target_dir, "--incremental-by", "id")
     assert report["rows_loaded"] == 100_000
     assert _ch(target_dir, CHECK_CH.format(t=table_name)) == source.check(table_name)

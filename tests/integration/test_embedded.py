@@ -3,6 +3,7 @@ results checked through SQL."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from common import make_trips
-from conftest import run_chload
+from conftest import kill_moments, kill_when, run_chload, top_block
 
 pytestmark = pytest.mark.integration
 
@@ -244,7 +245,7 @@ def _start(trips: Path, target: str, env: dict[str, str] | None = None,
 
 @pytest.fixture(scope="module")
 def big_trips(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The issue's dataset: 20 gzip CSV files of 1,000,000 rows, several seconds to load.
+    """The trips dataset: 20 gzip CSV files of 1,000,000 rows, several seconds to load.
     Each file is large enough to load (and commit) alone, not in a batch of small files."""
     directory = tmp_path_factory.mktemp("big_trips")
     make_trips(str(directory), 20, 1_000_000)
@@ -308,18 +309,17 @@ def _rows_so_far(target: str, table: str) -> int:
 
 
 def test_sigkill_at_three_moments_then_resume(big_trips: Path, target_dir: str) -> None:
-    """Kill a loading process three times at different moments; the final run completes
-    the load with every row exactly once."""
-    killed, seen = 0, []
-    for delay in (1.0, 1.8, 1.4):
+    """Kill a loading process at three moments, each seen on disk before the kill: while
+    its first stages fill (nothing committed), right after its first commit, and while a
+    rerun's stage fills over committed rows. The final run completes the load with every
+    row exactly once."""
+    seen = []
+    for what, ready in kill_moments(target_dir, "trips"):
+        before = top_block(target_dir, "trips")
         proc = _start(big_trips, target_dir)
-        time.sleep(delay)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            killed += 1
-        proc.wait(timeout=120)
+        kill_when(proc, functools.partial(ready, proc.pid, before), what)
         seen.append(_rows_so_far(target_dir, "trips"))
-    assert killed >= 2, seen  # the kills really interrupted loads
+    assert seen[0] == 0 and 0 < seen[1] <= seen[2] < 20_000_000, seen
     final = _start(big_trips, target_dir)
     assert final.wait(timeout=120) == 0
     assert count(target_dir, "trips") == (20_000_000, 20_000_000)

@@ -1,4 +1,4 @@
-"""Kafka topics into a table exactly once (issue 15), against a real broker.
+"""Kafka topics into a table exactly once, against a real broker.
 
 Every test has its own topic and table; messages are JSON rows `{"id": n, ...}` with ids
 unique across a topic, so `count() = uniqExact(id) = produced` is the exactly-once check.
@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 import services
-from conftest import run_chload
+from conftest import kill_when, run_chload, stage_holds_rows
 
 
 def _topic(kafka: services.Service, partitions: int = 4) -> str:
@@ -115,12 +115,11 @@ def test_killed_three_times_mid_load_then_finished_is_exact(kafka, target_dir, t
         crash = _load(target_dir, uri, table_name, "--batch-rows", "5000",  # commit's
                       *args, env={**env, "CHLOAD_CRASH_AT": point})  # narrowest windows
         assert crash.returncode == -9, crash.stderr
-    timed = subprocess.Popen([sys.executable, "-m", "chload", "load", uri, "--table",
-                              table_name, "--target", target_dir, "-q", "--batch-rows",
-                              "10000", *args], env={**os.environ, **env})
-    time.sleep(3.0)  # and once at whatever instant
-    timed.kill()
-    timed.wait(30)
+    between = subprocess.Popen([sys.executable, "-m", "chload", "load", uri, "--table",
+                                table_name, "--target", target_dir, "-q", "--batch-rows",
+                                "10000", *args], env={**os.environ, **env})
+    kill_when(between, lambda: stage_holds_rows(target_dir, between.pid),  # and once mid-
+              "a stage holds rows")  # stage, away from the commit
     done = _load(target_dir, uri, table_name, "--batch-rows", "10000", *args, env=env)
     assert done.returncode == 0, done.stderr
     assert _counts(target_dir, table_name) == (200_000, 200_000)

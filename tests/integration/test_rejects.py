@@ -69,7 +69,7 @@ def test_over_budget_fails_the_file_and_leaves_nothing(pair: tuple[Path, Path],
 
 def test_inferred_table_keeps_numbers_numeric_when_a_budget_is_set(
         pair: tuple[Path, Path], target_dir: str) -> None:
-    """The issue's run as a user types it: a glob (bad.csv.gz sorts first, so the schema
+    """A run as a user types it: a glob (bad.csv.gz sorts first, so the schema
     is inferred from the file with "abc" in a numeric column) and no --schema."""
     glob = str(pair[0].parent / "*.csv.gz")
     code, report = _json("load", glob, "--table", "t", "--target", target_dir,

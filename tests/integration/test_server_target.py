@@ -22,7 +22,7 @@ from conftest import run_chload
 
 pytestmark = pytest.mark.integration
 
-FILES, ROWS = 10, 1_000_000  # the issue's dataset: 10M rows in 10 gzip CSV files
+FILES, ROWS = 10, 1_000_000  # the trips dataset: 10M rows in 10 gzip CSV files
 TOTAL = FILES * ROWS
 
 
@@ -365,7 +365,7 @@ def good_and_bad(tmp_path: Path) -> Path:
 
 def test_error_budget_keeps_rejects_in_the_server(clickhouse: services.Service,
                                                   good_and_bad: Path, table_name: str) -> None:
-    """The issue-5 run into 18.16: the loader's engine parses within the budget, the
+    """A load with an error budget into 18.16: the loader's engine parses within the budget, the
     rejected rows land in the server's chload.rejects; over budget, the file leaves
     nothing."""
     glob = str(good_and_bad / "*.csv.gz")

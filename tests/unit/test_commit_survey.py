@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
 from test_server_commit import (  # (this directory: pytest puts it on the path)
     DISPLAY,
     TABLE,
@@ -50,7 +51,9 @@ def _queue_during_survey(server: Hooked, c: Committer, stage: str,
     def start_it() -> None:
         thread.start()
         deadline = time.monotonic() + 10
-        while not c._turns[TABLE].queue and time.monotonic() < deadline:
+        while not c._turns[TABLE].queue:
+            if time.monotonic() > deadline:
+                pytest.fail("b.csv's commit did not queue within 10 s")
             time.sleep(0.001)
 
     server.on_survey.append(start_it)

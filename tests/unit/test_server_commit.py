@@ -294,7 +294,9 @@ def _queue_second_commit(server: FakeServer, c: Committer, stage: str,
         server.on_attach = lambda: None
         thread.start()
         deadline = time.monotonic() + 10
-        while not c._turns[TABLE].queue and time.monotonic() < deadline:
+        while not c._turns[TABLE].queue:
+            if time.monotonic() > deadline:
+                pytest.fail("the second commit did not queue within 10 s")
             time.sleep(0.001)
 
     server.on_attach = start_it
@@ -400,7 +402,10 @@ def _commit_together(c: Committer, stages: dict[str, str]) -> dict[str, object]:
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 10
-        while len(turn.queue) < len(threads) and time.monotonic() < deadline:
+        while len(turn.queue) < len(threads):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{len(threads)} commits did not queue within 10 s "
+                            f"({len(turn.queue)} did)")
             time.sleep(0.001)
     for thread in threads:
         thread.join(10)
