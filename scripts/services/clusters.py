@@ -1,4 +1,4 @@
-"""ZooKeeper, and the ClickHouse 18.16 clusters the cluster work (issue 14) tests against.
+"""ZooKeeper, and the ClickHouse 18.16 clusters the cluster target is tested against.
 
 Why: a load into a cluster has failure modes a single server cannot show: rows split by
 shard weight, a shard down mid-insert, replicas that must see a part exactly once, and
