@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 _GROWS_WHILE_READ = textwrap.dedent("""
     import sys
     from chload.sources import identity
-    from chload.cli import main
+    from chload.cli.main import main
     path, grown, check = sys.argv[1], [], identity.check_read
     def growing(job):
         if not grown and any(f.uri == path for f in job.files):
