@@ -48,7 +48,6 @@ from chload.core.run import Event, FileResult, Listener
 from chload.errors import UsageError
 from chload.sources import registry
 from chload.sources.base import SourceContext, Stream
-from chload.sources.registry import kind_of
 from chload.sources.run import RunSources
 from chload.targets.base import Target
 from chload.targets.registry import TargetSpec, open_target
@@ -197,18 +196,14 @@ def validate(sources: Sources | LoadSpec, *, table: str | None = None,
 
 
 def _begin_early(spec: LoadSpec) -> Callable[[], None]:
-    """A PostgreSQL source's session begun while the target opens (sources/databases/
-    early.py), and its cleanup. Imported only for such a URL: files do not need it."""
+    """What a lone URL source begins while the target opens (Source.begin_early: a
+    PostgreSQL snapshot's session), and its cleanup. Files begin nothing."""
     pattern = spec.sources[0] if len(spec.sources) == 1 else ""
-    if "://" not in pattern or registry.SCHEMES.get(pattern.split("://")[0].lower()) != "postgres":
-        return lambda: None  # MySQL/MariaDB: begun where the run lists (early.py says why)
-    from chload.sources.databases import early as db_early
-    from chload.sources.databases.base import DatabaseSource
-
-    source = registry.source_for(pattern)
-    assert isinstance(source, DatabaseSource)
-    return db_early.begin(pattern, source, SourceContext(
+    if "://" not in pattern or pattern.split("://")[0].lower() not in registry.SCHEMES:
+        return lambda: None  # (an unknown scheme is refused when the run lists)
+    begun = registry.source_for(pattern).begin_early(pattern, SourceContext(
         select=spec.query, incremental_by=spec.incremental_by, workers=spec.workers, pipes=True))
+    return begun or (lambda: None)
 
 
 def _target_spec(target: str | None, create: bool = True) -> TargetSpec:
@@ -260,11 +255,7 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
     --s3-endpoint (only when a source is s3://: resolving reads ~/.aws, may import
     botocore), and the engine that lists HDFS: the target's, as chDB allows one engine
     path per process (hdfs.py)."""
-    s3 = None
-    if any(kind_of(s) == "s3" for s in spec.sources):
-        from chload.sources.files import aws
-
-        s3 = aws.resolve(os.environ, spec.s3_endpoint)
+    s3 = registry.s3_settings(spec.sources, os.environ, spec.s3_endpoint)
     return SourceContext(format=spec.format, compression=spec.compression,
                          workdir=os.path.join(target.workdir, "tmp"),
                          s3=s3, query=target.infer_rows, patterns=spec.sources,
@@ -275,12 +266,8 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
 
 
 def _engine_credentials(context: SourceContext) -> contextlib.AbstractContextManager[None]:
-    """The S3 credentials handed to the engine while it reads (aws.hand_to_engine)."""
-    if context.s3 is None:
-        return contextlib.nullcontext()
-    from chload.sources.files import aws
-
-    return aws.hand_to_engine(context.s3.credentials, os.environ)
+    """The S3 credentials handed to the engine while it reads (registry.engine_credentials)."""
+    return registry.engine_credentials(context, os.environ)
 
 
 def files(table: str, *, target: TargetName = None,

@@ -212,6 +212,11 @@ class Source(Protocol):
         """True when `file` surely holds no bytes (a size of 0 that is not just unsaid)."""
         ...
 
+    def begin_early(self, pattern: str, context: SourceContext) -> Callable[[], None] | None:
+        """Start, while the target opens, what listing `pattern` will need (a database's
+        snapshot session); the cleanup to call when the run ends, or None: nothing begun."""
+        ...
+
     def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
                rejects: bool) -> None:
         """The run's table as the target stores it (`columns`), the types its rows are
@@ -249,6 +254,9 @@ class InPlace:
 
     def display(self, pattern: str) -> str:
         return pattern
+
+    def begin_early(self, pattern: str, context: SourceContext) -> Callable[[], None] | None:
+        return None
 
     def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
                rejects: bool) -> None:

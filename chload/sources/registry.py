@@ -11,12 +11,16 @@ never does, so no source is tied back to the list of all of them.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING
 
 from chload.errors import UsageError
-from chload.sources.base import Source, SourceFile, Stream
+from chload.sources.base import Source, SourceContext, SourceFile, Stream
+
+if TYPE_CHECKING:
+    from chload.sources.files.aws import S3Settings
 
 if TYPE_CHECKING:  # every kind's SOURCE is a Source: mypy checks every member
     from chload.sources.databases.mysql import MysqlSource
@@ -127,3 +131,24 @@ def release(files: Iterable[SourceFile]) -> None:
 def display(pattern: str) -> str:
     """What the user typed, without secrets (Source.display)."""
     return source_for(pattern).display(pattern)
+
+
+def s3_settings(patterns: Sequence[str], env: Mapping[str, str],
+                endpoint: str | None) -> S3Settings | None:
+    """The S3 settings of a run (credentials, endpoint) when a pattern is s3://; None
+    otherwise (resolving reads ~/.aws and may import botocore, so only then)."""
+    if not any(kind_of(p) == "s3" for p in patterns):
+        return None
+    from chload.sources.files import aws
+
+    return aws.resolve(env, endpoint)
+
+
+def engine_credentials(context: SourceContext, env: MutableMapping[str, str],
+                       ) -> contextlib.AbstractContextManager[None]:
+    """The S3 credentials handed to the engine while it reads (aws.hand_to_engine)."""
+    if context.s3 is None:
+        return contextlib.nullcontext()
+    from chload.sources.files import aws
+
+    return aws.hand_to_engine(context.s3.credentials, env)

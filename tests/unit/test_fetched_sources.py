@@ -106,6 +106,9 @@ class RangeSource:
     def known_empty(self, file: SourceFile) -> bool:
         return False
 
+    def begin_early(self, pattern: str, context: SourceContext) -> None:
+        return None
+
     def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
                rejects: bool) -> None:
         return None

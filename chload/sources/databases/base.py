@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from chload.core import ranges as db_range
@@ -86,6 +86,9 @@ class DatabaseSource:
         committed = context.committed() if context.committed is not None else {}
         return plan_units(self.session, self.kind, sorted(committed.items()),
                           workers_of(context), bool(context.incremental_by), context.force)
+
+    def begin_early(self, pattern: str, context: SourceContext) -> Callable[[], None] | None:
+        return None  # a session begins where the run lists (early.py says why)
 
     def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
                rejects: bool) -> None:

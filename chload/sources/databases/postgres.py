@@ -20,12 +20,14 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
 from typing import IO
 
 from chload.core import ranges as db_range
 from chload.errors import SourceError, UsageError
 from chload.sources import pipes as db_pipes
 from chload.sources.base import SourceContext
+from chload.sources.databases import early
 from chload.sources.databases.base import DatabaseSource
 from chload.sources.databases.postgres_psql import (
     Control,
@@ -401,6 +403,10 @@ class PostgresSource(DatabaseSource):
 
     kind = "postgres"
     schemes: tuple[str, ...] = ("postgresql", "postgres")
+
+    def begin_early(self, pattern: str, context: SourceContext) -> Callable[[], None] | None:
+        """The snapshot's session begun while the target opens (early.py says why)."""
+        return early.begin(pattern, self, context)
 
     def _session(self, url: DbUrl, context: SourceContext) -> PostgresSession:
         return PostgresSession(url, context.select, context.incremental_by, context.pipes)
