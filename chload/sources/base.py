@@ -264,10 +264,11 @@ class InPlace:
 
 
 class RemoteSource(InPlace):
-    """The `Source` answers every remote kind shares (a subclass lists and reads):
-    listing makes nothing to release; an object keeps its listed identity (identity.py
-    says why); only a read tells whether it is still there; a size of 0 may just be
-    unsaid (HTTP without Content-Length), so no object is known empty."""
+    """The `Source` answers every kind reached over the network shares (object stores,
+    HTTP, HDFS, Kafka, databases; a subclass lists and reads): listing makes nothing to
+    release; a unit keeps its listed identity (identity.py says why); only a read tells
+    whether it is still there; a size of 0 may just be unsaid (HTTP without
+    Content-Length), so no unit is known empty."""
 
     kind = ""
     schemes: tuple[str, ...] = ()

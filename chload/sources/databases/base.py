@@ -26,7 +26,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from chload.core import ranges as db_range
@@ -34,7 +34,7 @@ from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
 from chload.schema import Column, quote_ident, quote_str, structure
 from chload.sources import pipes as db_pipes
-from chload.sources.base import Source, SourceContext, SourceFile
+from chload.sources.base import RemoteSource, Source, SourceContext, SourceFile
 from chload.sources.databases import early as db_early
 from chload.sources.databases.plan import plan_units
 from chload.sources.databases.session import Session
@@ -44,7 +44,7 @@ NATIVE = FileFormat("Native", "none")
 
 
 # -- the Source ----------------------------------------------------------------------------
-class DatabaseSource:
+class DatabaseSource(RemoteSource):
     """A database as a `Source` (postgres.py, mysql.py: `_session`). The module's SOURCE
     lists nothing itself: each run gets its own object (`open`), whose `list` takes the
     snapshot that every `fetch` reads from, and whose `close` ends it."""
@@ -86,9 +86,6 @@ class DatabaseSource:
         committed = context.committed() if context.committed is not None else {}
         return plan_units(self.session, self.kind, sorted(committed.items()),
                           workers_of(context), bool(context.incremental_by), context.force)
-
-    def begin_early(self, pattern: str, context: SourceContext) -> Callable[[], None] | None:
-        return None  # a session begins where the run lists (early.py says why)
 
     def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
                rejects: bool) -> None:
@@ -195,10 +192,6 @@ class DatabaseSource:
         raise UsageError(f"{file.uri}: a database range is read by `chload load` (fetched "
                          "into a spool), not in place")
 
-    def table_function_many(self, files: Sequence[SourceFile], fmt: str,
-                            structure: str | None) -> tuple[str, str] | None:
-        return None
-
     def loads_alone(self, file: SourceFile) -> bool:
         return True  # a range is a commit of its own
 
@@ -220,15 +213,6 @@ class DatabaseSource:
         if db_pipes.is_pipe(file.local_path):
             db_pipes.check(file.local_path or "", file.uri)
         return file
-
-    def still_there(self, file: SourceFile) -> bool | None:
-        return None
-
-    def reads_at_uri(self, file: SourceFile) -> bool:
-        return False
-
-    def known_empty(self, file: SourceFile) -> bool:
-        return False
 
 
 def _kept_as_text(column: DbColumn, given: str) -> bool:
