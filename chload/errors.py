@@ -14,17 +14,11 @@
     │   └── EngineError              any other error answered by ClickHouse
     └── TransientError               worth a retry with backoff: network, 5xx, too many parts
 
-Every error carries what it is about (`context`: a file, table, setting or server),
-the one-line `reason`, and ClickHouse's `code` where the engine answered one; its text is
-`context: reason`, so callers that need the reason alone take `.reason` and never split
-the text again.
-
-Third-party and engine exceptions are converted here, at one boundary: the engine's
-message text (`from_engine_message`), a server's HTTP answer (`server_error`), a push's
-chDB error (`from_push_message`). The rest of the code never inspects ClickHouse message text.
-Which codes are worth a retry is `_TRANSIENT_CODES`, the one table of them; how often
-and how long to retry is retry.py's. Every message is one line that names the file or
-table and, where it helps, what to do.
+Every error's text is `context: reason` (`.context`, `.reason`, ClickHouse's `.code`):
+one line naming the file, table, setting or server; callers never split the text.
+Engine and server errors are converted here, at one boundary (`from_engine_message`,
+`server_error`, `from_push_message`): nothing else reads ClickHouse message text.
+`_TRANSIENT_CODES` is the one table of codes worth a retry; how often is retry.py's.
 """
 
 from __future__ import annotations

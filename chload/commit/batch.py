@@ -1,24 +1,14 @@
 """When a server target's loaded stages commit: together, in fewer groups.
 
-Every group commit writes one part of the ledger (`committing`, with the marks) and
-takes and drops the lock, and a part of `chload.files` costs the server CPU taken
-from the streams it parses. Stages committed as soon as filled went in small groups.
-So a filled stage waits here for others and they commit as one group (committer.py
-`commit_group`), when the first of these holds:
+A filled stage waits here for others, and they commit as one group (committer.py
+`commit_group`) when the first of these holds: the load's last round (fewer than `slack`
+units being filled), `slack` stages waiting (each holds the thread that would stage the
+next file), or the first has waited `MAX_WAIT`. docs/architecture.md ("When a server's
+stages commit") says why each.
 
-- fewer than `slack` units of this target are being filled: the load's last round,
-  whose units commit as they come (as they did before: those that come while a commit
-  runs go in the next group), since every stage left waiting until the end would
-  lengthen the load's tail by its attach;
-- as many wait as there are files staged beyond the streams (`slack`): each waiting unit
-  holds the thread that would stage the next file, and once `slack` wait, the streams
-  have no staged file left for when they finish;
-- the first waited `MAX_WAIT` seconds (the rows of a unit not yet committed are loaded
-  again after a crash, and its `loaded` state comes later).
-
-Nothing of the exactly-once protocol changes: the group is committed by the committer
-as any group is. A unit that follows a stream (a Kafka range) commits at once, in its
-order (rule 5 of committer.py).
+Invariants: nothing of the exactly-once protocol changes here (the group is committed by
+the committer as any group is); a unit that follows a stream (a Kafka range) commits at
+once, in its order (committer.py rule 5).
 """
 
 from __future__ import annotations

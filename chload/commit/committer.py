@@ -1,21 +1,16 @@
 """Exactly once into a table, for every target: when a loaded stage is attached, under
-which commit lock, and with which other commits of this process (group commit).
+which commit lock, with which other commits of this process (group commit). The protocol
+and its proof: docs/architecture.md ("The commit protocol"); attach.py holds its
+statements. The invariants that make a crash at any instant harmless:
 
-The protocol (lock, log `committing` with the table's mark, attach, unlock, `loaded`,
-drop the stage) and its proof are in docs/architecture.md ("The commit protocol"); attach.py
-holds its statements. The invariants that make a crash at any instant harmless:
-
-1. The lock is released only after every partition is attached: a file `committing`
-   with no lock held was attached.
-2. On a server, a stage holds one part per partition when attached (OPTIMIZE ... FINAL
-   first), so an attach is all there or not at all.
-3. A lock whose holder is gone is broken, never ignored; the breaker leaves
-   `chload.dirty_<t>` and the next holder settles the table by the mark rule (attach
-   each stage partition with no part above the logged mark) before committing.
-4. Inside the lock, an error of unknown outcome is settled by the same rule until half
-   the lease is spent, then CommitInterrupted: never `failed` over a possible attach.
-5. Under the lock, a commit first surveys its files' last events (and its streams'
-   committed ends): one another load committed since this run started attaches nothing.
+1. The lock is released only after every partition is attached.
+2. On a server, a stage holds one part per partition when attached (OPTIMIZE ... FINAL).
+3. A lock whose holder is gone is broken, never ignored: `chload.dirty_<t>` first, and the
+   next holder settles the table by the mark rule before committing.
+4. An error of unknown outcome is settled by that rule until half the lease is spent,
+   then CommitInterrupted: never `failed` over a possible attach.
+5. Under the lock a commit surveys its units' last events and its streams' committed
+   ends: a unit committed meanwhile, or whose stream's end moved, attaches nothing.
 6. A stage is dropped only when no `committing` file names it and its process is gone.
 """
 

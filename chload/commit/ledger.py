@@ -1,25 +1,14 @@
 """The file ledger and the run history: tables in the target, next to the data.
 
-State lives with the data: any host can resume a load and anyone
-can inspect it with SQL. The ledger is an append-only event log; a file's current state
-is its latest event (`argMax(..., seq)`), so recording a transition is one small INSERT
-and no UPDATE is ever needed. The SQL here runs unchanged on chDB 26 and on a
-ClickHouse 18.16 server (no DateTime64, no lightweight DELETE, no Nullable keys).
-
-File states:
-
-    loading  -> committing -> loaded
-        \\            \\
-         `-> failed    `-> (crash) recovery decides: loaded, or loading again
-
-`committing` carries the stage table and a `mark` the target needs to tell, after a
-crash, whether the stage was already attached (see commit/committer.py). So `loaded`
-events may wait a little and go in batches (`LoadedEvents`).
-
-Every event also names the table it went into by its `table_uuid`, where the engine
-has one (chDB 26, Atomic databases; not 18.16): events under another uuid are the
-history of a table that was dropped or renamed away, not of the table of that name now
-(`TableState`, planner.own_history).
+State lives with the data: any host can resume a load and anyone can inspect it with SQL.
+Invariants: the ledger is an append-only event log, a unit's state its latest event
+(`argMax(..., seq)`): a transition is one INSERT, never an UPDATE or DELETE; the SQL here
+runs unchanged on chDB 26 and on a ClickHouse 18.16 server (no DateTime64, no lightweight
+DELETE, no Nullable keys); `committing` carries the stage and the `mark` that settle a
+crash (commit/committer.py), so `loaded` events may wait and go in batches
+(`LoadedEvents`); events name their table by `table_uuid` where the engine has one, and
+events under another uuid are another table's history (`TableState`,
+planner.own_history). The states and why: docs/architecture.md ("The ledger's shape").
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """Rejected rows: error budgets, and the `chload.rejects` table where bad rows are kept.
 
 Within a budget (`--max-errors`, `--max-error-ratio`) the engine skips rows it cannot
-parse (`input_format_allow_errors_num`) and writes each one to an errors file
-(`input_format_record_errors_file_path`: row number, reason, raw text). The engine then
-reads that file into `chload.rejects`; Python only counts. Row numbers are exact only
-without parallel parsing (with it, rows near a chunk's end are numbered from the
-wrong chunk), so a load with a budget parses on one thread.
+parse (`input_format_allow_errors_num`), writes each to an errors file
+(`input_format_record_errors_file_path`) and reads that file into `chload.rejects`;
+Python only counts. For JSON lines, which the engine records by row number alone, the
+raw line and its error are asked of the engine again, for the first few hundred.
 
-For JSON lines the engine records the row number but no reason or raw text, so the
-engine is asked again: the raw line by number (`LineAsString`), and its error by
-parsing that line alone (`format()`), for the first few hundred.
-
-Rejects are keyed by the stage that loaded them: a file loaded twice (a crash, or
-`--force`) shows only the rejects of the load the ledger says is current.
+Invariants: a load with a budget parses on one thread (with parallel parsing, row numbers
+near a chunk's end are wrong); rejects are keyed by the stage that loaded them, so a file
+loaded twice shows only the rejects of the load the ledger says is current.
+docs/reading-files.md ("Bad rows and error budgets") is the user's side.
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
 """Values a column cannot hold, found in the start of a text file before it loads.
 
-Why: ClickHouse's text formats change such a value without a word, on chDB and on
-18.16 alike. Into a column that is not `Nullable`, an empty CSV field, `\\N` or a
-JSON `null` is stored as the type's default (0, 1970-01-01, ''); `300` into `UInt8`
-wraps to 44, `4294967296` into `UInt32` to 0; `1960-01-01` into a `Date` becomes
-1970-01-01 (chDB) or 0000-00-00 (18.16), `2200-01-01` 2149-06-06; `1e39` into
-`Float32` is `inf`; `1.239` into `Decimal(10, 2)` is cut to 1.23 (chDB). The error
-budget never sees them (they parse), and the settings that refuse some of them exist
-only on chDB and only for some formats (`input_format_null_as_default=0`: `\\N` in
-CSV, not an empty field, not JSON's null).
+ClickHouse's text formats store such a value as another without a word (NULL as the
+type's default, `300` into UInt8 as 44, an out-of-range date clamped, `1.239` into
+Decimal(10, 2) as 1.23), and the error budget never sees them: they parse. So the start
+of a local CSV/TSV/JSON-lines file (16 KB, decompressed) is held against the table's
+types, and a value that does not fit fails that file alone, naming the line, column,
+value and what to change. docs/reading-files.md ("Values a column cannot hold") lists
+the cases and what is checked where.
 
-So before a local CSV/TSV/JSON-lines file loads, the start of it (16 KB, decompressed:
-about 1,000 rows of 4 numbers, 40 of 51 columns) is held against the table's types,
-and a value that does not fit fails the file alone, naming the line, the column, the
-value and what to change. Only those first rows are seen here; where chDB reads the
-file, narrow integers are checked in every row (`widened`, `insert_expr`); docs/
-reading-files.md says what is checked where. A clean start costs a few substring
-searches over its bytes; only a start that may hold a misfit is split into values.
-
-`--setting input_format_null_as_default=1` (or `input_format_csv_empty_as_default=1`
-for empty CSV fields) says defaults for NULL are wanted: then NULLs are not refused.
-A column with a DEFAULT expression takes an empty field as that default, as meant.
+A clean start costs a few substring searches; only one that may hold a misfit is split
+into values. `--setting input_format_null_as_default=1` (or the CSV empty-as-default
+setting) means defaults for NULL are wanted: then NULLs are not refused.
 """
 
 from __future__ import annotations

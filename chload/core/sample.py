@@ -1,20 +1,14 @@
 """What a file's sample says, beyond the engine's own inference of its columns.
 
-The engine types each column from a file's first rows (`DESCRIBE`, 25,000 rows by
-default). chload then reads a larger sample (NULL_SAMPLE_ROWS) once, in the engine, for
-what that typing cannot see and a user would otherwise meet silently in the table:
+The engine types each column from a file's first rows (`DESCRIBE`); chload then reads a
+larger sample (NULL_SAMPLE_ROWS) once, in the engine, for what that typing cannot see:
+NULLs (Nullable only where the sample holds one), numbers-but-a-few under an error budget
+(numeric_type), a later value the type cannot read (misfit_error), integers with a
+leading zero (LEADING_ZERO), `NN/NN/YYYY` dates of unproven order (date_order), and
+a header repeated as a row (repeated_header). docs/reading-files.md ("Tables chload
+creates") says what each means to a user.
 
-- NULLs: a column is Nullable only where the sample holds one (keys stay possible);
-- with an error budget, a text column of numbers-but-a-few stays numeric (numeric_type);
-- a later value the inferred type cannot read (`N/A` among integers): named, with the
-  --schema that reads it, before any table is created (misfit_error);
-- integers written with a leading zero (zip codes): the column is created String, since
-  as an integer the zero is gone for good (LEADING_ZERO);
-- dates written `NN/NN/YYYY`, which the engine reads day first value by value: refused
-  unless the sample proves that order (date_order);
-- files joined with `cat`, their header line again as a row (repeated_header).
-
-No row passes through Python: every figure is an aggregate of one engine query.
+Invariant: no row passes through Python; every figure is an aggregate of one engine query.
 """
 
 from __future__ import annotations

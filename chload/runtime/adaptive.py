@@ -1,30 +1,15 @@
 """Adaptive concurrency: how many data requests a load into a server runs at once,
 adjusted while it loads from what is measured (`--workers auto`, the default).
 
-The start is the planner's estimate (`stages.streams_for`: the server's cores and the
-files); a fixed guess is wrong as soon as the machine is shared, the server is busy
-with merges, or the disk is slow. So, as vector's adaptive request concurrency does
-(AIMD: additive increase, multiplicative decrease), the `Controller` moves the limit:
+The `Controller` starts at the planner's estimate (`stages.streams_for`) and moves the
+limit by additive increase and multiplicative decrease: up by one when a window of
+requests kept latency per byte near its baseline (an EWMA) with every slot in use; down
+on latency well above the baseline that buys no throughput, on the server's backpressure
+(code 252, `DelayedInserts`, parts near `parts_to_delay_insert`) and on the loader host's
+pressure (PSI). docs/adaptive.md gives the rules and thresholds and why.
 
-- **increase by one** when a window of requests (those begun since the last change,
-  at least as many as the limit) kept their latency near the observed baseline (an
-  EWMA of seconds per byte: a request's latency normalized by its size, the inverse
-  of a stream's throughput) while every slot was in use;
-- **decrease multiplicatively** when latency rose well above the baseline and the
-  load is not faster for it than at the limit below (x0.75); on the server's
-  backpressure: code 252 "too many parts" (x0.5; the request is retried, never failed:
-  retry.py), `DelayedInserts`, or a partition's parts near `parts_to_delay_insert`
-  (x0.75), and no increase until the server's watch finds the pressure gone
-  (`relieved`: raising the limit into it would only be cut again); on the loader
-  host's saturation from PSI (`/proc/pressure/io` "full": the disk stalls every task;
-  `/proc/pressure/cpu` "some" while the loader itself uses most of a core, as when its
-  engine converts files: x0.75). CPU pressure the loader
-  does not cause (the server on the same host, another program) holds the limit
-  instead of lowering it: fewer streams would not give that CPU back to the load.
-
-Bounds: 1 .. `maximum` (the target's: 4 streams per server core, 16 at most). Every
-change is kept with its time and reason (`changes`), for the report and the run's
-record; `bound` names what held the limit last. No I/O here but reading /proc
+Invariants: bounds 1 .. `maximum`; every change is kept with its time and reason
+(`changes`) and `bound` names what held the limit last; no I/O here but reading /proc
 (`read_pressure`), so tests script the measurements.
 """
 

@@ -1,18 +1,13 @@
 """Saturation during a load, from /proc: CPU, disk, network, and which one was the limit.
 
-A throughput figure without its saturation is half a figure: 2M rows/s at 100% CPU
-says "more cores", at 30% CPU and 95% disk util says "faster disks", at 30% of both
-says "the loader waits on its source or target". So every load report carries:
+A throughput figure without its saturation is half a figure: the same rows/s at full CPU,
+at a busy disk or at neither call for different fixes. So every load report carries
+machine-wide CPU (`/proc/stat`) and this process's own (`getrusage`: the engine runs in
+process), the target directory's disk util % and await (`io_ticks`, as iostat), and
+network bytes (`/proc/net/dev`), for remote sources and server targets.
 
-- CPU: machine-wide busy share over the load (`/proc/stat`, all but idle and iowait),
-  and this process's own CPU seconds (`getrusage`: the engine runs in process);
-- disk: for the block device holding the target directory, util % (time with I/O in
-  flight, `io_ticks`, as iostat's %util) and await ms (I/O time / I/O count);
-- network: bytes received and sent on all interfaces but loopback's peers alike
-  (`/proc/net/dev`), for remote sources and server targets.
-
-Two snapshots (start, end) are enough for averages; nothing runs in the background.
-Where /proc cannot tell (another OS, a device not listed) a figure is None.
+Invariants: two snapshots (start, end) and nothing running in the background; where
+/proc cannot tell (another OS, a device not listed) a figure is None, never 0.
 """
 
 from __future__ import annotations

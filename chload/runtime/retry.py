@@ -1,21 +1,13 @@
 """How chload tries again: one policy, one loop, for every retry in the package.
 
 Whether an error is worth another try is its type (errors.py: `TransientError`); how
-often and how long is a `RetryPolicy`: a number of tries, or a deadline, with
-exponential backoff between them (full jitter where many workers would otherwise retry
-in step, as the runner's do). The loops that use it:
+often and how long is a `RetryPolicy`: a number of tries or a deadline, with exponential
+backoff (full jitter where many workers would otherwise retry in step). The loops that
+use it (the runner, server/early.py, locks.py, attach.py, the sources' HTTP and S3
+requests) and their policies: docs/architecture.md ("Retries").
 
-    runner           a file's load: 5 tries, 0.5 s doubling to 20 s, full jitter
-    server/early.py  a system-table query that met a table dropped meanwhile: 6 tries,
-                     10 ms on
-    locks.py         waiting for a server's commit lock: 20 ms doubling to 0.5 s, for
-                     10 minutes
-    attach.py        settling a commit of unknown outcome: every 2 s until half the lease
-    sources          an HTTP HEAD, an S3 listing page: 3 tries, 0.5 s doubling (5xx and
-                     network errors)
-
-`sleep` is a parameter everywhere, so tests script failures and record the waits
-instead of waiting (dlt's dummy destination, `fail_prob`).
+Invariant: `sleep` is a parameter everywhere, so tests script failures and record the
+waits instead of waiting.
 """
 
 from __future__ import annotations

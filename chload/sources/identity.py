@@ -1,18 +1,11 @@
 """A file's identity as it is when its bytes are read, not only when it was listed.
 
-Listing takes a local file's size and mtime; a log that grows, or a file rewritten in
-place, may be another file by the time the engine reads it. So a target takes the
-identity again right before the read (`as_read`: the ledger records what was read) and
-checks it right after the INSERT into the stage, before the commit (`check_read`): a
-file that changed in between fails, nothing of it committed, and a rerun loads it once
-it is stable. What this cannot see: a rewrite that keeps the size within one tick of
-the file system's mtime clock.
-
-Each source says how (`Source.current`). Remote objects keep their listed identity: an
-S3 or HTTP object is not stat'ed again here. For S3 it would be feasible (a HEAD after
-the read, comparing the ETag: one request per object, not made yet); a single GET sees
-one version of an object, but the engine reads a large one in ranged GETs that could
-straddle a replacement.
+A log that grows, or a file rewritten in place, may be another file by the time the
+engine reads it. So a target takes the identity again right before the read (`as_read`:
+the ledger records what was read) and checks it right after the INSERT into the stage,
+before the commit (`check_read`): a file that changed fails, nothing of it committed.
+Each source says how (`Source.current`); remote objects keep their listed identity.
+docs/guarantees.md ("What is not checked") says what this cannot see.
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """A database range streamed into the engine through a pipe, not spooled to a file first.
 
-Why: spooled, a range is written whole by the database's client, then parsed whole by
-the engine, one after the other; streamed, the engine parses while the database and
-its client produce, so on 2 cores the two overlap (bench/databases.py;
-docs/benchmarks.md has the figures).
+Streamed, the engine parses while the database and its client produce, instead of one
+after the other. The source makes an anonymous pipe; the client (psql) writes into it, or
+a thread relays the client's output (MySQL: up to a marker row); the engine, in this
+process, reads it as `file('/dev/fd/N')`, which never waits for a writer on open.
 
-How: the source makes an anonymous pipe; the database's client (psql) writes into its
-write end, or a thread relays the client's output into it (MySQL: the end of a range
-is a marker row, found in 1 MiB chunks); the engine, which runs in this process
-(chDB), reads the read end as `file('/dev/fd/N')`. Opening an anonymous pipe through
-/dev/fd never waits for a writer (unlike a named FIFO), so nothing can hang on open.
-
-Exactly once: the engine reading to the end of the pipe proves only that every writer
-closed it, not that the range was read whole (a client that failed halfway closes it
-too). So the target's check after the INSERT into the stage and before the commit
-(identity.check_read, which asks `Source.current`) comes here: `check` raises unless
-the pipe is at its end and the writer finished without error. A failed check fails
-the unit; nothing of it is committed. A pipe is read once: a retried load of the same
-unit (as_read a second time) fails it too, and a rerun loads it (only what is
-missing loads).
-
-The registry is per process (keyed by the /dev/fd path): the run's source object makes
-the pipes, while `current` and `table_function` are asked of the module's SOURCE.
+Invariants: the end of the pipe proves only that every writer closed it, so `check` (asked
+by identity.check_read, before the commit) raises unless the pipe is at its end and the
+writer finished without error: a failed check fails the unit, nothing committed; a pipe
+is read once (a retried load fails; a rerun loads it). The registry is per process, keyed
+by the /dev/fd path: `current` and `table_function` are asked of the module's SOURCE.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """A database as a `Source`: ranges of one snapshot, each a unit loaded exactly once.
 
-    chload load postgresql://loader@db:5432/shop/public.orders --table orders
-    chload load mysql://loader@db:3306/shop/orders --table orders --incremental-by id
+`DatabaseSource` is the `Source` (sources/base.py) of postgres.py and mysql.py, which make
+its `Session` (session.py). Each run gets its own object (`open`); `list` takes the
+snapshot and lists the ranges still to load (plan.py); the source gives the table's
+columns and primary key (nothing is inferred); `close` ends the snapshot.
 
-`DatabaseSource` is the `Source` (sources/base.py) of postgres.py and mysql.py, which
-make its `Session` (session.py). Each run gets its own object (`open`); its `list`
-takes the snapshot and lists the ranges still to load (plan.py); the source says the
-table's columns and primary key (`columns`, `sorting_key`: nothing is inferred), that a
-range is committed alone (`loads_alone`), and the URL without its password (`display`);
-`close` ends the snapshot when the run is over.
-
-No row passes through Python: `fetch` has the database's own client write a range as
-TSV into a pipe the engine reads while it is written (sources/pipes.py), where the
-target can (SourceContext.pipes); else into a spool file, loaded as any local file.
-Columns the engine must convert (PostgreSQL bytea and arrays) are rewritten to Native
-by the engine first, from a spool. The pipe or spool is removed (`release`) after its
-range is committed or failed.
+Invariants: no row passes through Python (`fetch` has the database's own client write a
+range as TSV into a pipe the engine reads, sources/pipes.py, or into a spool file); a
+range is committed alone (`loads_alone`); the pipe or spool is removed (`release`) only
+after its range is committed or failed; `display` never shows the password.
+docs/sources-databases.md ("How it works inside") says why ranges give exactly once.
 """
 
 from __future__ import annotations

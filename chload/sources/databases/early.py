@@ -1,19 +1,13 @@
 """A database source's session begun while the target opens, claimed where the run lists.
 
-The target's start and the database session (connect, describe, export the snapshot)
-each keep one core busy; begun in a thread at the top of `load` (api.py's
-`_begin_early`, which finds the source), the session is ready when
-`DatabaseSource.list` asks for it (`claim`) if the run's options are the ones it was
-begun with; else it is closed and a new one made. Nothing is read before `list`: a
-session holds a snapshot and connections only. A session no run claims (the target
-failed to open) is closed by `begin`'s cleanup.
+Begun in a thread at the top of `load` (api.py's `_begin_early`), the session (connect,
+describe, export the snapshot) is ready when `DatabaseSource.list` asks for it (`claim`)
+if the run's options are the ones it was begun with; else it is closed and a new one
+made. PostgreSQL only: docs/sources-databases.md says why MySQL's is not.
 
-PostgreSQL only: a MySQL/MariaDB session begun early made the run slower, and its whole
-session is too short for beginning it early to save anything
-(docs/sources-databases.md).
-
-This module knows no kind of source: the caller passes the source that makes the
-session, so it imports neither the registry nor base.py (which imports it).
+Invariants: nothing is read before `list` (a session holds a snapshot and connections
+only); a session no run claims is closed by `begin`'s cleanup; this module knows no kind
+of source (the caller passes it), so it imports neither the registry nor base.py.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """MySQL and MariaDB tables and queries, read range by range in one snapshot.
 
 A session opens `workers` readers, each in a REPEATABLE READ transaction started `WITH
-CONSISTENT SNAPSHOT`, all taken while the table cannot change: under `FLUSH TABLES WITH
-READ LOCK` if the user may (RELOAD), else `LOCK TABLES <table> READ` (which waits for
-open writers of the table to commit and holds new ones off), released as soon as every
-reader has its snapshot. So every reader sees the same rows. A `--query` over several
-tables without RELOAD gets snapshots taken together but not under a lock (it is one
-unit, read by one reader in one transaction, so consistent in itself).
+CONSISTENT SNAPSHOT`, all taken while the table cannot change (`FLUSH TABLES WITH READ
+LOCK` with RELOAD, else `LOCK TABLES <table> READ`), released once every reader has its
+snapshot: every reader sees the same rows. A reader is the C reader (mysql_native.py),
+else a `mariadb`/`mysql` client process whose output a thread relays up to a marker row.
+docs/sources-databases.md says how a table is read and why the C reader.
 
-A reader is a libmariadb connection whose C reader (mysql_native.py, mysql_copy.c)
-writes each range's plain columns as TSV into the engine's pipe; where that cannot be
-built, a `mariadb` (or `mysql`) client process, whose `SELECT` has the server format
-each field (escapes, `\\N`), printed `--batch --raw` and relayed by a thread up to a
-marker row. No row passes through Python either way.
-
-The password comes from the URL, $MYSQL_PWD or ~/.my.cnf ([client] password) and goes
-to libmariadb in this process, or to the client by its environment (MYSQL_PWD), never
-a command line.
+Invariants: no row passes through Python either way; the password (URL,
+$MYSQL_PWD or ~/.my.cnf) goes to libmariadb in this process or to the client by its
+environment, never a command line.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """The native MySQL/MariaDB reader: mysql_copy.c, compiled on first use, through ctypes.
 
-Why: with the `mariadb` client, the server had to format every text field as a TSV
-field in SQL (the client prints NULL and the string 'NULL' alike when it escapes), at
-a cost to the database, and a Python thread relayed the client's output to find each
-range's end marker. The C reader gets the rows over libmariadb's text protocol (the
-client's own library) and writes them escaped, \\N for NULL, straight into the
-engine's pipe; the database sends the plain columns. docs/benchmarks.md has the
-figures.
+It gets the rows over libmariadb's text protocol and writes them escaped, \\N for NULL,
+straight into the engine's pipe, so the database sends plain columns and no Python
+thread relays them (docs/sources-databases.md: "Why a C reader for MySQL/MariaDB").
+It is built with the system `cc` against libmariadb.so.3 (no headers) into
+`$CHLOAD_CACHE` or ~/.cache/chload/native, named by a hash of its source and the library.
 
-It is built with the system `cc` against the system's libmariadb.so.3 (headers not
-needed: mysql_copy.c declares the calls it makes) into `$CHLOAD_CACHE` or
-~/.cache/chload/native, named by a hash of its source and the library. No compiler,
-no library, or CHLOAD_MYSQL_READER=client: `load()` says why and the `mariadb` client
-is used (the same snapshot and ranges; the server escapes).
-
-The password goes to libmariadb in this process only: no command line, no environment.
+Invariants: no compiler, no library, or CHLOAD_MYSQL_READER=client: `load()` says why
+and the `mariadb` client is used, with the same snapshot and ranges; the password goes to
+libmariadb in this process only (no command line, no environment).
 """
 
 from __future__ import annotations

@@ -1,35 +1,15 @@
 """AWS conventions for S3 sources: endpoint, region and credentials; SigV4 signing.
 
-Where each setting comes from, first match wins (as with the AWS CLI):
+Each setting is taken as the AWS CLI takes it, first match wins (docs/sources-files.md,
+"Settings and credentials", lists the order); botocore is imported only for credential
+sources that need it, and listing is signed here (docs/design.md says why not boto3).
 
-    endpoint     --s3-endpoint, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's
-                 `endpoint_url`, else AWS itself (https://s3.<region>.amazonaws.com)
-    region       AWS_REGION, AWS_DEFAULT_REGION, the profile's `region`, else us-east-1
-    credentials  AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY (+ AWS_SESSION_TOKEN); the
-                 profile's static keys (AWS_PROFILE, else `default`, in
-                 ~/.aws/credentials then ~/.aws/config); a profile that needs more
-                 (role_arn, sso_*, credential_process) or web identity / container
-                 credentials: botocore resolves it; nothing at all: anonymous (public
-                 buckets), and the engine reads with NOSIGN.
-
-Why not boto3 for listing: importing boto3 and building a client is a large part of
-a small load's time; SigV4 for one GET is 40 lines of hashlib. botocore is imported
-only for the credential sources that need it.
-
-Resolved once: the caller (api) calls `resolve` with the environment and the
---s3-endpoint flag at the top of a run and passes the `S3Settings` down; nothing else
-under chload.sources reads the environment (AWS_CA_BUNDLE included: `ca_bundle`).
-
-How the engine gets the credentials without storing them: never in SQL (SQL text
-reaches error messages and the engine's logs). chDB's S3 client reads
-AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_SESSION_TOKEN from the process
-environment on each query, and that is the one channel it offers that is not SQL text.
-So the caller hands credentials that are not already there (from a profile or
-botocore) to the engine explicitly, for the time the engine reads (`hand_to_engine`,
-a context manager given the environment to use), and the environment is as it was
-afterwards: no module state remembers them, and a later `resolve` sees only the
-user's own. Nothing reaches a table definition, named collection, log or the ledger.
-`Credentials` hides its secrets from repr(), so no message or traceback can show them.
+Invariants: resolved once (`resolve`, by the API at the top of a run, into
+`S3Settings`): nothing else under chload.sources reads the environment, AWS_CA_BUNDLE
+included. Credentials are never in SQL (its text reaches messages and the engine's
+logs): `hand_to_engine` puts them into the process environment, where chDB's S3 client
+reads them, for the time the engine reads, and leaves it as it was. `Credentials` hides
+its secrets from repr().
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """HDFS: `hdfs://namenode:port/path/glob`, listed and read by the engine's hdfs().
 
-Listing asks the NameNode through the same client that will read the data (chDB's
-libhdfs3, over the RPC port the URI names): `SELECT _path, _size, _time FROM
-hdfs(pattern, 'One')` returns one row per matching file and reads no data. So globs
-mean exactly what they mean to the load (`*`, `?`, `**`, `{a,b}`, `{1..9}`), no
-second port (WebHDFS) has to be known or open, and a listing that works proves the
-load can connect. A path without glob characters is one file or a directory (every
-file below it, except hidden names: `.x`, `_SUCCESS`).
+Listing is `SELECT _path, _size, _time FROM hdfs(pattern, 'One')`: one row per file, no
+data read, through the client and RPC port the load uses, so globs mean what they mean
+to the load and a listing that works proves the load can connect (docs/sources-files.md).
+A path without glob characters is one file or a directory (every file below it, except
+hidden names: `.x`, `_SUCCESS`). Identity: size and modification time (whole seconds).
 
-Identity: size and modification time (the NameNode's, in whole seconds).
-
-The listing query runs in the engine the caller passes (`SourceContext.query`): the
-target's own, since chDB allows one engine path per process and that engine is the one
-that reads the files.
+Invariant: the listing runs in the engine the caller passes (`SourceContext.query`), the
+target's own: chDB allows one engine path per process, and that engine reads the files.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """Local files: paths, directories and globs (`*`, `?`, `**`, `{a,b}`, `{1..10}`), and stdin.
 
-A file is known by its resolved location (`realpath`), so every spelling of it in one
-command (`./a.csv`, a path through `..`, a symlink, a glob that also matches it) is one
-file, loaded once; for paths without symlinks that is the absolute path, as before.
-A name that exists is taken literally even if it holds `*`, `?`, `[` or `{`.
-
-Walks (a directory, `**`) follow symlinked directories but enter each directory once
-(by device and inode), so symlink loops end. They skip hidden names, what is not a
-regular file (pipes, sockets), and every chload target directory (it holds
-`.chload.lock`): a target's own files are never a source.
-
-The engine's file() expands `*`, `?` and `{}` in any path it is given and has no escape
-for them (chDB 4.4: `data_\\*.csv` matches nothing, `data_*.csv` reads `data_a.csv` too).
-So a real name holding one, or bytes that are not UTF-8, reaches the engine as a symlink
-with a plain name in a temporary directory; the uri stays the real path (bytes that are
-not UTF-8 written `\\xNN`). `release()` removes such links and stdin's spool.
+Invariants (docs/sources-files.md, "Local files", is the user's side):
+- a file is known by its resolved location (`realpath`): every spelling of it in one
+  command is one file, loaded once; a name that exists is taken literally;
+- walks follow symlinked directories but enter each once (device, inode), and skip hidden
+  names, what is not a regular file, and every chload target directory (`.chload.lock`);
+- the engine's file() expands `*`, `?` and `{}` with no escape (chDB 4.4), so a real name
+  holding one, or bytes not UTF-8, reaches it as a plain-named symlink in a temporary
+  directory; the uri stays the real path (non-UTF-8 bytes written `\\xNN`);
+- `release()` removes such links and stdin's spool.
 """
 
 from __future__ import annotations

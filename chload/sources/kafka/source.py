@@ -1,37 +1,15 @@
 """Kafka topics into a table, exactly once: offset ranges as units, loaded like files.
 
 A unit is (topic, partition, first offset, last offset), named in the ledger
-`kafka://<bootstrap>/<topic>/<partition>/<first>-<last>` (never a secret) with the
-topic's id and the range as its identity. Each is read into a spool file in the
-target's tmp directory (values joined by newlines: the engine parses them as a block,
-no row passes through Python) and loaded through the same target paths and the same
-committer as a file: its rows and its ledger entry commit together.
+`kafka://<bootstrap>/<topic>/<partition>/<first>-<last>` (never a secret), with the
+topic's id and the range as its identity. Per round: plan (plan.py), read the next unit of
+each partition into a pipe or spool (read.py, native.py, units.py; the next round is read
+while one loads), load through api._load. docs/sources-kafka.md argues it in full.
 
-Where a partition stands is the ledger's, not Kafka's: its committed end is the highest
-last offset of its committed units, plus one. Units are planned from there (or the low
-watermark) to the high watermark seen at start, and each commits only while that end
-is still the one its plan saw (commit.py rule 5, sources.StreamPosition). So a kill at
-any instant, two chloads on one topic at once, or a rerun load each offset once:
-consumer-group offsets decide nothing (none are committed; the group, group.py,
-only splits the partitions between processes). The argument in full, and
-the measurements behind the reader, are in docs/sources-kafka.md.
-
-    plan     recover the table (settle `committing`), read each partition's committed
-             end, its watermarks and the topic's id; report a topic rewound, re-created
-             or cut by retention below the ledger's end (plan.py)
-    read     per round, the next unit of each partition (up to --batch-rows messages)
-             into a spool, values joined by newlines: by the native reader (C through
-             ctypes, all partitions in one call, no Python object per message) or,
-             without cc or librdkafka, by confluent-kafka consume(5000) (read.py,
-             native.py; spool files: units.py); the next round is read in a
-             thread while one loads.
-             Streamed instead (`streams`: no error budget; the columns from --schema,
-             the table or a sample, `_stream_schema`): each unit
-             into a pipe the engine parses as it fills, one reader thread per
-             partition, and a unit commits only if its reader finished it (db_pipes)
-    load     the round's units through api._load (stage, commit, ledger); a unit
-             refused because its partition moved (another loader) is planned again
-             from the new end; a failed unit stops its partition
+Invariants: a partition's position is the ledger's (its committed units' highest last
+offset, plus one), never Kafka's group offsets (group.py only splits partitions); a unit
+commits only while that end is still the one its plan saw (committer.py rule 5,
+sources.StreamPosition), and a streamed one only if its reader finished it.
 """
 
 from __future__ import annotations

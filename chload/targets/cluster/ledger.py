@@ -1,19 +1,15 @@
 """The cluster's ledger: what a Distributed table's shards say of its units.
 
 Each shard keeps its own ledger (`chload.files` on that shard, under the local table's
-name), written by its own committer; this view answers the loader's questions about
-the Distributed table from them (cluster/target.py: a unit is loaded when every shard
-it goes to has it, at one identity), while the run history and failures before any
-shard was reached stay on the target server's ledger.
+name), written by its own committer; this view answers the loader's questions about the
+Distributed table from them, while the run history and failures before any shard was
+reached stay on the target server's ledger.
 
-Each shard also keeps the sharding layout its units were routed by (cluster, key, by
-row or file, shards and weights): one record (target_table `<local> layout`, state
-`layout`), written before a load whose layout differs. Rows already placed by one
-layout and a rerun by another would be lost or doubled (a unit some shards committed
-before a crash gets the rest of its rows routed by the new key or weights), so a load
-whose layout changed is refused, in one line, where loaded units could be moved:
-a unit loaded on some shards but not others; any loaded unit when the shards or the
-mode (row/file) changed. Units loaded whole under the old layout stay loaded.
+Invariants: a unit is loaded when every shard it goes to has it, at one identity; each
+shard records the layout its units were routed by (target_table `<local> layout`, state
+`layout`) before a load whose layout differs, and a changed layout is refused where
+loaded rows could move. docs/target-cluster.md ("The sharding layout is recorded") says
+why and which changes are refused.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """How busy each shard's server was during a load, from the server's own counters.
 
-The loader's saturation line (monitor.py) reads this machine's /proc: it says nothing of
-shard servers elsewhere. Each ClickHouse server counts for itself, so a cluster load
-reads, over HTTP, at the start of the data and at its end:
+The loader's saturation line (monitor.py) reads this machine's /proc and says nothing of
+shard servers elsewhere, so a cluster load reads each server's counters over HTTP at the
+start of the data and at its end: `system.events` differences (CPU of its query threads,
+`OSCPUWaitMicroseconds` for a CPU shared with more work than cores, disk writes, merges)
+and `system.metrics` at the end (merges and background tasks still running, the memory
+its queries hold). docs/target-cluster.md ("Reports") shows what the user sees.
 
-- `system.events` (totals since the server started; the difference is the load's, and
-  anything else the server ran meanwhile): the CPU time of its query threads
-  (`UserTimeMicroseconds` + `SystemTimeMicroseconds`), the time those threads were
-  runnable but waited for a CPU (`OSCPUWaitMicroseconds`: the sign of a CPU shared
-  with more work than it has cores for), time writing to disk
-  (`DiskWriteElapsedMicroseconds`) and merging (`MergesTimeMilliseconds`);
-- `system.metrics` at the end: merges and background tasks still running (work the
-  load left behind), and the memory the server's queries hold.
-
-A counter the server does not list at the end (an older version, no taskstats in a
-container, or simply 0: system.events lists counters above 0 only) is None.
+Invariant: a counter the server does not list at the end (an older version, no taskstats,
+or 0: system.events lists counters above 0 only) is None, and no failure here fails a load.
 """
 
 from __future__ import annotations

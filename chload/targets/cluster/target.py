@@ -1,37 +1,16 @@
 """The cluster target: a Distributed table loaded shard by shard, exactly once per
 (unit, shard), rows on the shard the Distributed engine would put them on.
 
-    chload load 'data/*.csv.gz' --table events --target http://ch1:8123/analytics \\
-        [--shard HOST:TCP_PORT=http://HOST:HTTP_PORT ...] [--shard-by file]
+For a `Distributed(cluster, db, local, key)` table, `for_table` (cluster/open.py) opens a
+ServerTarget per shard, with its own ledger, committer and lock. By rows, each unit goes
+through a temporary Distributed table over per-shard stages (insert_distributed_sync=1),
+so the server routes every row by the table's own key; by file, a unit goes whole to one
+shard chosen by a hash of its uri. docs/target-cluster.md explains both and argues why a
+crash between two shards' commits loses and doubles nothing.
 
-A target is a list of shards. When --table on a server target is a
-`Distributed(cluster, db, local, key)` table, `for_table` (cluster/open.py) opens one
-ServerTarget per shard (its first replica that answers) with its own ledger (`chload.files` on that
-shard), committer and lock, and loads each shard's local table:
-
-- **rows** (a deterministic sharding key): per unit, a stage `chload.stage_x` shaped
-  like the local table on every shard, and on the target server a temporary
-  `chload.stage_xr AS <dist> ENGINE = Distributed(cluster, chload, stage_x, <key>)`:
-  the unit is inserted into it with insert_distributed_sync=1, so the server parses it
-  once and routes every row by the table's own key, weights and types (placement equal
-  to a Distributed insert's by construction). Then each shard commits its stage into
-  its local table through its own committer, with its own ledger entry (unit, rows of
-  that shard). As fast for the servers as the loader's chDB computing the shard of
-  every row and pushing Native to each, and far less of the loader's CPU.
-- **files** (no key, a key calling rand(), or --shard-by file): each unit goes whole to
-  one shard, chosen by weight from a hash of its uri (a rerun picks the same shard), and
-  loads there exactly as into a single server.
-
-A unit is loaded when every shard it goes to has committed its share; a rerun loads it
-again only into the shards whose ledger lacks it (docs/target-cluster.md argues why a
-crash between two shards' commits loses and doubles nothing). Every shard's stages go
-through that shard's Committer (`_commit`): nothing here attaches.
-
-Replicas: a shard's local table is Replicated*MergeTree when it has several replicas
-(18.16's system.clusters does not show internal_replication: one replica takes each
-insert and ZooKeeper copies it, as internal_replication=true would); the stage is a
-plain MergeTree of the same keys, and the committer's attach (commit/attach.py)
-replicates on 18.16.
+Invariants: a unit is loaded when every shard it goes to has committed its share, and a
+rerun commits only on the shards whose ledger lacks it; every shard's stages go through
+that shard's Committer (`_commit`): nothing here attaches.
 """
 
 from __future__ import annotations

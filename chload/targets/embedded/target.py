@@ -1,20 +1,14 @@
 """The embedded target: ClickHouse in this process (chDB), persistent in a directory.
 
-Exactly once per file, without a column of ours in the user's table:
+Exactly once per file, without a column of ours in the user's table: the engine fills a
+fresh stage `chload.stage_<machine>_<pid>_<id>` shaped like the table; the committer
+(committer.py, the same as a server's) logs `committing` with the mark and attaches its
+partitions (commit/attach.py); then `loaded` (in batches) and the stage is dropped.
+docs/target-embedded.md ("How a file is loaded") is the user's side.
 
-1. `INSERT INTO chload.stage_<machine>_<pid>_<id> SELECT ... FROM file(...)`: the engine
-   parses and writes into a fresh table shaped like the target (`CREATE TABLE ... AS`);
-2. the committer (committer.py, the same as a server's) logs `committing` with the
-   table's `mark` and the stage's name, then attaches the stage's partitions
-   (commit/attach.py; hard links, cheap);
-3. ledger `loaded` (written in batches: the `committing` event already settles a crash)
-   and drop the stage.
-
-A crash before 2 leaves only a stage, which the next run drops (it is not of that run's
-process, and no `committing` file of any table needs it). A crash after the
-`committing` event is settled by the mark rule (committer.py). The commit lock is the
-one difference from a server: this process is the directory's only writer (engine.py
-holds a `flock`), so the lock is in-process (locks.ProcessLock).
+Invariants: a crash before `committing` leaves only a stage, which the next run drops; a
+crash after it is settled by the mark rule. This process is the directory's only writer
+(engine.py holds a `flock`), so the commit lock is in-process (locks.ProcessLock).
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """What a ClickHouse server can do, asked once at connect.
 
-The plan follows answers, not version numbers: which input formats the server parses
-(`system.formats`), which table functions and settings it knows, which data types it
-has (`system.data_type_families`), how many threads it runs (`max_threads`), and which
-HTTP `Content-Encoding`s it accepts for a request body, found by posting a tiny
-`SELECT 1` compressed that way (18.16: gzip and deflate; newer servers add zstd, br,
-xz, lz4, bz2). Everything but the encodings comes back in one query; an encoding is
-tried the first time a file compressed that way is planned (a load of gzip files asks
-about gzip only: start-up is one round trip, not eight).
+The plan follows answers, not version numbers: input formats, table functions,
+settings, data types, `max_threads`, and which `Content-Encoding`s a request body may
+have. Everything but the encodings comes back in one query; an encoding is tried (a tiny
+`SELECT 1` so compressed) the first time a file compressed that way is planned.
 
-Types: a schema inferred by chDB (ClickHouse 26) may name types an old server lacks.
-`server_type` maps them down where no value can change (Bool -> UInt8,
-DateTime64(0) -> DateTime, LowCardinality(T) -> T where it is still experimental) and
-refuses the rest with one line that names the column and the way out (`--schema`).
+Invariant: `server_type` maps a type chDB inferred down to the server's only where no
+value can change (Bool -> UInt8, DateTime64(0) -> DateTime, LowCardinality(T) -> T where
+it is still experimental) and refuses the rest in one line naming the column and
+`--schema`. docs/target-server.md ("What happens") is the user's side.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """A server target's first requests, begun while the loader still imports.
 
-Why: into a server, the time to the first data byte was Python's start, chload's
-imports (on one core) and then, one after the other, the probe and the reads a load of
-a table begins with (its columns, the commit survey, its state, the ledger's `loaded`:
-mostly the server's work, which can run on the other core). `chload load`
-names its target and table before it imports the engine of a load (cli._load), so a
-thread connects and asks them meanwhile; ServerTarget takes the connection, the
-capabilities and the answers (`claim`), each answer given once, for its very SQL,
-unless a write comes first (ServerTarget.rows / command).
+`chload load` names its target and table before it imports the engine (cli._load), so a
+thread connects and runs the probe and a load's first reads meanwhile; ServerTarget takes
+them (`claim`). docs/target-server.md ("How it works inside") says why.
 
-Reads only: a server whose ledger is not complete gets the probe alone (its ledger is
-created by ServerTarget, on the main thread). The thread imports nothing (an import on
-two threads at once can deadlock on a circular one): whatever it runs is imported by
-`begin`. Any failure leaves nothing, and the load asks again and reports it as ever.
-An answer read early is one a run started that much earlier would have read: the
-commit protocol does not trust it any more than that (committer.py).
+Invariants: reads only (a server whose ledger is not complete gets the probe alone); each
+answer is given once, for its very SQL, unless a write comes first (ServerTarget.rows /
+command); the thread imports nothing (an import on two threads can deadlock on a circular
+one): `begin` imports what it runs; any failure leaves nothing and the load asks again.
+An early answer is one a run started that much earlier would have read: the commit
+protocol trusts it no more than that (committer.py).
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """How a server target groups files into units (a stage and a commit each).
 
 Two ways into a stage differ in what a group costs (fill.py):
-
-- *raw*: the server parses each file of a group in its own request, a part each, and
-  the parts are merged to one before the attach (committer.py rule 2). That merge
-  costs 18.16 about what parsing the rows again does, so only small files (< 512 KB),
-  whose own stage and commit (~5 requests) cost more, share a stage;
-  in as many groups as streams, so every stream has work.
-- *through the loader's engine* (a format or compression the server does not read;
-  small JSON lines, which chDB parses for less than 18.16 does): a group is one
-  INSERT in chDB streaming one Native request into its stage, its rows counted per
-  file on the way (fill.py `_flow`); the server writes one part for it (up to ~128 MB
-  of rows). So such files share a stage, one group per loader core: each INSERT runs
-  on one core, and every further unit adds a stage, a commit and a part the server
-  merges afterwards. Small ones always; larger ones (up to FLOW_BELOW) only into a
-  wide table (WIDE_COLUMNS), where a part costs most (files per column, written and
-  then merged), not rows: the server sorts and writes a group's part once its stream
-  ends, a serial tail that grows with the rows (docs/benchmarks.md).
-  (JSON lines of 512 KB and more stay raw and alone: whether chDB or the server
-  parses them faster depends on the columns, which fill.py `_gathers` looks at per
-  unit.)
+- *raw*: the server parses each file in its own request, a part each, merged to one
+  before the attach (committer.py rule 2); only small files share a stage, in as many
+  groups as streams.
+- *through the loader's engine*: a group is one INSERT in chDB streaming one Native
+  request, its rows counted per file (fill.py `_flow`); one group per loader core. Small
+  files always; larger ones (up to FLOW_BELOW) only into a wide table (WIDE_COLUMNS).
+  JSON lines of 512 KB and more stay raw and alone (fill.py `_gathers` decides per unit).
+docs/target-server.md ("Grouping", and "Why files group as they do") says why.
 """
 
 from __future__ import annotations

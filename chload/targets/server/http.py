@@ -1,23 +1,14 @@
 """HTTP to a ClickHouse server: the target URL, one client, and the one error boundary.
 
-Why our own small client rather than a library: clickhouse-connect fails against 18.16
-("Unknown identifier: readonly"), and a loader needs exactly three things from HTTP that
-are easy to get right here: stream a request body from a file (never holding it in
-memory; by os.sendfile where it can), keep one keep-alive connection per thread, and
-turn every failure into a chload error in one place:
+Our own small client (docs/target-server.md, "How it works inside", says why not
+clickhouse-connect or http.client): HTTP/1.1 POST on a plain socket, the body streamed
+from a file (os.sendfile where it can), one keep-alive connection per thread, the answer
+read whole; `ssl` imported for https targets only.
 
-    socket / TLS / protocol errors         -> TransientError (retry) or UsageError (TLS, DNS)
-    any non-200 answer                     -> errors.server_error: AuthError (401/403, auth
-                                              codes), TransientError (a transient code, or a
-                                              5xx without one), or the engine's terminal kinds
-
-18.16 sends no exception headers, so the code comes from the body text, which only
-errors.py reads. The password never leaves this module except as a request header:
-every message passes through `TargetURL.scrub`.
-
-The wire is HTTP/1.1 POST with a body, the answer read whole (chunked, sized, or to
-the close), on a plain socket: `http.client` would bring the `email` package and `ssl`
-to every start-up, for a protocol this narrow. `ssl` is imported for https targets only.
+Invariants: every failure becomes a chload error here: socket / TLS / protocol errors ->
+TransientError or UsageError (TLS, DNS); any non-200 answer -> errors.server_error, the
+only reader of its text (18.16 sends no exception headers). The password leaves this
+module only as a request header: every message passes through `TargetURL.scrub`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """The loader's own engine for a server target: chDB in memory, for what the server can't do.
 
-Two jobs: infer a schema (an old server cannot `DESCRIBE file(...)`), and read a file
-the server cannot parse (Parquet, ORC, Avro; zstd, xz ... into 18.16), converting it to
-`Native` and streaming that to the server:
+Two jobs: infer a schema (an old server cannot `DESCRIBE file(...)`), and read a file the
+server cannot parse (Parquet, ORC, Avro; zstd, xz ... into 18.16) into `Native` streamed
+to the server by `INSERT INTO FUNCTION url(...) SELECT ... FROM file(...)`; over https
+chDB streams Native blocks to Python, which forwards them, bounded.
 
-    INSERT INTO FUNCTION url('http://host:port/?query=INSERT INTO stage (...) FORMAT Native',
-                             'Native', '<the table's exact types>', '<body compression>',
-                             headers(...))
-    SELECT <columns, CAST to the table's types where they differ> FROM file(...)
-
-Types must be the table's own: 18.16 does not convert Native columns (`Bad cast from
-type ColumnVector<UInt32> to ColumnVector<UInt64>`, code 368). Text-to-DateTime
-conversions run in the server's time zone (`session_timezone`) so both paths agree.
-Over https the bytes go through our own client instead (chDB's url() cannot be given a
-private CA): chDB streams Native blocks to Python, which forwards them, bounded.
-
-The engine is engine.py's, in memory: chDB keeps nothing, one session per thread (a
-session runs one query at a time; several run in parallel).
+Invariants: columns are sent in the table's own types (18.16 does not convert Native
+columns: code 368); text-to-DateTime runs in the server's time zone (`session_timezone`)
+so both paths agree; one engine session per thread (a session runs one query at a time).
+docs/target-server.md ("How it works inside") says why.
 """
 
 from __future__ import annotations

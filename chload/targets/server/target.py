@@ -1,36 +1,16 @@
 """The server target: a ClickHouse server over HTTP(S), as old as 18.16, exactly once.
 
-    chload load 'data/*.csv.gz' --table trips --target http://loader@ch:8123/analytics
-    CLICKHOUSE_PASSWORD=... chload load 'x/*.parquet' -t events --target https://ch:8443/db
+At connect the server is asked what it can do (capabilities.py; early, server/early.py).
+Per unit, the fastest correct path into a fresh stage `chload.stage_<machine>_<pid>_<id>`
+(`CREATE TABLE ... AS <table>`): *raw*, the file's bytes posted as they are, or *push*,
+chDB in this process streaming `Native` (push.py). Filling is fill.py's, streams and
+sealing stages.py's; this module connects, runs SQL and drives each load.
+docs/target-server.md is the user's side and argues the exactly-once protocol.
 
-At connect the server is asked what it can do (capabilities.py; for `chload load`, on a
-thread while the loader still imports, with the load's first reads: server/early.py).
-Then, per file, the fastest correct path into a fresh stage table
-`chload.stage_<machine>_<pid>_<id>` (`CREATE TABLE ... AS <table>`, so its structure and
-keys are the table's):
-
-- *raw*: the server parses the format and the compression (gzip CSV into 18.16): the
-  file's bytes are posted as they are, with `Content-Encoding`, streamed from disk:
-  the cheapest way in CPU, the loader's and the server's together.
-- *push*: it cannot (Parquet, ORC, Avro, zstd/xz into 18.16; --audit columns, which the
-  engine computes; or the server rejected the bytes, e.g. a CSV dialect 18.16 does not
-  read): chDB in this process reads the file and streams `Native` (push.py),
-  compressed with gzip when the server is not on this machine.
-
-How each way fills the stage is fill.py's; streams and sealing a stage to one part
-per partition, stages.py's; this module connects, runs SQL and drives each load.
-The table itself is created from structured columns (`create_table`), each type as
-this server stores it (capabilities.server_columns), not from DDL text.
-
-Then the stage is attached into the table under the commit lock (committer.py: the
-exactly-once protocol and why it holds with several loader hosts), and the ledger says
-`loaded`. The ledger is `chload.files` on the server, so any host can resume.
-
-Retries: network errors, timeouts and transient server codes are `TransientError`s
-(http.py), retried by the runner with backoff and jitter; the stage of a failed attempt
-is dropped, so a retry starts clean. Bad data, unknown tables and bad credentials fail
-at once, one line, with the server's own message. The password is never in a message,
-the ledger, or `display`.
+Invariants: a table is created from structured columns in the server's types
+(capabilities.server_columns), never DDL text; a stage is attached only by the committer
+(committer.py); a failed attempt's stage is dropped, so a retry starts clean; the
+password is never in a message, the ledger, or `display`.
 """
 
 from __future__ import annotations
