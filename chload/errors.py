@@ -9,7 +9,7 @@
     │   ├── SchemaError              table and data disagree (missing/unknown columns)
     │   ├── TargetInUse              another process holds the embedded target directory
     │   ├── AuthError                the server refused the user or password
-    │   ├── CommitInterrupted        a commit whose outcome is unsettled (targets/commit.py)
+    │   ├── CommitInterrupted        a commit whose outcome is unsettled (commit/committer.py)
     │   ├── BatchOverlap             another load committed files of a batch: load one by one
     │   └── EngineError              any other error answered by ClickHouse
     └── TransientError               worth a retry with backoff: network, 5xx, too many parts
@@ -149,7 +149,7 @@ _TRANSIENT_CODES = {
 # Not transient: 164 READONLY (the user's `readonly` profile: no retry changes it) and
 # 236 ABORTED (a remote read aborted: a source error, _SOURCE_CODES, as it always was).
 
-TOO_MANY_PARTS = 252  # the server's backpressure: never fails a load (runner.py) ...
+TOO_MANY_PARTS = 252  # the server's backpressure: never fails a load (core/run.py) ...
 # ... but for "Too many partitions for single INSERT block": max_partitions_per_insert_block
 # against the data's PARTITION BY, which no wait changes (same code): terminal.
 _TOO_MANY_PARTITIONS = "Too many partitions for single INSERT block"
@@ -293,7 +293,7 @@ _SECRETS: set[str] = set()
 
 
 def keep_secret(value: str) -> None:
-    """A value no message may show: a URL's signature or token (sources/http.py). The
+    """A value no message may show: a URL's signature or token (sources/files/http.py). The
     engine quotes the URLs it fails to read, in full; every engine or server message
     chload turns into an error has these masked (`***`). A value under 4 characters is
     not taken: it would mask ordinary words."""

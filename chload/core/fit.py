@@ -456,7 +456,7 @@ def in_table_types(text: str, column: str | None, read: Sequence[Column],
 
 
 def cast_expr(ident: str, read_type: str, table_type: str) -> str | None:
-    """insert_expr's cast without its name (validation.py checks values with it)."""
+    """insert_expr's cast without its name (core/validate.py checks values with it)."""
     if read_type == table_type or _wide(table_type) != read_type:
         return None
     return f"accurateCast({ident}, {quote_str(table_type)})"

@@ -64,7 +64,7 @@ def refuse_unread(spec: LoadSpec, read: Collection[str]) -> None:
 def load_units(spec: LoadSpec, target: Target, sources: RunSources, listed: list[SourceFile],
           listener: Listener, run_id: str = "", record: bool = True,
           added: planner.AddColumns | None = None) -> LoadReport:
-    """Into `target`, or into each shard of its Distributed table (targets/cluster.py)."""
+    """Into `target`, or into each shard of its Distributed table (targets/cluster/target.py)."""
     table = planner.parse_table(spec.table, default_database(target))
     with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
         report = load_table(spec, t, table, sources, listed, listener, run_id, record,

@@ -194,7 +194,7 @@ def looks_like_names(fields: Sequence[str], unique: bool = True) -> bool:
     Every field is text that is not a number, a date, a time, a boolean or NULL, at
     most 128 characters on one line; fewer than half the fields are empty (a header
     with one empty field is still a header); with `unique`, no name comes twice.
-    A line of words (`Paris,France`) passes: the caller weighs that (planner.py).
+    A line of words (`Paris,France`) passes: the caller weighs that (core/plan.py).
     """
     named = [f.strip() for f in fields if f.strip()]
     if not named or (len(fields) - len(named)) * 2 >= len(fields):

@@ -1,4 +1,4 @@
-"""One committer, both targets (targets/commit.py): a crashed commit of one table is
+"""One committer, both targets (commit/committer.py): a crashed commit of one table is
 settled by the next load of that table, whatever was loaded into other tables in
 between; a file gone between listing and loading fails alone and is never `loaded`.
 The real `chload` command (or the Python API in a child process), real chDB, a real

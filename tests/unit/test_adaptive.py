@@ -1,4 +1,4 @@
-"""The stream controller (chload/adaptive.py) fed scripted measurements, the streams
+"""The stream controller (chload/runtime/adaptive.py) fed scripted measurements, the streams
 that obey it (stages.Streams), and 252 "too many parts" as a wait, never a failure
 (runner.patiently). No engine, no server: a scripted clock."""
 

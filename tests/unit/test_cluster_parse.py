@@ -1,4 +1,4 @@
-"""What the cluster target reads from a server's metadata (targets/cluster.py), without
+"""What the cluster target reads from a server's metadata (targets/cluster/target.py), without
 a cluster: the Distributed engine's arguments, a stage engine for a Replicated table,
 the --shard map, and which shard a whole file goes to by weight."""
 

@@ -1,4 +1,4 @@
-"""commit_batch.py: filled stages wait for each other and commit in one group when
+"""commit/batch.py: filled stages wait for each other and commit in one group when
 `slack` wait, at once when fewer than `slack` others fill (the load's last round), or
 after `max_wait`; each learns its own outcome, and an error of the group reaches every
 unit of it."""

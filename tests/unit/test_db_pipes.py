@@ -1,6 +1,6 @@
 """A database range streamed through a pipe is committed only if it was read whole: the
 check before the commit (Source.current, the second time) needs the pipe at its end and
-the writer ended without error; a pipe is read once (db_pipes.py)."""
+the writer ended without error; a pipe is read once (sources/pipes.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which database columns get a range check, against which bounds (db_range.py), and
+"""Which database columns get a range check, against which bounds (core/ranges.py), and
 what the MariaDB C reader is told to check (mysql._checks)."""
 
 from __future__ import annotations

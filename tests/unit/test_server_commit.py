@@ -1,4 +1,4 @@
-"""The commit lock and the mark rule (targets/commit.py) against a scripted fake server
+"""The commit lock and the mark rule (commit/committer.py) against a scripted fake server
 with injected faults. The real thing, with real kills, is in
 tests/integration/test_server_target.py."""
 

@@ -1,4 +1,4 @@
-"""How a server target groups files (server_groups.py): files the loader's engine reads
+"""How a server target groups files (targets/server/groups.py): files the loader's engine reads
 share one stage per loader core, whatever their size up to FLOW_BELOW; files the server
 parses itself share one only when small, in a group per stream."""
 

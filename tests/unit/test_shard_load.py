@@ -1,4 +1,4 @@
-"""A shard server's saturation from two readings of its counters (targets/shard_load.py)."""
+"""A shard server's saturation from two readings of its counters (targets/cluster/shard_load.py)."""
 
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ static int say(char *err, size_t errlen, const char *fmt, const char *a, long lo
     return -1;
 }
 
-/* The struct's size, which kafka_native.py checks against its ctypes mirror. */
+/* The struct's size, which sources/kafka/native.py checks against its ctypes mirror. */
 size_t chl_unit_size(void) { return sizeof(chl_unit); }
 
 rd_kafka_t *chl_open(const char **names, const char **values, int n, char *err,
