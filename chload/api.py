@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import MISSING, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from chload import options
 from chload.commit.ledger import FileEvent
 from chload.core import load as steps
-from chload.core import options
 from chload.core import plan as planner
 from chload.core.finish import (
     _finish,

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypedDict, cast
 
+from chload import options
 from chload.commit.rejects import ErrorBudget
-from chload.core import options
 from chload.core import plan as planner
 from chload.core.run import FileResult
 from chload.errors import UsageError
