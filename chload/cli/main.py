@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chload.errors import ChloadError, UsageError
+from chload.formats import COMPRESSION_NAMES
 
 if TYPE_CHECKING:
     from chload.api import Listener
@@ -183,7 +184,7 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("sources", nargs="+", metavar="SOURCE")
     p.add_argument("--table", "-t", required=True, help="table name, or db.table")
     p.add_argument("--format", "-f", help="ClickHouse input format (default: from the name)")
-    p.add_argument("--compression", help="gzip, zstd, bz2, xz, lz4, none (default: from name)")
+    p.add_argument("--compression", help=f"{', '.join(COMPRESSION_NAMES)} (default: from name)")
     p.add_argument("--schema", help="'a UInt32, b String': how to read the data")
     p.add_argument("--max-errors", type=int, metavar="N",
                    help="bad rows a file may have (default 0); a load keeps them in "
