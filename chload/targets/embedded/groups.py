@@ -15,8 +15,8 @@ from chload.sources.base import SourceFile
 from chload.targets.batching import BATCH_BYTES, BATCH_FILES, spread_by_size
 
 # Files below this are batched: above it, a file's own stage and commit cost little
-# next to its parse (docs/benchmarks.md). (A server target batches up
-# to 4 MB: there a file costs ~8 requests.)
+# next to its parse (docs/benchmarks.md). A server target batches larger files: there
+# each file's own stage and commit are several requests.
 SMALL_FILE_BYTES = 1 << 20
 # Files from SMALL_FILE_BYTES to this share a stage and a commit, up to SHARED_FILES and
 # SHARED_BYTES (about 2-3 s of parsing gzip CSV on one core; _parse_cost) a group, so
