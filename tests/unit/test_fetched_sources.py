@@ -20,14 +20,14 @@ from chload import api
 from chload.errors import TransientError, UsageError
 from chload.formats import FileFormat
 from chload.schema import Column
-from chload.sources.base import Source, SourceContext, SourceFile
+from chload.sources.base import RemoteSource, Source, SourceContext, SourceFile
 from chload.sources.registry import KINDS, SCHEMES
 
 TABLE = "`default`.`t`"
 TSV = FileFormat("TSV", "none")
 
 
-class RangeSource:
+class RangeSource(RemoteSource):
     """`ranges://user:secret@host/a,b,c`: units a, b, c of a session, each fetched as a
     spool of as many rows as its name is long; `fail_fetch`: fetches failing (transient)."""
 
@@ -89,29 +89,6 @@ class RangeSource:
 
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
         raise AssertionError("a range is fetched, never read in place")
-
-    def table_function_many(self, files: Sequence[SourceFile], fmt: str,
-                            structure: str | None) -> tuple[str, str] | None:
-        return None
-
-    def current(self, file: SourceFile) -> SourceFile:
-        return file
-
-    def still_there(self, file: SourceFile) -> bool | None:
-        return None
-
-    def reads_at_uri(self, file: SourceFile) -> bool:
-        return False
-
-    def known_empty(self, file: SourceFile) -> bool:
-        return False
-
-    def begin_early(self, pattern: str, context: SourceContext) -> None:
-        return None
-
-    def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
-               rejects: bool) -> None:
-        return None
 
 
 class KeyedTarget(FakeTarget):

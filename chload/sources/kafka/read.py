@@ -26,9 +26,9 @@ READ_TIMEOUT = 30.0  # seconds without a message while a unit's offsets are stil
 AUDIT_JSON, AUDIT_CSV, AUDIT_TSV = 1, 2, 3
 
 # The native reader parses every fetched message, also those past a unit's last offset:
-# 16 MB per partition (the Python reader's, fewer consume() calls) read far past a
-# mid-partition unit, so it keeps librdkafka's 1 MB default (docs/benchmarks.md). The
-# user's --kafka-option still wins.
+# the Python reader's larger fetch (fewer consume() calls) reads far past a mid-partition
+# unit, so the native one keeps librdkafka's default (docs/benchmarks.md). The user's
+# --kafka-option still wins.
 NATIVE_FETCH = 1 << 20  # max.partition.fetch.bytes of the native reader
 # Once a partition's local queue holds queued.min.messages (100k), librdkafka >= 2.3 stops
 # fetching it for fetch.queue.backoff.ms, 1 s by default: a reader that drains faster
