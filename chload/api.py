@@ -223,7 +223,7 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
     context = replace(_source_context(spec, target), pipes=pipes)
     sources = RunSources(context, registry)
     try:
-        listed = steps.list_sources(spec, sources)
+        listed = steps.stream_sources(spec, sources)
         with _engine_credentials(context):
             return steps.load_units(spec, target, sources, listed, listener or (lambda event: None))
     finally:

@@ -18,10 +18,12 @@ import json
 import re
 import threading
 import time
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Protocol
 
+from chload.commit.known import KnownUnits
 from chload.errors import ChloadError, EngineError
 from chload.schema import quote_str
 
@@ -39,11 +41,18 @@ _INLINE_BYTES = 128 << 10  # and never a statement near the server's max_query_s
 
 
 class Sql(Protocol):
-    """The two things the ledger needs from a target: run a statement, read rows."""
+    """The two things the ledger's writes need from a target: run a statement, read rows."""
 
     def command(self, sql: str) -> None: ...
 
     def rows(self, sql: str) -> list[dict]: ...
+
+
+class LedgerSql(Sql, Protocol):
+    """And its reads: a long answer as text (the keys of the units a table holds:
+    `Ledger.known`)."""
+
+    def text(self, sql: str, fmt: str) -> str: ...
 
 
 @dataclass(slots=True)
@@ -133,7 +142,7 @@ def create_statements() -> list[str]:
 class Ledger:
     """Reads and appends file events and run records in the target."""
 
-    def __init__(self, sql: Sql) -> None:
+    def __init__(self, sql: LedgerSql) -> None:
         self._sql = sql
         self._uuids: dict[str, str] = {}  # target_table -> uuid, stamped on events
 
@@ -257,6 +266,48 @@ class Ledger:
         return {e.uri: e for e in self._latest(
             f"target_table = {quote_str(target_table)} AND state = '{LOADED}'")}
 
+    def known(self, target_table: str, table: TableState) -> tuple[KnownUnits, str]:
+        """The units loaded into the table as it is now, as compact keys (known.py), and
+        why the ledger's other loads are not the table's ('' when all are): the rules of
+        `own_history`, applied by the engine, so no event is held in Python. The keys
+        come in slices of the key space, each at most _KNOWN_SLICE units, so the
+        engine's memory for the grouping is bounded too (the embedded engine's is this
+        process's)."""
+        where = f"target_table = {quote_str(target_table)} AND state = '{LOADED}'"
+        count = int(self._sql.rows(f"SELECT count() AS n FROM {FILES} WHERE {where}")[0]["n"])
+        if not count:
+            return KnownUnits(), ""
+        if not table.exists:
+            return KnownUnits(), DROPPED
+        own = f"argMax(table_uuid IN ('', {quote_str(table.uuid)}), seq)"
+        pairs = array("Q")
+        for lo, hi in _slices(count):
+            answer = self._sql.text(
+                f"SELECT reinterpretAsUInt64(MD5(uri)) AS u, argMax(reinterpretAsUInt64("
+                f"MD5(identity)), seq) AS i FROM {FILES} WHERE {where} AND "
+                f"reinterpretAsUInt64(MD5(uri)) BETWEEN {lo} AND {hi} GROUP BY u "
+                f"HAVING {own} ORDER BY u", "TSV")
+            pairs.extend(int(v) for v in answer.split())
+        known = KnownUnits.of_pairs(pairs, lambda uris: self._loaded_of(target_table, uris))
+        if not known:
+            return known, RECREATED
+        if table.rows == 0 and int(self._sql.rows(
+                f"SELECT max(r) AS r FROM (SELECT argMax(rows, seq) AS r, {own} AS mine FROM "
+                f"{FILES} WHERE {where} GROUP BY uri) WHERE mine")[0]["r"] or 0):
+            return KnownUnits(), TRUNCATED
+        return known, ""
+
+    def _loaded_of(self, target_table: str, uris: list[str]) -> dict[str, FileEvent]:
+        """uri -> the latest `loaded` event of each of `uris` (as `loaded`), in
+        statements well under a server's max_query_size."""
+        found: dict[str, FileEvent] = {}
+        for i in range(0, len(uris), 500):
+            listed = ", ".join(quote_str(u) for u in uris[i:i + 500])
+            found.update((e.uri, e) for e in self._latest(
+                f"target_table = {quote_str(target_table)} AND state = '{LOADED}' AND "
+                f"uri IN ({listed})"))
+        return found
+
     def loaded_identities(self, target_table: str) -> dict[str, str]:
         """uri -> identity of every file loaded into the table (see `loaded`)."""
         return {uri: e.identity for uri, e in self.loaded(target_table).items()}
@@ -305,6 +356,17 @@ class LoadedEvents:
             raise
 
 
+_KNOWN_SLICE = 1 << 18  # `loaded` events grouped by one query of Ledger.known
+
+
+def _slices(count: int) -> list[tuple[int, int]]:
+    """Ranges of the 64-bit key space, enough that each holds about _KNOWN_SLICE of
+    `count` keys; in order, so their answers end to end stay sorted."""
+    n = -(-count // _KNOWN_SLICE)
+    step = (1 << 64) // n
+    return [(k * step, (k + 1) * step - 1 if k < n - 1 else (1 << 64) - 1) for k in range(n)]
+
+
 def _literal(value: object) -> str:
     """A ledger value as SQL: one type per column in every row of a UNION ALL."""
     return f"toUInt64({value})" if isinstance(value, int) else quote_str(str(value))
@@ -343,11 +405,17 @@ def own_history(table: TableState, loaded: Mapping[str, FileEvent],
     if not loaded:
         return loaded, ""
     if not table.exists:
-        return {}, "table was dropped since the last load: loading all files again"
+        return {}, DROPPED
     own = {uri: e for uri, e in loaded.items() if e.table_uuid in ("", table.uuid)}
     if not own:
-        return own, "table was re-created since the last load: loading all files again"
+        return own, RECREATED
     if table.rows == 0 and any(e.rows for e in own.values()):
-        return {}, ("table holds no rows (truncated or re-created since the last load): "
-                    "loading all files again")
+        return {}, TRUNCATED
     return own, ""
+
+
+# Why the ledger's loads are not the table's (own_history, Ledger.known)
+DROPPED = "table was dropped since the last load: loading all files again"
+RECREATED = "table was re-created since the last load: loading all files again"
+TRUNCATED = ("table holds no rows (truncated or re-created since the last load): loading "
+             "all files again")

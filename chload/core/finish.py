@@ -98,10 +98,10 @@ def _finish(target: Target, run: RunRecord) -> None:
 
 def _summarize(report: LoadReport, results: list[FileResult], plan: planner.Plan,
                seconds: float) -> None:
-    report.files = results
-    report.files_total = len(results)
+    report.files = results  # (files the plan skipped are counted, not listed)
+    report.files_total = len(results) + plan.skipped
     report.files_loaded = sum(r.status == "loaded" for r in results)
-    report.files_skipped = sum(r.status == "skipped" for r in results)
+    report.files_skipped = sum(r.status == "skipped" for r in results) + plan.skipped
     report.files_failed = sum(r.status == "failed" for r in results)
     report.files_changed = sum(r.changed for r in results)
     report.rows_loaded = sum(r.rows for r in results if r.status == "loaded")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import MISSING, fields, replace
 
 from chload import formats
@@ -61,7 +61,7 @@ def refuse_unread(spec: LoadSpec, read: Collection[str]) -> None:
             raise UsageError(f"{flag}: only for {who}; no source of this load reads it")
 
 
-def load_units(spec: LoadSpec, target: Target, sources: RunSources, listed: list[SourceFile],
+def load_units(spec: LoadSpec, target: Target, sources: RunSources, listed: Iterable[SourceFile],
           listener: Listener, run_id: str = "", record: bool = True,
           added: planner.AddColumns | None = None) -> LoadReport:
     """Into `target`, or into each shard of its Distributed table (targets/cluster/target.py)."""
@@ -74,23 +74,27 @@ def load_units(spec: LoadSpec, target: Target, sources: RunSources, listed: list
 
 
 def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources: RunSources,
-                listed: list[SourceFile], listener: Listener, run_id: str = "",
+                listed: Iterable[SourceFile], listener: Listener, run_id: str = "",
                 record: bool = True, added: planner.AddColumns | None = None) -> LoadReport:
+    """One table's run. `listed` is consumed once, as it comes, against the ledger's
+    keys (Ledger.known, planner.decide): only the units to load are kept, so a rerun
+    over a long history costs its listing, not its history."""
     started_ns, clock = time.time_ns(), time.monotonic()
     _check_settings(target, spec.settings)
     report = LoadReport(table.display, target.display, run_id or os.urandom(6).hex())
-    untold = [(f, formats.untold(f.uri)) for f in listed if not f.format.name]
-    listed = [f for f in listed if f.format.name]
     existing = target.table_columns(table.sql)
-    described = sources.columns(listed)  # a source that knows its columns: no inference
-    files = planner.resolve_format(target, listed, planner.known_names(existing, spec.schema),
-                                   forced=spec.format is not None or described is not None,
-                                   delimiter=dict(spec.settings).get("format_csv_delimiter"))
     report.recovered = target.recover(table.sql)
     state = target.ledger.table_state(table.database, table.name)
-    loaded, report.table_reset = own_history(state,
-                                                     target.ledger.loaded(table.display))
-    plan = planner.decide(files, loaded, spec.force)
+    known, report.table_reset = target.ledger.known(table.display, state)
+    plan = planner.decide(listed, known, spec.force, sources.release)
+    del known
+    untold = [(f, formats.untold(f.uri)) for f in plan.to_load if not f.format.name]
+    told = sources.described([f for f in plan.to_load if f.format.name])
+    described = sources.columns(told)  # a source that knows its columns: no inference
+    files = planner.resolve_format(target, told, planner.known_names(existing, spec.schema),
+                                   forced=spec.format is not None or described is not None,
+                                   delimiter=dict(spec.settings).get("format_csv_delimiter"))
+    plan = replace(plan, to_load=files)
     refused = _refuse(target, table, untold, report.run_id, listener)
     settings = (*_job_settings(spec), *planner.csv_settings(files, spec.settings))
     if plan.to_load:
@@ -142,9 +146,8 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     report.saturation = saturation_of(monitor.stop().to_dict()) if jobs else None
     report.concurrency = concurrency_of(adapt.summary()) if jobs else None
     report.costs = costs_of(target.cost_report()) if jobs else None
-    results += refused + [FileResult(f.uri, "skipped") for f in plan.skipped]
-    results += [FileResult(uri, "failed", error=why, changed=True)
-                for uri, why in plan.refused.items()]
+    results += refused + [FileResult(uri, "failed", error=why, changed=True)
+                          for uri, why in plan.refused.items()]
     _summarize(report, results, plan, time.monotonic() - clock)
     if record:
         _finish(target, _run_record(spec, report, started_ns, sources))
@@ -178,34 +181,46 @@ def committed(spec: LoadSpec, target: Target) -> dict[str, str]:
 
 
 def list_sources(spec: LoadSpec, sources: RunSources) -> list[SourceFile]:
-    """Every file the sources name, each once (by uri), in the order named; all of
-    them listed before anything loads, so a pattern that matches nothing stops the run.
-    Each source is listed by this run's object for its kind (RunSources), which
-    releases what listing made (stdin's spool, links) when the caller closes it."""
+    """Every file the sources name, each once (by uri), in the order named, described
+    whole (Source.described): for a run that checks every file (validate)."""
+    files: dict[str, SourceFile] = {}
+    for f in stream_sources(spec, sources):
+        if f.uri in files:
+            sources.release([f])  # another spelling of a file named already
+        else:
+            files[f.uri] = f
+    return sources.described(list(files.values()))
+
+
+def stream_sources(spec: LoadSpec, sources: RunSources) -> Iterator[SourceFile]:
+    """Every file the sources name, in the order named, as listed (a file named twice
+    comes twice: the plan keeps it once). A pattern that matches nothing stops the run
+    when its listing ends, before anything loads (the plan takes the whole listing
+    first). Each source is listed by this run's object for its kind (RunSources),
+    which releases what listing made (stdin's spool, links) when the caller closes it."""
     if spec.sources.count("-") > 1:
         raise UsageError("-: standard input can be read once; name - once")
     for pattern in spec.sources:
         sources.of(pattern)  # unknown schemes, before anything is listed
     refuse_unread(spec, sources.options())
-    files: dict[str, SourceFile] = {}
-    for pattern in spec.sources:
-        for f in sources.list(pattern):
-            if f.uri in files:
-                sources.release([f])  # another spelling of a file named already
-            else:
-                files[f.uri] = f
-    return _told(list(files.values()), sources)
+    return _told((f for pattern in spec.sources for f in sources.list(pattern)), sources)
 
 
-def _told(files: list[SourceFile], sources: RunSources) -> list[SourceFile]:
+def _told(files: Iterable[SourceFile], sources: RunSources) -> Iterator[SourceFile]:
     """The files, less those whose name does not tell their format and that hold
     nothing (Spark's _SUCCESS). The others stay, to fail alone (load_table): a
     directory's README.txt must not stop its data loading, nor vanish unreported. If no
     file tells its format (an empty one named alone too), the run stops, as for one
     file named."""
-    untold = [f for f in files if not f.format.name]
-    if untold and len(untold) == len(files):
-        raise UsageError(formats.untold(untold[0].uri))
-    marks = [f for f in untold if f.size == 0 and not f.is_stream]
-    sources.release(marks)
-    return [f for f in files if f not in marks]
+    told, first_untold = 0, ""
+    for f in files:
+        if f.format.name:
+            told += 1
+        else:
+            first_untold = first_untold or f.uri
+            if f.size == 0 and not f.is_stream:
+                sources.release([f])
+                continue
+        yield f
+    if first_untold and not told:
+        raise UsageError(formats.untold(first_untold))

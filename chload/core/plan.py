@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from chload.commit.known import KnownUnits
 from chload.commit.ledger import FileEvent
 from chload.commit.rejects import ErrorBudget
 from chload.core import fit, sniff
@@ -93,14 +94,16 @@ def parse_table(value: str, default_database: str = "default") -> TableName:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What a run will do: which files to load, which to skip, how to read them.
+    """What a run will do: which files to load, how many it skips, how to read them.
 
     Built whole: `decide` splits the files; once the table is prepared, the caller
     makes the complete plan with `replace(plan, to_load=..., columns=..., ...)`.
+    Skipped files are counted, not kept: a rerun over a long history holds only
+    what it loads.
     """
 
     to_load: list[SourceFile]
-    skipped: list[SourceFile]
+    skipped: int = 0  # files the ledger has loaded as they are now
     changed: set[str] = field(default_factory=set)  # uris loaded before with another identity
     refused: dict[str, str] = field(default_factory=dict)  # changed, not loaded: uri -> why
     columns: list[Column] = field(default_factory=list)  # table columns, in data order
@@ -108,30 +111,51 @@ class Plan:
     created_table: bool = False
 
 
-def decide(files: Sequence[SourceFile], loaded: Mapping[str, FileEvent], force: bool) -> Plan:
+def decide(files: Iterable[SourceFile], known: KnownUnits, force: bool,
+           release: Callable[[list[SourceFile]], None] = lambda files: None) -> Plan:
     """Split files into load, skip and refuse by the ledger: exactly once per file.
+
+    `files` is taken as it comes (a listing, streamed) and `known` holds the ledger's
+    units as keys (commit/known.py), so memory grows with what is new, not with what
+    was loaded before. A file met twice (a second spelling, a second pattern) counts
+    once; `release` gets the second (what its listing made for it).
 
     A file loaded before under another identity (a log that grew, a file rewritten) is
     refused, not loaded again: its earlier rows are still in the table, and loading it
     whole would double them. `--force` loads it (and every file) again, as asked.
     """
-    to_load: list[SourceFile] = []
-    skipped: list[SourceFile] = []
-    changed: set[str] = set()
-    refused: dict[str, str] = {}
+    to_load: dict[str, SourceFile] = {}
+    changed: dict[str, SourceFile] = {}
+    skipped = 0
     for f in files:
-        before = loaded.get(f.uri) or next(
-            (loaded[a] for a in f.aliases if a in loaded), None)  # loaded under an older uri
-        if f.is_stream or before is None:
-            to_load.append(f)
+        if f.is_stream:  # (stdin: named once)
+            to_load[f.uri] = f
             continue
-        if before.identity != f.identity:
-            changed.add(f.uri)
-            if not force:
-                refused[f.uri] = _changed_message(f, before)
-                continue
-        (to_load if force else skipped).append(f)
-    return Plan(to_load, skipped, changed, refused)
+        i = known.find((f.uri, *f.aliases))  # (aliases: an older spelling of its uri)
+        if i < 0 or not known.meet(i):
+            if f.uri in to_load or f.uri in changed or i >= 0:
+                release([f])  # met already
+            else:
+                to_load[f.uri] = f
+        elif not known.same_identity(i, f.identity):
+            changed[f.uri] = f
+        elif force:
+            to_load[f.uri] = f
+        else:
+            skipped += 1
+    refused: dict[str, str] = {}
+    before = known.events([u for f in changed.values() for u in (f.uri, *f.aliases)]
+                          ) if changed else {}
+    for uri, f in list(changed.items()):
+        event = next((before[u] for u in (uri, *f.aliases) if u in before), None)
+        if event is None:  # another uri's key (a collision of hashes): a new file
+            del changed[uri]
+            to_load[uri] = f
+        elif force:
+            to_load[uri] = f
+        else:
+            refused[uri] = _changed_message(f, event)
+    return Plan(list(to_load.values()), skipped, set(changed), refused)
 
 
 def _changed_message(f: SourceFile, before: FileEvent) -> str:

@@ -150,8 +150,16 @@ class Source(Protocol):
         the source keeps something from listing to loading (then a new object)."""
         ...
 
-    def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
-        """Every unit the pattern names, each once, with its identity; reads no rows."""
+    def list(self, pattern: str, context: SourceContext) -> Iterable[SourceFile]:
+        """Every unit the pattern names, each once, with its identity; reads no rows.
+        A long listing is best yielded as it comes (the plan holds only new units)."""
+        ...
+
+    def described(self, files: Sequence[SourceFile],
+                  context: SourceContext) -> builtins.list[SourceFile]:
+        """`files` (units the plan will load), each with what only its bytes tell (a
+        text file's compression, by its first bytes), in their order: listing leaves
+        it out, so a unit the ledger skips costs no read."""
         ...
 
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
@@ -239,6 +247,10 @@ class InPlace:
 
     def fetch(self, file: SourceFile, columns: Sequence[Column], workdir: str) -> SourceFile:
         return file
+
+    def described(self, files: Sequence[SourceFile],
+                  context: SourceContext) -> builtins.list[SourceFile]:
+        return builtins.list(files)
 
     def close(self) -> None:
         return None

@@ -52,13 +52,33 @@ class RunSources:
                 self._open[kind] = self.kinds.source_for(what).open()
             return self._open[kind]
 
-    def list(self, pattern: str) -> list[SourceFile]:
+    def list(self, pattern: str) -> Iterator[SourceFile]:
+        """The pattern's units as its source lists them, one at a time. Only those for
+        which listing made something (a link, stdin's spool: a `local_path` that is not
+        the uri) are kept, to be released at `close`: a listing of a million files is
+        never held here."""
         source = self.of(pattern)
-        files = [replace(f, empty=True) if source.known_empty(f) else f
-                 for f in source.list(pattern, self.context)]
-        with self._guard:
-            self._listed.setdefault(self.kinds.kind_of(pattern), []).extend(files)
-        return files
+        kind = self.kinds.kind_of(pattern)
+        for f in source.list(pattern, self.context):
+            if source.known_empty(f):
+                f = replace(f, empty=True)
+            if f.is_stream or f.local_path not in (None, f.uri):
+                with self._guard:
+                    self._listed.setdefault(kind, []).append(f)
+            yield f
+
+    def described(self, files: Sequence[SourceFile]) -> builtins.list[SourceFile]:
+        """The units the plan loads, with what only their bytes tell (Source.described),
+        in their order."""
+        by_kind: dict[str, builtins.list[int]] = {}
+        for i, f in enumerate(files):
+            by_kind.setdefault(f.kind, []).append(i)
+        out = builtins.list(files)
+        for indexes in by_kind.values():
+            group = [files[i] for i in indexes]
+            for i, f in zip(indexes, self.of(group[0]).described(group, self.context), strict=True):
+                out[i] = f
+        return out
 
     def release(self, files: Iterable[SourceFile]) -> None:
         """Release what listing made for these files now (a second spelling of one)."""

@@ -26,7 +26,16 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 
-from chload.commit.ledger import FAILED, LOADED, FileEvent, Ledger, RunRecord, TableState
+from chload.commit.known import KnownUnits
+from chload.commit.ledger import (
+    FAILED,
+    LOADED,
+    FileEvent,
+    Ledger,
+    RunRecord,
+    TableState,
+    own_history,
+)
 from chload.commit.rejects import ErrorBudget
 from chload.errors import BatchOverlap, DataError, TransientError
 from chload.schema import Column, split_table
@@ -73,6 +82,10 @@ class FakeLedger(Ledger):
     def loaded(self, target_table: str) -> dict[str, FileEvent]:
         return {e.uri: e for e in self.events
                 if e.target_table == target_table and e.state == LOADED}
+
+    def known(self, target_table: str, table: TableState) -> tuple[KnownUnits, str]:
+        own, why = own_history(table, self.loaded(target_table))
+        return KnownUnits.of_events(own), why
 
     def runs(self, target_table: str | None, limit: int = 50) -> list[dict]:
         return [{"run_id": r.run_id} for r in reversed(self.run_records)][:limit]

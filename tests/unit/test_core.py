@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from chload.commit.known import KnownUnits
 from chload.commit.ledger import FileEvent, TableState, own_history
 from chload.core.plan import decide, parse_table
 from chload.core.run import RetryPolicy, call_with_retries
@@ -118,12 +119,12 @@ def _loaded(uri: str, identity: str, rows: int = 2, uuid: str = "") -> FileEvent
 def test_decide_skips_loaded_and_refuses_changed_unless_forced() -> None:
     files = [_file("a"), _file("b", size=11), _file("c"), _file("-", stream=True)]
     loaded = {u: _loaded(u, i) for u, i in [("a", "10:1"), ("b", "10:1"), ("-", "3:3")]}
-    plan = decide(files, loaded, force=False)
+    plan = decide(files, KnownUnits.of_events(loaded), force=False)
     assert [f.uri for f in plan.to_load] == ["c", "-"]
-    assert [f.uri for f in plan.skipped] == ["a"] and plan.changed == {"b"}
+    assert plan.skipped == 1 and plan.changed == {"b"}
     assert list(plan.refused) == ["b"] and "b: changed since it was loaded (2 rows, " in (
         plan.refused["b"]) and "--force" in plan.refused["b"]
-    forced = decide(files, loaded, force=True)
+    forced = decide(files, KnownUnits.of_events(loaded), force=True)
     assert len(forced.to_load) == 4 and forced.changed == {"b"} and not forced.refused
 
 
@@ -138,8 +139,8 @@ def test_decide_finds_a_file_loaded_under_its_older_spelling(tmp_path: Path) -> 
     [f] = list_local(str(tmp_path / "link" / "a.csv"), None, None)
     old = str(tmp_path / "link" / "a.csv")
     assert f.uri == str((tmp_path / "real" / "a.csv").resolve()) and f.aliases == (old,)
-    plan = decide([f], {old: _loaded(old, f.identity)}, force=False)
-    assert plan.skipped == [f] and not plan.to_load
+    plan = decide([f], KnownUnits.of_events({old: _loaded(old, f.identity)}), force=False)
+    assert plan.skipped == 1 and not plan.to_load
 
 
 def test_own_history_sets_aside_loads_of_a_table_that_is_gone() -> None:

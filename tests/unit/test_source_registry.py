@@ -27,6 +27,7 @@ from chload.sources.base import InPlace, SourceContext, SourceFile
 from chload.sources.registry import KINDS, SCHEMES, source_for, table_function, table_function_many
 from chload.sources.registry import release as release_files
 from chload.sources.run import RunSources
+from chload.commit.known import KnownUnits
 from chload.targets.base import LoadJob
 from chload.targets.embedded.target import _select_sql
 from chload.targets.vanished import VanishedFile, check_present, explain_gone
@@ -48,7 +49,8 @@ class FakeSource(InPlace):
     def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
         self.contexts.append(context)
         root, _, names = pattern.rpartition("/")
-        return [SourceFile(f"{root}/{n}", 0, 1, CSV, kind="fake") for n in names.split(",")]
+        return [SourceFile(f"{root}/{n}", 0, 1, CSV, kind="fake", local_path=f"/spool/{n}")
+                for n in names.split(",")]  # (a spool listing made: released at close)
 
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
         return f"fake('{file.uri}', '{fmt}')"
@@ -133,7 +135,7 @@ def test_listing_s3_or_hdfs_needs_what_the_caller_resolved() -> None:
 
 
 def test_a_plan_is_built_whole() -> None:
-    plan = planner.decide([SourceFile("/d/a.csv", 1, 1, CSV)], {}, force=False)
+    plan = planner.decide([SourceFile("/d/a.csv", 1, 1, CSV)], KnownUnits(), force=False)
     with pytest.raises(FrozenInstanceError):
         plan.to_load = []  # type: ignore[misc]
 

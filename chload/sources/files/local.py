@@ -13,6 +13,8 @@ Invariants (docs/sources-files.md, "Local files", is the user's side):
 
 from __future__ import annotations
 
+import builtins
+import functools
 import glob
 import os
 import re
@@ -21,13 +23,13 @@ import stat
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from fnmatch import fnmatchcase
 from urllib.parse import unquote
 
 from chload.errors import SourceError, UsageError
-from chload.formats import compressed_as, detect
+from chload.formats import FileFormat, compressed_as, detect
 from chload.runtime.engine import LOCK_NAME
 from chload.schema import quote_str
 from chload.sources.base import InPlace, SourceContext, SourceFile
@@ -44,43 +46,65 @@ _made_lock = threading.Lock()
 
 
 def list_local(pattern: str, fmt: str | None, compression: str | None) -> list[SourceFile]:
-    """Every regular file the pattern names, once each, sorted by uri."""
-    found = _find(pattern)
-    listing = _Listing()
+    """Every regular file the pattern names, once each, sorted by uri: `stream_local`,
+    held (a run streams it)."""
     files: dict[str, SourceFile] = {}
     try:
-        for path, named in found:
-            real = os.path.realpath(path)
-            if real not in files:
-                file = _describe(path, real, named, fmt, compression, listing)
-                if file is not None:
-                    files[real] = file
+        for f in stream_local(pattern, fmt, compression):
+            if f.uri in files:
+                release([f])
+            else:
+                files[f.uri] = f
     except BaseException:
         release(files.values())
         raise
-    if not files:
-        raise SourceError(f"{display(pattern)}: no such file, or the pattern matches nothing")
     return sorted(files.values(), key=lambda f: f.uri)
+
+
+def stream_local(pattern: str, fmt: str | None, compression: str | None,
+                 ) -> Iterator[SourceFile]:
+    """Every regular file the pattern names, as the walk finds them (in the order of
+    their paths); a file reached by two spellings comes twice (the plan keeps it once).
+    Each costs a stat: what only its bytes tell waits for `described`."""
+    listing = _Listing()
+    found = 0
+    for path, named in _find(pattern):
+        file = _describe(path, named, fmt, compression, listing)
+        if file is not None:
+            found += 1
+            yield file
+    if not found:
+        raise SourceError(f"{display(pattern)}: no such file, or the pattern matches nothing")
+
+
+def described(files: Sequence[SourceFile], compression: str | None) -> list[SourceFile]:
+    """Text files whose names show no compression, with the one their first bytes show
+    (a gzip export saved as `trips.csv`), unless --compression said it."""
+    if compression not in (None, "auto"):
+        return list(files)
+    return [f if f.is_stream or not f.local_path else
+            replace(f, format=compressed_as(f.local_path, f.format)) for f in files]
 
 
 def display(path: str) -> str:
     """A path as text: bytes of the name that are not UTF-8 written `\\xNN`."""
+    if path.isascii():
+        return path
     return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _find(pattern: str) -> list[tuple[str, bool]]:
+def _find(pattern: str) -> Iterator[tuple[str, bool]]:
     """(path, named explicitly) for what the pattern names; a path that exists is
     taken literally, glob characters and all."""
     path = os.path.expanduser(_without_scheme(pattern))
     if os.path.lexists(path) or not _PATTERN_CHARS & set(path):
-        return _named(path)
-    found: list[tuple[str, bool]] = []
+        yield from _named(path)
+        return
     for piece in expand_braces(path):
         if os.path.lexists(piece):
-            found.extend(_named(piece))
+            yield from _named(piece)
         elif _PATTERN_CHARS & set(piece):
-            found.extend((p, False) for p in _glob(piece))
-    return found
+            yield from ((p, False) for p in _glob(piece))
 
 
 def _without_scheme(source: str) -> str:
@@ -92,31 +116,103 @@ def _without_scheme(source: str) -> str:
     return unquote(path) if "%" in path and not os.path.lexists(path) else path
 
 
-def _named(path: str) -> list[tuple[str, bool]]:
+def _named(path: str) -> Iterator[tuple[str, bool]]:
     if os.path.isdir(path):
         if _TargetDirs().holds(os.path.realpath(path)):
             raise SourceError(f"{display(path)}: a chload target directory (it holds "
                               f"{LOCK_NAME}); its files are never a source")
-        return [(p, False) for p in _walk(path)]
-    if os.path.exists(path):
-        return [(path, True)]
-    raise SourceError(f"{display(path)}: no such file or directory")
+        yield from ((p, False) for p in _walk(path))
+    elif os.path.exists(path):
+        yield path, True
+    else:
+        raise SourceError(f"{display(path)}: no such file or directory")
 
 
 def _glob(pattern: str) -> Iterator[str]:
-    """Python's glob, but `**` walks with `_walk` (each directory once: loops end)."""
+    """Python's glob, in the order of the paths and a directory at a time (`_expand`),
+    but `**` walks with `_walk` (each directory once: loops end)."""
     parts = pattern.split("/")
     if "**" not in parts:
-        yield from glob.glob(pattern)
+        yield from _expand(_base(pattern, parts), parts[_magic_at(parts):])
         return
     cut = parts.index("**")
     base = "/".join(parts[:cut]) or ("/" if pattern.startswith("/") else ".")
     rest = [p for p in parts[cut:] if p]
-    bases = glob.glob(base) if _PATTERN_CHARS & set(base) else [base]
+    bases = _glob(base) if _PATTERN_CHARS & set(base) else iter([base])
+    matches = _matcher(tuple(rest))
     for directory in (b for b in bases if os.path.isdir(b)):
+        cut = len(os.path.join(directory, ""))  # (the walk's paths begin so)
         for path in _walk(directory):
-            if _match(rest, os.path.relpath(path, directory).split("/")):
+            if matches(path[cut:]):
                 yield path
+
+
+@functools.lru_cache(maxsize=16)
+def _matcher(pattern: tuple[str, ...]) -> Callable[[str], bool]:
+    """`_match` of the pattern components against a relative path, as one regex when
+    no component asks for hidden names (a walk never yields them)."""
+    if any(p.startswith(".") for p in pattern):
+        return lambda rel: _match(pattern, rel.split("/"))
+    out = []
+    for i, part in enumerate(pattern):
+        last = i == len(pattern) - 1
+        if part == "**":
+            out.append(".*" if last else "(?:[^/]*/)*")
+        else:
+            out.append(_component_regex(part) + ("" if last else "/"))
+    regex = re.compile("".join(out), re.DOTALL)
+    return lambda rel: regex.fullmatch(rel) is not None
+
+
+def _component_regex(part: str) -> str:
+    """fnmatch's pattern for one path component: `*` and `?` never cross a `/`."""
+    out, i = [], 0
+    while i < len(part):
+        ch = part[i]
+        end = part.find("]", i + 2) if ch == "[" else -1
+        if ch == "*":
+            out.append("[^/]*")
+        elif ch == "?":
+            out.append("[^/]")
+        elif end > 0:
+            body = part[i + 1:end].replace("\\", "\\\\")
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = end
+        else:
+            out.append(re.escape(ch))
+        i += 1
+    return "".join(out)
+
+
+def _magic_at(parts: Sequence[str]) -> int:
+    return next((i for i, p in enumerate(parts) if glob.has_magic(p)), len(parts))
+
+
+def _base(pattern: str, parts: Sequence[str]) -> str:
+    base = "/".join(parts[:_magic_at(parts)])
+    return base or ("/" if pattern.startswith("/") else "")
+
+
+def _expand(directory: str, rest: Sequence[str]) -> Iterator[str]:
+    """The paths under `directory` that the pattern components `rest` match, as glob
+    matches them (a wildcard skips hidden names), each directory's names sorted."""
+    if not rest:
+        yield directory
+        return
+    head, tail = rest[0], rest[1:]
+    if not glob.has_magic(head):
+        path = os.path.join(directory, head)
+        if (os.path.isdir(path) if tail else os.path.lexists(path)) or not head:
+            yield from _expand(path, tail)
+        return
+    try:
+        names = sorted(n for n in os.listdir(directory or ".") if _component(head, n))
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        if not tail or os.path.isdir(path):
+            yield from _expand(path, tail)
 
 
 def _match(pattern: Sequence[str], parts: Sequence[str]) -> bool:
@@ -136,20 +232,37 @@ def _component(pattern: str, name: str) -> bool:
 
 
 def _walk(directory: str) -> Iterator[str]:
-    """Every regular, non-hidden file under a directory, recursively. Symlinked
-    directories are followed; each directory is entered once; chload targets never."""
+    """Every regular, non-hidden file under a directory, recursively, in the order of
+    their paths (a directory's name sorts as `name/`), one directory's names in memory
+    at a time. Symlinked directories are followed; each directory is entered once;
+    chload targets never."""
     seen: set[tuple[int, int]] = set()
-    for root, dirs, names in os.walk(directory, followlinks=True):
+
+    def visit(root: str) -> Iterator[str]:
         try:
             st = os.stat(root)
+            with os.scandir(root) as it:
+                entries = [e for e in it if not e.name.startswith(".")
+                           or e.name == LOCK_NAME]
         except OSError:
-            continue
-        if (st.st_dev, st.st_ino) in seen or LOCK_NAME in names:
-            dirs[:] = []
-            continue
+            return
+        if (st.st_dev, st.st_ino) in seen or any(e.name == LOCK_NAME for e in entries):
+            return
         seen.add((st.st_dev, st.st_ino))
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        yield from (os.path.join(root, n) for n in sorted(names) if not n.startswith("."))
+        ordered = sorted((e.name + "/" if _is_dir(e) else e.name, e) for e in entries)
+        for name, entry in ordered:
+            if name.endswith("/"):
+                yield from visit(entry.path)
+            else:
+                yield entry.path
+    yield from visit(directory)
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()  # (a symlinked directory too: walks follow them)
+    except OSError:
+        return False
 
 
 class _TargetDirs:
@@ -167,13 +280,35 @@ class _TargetDirs:
 
 
 class _Listing:
-    """What one listing learns and makes: which directories are chload targets, and
-    symlinks with plain names, in one temporary directory made on first use."""
+    """What one listing learns and makes: which directories are chload targets, the
+    resolved and absolute spelling of the directory it is in, and symlinks with plain
+    names, in one temporary directory made on first use."""
 
     def __init__(self) -> None:
         self.targets = _TargetDirs()
         self._directory = ""
         self._links = 0
+        self._at = ("", "", "")  # (a directory as walked, its realpath, its abspath)
+
+    def _of(self, head: str) -> tuple[str, str, str]:
+        if self._at[0] != head:
+            self._at = (head, os.path.realpath(head), os.path.abspath(head))
+        return self._at
+
+    def real(self, path: str) -> str:
+        """os.path.realpath(path), its directory resolved once for all its files."""
+        head, name = os.path.split(path)
+        if not name or name in (".", ".."):
+            return os.path.realpath(path)
+        joined = os.path.join(self._of(head)[1], name)
+        return os.path.realpath(joined) if os.path.islink(joined) else joined
+
+    def absolute(self, path: str) -> str:
+        """os.path.abspath(path), its directory made absolute once for all its files."""
+        head, name = os.path.split(path)
+        if not name or name in (".", ".."):
+            return os.path.abspath(path)
+        return os.path.join(self._of(head)[2], name)
 
     def engine_path(self, real: str) -> str:
         """What the engine's file() can be given for `real`: itself, or a plain link."""
@@ -189,10 +324,11 @@ class _Listing:
         return link
 
 
-def _describe(path: str, real: str, named: bool, fmt: str | None, compression: str | None,
+def _describe(path: str, named: bool, fmt: str | None, compression: str | None,
               listing: _Listing) -> SourceFile | None:
-    """The file at `real`, or None for one a walk or glob met that is no source:
+    """The file at `path`, or None for one a walk or glob met that is no source:
     not a regular file, or inside a chload target. Named explicitly, those are errors."""
+    real = listing.real(path)
     try:
         st = os.stat(real)
     except OSError as exc:
@@ -209,15 +345,28 @@ def _describe(path: str, real: str, named: bool, fmt: str | None, compression: s
             raise SourceError(f"{display(path)}: inside a chload target directory; a "
                               "target's own files are never a source")
         return None
-    spelled = display(os.path.abspath(path))  # the uri chload 0.1.0 recorded
-    told = detect(display(path), fmt, compression, strict=False)
-    if compression in (None, "auto"):
-        told = compressed_as(real, told)
+    spelled = display(listing.absolute(path))  # the uri chload 0.1.0 recorded
+    uri = display(real)
     return SourceFile(
-        uri=display(real), size=st.st_size, mtime_ns=st.st_mtime_ns, format=told,
-        local_path=listing.engine_path(real),
-        aliases=(spelled,) if spelled != display(real) else (),
+        uri=uri, size=st.st_size, mtime_ns=st.st_mtime_ns,
+        format=_format_of(_suffixes(os.path.basename(path)), fmt, compression),
+        local_path=listing.engine_path(real), aliases=(spelled,) if spelled != uri else (),
     )
+
+
+def _suffixes(name: str) -> str:
+    """The end of a name that tells its format and compression (`.csv.gz`): every
+    extension formats.py knows is one dot long."""
+    last = name.rfind(".")
+    if last < 0:
+        return ""
+    before = name.rfind(".", 0, last)
+    return name[before if before >= 0 else last:]
+
+
+@functools.lru_cache(maxsize=256)
+def _format_of(suffixes: str, fmt: str | None, compression: str | None) -> FileFormat:
+    return detect(display(suffixes), fmt, compression, strict=False)
 
 
 def spool_stdin(fmt: str | None, compression: str | None, workdir: str) -> SourceFile:
@@ -308,10 +457,14 @@ class LocalSource(InPlace):
     kind = "local"
     schemes: tuple[str, ...] = ("file",)
 
-    def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
+    def list(self, pattern: str, context: SourceContext) -> Iterator[SourceFile]:
         if pattern == "-":
-            return [spool_stdin(context.format, context.compression, context.workdir)]
-        return list_local(pattern, context.format, context.compression)
+            return iter([spool_stdin(context.format, context.compression, context.workdir)])
+        return stream_local(pattern, context.format, context.compression)
+
+    def described(self, files: Sequence[SourceFile],
+                  context: SourceContext) -> builtins.list[SourceFile]:
+        return described(files, context.compression)
 
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
         return table_function(file, fmt, structure)

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
 
-from chload.commit.ledger import FAILED, FileEvent, Ledger, TableState
+from chload.commit.known import KnownUnits
+from chload.commit.ledger import FAILED, FileEvent, Ledger, TableState, own_history
 from chload.errors import UsageError
 from chload.schema import split_table
 from chload.sources.base import SourceFile
@@ -82,6 +83,14 @@ class ClusterLedger(Ledger):
             found[uri] = replace(first[0], target_table=target_table,
                                  rows=sum(e.rows for e in first))
         return found
+
+    def known(self, target_table: str, table: TableState) -> tuple[KnownUnits, str]:
+        """`loaded` (gathered from the shards, kept for `_pending` and the layout check),
+        as the planner's keys."""
+        if not self._ours(target_table):
+            return super().known(target_table, table)
+        own, why = own_history(table, self.loaded(target_table))
+        return KnownUnits.of_events(own), why
 
     def _ahead(self, shard: Shard, i: int, ask: Callable[[], T]) -> T:
         """The shard's answer read ahead at recovery (ClusterTarget._recover), once;

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from chload.commit import rejects
 from chload.commit.committer import Committer, stage_name
+from chload.commit.known import KnownUnits
 from chload.commit.ledger import (
     DATABASE,
     FAILED,
@@ -391,6 +392,9 @@ class _Ledger(Ledger):
 
     def loaded(self, target_table: str) -> dict[str, FileEvent]:
         return {} if self._target.fresh else super().loaded(target_table)
+
+    def known(self, target_table: str, table: TableState) -> tuple[KnownUnits, str]:
+        return (KnownUnits(), "") if self._target.fresh else super().known(target_table, table)
 
 
 def _names(job: LoadJob) -> list[str]:

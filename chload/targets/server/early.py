@@ -99,9 +99,7 @@ def _ask_all(early: Early, names: tuple[str, ...]) -> None:
             table = f"{quote_ident(names[0])}.{quote_ident(names[1])}"
             reads.rows(columns_sql(table))
             reads.rows(_start_sql(dirty_name(table), display_table(table)))
-            ledger = Ledger(reads)
-            ledger.table_state(*names)
-            ledger.loaded(display_table(table))
+            Ledger(reads).table_state(*names)
     except Exception:  # noqa: BLE001 -- the load asks again, and reports it there
         early.answers.clear()
 
@@ -118,6 +116,10 @@ class _Reads:
         found = [json.loads(line) for line in text.splitlines() if line]
         self.early.answers[sql] = found
         return found
+
+    def text(self, sql: str, fmt: str) -> str:
+        """A long answer (the ledger's keys): not read early, the load asks it."""
+        raise RuntimeError(f"asked ahead, short answers only: {sql[:40]}")
 
     def command(self, sql: str) -> None:
         raise RuntimeError(f"asked ahead, reads only: {sql[:40]}")
