@@ -17,6 +17,7 @@ import pytest
 
 from chload.api import LoadSpec
 from chload.cli import main as cli
+from chload.commit.known import KnownUnits
 from chload.core import plan as planner
 from chload.core.load import list_sources
 from chload.errors import SourceError, UsageError
@@ -27,7 +28,6 @@ from chload.sources.base import InPlace, SourceContext, SourceFile
 from chload.sources.registry import KINDS, SCHEMES, source_for, table_function, table_function_many
 from chload.sources.registry import release as release_files
 from chload.sources.run import RunSources
-from chload.commit.known import KnownUnits
 from chload.targets.base import LoadJob
 from chload.targets.embedded.target import _select_sql
 from chload.targets.vanished import VanishedFile, check_present, explain_gone

@@ -288,27 +288,39 @@ class _Listing:
         self.targets = _TargetDirs()
         self._directory = ""
         self._links = 0
-        self._at = ("", "", "")  # (a directory as walked, its realpath, its abspath)
+        self._at = ("", "", "", False)  # a directory as walked: its realpath, its
+        # abspath, whether it is inside a chload target
 
-    def _of(self, head: str) -> tuple[str, str, str]:
+    def _of(self, head: str) -> tuple[str, str, str, bool]:
         if self._at[0] != head:
-            self._at = (head, os.path.realpath(head), os.path.abspath(head))
+            real = os.path.realpath(head or ".")
+            self._at = (head, real, os.path.abspath(head or "."), self.targets.holds(real))
         return self._at
 
-    def real(self, path: str) -> str:
-        """os.path.realpath(path), its directory resolved once for all its files."""
-        head, name = os.path.split(path)
-        if not name or name in (".", ".."):
-            return os.path.realpath(path)
-        joined = os.path.join(self._of(head)[1], name)
-        return os.path.realpath(joined) if os.path.islink(joined) else joined
+    def resolve(self, path: str) -> tuple[str, os.stat_result, bool]:
+        """(os.path.realpath(path), its stat, whether it is inside a chload target), its
+        directory resolved once for all its files: one lstat a file not a link."""
+        cut = path.rfind("/")
+        head, name = path[:max(cut, 0)] if cut != 0 else "/", path[cut + 1:]
+        if name in ("", ".", ".."):
+            real = os.path.realpath(path)
+            return real, os.stat(real), self.targets.holds(os.path.dirname(real))
+        _, directory, _, inside = self._of(head)
+        joined = directory + name if directory.endswith("/") else f"{directory}/{name}"
+        st = os.lstat(joined)
+        if not stat.S_ISLNK(st.st_mode):
+            return joined, st, inside
+        real = os.path.realpath(joined)
+        return real, os.stat(real), self.targets.holds(os.path.dirname(real))
 
     def absolute(self, path: str) -> str:
         """os.path.abspath(path), its directory made absolute once for all its files."""
-        head, name = os.path.split(path)
-        if not name or name in (".", ".."):
+        cut = path.rfind("/")
+        head, name = path[:max(cut, 0)] if cut != 0 else "/", path[cut + 1:]
+        if name in ("", ".", ".."):
             return os.path.abspath(path)
-        return os.path.join(self._of(head)[2], name)
+        directory = self._of(head)[2]
+        return directory + name if directory.endswith("/") else f"{directory}/{name}"
 
     def engine_path(self, real: str) -> str:
         """What the engine's file() can be given for `real`: itself, or a plain link."""
@@ -328,9 +340,8 @@ def _describe(path: str, named: bool, fmt: str | None, compression: str | None,
               listing: _Listing) -> SourceFile | None:
     """The file at `path`, or None for one a walk or glob met that is no source:
     not a regular file, or inside a chload target. Named explicitly, those are errors."""
-    real = listing.real(path)
     try:
-        st = os.stat(real)
+        real, st, inside = listing.resolve(path)
     except OSError as exc:
         if named:
             raise SourceError(f"{display(path)}: cannot read it ({exc.strerror})") from exc
@@ -340,7 +351,7 @@ def _describe(path: str, named: bool, fmt: str | None, compression: str | None,
             raise SourceError(f"{display(path)}: not a regular file; to load a pipe, "
                               "send it to standard input: ... | chload load - --format ...")
         return None
-    if listing.targets.holds(os.path.dirname(real)):
+    if inside:
         if named:
             raise SourceError(f"{display(path)}: inside a chload target directory; a "
                               "target's own files are never a source")
@@ -349,7 +360,7 @@ def _describe(path: str, named: bool, fmt: str | None, compression: str | None,
     uri = display(real)
     return SourceFile(
         uri=uri, size=st.st_size, mtime_ns=st.st_mtime_ns,
-        format=_format_of(_suffixes(os.path.basename(path)), fmt, compression),
+        format=_format_of(_suffixes(path[path.rfind("/") + 1:]), fmt, compression),
         local_path=listing.engine_path(real), aliases=(spelled,) if spelled != uri else (),
     )
 

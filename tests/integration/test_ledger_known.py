@@ -1,0 +1,88 @@
+"""The ledger's compact keys (Ledger.known), as the engine computes them: on the embedded
+engine and on a real 18.16 server, the same keys Python computes, the same rules as
+own_history (a table dropped, re-created or truncated is loaded again), in slices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import services
+
+from chload.commit import ledger as ledger_module
+from chload.commit.known import KnownUnits
+from chload.commit.ledger import COMMITTING, FAILED, LOADED, FileEvent, own_history
+from chload.targets.base import Target
+from chload.targets.registry import TargetSpec, open_target
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["embedded", "server"])
+def target(request: pytest.FixtureRequest, tmp_path: Path, table_name: str,
+           ) -> Iterator[Target]:
+    if request.param == "embedded":
+        where, env = str(tmp_path / "target"), {}
+    else:
+        server: services.Service = request.getfixturevalue("clickhouse")
+        where = f"http://loader@127.0.0.1:{server.ports['http']}/default"
+        env = {"CLICKHOUSE_PASSWORD": server.credentials["password"]}
+    t = open_target(TargetSpec.resolve(where, env))
+    for name in (table_name, f"{table_name}_2"):  # (as the user's SQL: not a fresh target)
+        t.text(f"CREATE TABLE default.{name} (x UInt8) ENGINE = MergeTree ORDER BY x", "TSV")
+        t.command(f"INSERT INTO default.{name} VALUES (1)")
+    yield t
+    for name in (table_name, f"{table_name}_2"):
+        t.command(f"DROP TABLE IF EXISTS default.{name}")
+    t.close()
+
+
+def _event(table: str, uri: str, identity: str, state: str, uuid: str, seq: int) -> FileEvent:
+    return FileEvent(table, uri, identity, 1, 1, state, rows=2, table_uuid=uuid, seq=seq)
+
+
+def test_known_keys_are_the_ledgers_loaded_units_of_the_table_as_it_is(
+        target: Target, table_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ledger_module, "_KNOWN_SLICE", 3)  # 12 units: 4 slices
+    table = f"default.{table_name}"
+    state = target.ledger.table_state("default", table_name)
+    events = [_event(table, f"/d/{i}.csv", f"{i}:1", LOADED, state.uuid, 100 + i)
+              for i in range(12)]
+    events += [_event(table, "/d/0.csv", "0:9", FAILED, state.uuid, 200),  # a failed reload
+               _event(table, "/d/1.csv", "1:9", LOADED, state.uuid, 201),  # loaded again
+               _event(table, "/d/new.csv", "5:5", COMMITTING, state.uuid, 202),
+               _event(f"{table}_2", "/d/2.csv", "2:1", LOADED, state.uuid, 203)]
+    target.ledger.record(events)
+
+    known, why = target.ledger.known(table, state)
+    own, _ = own_history(state, target.ledger.loaded(table))
+    assert (len(known), why) == (12, "") and len(own) == 12
+    assert list(known.uris) == sorted(known.uris) == list(KnownUnits.of_events(own).uris)
+    for uri, event in own.items():
+        i = known.find([uri])
+        assert i >= 0 and known.same_identity(i, event.identity), uri
+    assert known.same_identity(known.find(["/d/0.csv"]), "0:1")  # the failed reload: not
+    assert known.same_identity(known.find(["/d/1.csv"]), "1:9")  # the latest load
+    assert known.find(["/d/new.csv"]) == known.find(["/d/12.csv"]) == -1
+    assert known.find(["/elsewhere", "/d/3.csv"]) == known.find(["/d/3.csv"])  # an alias
+    assert known.events(["/d/1.csv", "/d/x.csv"])["/d/1.csv"].identity == "1:9"
+    assert known.meet(0) and not known.meet(0)  # a second spelling of one unit
+
+
+def test_known_keys_set_aside_loads_of_a_table_dropped_recreated_or_emptied(
+        target: Target, table_name: str) -> None:
+    table = f"default.{table_name}"
+    state = target.ledger.table_state("default", table_name)
+    assert target.ledger.known(table, state) == (KnownUnits(), "")  # nothing loaded yet
+    target.ledger.record([_event(table, "/d/a.csv", "1:1", LOADED, "another-table", 1)])
+    assert target.ledger.known(table, state)[1] == ledger_module.RECREATED
+    target.ledger.record([_event(table, "/d/b.csv", "1:1", LOADED, state.uuid, 2)])
+    known, why = target.ledger.known(table, state)
+    assert (len(known), why) == (1, "")
+    dropped = ledger_module.TableState(False)
+    assert target.ledger.known(table, dropped) == (KnownUnits(), ledger_module.DROPPED)
+    target.command(f"TRUNCATE TABLE {table}")
+    emptied = target.ledger.table_state("default", table_name)
+    assert target.ledger.known(table, emptied) == (KnownUnits(), ledger_module.TRUNCATED)
