@@ -107,7 +107,8 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
          kafka_options: Settings = (), follow: bool = False, batch_rows: int | None = None,
          batch_seconds: float | None = None, query: str | None = None,
          incremental_by: str | None = None, shards: Pairs = (),
-         shard_by: ShardBy = "auto", listener: Listener | None = None) -> LoadReport:
+         shard_by: ShardBy = "auto", after_last_key: bool = False,
+         listener: Listener | None = None) -> LoadReport:
     """Load files into a table, exactly once per file; the options are the CLI's flags
     (`--max-errors` is `max_errors`). A wrong value is a UsageError naming the option.
 
@@ -146,12 +147,17 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
         target's port.
     :param shard_by: a Distributed table: "auto" (rows by its sharding key) or "file"
         (whole files by weight).
+    :param after_last_key: s3://: list each prefix only after the greatest key already
+        loaded under it (S3 StartAfter), for buckets whose keys grow in order (dates,
+        sequence numbers); an object added or changed under an earlier key is then not
+        seen. Default: the whole prefix is listed.
     :param listener: called with each progress `Event` (plan, start, progress, done,
         skip, fail, lag).
     :return: what the load did; ``report.ok`` is False when a file failed.
 
     A flag only some kinds of source read (query, incremental_by, follow, batch_rows,
-    batch_seconds, kafka_options) is refused when no source of the load reads it.
+    batch_seconds, kafka_options, after_last_key) is refused when no source of the load
+    reads it.
     """
     spec = _spec_of("load", sources, locals())
     steps.refuse_unread(spec, {name for pattern in spec.sources
@@ -262,7 +268,9 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
                          select=spec.query, incremental_by=spec.incremental_by,
                          force=spec.force, workers=spec.workers,
                          key_order=target.wants_key_order, schema=spec.schema,
-                         committed=lambda: steps.committed(spec, target))
+                         committed=lambda: steps.committed(spec, target),
+                         last_loaded=(lambda prefix: steps.last_loaded(spec, target, prefix))
+                         if spec.after_last_key else None)
 
 
 def _engine_credentials(context: SourceContext) -> contextlib.AbstractContextManager[None]:

@@ -168,6 +168,9 @@ def _load_flags(p: argparse.ArgumentParser) -> None:
                    "this SELECT (the URL names the database)")
     p.add_argument("--incremental-by", metavar="COLUMN", help="a database source: load the "
                    "rows whose COLUMN (one that only grows) is above what was loaded")
+    p.add_argument("--after-last-key", action="store_true",
+                   help="s3://: list each prefix only after the greatest key already loaded "
+                   "(keys that grow in order: dates, sequence numbers); default: list all")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
     p.add_argument("--shard", action="append", default=[], metavar="HOST:TCP_PORT=URL",
                    help="a Distributed table's replica (as system.clusters names it) and "
@@ -265,7 +268,7 @@ def _load_with(args: argparse.Namespace) -> int:
             follow=args.follow, batch_rows=args.batch_rows,
             batch_seconds=args.batch_seconds, query=args.query,
             incremental_by=args.incremental_by, shards=_shards(args.shard),
-            shard_by=args.shard_by, listener=listener)
+            shard_by=args.shard_by, after_last_key=args.after_last_key, listener=listener)
     if args.json:
         data = report.to_dict()
         if len(data["files"]) > 1000:

@@ -297,6 +297,19 @@ class Ledger:
             return KnownUnits(), TRUNCATED
         return known, ""
 
+    def last_loaded(self, target_table: str, table: TableState, prefix: str) -> str:
+        """The greatest uri beginning with `prefix` loaded into the table as it is now
+        (own_history's rules: '' when the table is gone or empty, loads under another
+        uuid set aside); '' if none."""
+        if not table.exists or table.rows == 0:
+            return ""
+        rows = self._sql.rows(
+            f"SELECT max(uri) AS last FROM {FILES} WHERE target_table = "
+            f"{quote_str(target_table)} AND state = '{LOADED}' AND uri >= {quote_str(prefix)}"
+            f" AND substring(uri, 1, {len(prefix.encode())}) = {quote_str(prefix)} AND "
+            f"table_uuid IN ('', {quote_str(table.uuid)})")
+        return str(rows[0]["last"] or "") if rows else ""
+
     def _loaded_of(self, target_table: str, uris: list[str]) -> dict[str, FileEvent]:
         """uri -> the latest `loaded` event of each of `uris` (as `loaded`), in
         statements well under a server's max_query_size."""

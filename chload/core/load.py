@@ -50,7 +50,8 @@ SOURCE_OPTIONS = {"query": ("--query", "a postgresql:// or mysql:// source"),
                    "follow": ("--follow", "a kafka:// source"),
                    "batch_rows": ("--batch-rows", "a kafka:// source"),
                    "batch_seconds": ("--batch-seconds", "a kafka:// source"),
-                   "kafka_options": ("--kafka-option", "a kafka:// source")}
+                   "kafka_options": ("--kafka-option", "a kafka:// source"),
+                   "after_last_key": ("--after-last-key", "an s3:// source")}
 
 
 def refuse_unread(spec: LoadSpec, read: Collection[str]) -> None:
@@ -178,6 +179,14 @@ def committed(spec: LoadSpec, target: Target) -> dict[str, str]:
     own, _ = own_history(target.ledger.table_state(table.database, table.name),
                                  events)
     return {uri: e.identity for uri, e in own.items()}
+
+
+def last_loaded(spec: LoadSpec, target: Target, prefix: str) -> str:
+    """The greatest uri beginning with `prefix` that the ledger has loaded into the
+    spec's table as it is now ('' if none): where --after-last-key lists from."""
+    table = planner.parse_table(spec.table, default_database(target))
+    return target.ledger.last_loaded(
+        table.display, target.ledger.table_state(table.database, table.name), prefix)
 
 
 def list_sources(spec: LoadSpec, sources: RunSources) -> list[SourceFile]:

@@ -58,6 +58,7 @@ class LoadSpec:
     incremental_by: str | None = None
     shards: tuple[tuple[str, str], ...] = ()
     shard_by: str = "auto"
+    after_last_key: bool = False
 
     def __post_init__(self) -> None:
         for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
@@ -92,7 +93,7 @@ _SPEC_TYPES = {
     "kafka_options": options.settings, "follow": options.flag,
     "batch_rows": options.optional_whole, "batch_seconds": options.optional_seconds,
     "query": options.optional_text, "incremental_by": options.optional_text,
-    "shards": options.settings, "shard_by": options.text,
+    "shards": options.settings, "shard_by": options.text, "after_last_key": options.flag,
 }
 
 

@@ -113,6 +113,9 @@ class SourceContext:
     # (/dev/fd/N): a fetched unit may stream into it rather than be spooled first
     key_order: bool = False  # the target sorts a unit by its key after the last byte
     # (Target.wants_key_order): a database source reads ranges in key order where cheap
+    last_loaded: Callable[[str], str] | None = None  # --after-last-key: the greatest uri
+    # loaded into the run's table (as it is now) that begins with a prefix, '' if none;
+    # an S3 listing starts after it
     schema: str | None = None  # --schema: a database source carries a column it cannot
 
 

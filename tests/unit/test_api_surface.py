@@ -96,7 +96,8 @@ def test_the_options_a_source_reads_are_taken() -> None:
     assert {"follow", "batch_rows", "batch_seconds", "kafka_options"} <= set(
         api.registry.source_for("kafka://h:9092/t").options)
     assert set(steps.SOURCE_OPTIONS) == {"query", "incremental_by", "follow", "batch_rows",
-                                        "batch_seconds", "kafka_options"}
+                                        "batch_seconds", "kafka_options", "after_last_key"}
+    assert api.registry.source_for("s3://bucket/k").options == ("after_last_key",)
     spec = LoadSpec(sources=("kafka://h:9092/t",), table="t", follow=True, batch_rows=5,
                     kafka_options={"a": "1"})  # type: ignore[arg-type]
     steps.refuse_unread(spec, api.registry.source_for("kafka://h:9092/t").options)

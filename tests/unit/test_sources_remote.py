@@ -73,17 +73,17 @@ class FakeLister:
         self.keys = sorted(keys)
         self.prefixes: list[str] = []
 
-    def list(self, bucket: str, prefix: str) -> Iterator[S3Object]:
+    def list(self, bucket: str, prefix: str, start_after: str = "") -> Iterator[S3Object]:
         self.prefixes.append(prefix)
         for key in self.keys:
-            if key.startswith(prefix):
+            if key.startswith(prefix) and key > start_after:
                 yield S3Object(key, 10, f"etag-{key}", NOW_NS)
 
 
 def test_find_objects_lists_once_and_expands_braces() -> None:
     keys = [f"d/part-{i:03d}.csv" for i in range(200)] + ["d/other.csv"]
     lister = FakeLister(keys)
-    found = find_objects(lister, "b", "d/part-{000..099}.csv")  # type: ignore[arg-type]
+    found = list(find_objects(lister, "b", "d/part-{000..099}.csv"))  # type: ignore[arg-type]
     assert [o.key for o in found] == keys[:100]
     assert lister.prefixes == ["d/part-0"]
 
@@ -91,10 +91,24 @@ def test_find_objects_lists_once_and_expands_braces() -> None:
 def test_find_objects_glob_and_directory() -> None:
     keys = ["t/2026-01/a.csv.gz", "t/2026-02/b.csv.gz", "t/2025-12/c.csv.gz", "t/x/_SUCCESS"]
     lister = FakeLister(keys)
-    got = find_objects(lister, "b", "t/2026-*/*.csv.gz")  # type: ignore[arg-type]
+    got = list(find_objects(lister, "b", "t/2026-*/*.csv.gz"))  # type: ignore[arg-type]
     assert [o.key for o in got] == keys[:2] and lister.prefixes == ["t/2026-"]
-    got = find_objects(FakeLister(keys), "b", "t/")  # type: ignore[arg-type]
+    got = list(find_objects(FakeLister(keys), "b", "t/"))  # type: ignore[arg-type]
     assert [o.key for o in got] == sorted(keys[:3])
+
+
+def test_find_objects_starts_each_prefix_after_its_last_loaded_key() -> None:
+    keys = [f"logs/{d}/{n}.csv" for d in ("a", "b") for n in range(5)]
+    lister = FakeLister(keys)
+    last = {"s3://b/logs/a/": "s3://b/logs/a/2.csv", "s3://b/logs/b/": ""}
+    asked: list[str] = []
+
+    def after(prefix: str) -> str:
+        asked.append(prefix)
+        return last[prefix]
+    got = list(find_objects(lister, "b", "logs/{a,b}/*.csv", after))  # type: ignore[arg-type]
+    assert [o.key for o in got] == keys[3:]  # a: 3 and 4; b: every key
+    assert asked == ["s3://b/logs/a/", "s3://b/logs/b/"]
 
 
 def test_parse_uri() -> None:
@@ -315,20 +329,20 @@ class FakeNameNode:
 def test_hdfs_glob_directory_file_and_missing() -> None:
     nn = FakeNameNode({"/raw/a.csv": 10, "/raw/b.csv": 20, "/raw/sub/c.csv": 30,
                        "/raw/_SUCCESS": 0, "/raw/.x/d.csv": 1})
-    got = list_hdfs("hdfs://nn:8020/raw/*.csv", None, None, nn)
+    got = list(list_hdfs("hdfs://nn:8020/raw/*.csv", None, None, nn))
     assert [f.uri for f in got] == ["hdfs://nn:8020/raw/a.csv", "hdfs://nn:8020/raw/b.csv"]
     assert got[0].kind == "hdfs" and got[0].identity == f"10:{7 * 10**9}"
     assert "'One'" in nn.queries[0] and "hdfs('hdfs://nn:8020/raw/*.csv'" in nn.queries[0]
-    tree = list_hdfs("hdfs://nn:8020/raw", None, None, nn)
+    tree = list(list_hdfs("hdfs://nn:8020/raw", None, None, nn))
     assert [f.uri.rsplit("/", 1)[1] for f in tree] == ["a.csv", "b.csv", "c.csv"]
-    one = list_hdfs("hdfs://nn:8020/raw/b.csv", None, None, nn)
+    one = list(list_hdfs("hdfs://nn:8020/raw/b.csv", None, None, nn))
     assert [(f.uri, f.size) for f in one] == [("hdfs://nn:8020/raw/b.csv", 20)]
     with pytest.raises(SourceError, match=r"^hdfs://nn:8020/raw/zz.csv: /raw/zz.csv does not"):
-        list_hdfs("hdfs://nn:8020/raw/zz.csv", None, None, nn)
+        list(list_hdfs("hdfs://nn:8020/raw/zz.csv", None, None, nn))
     with pytest.raises(SourceError, match="no file matches"):
-        list_hdfs("hdfs://nn:8020/raw/*.parquet", None, None, nn)
+        list(list_hdfs("hdfs://nn:8020/raw/*.parquet", None, None, nn))
     with pytest.raises(UsageError, match="hdfs://namenode:port/path"):
-        list_hdfs("hdfs://nn:8020", None, None, nn)
+        list(list_hdfs("hdfs://nn:8020", None, None, nn))
     sql = table_function(one[0], "CSVWithNames", None)
     assert sql == "hdfs('hdfs://nn:8020/raw/b.csv', 'CSVWithNames', 'auto', 'none')"
 

@@ -13,7 +13,7 @@ target's own: chDB allows one engine path per process, and that engine reads the
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from chload.errors import ChloadError, SourceError, UsageError
 from chload.formats import detect
@@ -34,19 +34,25 @@ def split_uri(uri: str) -> tuple[str, str]:
 
 
 def list_hdfs(pattern: str, fmt: str | None, compression: str | None,
-              query: Query) -> list[SourceFile]:
-    """Every file the pattern names, sorted, each with its identity."""
+              query: Query) -> Iterator[SourceFile]:
+    """Every file the pattern names, sorted (by the engine), each once with its
+    identity; each row of the engine's answer is let go once its file is planned."""
     root, path = split_uri(pattern)
     if _GLOB.search(path):
         rows = _stat(query, pattern, root + path)
     else:
         rows = _directory_or_file(query, pattern, root, path)
-    files = sorted({r["path"]: r for r in rows if not r["path"].endswith("/")}.values(),
-                   key=lambda r: r["path"])
-    if not files:
+    rows.reverse()  # popped from the end: in order
+    found, last = 0, None
+    while rows:
+        row = rows.pop()
+        if row["path"].endswith("/") or row["path"] == last:
+            continue
+        found, last = found + 1, row["path"]
+        yield describe(root, row, fmt, compression)
+    if not found:
         raise SourceError(f"{pattern}: no file matches (an empty directory, or a pattern "
                           "that matches nothing)")
-    return [describe(root, r, fmt, compression) for r in files]
 
 
 def _directory_or_file(query: Query, pattern: str, root: str, path: str) -> list[dict]:
@@ -64,7 +70,7 @@ def _directory_or_file(query: Query, pattern: str, root: str, path: str) -> list
 
 def _stat(query: Query, pattern: str, url: str) -> list[dict]:
     sql = (f"SELECT _path AS path, _size AS size, toUnixTimestamp(_time) AS mtime "
-           f"FROM hdfs({quote_str(url)}, 'One')")
+           f"FROM hdfs({quote_str(url)}, 'One') ORDER BY path")
     try:
         return query(sql)
     except ChloadError as exc:
@@ -103,7 +109,7 @@ class HdfsSource(RemoteSource):
     kind = "hdfs"
     schemes: tuple[str, ...] = ("hdfs",)
 
-    def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
+    def list(self, pattern: str, context: SourceContext) -> Iterator[SourceFile]:
         if context.query is None:
             raise UsageError(f"{pattern}: listing HDFS needs an engine (SourceContext.query)")
         return list_hdfs(pattern, context.format, context.compression, context.query)

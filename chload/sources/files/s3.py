@@ -15,11 +15,12 @@ appear in no SQL text.
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import http.client
 import re
 import ssl
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from urllib.parse import quote, urlsplit
@@ -59,19 +60,42 @@ def parse_uri(uri: str) -> tuple[str, str]:
 
 
 def list_s3(pattern: str, fmt: str | None, compression: str | None,
-            config: aws.S3Settings) -> list[SourceFile]:
-    """Every object the pattern names, sorted by key, each with its identity.
-    `config`: endpoint, region and credentials, resolved once by the caller (aws.py)."""
+            config: aws.S3Settings, after: Callable[[str], str] | None = None,
+            ) -> Iterator[SourceFile]:
+    """Every object the pattern names, in key order, each with its identity, page by
+    page as the listing comes (a page of PAGE_SIZE keys at a time in memory).
+    `config`: endpoint, region and credentials, resolved once by the caller (aws.py).
+    `after` (--after-last-key): the greatest uri loaded under a prefix, '' if none; each
+    prefix is listed from after it (StartAfter), and finding nothing new is no error.
+    Text objects whose names show no compression are sniffed later, for those the plan
+    loads (`described`)."""
     bucket, key_pattern = parse_uri(pattern)
     lister = Lister(config)  # its config follows a bucket's region redirect
-    objects = find_objects(lister, bucket, key_pattern)
-    if not objects:
+    found = 0
+    for obj in find_objects(lister, bucket, key_pattern, after):
+        found += 1
+        yield describe(config, bucket, obj, fmt, compression)
+    if not found and after is None:
         what = "no object matches" if _GLOB.search(key_pattern) or "{" in key_pattern else \
             "no such object, nor objects under it"
         raise SourceError(f"{pattern}: {what} at {config.endpoint}; check the bucket, "
                           "key and pattern (or the endpoint: --s3-endpoint, AWS_ENDPOINT_URL)")
-    files = [describe(config, bucket, o, fmt, compression) for o in objects]
-    return files if compression is not None else sniffed(lister, bucket, files)
+
+
+def described(files: Sequence[SourceFile], compression: str | None,
+              config: aws.S3Settings | None) -> list[SourceFile]:
+    """The objects the plan loads, sniffed (`sniffed`) unless --compression said how."""
+    if compression is not None or config is None or not files:
+        return list(files)
+    by_bucket: dict[str, list[int]] = {}
+    for i, f in enumerate(files):
+        by_bucket.setdefault(parse_uri(f.uri)[0], []).append(i)
+    out = list(files)
+    for bucket, indexes in by_bucket.items():
+        for i, f in zip(indexes, sniffed(Lister(config), bucket, [files[i] for i in indexes]),
+                        strict=True):
+            out[i] = f
+    return out
 
 
 def sniffed(lister: Lister, bucket: str, files: list[SourceFile]) -> list[SourceFile]:
@@ -97,16 +121,20 @@ def sniffed(lister: Lister, bucket: str, files: list[SourceFile]) -> list[Source
     return out
 
 
-def find_objects(lister: Lister, bucket: str, key_pattern: str) -> list[S3Object]:
-    """List the pattern's prefixes once each; keep the keys that match it."""
+def find_objects(lister: Lister, bucket: str, key_pattern: str,
+                 after: Callable[[str], str] | None = None) -> Iterator[S3Object]:
+    """List the pattern's prefixes once each (from after the last key loaded under
+    each, with `after`); yield the keys that match it. The prefixes are sorted and none
+    begins another, and a listing comes in key order: the keys come sorted, each once."""
     patterns = sorted(set(expand_braces(key_pattern)))
     matchers = [KeyMatcher(p) for p in patterns]
-    found: dict[str, S3Object] = {}
     for prefix in listing_prefixes(patterns):
-        for obj in lister.list(bucket, prefix):
-            if obj.key not in found and any(m.matches(obj.key) for m in matchers):
-                found[obj.key] = obj
-    return [found[k] for k in sorted(found)]
+        start = ""
+        if after is not None:
+            start = after(f"s3://{bucket}/{prefix}").removeprefix(f"s3://{bucket}/")
+        for obj in lister.list(bucket, prefix, start):
+            if any(m.matches(obj.key) for m in matchers):
+                yield obj
 
 
 def literal_prefix(pattern: str) -> str:
@@ -233,12 +261,15 @@ class Lister:
         self._conn: http.client.HTTPConnection | None = None
         self._host = ""
 
-    def list(self, bucket: str, prefix: str) -> Iterator[S3Object]:
+    def list(self, bucket: str, prefix: str, start_after: str = "") -> Iterator[S3Object]:
+        """The keys under `prefix` (after `start_after`, if given), page by page."""
         token = ""
         while True:
             params = {"list-type": "2", "prefix": prefix, "max-keys": str(PAGE_SIZE)}
             if token:
                 params["continuation-token"] = token
+            elif start_after:
+                params["start-after"] = start_after
             root = self._get(bucket, prefix, params)
             yield from parse_listing(root)
             token = _text(root, "NextContinuationToken")
@@ -365,12 +396,18 @@ class S3Source(RemoteSource):
 
     kind = "s3"
     schemes: tuple[str, ...] = ("s3",)
+    options: tuple[str, ...] = ("after_last_key",)
 
-    def list(self, pattern: str, context: SourceContext) -> list[SourceFile]:
+    def list(self, pattern: str, context: SourceContext) -> Iterator[SourceFile]:
         if context.s3 is None:
             raise UsageError(f"{pattern}: listing S3 needs its settings (SourceContext.s3: "
                              "aws.resolve)")
-        return list_s3(pattern, context.format, context.compression, context.s3)
+        return list_s3(pattern, context.format, context.compression, context.s3,
+                       context.last_loaded)
+
+    def described(self, files: Sequence[SourceFile],
+                  context: SourceContext) -> builtins.list[SourceFile]:
+        return described(files, context.compression, context.s3)
 
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
         return table_function(file, fmt, structure)
