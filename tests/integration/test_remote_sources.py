@@ -117,6 +117,35 @@ def test_s3_exact_rerun_and_secret_nowhere(minio: services.Service, bucket: str,
     assert secret not in ledger_tables(target)  # data files are compressed: ask the engine too
 
 
+def test_s3_after_last_key_lists_only_keys_after_the_last_loaded(
+        minio: services.Service, bucket: str, tmp_path: Path) -> None:
+    target, env = str(tmp_path / "target"), s3_env(minio, tmp_path)
+    client = services.minio_client(minio)
+
+    def put(day: int) -> None:
+        client.put_object(Bucket=bucket, Key=f"logs/2026-01-{day:02d}.csv",  # type: ignore[attr-defined]
+                          Body=f"id\n{day}\n".encode())
+    for day in (1, 2, 3):
+        put(day)
+    args = (f"s3://{bucket}/logs/", "--table", "logs", "--target", target)
+    out, report = load(*args, "--after-last-key", env=env)
+    assert (out.returncode, report["files_loaded"]) == (0, 3), out.stderr
+    again, report = load(*args, "--after-last-key", env=env)  # nothing after the 3rd
+    assert (again.returncode, report["files_loaded"], report["files_skipped"]) == (0, 0, 0)
+    put(4)
+    put(0)  # a late key, before the last loaded one: not listed with the flag
+    newer, report = load(*args, "--after-last-key", env=env)
+    assert (newer.returncode, report["files_loaded"], report["files_skipped"]) == (0, 1, 0)
+    assert [f["uri"] for f in report["files"]] == [f"s3://{bucket}/logs/2026-01-04.csv"]
+    whole, report = load(*args, env=env)  # the whole prefix: the late one, the rest skipped
+    assert (whole.returncode, report["files_loaded"], report["files_skipped"]) == (0, 1, 4)
+    out = run_chload("sql", "SELECT groupArray(id) FROM (SELECT id FROM logs ORDER BY id)",
+                     "--target", target, "--format", "TSV")
+    assert out.stdout.strip() == "[0,1,2,3,4]"
+    local, _ = load(str(tmp_path / "target"), "--table", "x", "--after-last-key")
+    assert local.returncode == 2 and "--after-last-key: only for an s3:// source" in local.stderr
+
+
 def ledger_tables(target: str) -> str:
     """Every row of every table chload keeps for itself (ledger, runs, rejects), as text."""
     names = run_chload("sql", "SELECT name FROM system.tables WHERE database = 'chload'",
@@ -272,8 +301,8 @@ def test_many_objects_in_one_read(minio: services.Service, bucket: str, tmp_path
     env = s3_env(minio, tmp_path)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    files = list_s3(f"s3://{bucket}/trips/trips_00{{1,3,5}}.csv.gz", "CSVWithNames", None,
-                    aws.resolve(env))
+    files = list(list_s3(f"s3://{bucket}/trips/trips_00{{1,3,5}}.csv.gz", "CSVWithNames",
+                         None, aws.resolve(env)))
     sql, uri = table_function_many(files, "CSVWithNames", "id UInt64") or ("", "")
     seed = tmp_path / "seed.csv"
     seed.write_text("id\n1\n")  # `chload sql` reads an existing target, never creates one
