@@ -101,11 +101,17 @@ class RunRecord:
     concurrency: str = ""  # JSON: streams at start and end, each change and why (adaptive.py)
 
 
+# The planner's keys of a unit (commit/known.py), computed by the engine as events are
+# written; in a ledger made before them, computed as read until parts merge
+KEY_COLUMNS = {"uri_key": "UInt64 MATERIALIZED reinterpretAsUInt64(MD5(uri))",
+               "identity_key": "UInt64 MATERIALIZED reinterpretAsUInt64(MD5(identity))"}
+
 _FILES_DDL = f"""CREATE TABLE IF NOT EXISTS {FILES} (
     target_table String, uri String, identity String, size UInt64, mtime_ns UInt64,
     state String, rows UInt64, bytes UInt64, error String, run_id String,
     stage String, mark UInt64, seq UInt64, table_uuid String,
-    at DateTime MATERIALIZED toDateTime(intDiv(seq, 1000000000))
+    at DateTime MATERIALIZED toDateTime(intDiv(seq, 1000000000)),
+    {", ".join(f"{name} {kind}" for name, kind in KEY_COLUMNS.items())}
 ) ENGINE = MergeTree ORDER BY (target_table, uri, seq)"""
 
 _RUNS_DDL = f"""CREATE TABLE IF NOT EXISTS {RUNS} (
@@ -117,10 +123,13 @@ _RUNS_DDL = f"""CREATE TABLE IF NOT EXISTS {RUNS} (
 ) ENGINE = MergeTree ORDER BY (target_table, started_ns, run_id)"""
 
 
-# What a complete ledger has (`table.column`: the columns added after the first version)
-LEDGER_TABLES = frozenset({"files", "runs", "rejects", "files.table_uuid", "runs.concurrency"})
-_ADDED_COLUMNS = ("((table = 'files' AND name = 'table_uuid') OR (table = 'runs' AND name = "
-                  "'concurrency'))")
+# Columns added after the first version: (table, column) -> type; ADDED_COLUMNS finds
+# them in system.columns (an older ledger gets them on first use: Ledger._add_columns)
+_ADDED = {("files", "table_uuid"): "String", ("runs", "concurrency"): "String",
+          **{("files", name): kind for name, kind in KEY_COLUMNS.items()}}
+# What a complete ledger has (`table.column`: the added columns)
+LEDGER_TABLES = frozenset({"files", "runs", "rejects", *(f"{t}.{c}" for t, c in _ADDED)})
+ADDED_COLUMNS = "(" + " OR ".join(f"(table = '{t}' AND name = '{c}')" for t, c in _ADDED) + ")"
 
 _DUPLICATE_COLUMN = 15  # an ADD COLUMN that another chload ran first
 
@@ -152,7 +161,7 @@ class Ledger:
         present = {r["name"] for r in self._sql.rows(
             f"SELECT name FROM system.tables WHERE database = '{DATABASE}' UNION ALL "
             "SELECT concat(table, '.', name) FROM system.columns WHERE database = "
-            f"'{DATABASE}' AND {_ADDED_COLUMNS}")}
+            f"'{DATABASE}' AND {ADDED_COLUMNS}")}
         return LEDGER_TABLES <= present
 
     def ensure(self) -> None:
@@ -161,16 +170,16 @@ class Ledger:
         self._add_columns()
 
     def _add_columns(self) -> None:
-        """A ledger made before events carried `table_uuid`, or runs their
-        `concurrency`, gets the column (18.16 has no ADD COLUMN IF NOT EXISTS: ask
-        first, one query for both; two chloads may both add one)."""
-        wanted = {("files", "table_uuid"), ("runs", "concurrency")}
+        """A ledger made before events carried `table_uuid`, runs their `concurrency`,
+        or events their keys (KEY_COLUMNS), gets the column (18.16 has no ADD COLUMN IF
+        NOT EXISTS: ask first, one query for all; two chloads may both add one)."""
         have = {(r["table"], r["name"]) for r in self._sql.rows(
             f"SELECT table, name FROM system.columns WHERE database = '{DATABASE}' AND "
-            f"{_ADDED_COLUMNS}")}
-        for table, column in sorted(wanted - have):
+            f"{ADDED_COLUMNS}")}
+        for table, column in sorted(set(_ADDED) - have):
             try:
-                self._sql.command(f"ALTER TABLE {DATABASE}.{table} ADD COLUMN {column} String")
+                self._sql.command(f"ALTER TABLE {DATABASE}.{table} ADD COLUMN {column} "
+                                  f"{_ADDED[table, column]}")
             except EngineError as exc:
                 if exc.code != _DUPLICATE_COLUMN:
                     raise
@@ -283,10 +292,9 @@ class Ledger:
         pairs = array("Q")
         for lo, hi in _slices(count):
             answer = self._sql.text(
-                f"SELECT reinterpretAsUInt64(MD5(uri)) AS u, argMax(reinterpretAsUInt64("
-                f"MD5(identity)), seq) AS i FROM {FILES} WHERE {where} AND "
-                f"reinterpretAsUInt64(MD5(uri)) BETWEEN {lo} AND {hi} GROUP BY u "
-                f"HAVING {own} ORDER BY u", "TSV")
+                f"SELECT uri_key AS u, argMax(identity_key, seq) AS i FROM {FILES} WHERE "
+                f"{where} AND uri_key BETWEEN {lo} AND {hi} GROUP BY u HAVING {own} "
+                "ORDER BY u", "TSV")
             pairs.extend(int(v) for v in answer.split())
         known = KnownUnits.of_pairs(pairs, lambda uris: self._loaded_of(target_table, uris))
         if not known:

@@ -86,3 +86,38 @@ def test_known_keys_set_aside_loads_of_a_table_dropped_recreated_or_emptied(
     target.command(f"TRUNCATE TABLE {table}")
     emptied = target.ledger.table_state("default", table_name)
     assert target.ledger.known(table, emptied) == (KnownUnits(), ledger_module.TRUNCATED)
+
+
+@pytest.mark.parametrize("kind", ["embedded", "server"])
+def test_a_ledger_made_before_its_keys_gets_them_on_first_use(
+        request: pytest.FixtureRequest, kind: str, tmp_path: Path, table_name: str) -> None:
+    where, env = str(tmp_path / "target"), {}
+    if kind == "server":
+        server: services.Service = request.getfixturevalue("clickhouse")
+        where = f"http://loader@127.0.0.1:{server.ports['http']}/default"
+        env = {"CLICKHOUSE_PASSWORD": server.credentials["password"]}
+    table = f"default.{table_name}"
+    older = open_target(TargetSpec.resolve(where, env))
+    try:  # the ledger as chload made it before the keys: events written without them
+        for column in ledger_module.KEY_COLUMNS:
+            older.command(f"ALTER TABLE chload.files DROP COLUMN {column}")
+        older.text(f"CREATE TABLE {table} (x UInt8) ENGINE = MergeTree ORDER BY x", "TSV")
+        older.command(f"INSERT INTO {table} VALUES (1)")
+        state = older.ledger.table_state("default", table_name)
+        older.ledger.record([_event(table, f"/old/{i}.csv", f"{i}:1", LOADED, state.uuid, i + 1)
+                             for i in range(5)])
+        assert not older.ledger.complete()
+    finally:
+        older.close()
+    t = open_target(TargetSpec.resolve(where, env))  # first use: the keys are added
+    try:
+        assert t.ledger.complete()
+        t.ledger.record([_event(table, "/new/a.csv", "9:9", LOADED, state.uuid, 10)])
+        known, why = t.ledger.known(table, t.ledger.table_state("default", table_name))
+        assert (len(known), why) == (6, "")
+        for uri, identity in [*((f"/old/{i}.csv", f"{i}:1") for i in range(5)),
+                              ("/new/a.csv", "9:9")]:
+            assert known.same_identity(known.find([uri]), identity), uri
+    finally:
+        t.command(f"DROP TABLE IF EXISTS {table}")
+        t.close()

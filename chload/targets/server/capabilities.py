@@ -19,6 +19,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from chload.commit.ledger import ADDED_COLUMNS
 from chload.errors import SchemaError, TerminalError
 from chload.schema import Column
 
@@ -46,8 +47,7 @@ UNION ALL SELECT 'setting', name FROM system.settings
 UNION ALL SELECT 'type', name FROM system.data_type_families
 UNION ALL SELECT 'ledger', name FROM system.tables WHERE database = 'chload'
 UNION ALL SELECT 'ledger', concat(table, '.', name) FROM system.columns
-    WHERE database = 'chload' AND ((table = 'files' AND name = 'table_uuid')
-    OR (table = 'runs' AND name = 'concurrency'))"""
+    WHERE database = 'chload' AND """ + ADDED_COLUMNS
 
 
 @dataclass(frozen=True, slots=True)
