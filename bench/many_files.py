@@ -14,6 +14,8 @@ this chload and, with `--vs`, another checkout (e.g. /work/main), alternately an
 - `new`: `--new` more files written beside them (fresh names each time), then the same
   command: they load, the rest is skipped.
 
+`--seed` writes the first load's ledger directly (seed_ledger), for a million files.
+
 Each is a whole `chload load` process: its wall time, and its peak RSS (the kernel's,
 `wait4` ru_maxrss). The report prints the medians, each as a ratio to the same case of
 `--vs` when given, and each against the bounds below (GOALS). Both checkouts share the
@@ -64,10 +66,40 @@ def dataset(files: int) -> Path:
     return root
 
 
-def run(checkout: str, root: Path, target: Path) -> tuple[float, int, str]:
+def seed_ledger(root: Path, target: Path) -> None:
+    """The first load, short-cut (--seed): the first directory's files loaded by chload,
+    then the ledger events a load would write for every other file (`committing` and
+    `loaded`, identities from a stat) inserted straight into `chload.files`. A rerun
+    reads only the ledger and the listing, so it cannot tell; a real first load of a
+    million files takes tens of minutes here."""
+    run(str(ROOT), root, target, f"{root}/f/p0000/*.csv")
+    seed = root / "seed.tsv"
+    with seed.open("w") as out:
+        n = 0
+        for directory in sorted((root / "f").iterdir()):
+            if directory.name == "p0000" or not directory.name.startswith("p"):
+                continue
+            for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+                st = entry.stat()
+                out.write(f"{os.path.realpath(entry.path)}\t{st.st_size}\t{st.st_mtime_ns}\t{n}\n")
+                n += 1
+    sql = (f"INSERT INTO chload.files (target_table, uri, identity, size, mtime_ns, state, "
+           f"rows, bytes, run_id, seq, table_uuid) SELECT 'default.t', uri, concat(toString("
+           f"size), ':', toString(mtime)), size, mtime, st, 10, size, 'seed', toUInt64("
+           f"{time.time_ns()}) + n * 2 + (st = 'loaded'), (SELECT any(table_uuid) FROM "
+           f"chload.files WHERE target_table = 'default.t') FROM file('{seed}', 'TSV', "
+           f"'uri String, size UInt64, mtime UInt64, n UInt64') ARRAY JOIN ['committing', "
+           f"'loaded'] AS st")
+    subprocess.run([sys.executable, "-c", "import chdb.session, sys; chdb.session.Session("
+                    "sys.argv[1]).query(sys.argv[2])", str(target), sql], check=True)
+    seed.unlink()
+
+
+def run(checkout: str, root: Path, target: Path, pattern: str = "",
+        ) -> tuple[float, int, str]:
     """One `chload load` of every file: (wall seconds, peak RSS MiB, its summary line)."""
-    argv = [sys.executable, "-m", "chload", "load", f"{root}/f/**/*.csv", "--table", "t",
-            "--target", str(target), "--json"]
+    argv = [sys.executable, "-m", "chload", "load", pattern or f"{root}/f/**/*.csv",
+            "--table", "t", "--target", str(target), "--json"]
     env = {**os.environ, "PYTHONPATH": checkout}
     started = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -92,6 +124,9 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--vs", help="another chload checkout to compare with (e.g. /work/main)")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--seed", action="store_true", help="write the first load's ledger "
+                   "directly, but for the first directory (seed_ledger)")
+    p.add_argument("--only", choices=["rerun", "new"], help="measure one case only")
     args = p.parse_args()
     checkouts = {"this": str(ROOT)} | ({"vs": args.vs} if args.vs else {})
     for checkout in checkouts.values():
@@ -101,7 +136,10 @@ def main() -> int:
     if not (root / "loaded").exists():
         print(f"first load of {args.files:,} files (once, untimed)", file=sys.stderr)
         subprocess.run(["rm", "-rf", str(target)], check=True)
-        run(str(ROOT), root, target)
+        if args.seed:
+            seed_ledger(root, target)
+        else:
+            run(str(ROOT), root, target)
         (root / "loaded").write_text("")
     added = int((root / "added").read_text()) if (root / "added").exists() else 0
     figures: dict[str, dict[str, list]] = {}
@@ -109,7 +147,7 @@ def main() -> int:
         order = list(checkouts.items())
         if round_ % 2:
             order.reverse()  # alternate who goes first
-        for case in ("rerun", "new"):
+        for case in [args.only] if args.only else ["rerun", "new"]:
             for label, checkout in order:
                 if case == "new":
                     write_files(root, args.files + added, args.new, sub=f"new{added:07d}")

@@ -283,7 +283,7 @@ class Ledger:
         engine's memory for the grouping is bounded too (the embedded engine's is this
         process's)."""
         where = f"target_table = {quote_str(target_table)} AND state = '{LOADED}'"
-        count = int(self._sql.rows(f"SELECT count() AS n FROM {FILES} WHERE {where}")[0]["n"])
+        count = self.loaded_count(target_table)
         if not count:
             return KnownUnits(), ""
         if not table.exists:
@@ -317,6 +317,13 @@ class Ledger:
             f" AND substring(uri, 1, {len(prefix.encode())}) = {quote_str(prefix)} AND "
             f"table_uuid IN ('', {quote_str(table.uuid)})")
         return str(rows[0]["last"] or "") if rows else ""
+
+    def loaded_count(self, target_table: str) -> int:
+        """How many `loaded` events the ledger holds for the table (Ledger.known's first
+        question, asked ahead on a server: server/early.py)."""
+        return int(self._sql.rows(
+            f"SELECT count() AS n FROM {FILES} WHERE target_table = {quote_str(target_table)}"
+            f" AND state = '{LOADED}'")[0]["n"])
 
     def _loaded_of(self, target_table: str, uris: list[str]) -> dict[str, FileEvent]:
         """uri -> the latest `loaded` event of each of `uris` (as `loaded`), in

@@ -8,6 +8,7 @@ import uuid
 import pytest
 import services
 
+from chload.commit.known import KnownUnits
 from chload.targets.server import early as server_early
 from chload.targets.server.http import parse_target_url
 from chload.targets.server.target import ServerTarget
@@ -28,13 +29,14 @@ def test_reads_asked_ahead_are_the_loads_own(clickhouse: services.Service) -> No
     early = ServerTarget(parse_target_url(url, env))
     try:
         asked = dict(early._ahead)
-        assert len(asked) == 4  # columns, the commit survey, the table's state, `loaded`
+        assert len(asked) == 4  # columns, the commit survey, the table's state, the count
+        # of its units loaded
         before = early.client.stats.calls
         sql_table = f"`default`.`{table}`"
         assert [c.name for c in early.table_columns(sql_table) or []] == ["id"]
         state = early.ledger.table_state("default", table)
         assert state.exists and state.rows == 2
-        assert early.ledger.loaded(f"default.{table}") == {}
+        assert early.ledger.known(f"default.{table}", state) == (KnownUnits(), "")
         assert early.recover(sql_table) == 0
         assert early.client.stats.calls == before and early._ahead == {}
     finally:

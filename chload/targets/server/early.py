@@ -99,7 +99,9 @@ def _ask_all(early: Early, names: tuple[str, ...]) -> None:
             table = f"{quote_ident(names[0])}.{quote_ident(names[1])}"
             reads.rows(columns_sql(table))
             reads.rows(_start_sql(dirty_name(table), display_table(table)))
-            Ledger(reads).table_state(*names)
+            ledger = Ledger(reads)
+            ledger.table_state(*names)
+            ledger.loaded_count(display_table(table))
     except Exception:  # noqa: BLE001 -- the load asks again, and reports it there
         early.answers.clear()
 
