@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import sys
 import threading
 import time
 from array import array
@@ -291,11 +292,15 @@ class Ledger:
         own = f"argMax(table_uuid IN ('', {quote_str(table.uuid)}), seq)"
         pairs = array("Q")
         for lo, hi in _slices(count):
+            # RowBinary: 16 bytes a unit, no text to parse; the text interface keeps
+            # bytes that are not UTF-8 as surrogates (engine._text), so they come back
             answer = self._sql.text(
                 f"SELECT uri_key AS u, argMax(identity_key, seq) AS i FROM {FILES} WHERE "
                 f"{where} AND uri_key BETWEEN {lo} AND {hi} GROUP BY u HAVING {own} "
-                "ORDER BY u", "TSV")
-            pairs.extend(int(v) for v in answer.split())
+                "ORDER BY u", "RowBinary")
+            pairs.frombytes(answer.encode("utf-8", "surrogateescape"))
+        if sys.byteorder != "little":  # (RowBinary is little-endian)
+            pairs.byteswap()
         known = KnownUnits.of_pairs(pairs, lambda uris: self._loaded_of(target_table, uris))
         if not known:
             return known, RECREATED
@@ -384,7 +389,7 @@ class LoadedEvents:
             raise
 
 
-_KNOWN_SLICE = 1 << 18  # `loaded` events grouped by one query of Ledger.known
+_KNOWN_SLICE = 1 << 17  # `loaded` events grouped by one query of Ledger.known
 
 
 def _slices(count: int) -> list[tuple[int, int]]:
