@@ -79,6 +79,7 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     started_ns, clock = time.time_ns(), time.monotonic()
     _check_settings(target, spec.settings)
     report = LoadReport(table.display, target.display, run_id or os.urandom(6).hex())
+    report.notes += target.notes
     untold = [(f, formats.untold(f.uri)) for f in listed if not f.format.name]
     listed = [f for f in listed if f.format.name]
     existing = target.table_columns(table.sql)

@@ -64,6 +64,7 @@ def test_load_then_rerun_skips_all(clickhouse: services.Service, trips: Path,
     assert code == 0, report
     assert (report["files_loaded"], report["rows_loaded"]) == (FILES, TOTAL)
     assert report["created_table"] and report["target"].startswith("ClickHouse 18.16")
+    assert report["notes"] == []  # a server of no cluster: nothing said of other servers
     assert counts(clickhouse, table_name) == (TOTAL, TOTAL)
     costs = report["costs"]  # where the run's time went: before, during and after the rows
     assert 0 < costs["first_byte_s"] and 0 < costs["data_s"] <= report["seconds"]
