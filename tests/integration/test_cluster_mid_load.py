@@ -70,6 +70,7 @@ def _kill_when_attached(proc: subprocess.Popen[str], victim: services.Service, t
 
 @pytest.mark.parametrize(("victim", "held", "output"), [
     (3, 1, "--json"),  # a shard
+    (2, 3, "plain"),
     (1, 2, "plain"),  # the server holding the Distributed table (and the run's record)
 ])
 def test_a_server_killed_after_its_commits_reports_them(weighted_cluster, parts, victim,
@@ -102,14 +103,59 @@ def test_a_server_killed_after_its_commits_reports_them(weighted_cluster, parts,
         assert f"{FILES} files: {FILES} loaded" in out, out
         assert out.count("  shard ") == 3, out  # what each shard committed
         errors = [line for line in err.splitlines() if line.startswith("  error: ")]
-        assert any("chload history will not list it" in e for e in errors), err
         assert any("the next run settles" in e for e in errors), err
+        if victim == 1:  # where the run's record is kept
+            assert any("chload history will not list it" in e for e in errors), err
 
+    again = _exact_after_rerun(cluster, args, table)
+    assert again["files_skipped"] == FILES
+
+
+def test_a_shard_killed_between_units_fails_the_rest(weighted_cluster, parts):
+    """One unit at a time, each pausing after it is routed; shard 2 is killed once the
+    first is committed on every shard: the others fail, each named, and the run reports
+    the one it loaded (exit 1)."""
+    cluster = weighted_cluster
+    table = make_tables(cluster, KEY)
+    server = cluster.server(2)
+    args = ["load", parts, "--table", table, "--target", f"{cluster.servers[0].url}/default",
+            *shard_args(cluster), "--workers", "1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chload", *args, "--json"],
+        env={**os.environ, "CHLOAD_PAUSE_AT": "cluster-routed:1"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not all(q(s, f"SELECT count() FROM default.{table}_local") != "0"
+                      for s in cluster.servers):
+            assert proc.poll() is None and time.monotonic() < deadline, "no commit"
+            time.sleep(0.02)
+        time.sleep(0.3)  # the ATTACH's answer on its way (the next unit waits 1 s)
+        server.kill(signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.restart()
+    assert proc.returncode == 1, (out, err)
+    report = json.loads(out)
+    assert report["files_loaded"] >= 1 and report["files_failed"] >= 1, report
+    assert report["files_loaded"] + report["files_failed"] == FILES
+    assert report["rows_loaded"] == report["files_loaded"] * ROWS
+    failed = [f["error"] for f in report["files"] if f["status"] == "failed"]
+    assert all("unreachable" in e for e in failed), failed
+    _exact_after_rerun(cluster, args, table)
+
+
+def _exact_after_rerun(cluster: services.ClickHouseCluster, args: list[str],
+                       table: str) -> dict:
+    """The same load again, the server back: exit 0, every row once on the cluster."""
     again = subprocess.run([sys.executable, "-m", "chload", *args, "--json"],
                            capture_output=True, text=True, timeout=180)
     assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["files_skipped"] == FILES
     total = sum(int(q(s, f"SELECT count() FROM default.{table}_local"))
                 for s in cluster.servers)
     assert total == FILES * ROWS
     assert q(cluster.servers[0], f"SELECT uniqExact(id) FROM default.{table}") == str(total)
+    return json.loads(again.stdout)
