@@ -17,7 +17,7 @@ from chload.core import plan as planner
 from chload.core import run as runner
 from chload.core.finish import (
     _check_settings,
-    _finish,
+    _finish_reported,
     _job_settings,
     _refuse,
     _run_record,
@@ -79,6 +79,7 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     started_ns, clock = time.time_ns(), time.monotonic()
     _check_settings(target, spec.settings)
     report = LoadReport(table.display, target.display, run_id or os.urandom(6).hex())
+    report.notes += target.notes
     untold = [(f, formats.untold(f.uri)) for f in listed if not f.format.name]
     listed = [f for f in listed if f.format.name]
     existing = target.table_columns(table.sql)
@@ -147,7 +148,7 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
                 for uri, why in plan.refused.items()]
     _summarize(report, results, plan, time.monotonic() - clock)
     if record:
-        _finish(target, _run_record(spec, report, started_ns, sources))
+        _finish_reported(target, report, _run_record(spec, report, started_ns, sources))
     return report
 
 
