@@ -262,6 +262,7 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
                          select=spec.query, incremental_by=spec.incremental_by,
                          force=spec.force, workers=spec.workers,
                          key_order=target.wants_key_order, schema=spec.schema,
+                         has_type=target.has_type, engine=target.engine_name,
                          committed=lambda: steps.committed(spec, target))
 
 

@@ -26,7 +26,7 @@ from dataclasses import replace
 from chload.core import ranges as db_range
 from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
-from chload.schema import Column, quote_ident, quote_str, structure
+from chload.schema import Column, bare_type, quote_ident, quote_str, structure
 from chload.sources import pipes as db_pipes
 from chload.sources.base import RemoteSource, Source, SourceContext, SourceFile
 from chload.sources.databases import early as db_early
@@ -52,6 +52,10 @@ class DatabaseSource(RemoteSource):
         self.session: Session | None = None
         self.context = SourceContext()
         self.spools = ""
+        self.listed = "FALSE"  # the rows of the units `list` gave (the source's SQL)
+        self.asked: dict[tuple[int, str, str, str], str | None] = {}  # _outside's answers
+        self.kept: dict[str, str] = {}  # column -> the type the target's table stores it
+        # as, where the target is not chDB: a converted spool is written in it (`_spooled`)
         self._guard = threading.Lock()
 
     def _session(self, url: DbUrl, context: SourceContext) -> Session:
@@ -72,14 +76,49 @@ class DatabaseSource(RemoteSource):
         self.context = context
         self.session = (db_early.claim(pattern, db_early.key(context))
                         or self.session_for(pattern, context))
+        if context.schema is None:
+            self._dates_as_date(self.session, context)
         refused = refusal(self.session.url, self.session.info.columns)
         if refused is not None and context.schema is None:
             raise refused
         if context.key_order:
             self.session.read_in_key_order()
         committed = context.committed() if context.committed is not None else {}
-        return plan_units(self.session, self.kind, sorted(committed.items()),
-                          workers_of(context), bool(context.incremental_by), context.force)
+        units = plan_units(self.session, self.kind, sorted(committed.items()),
+                           workers_of(context), bool(context.incremental_by), context.force)
+        # a copy's ranges together are the whole table (its key is never NULL)
+        whole = (context.force or not committed) and not context.incremental_by
+        self.listed = "TRUE" if whole or any(u.location == "TRUE" for u in units) else (
+            " OR ".join(f"({u.location})" for u in units) or "FALSE")
+        return units
+
+    def _dates_as_date(self, session: Session, context: SourceContext) -> None:
+        """Date columns typed Date, not Date32, for a target that has no Date32 (18.16)
+        where every value of the snapshot fits Date there: one query asks (`_outside`).
+        A column holding a value outside stays Date32, which that target refuses in
+        one line naming it (targets/server/capabilities.py)."""
+        if context.has_type is None or context.has_type("Date32"):
+            return
+        span = db_range.bounds("Date", context.engine)
+        columns = session.info.columns
+        dates = [db_range.Guard(i, c.name, "Date", *span, "", "", False) for i, c in
+                 enumerate(columns) if span and bare_type(c.type) == "Date32"]
+        found = self._outside(session, dates, "TRUE")
+        for guard in dates:
+            if guard.index not in found:
+                column = columns[guard.index]
+                columns[guard.index] = replace(column, type=column.type.replace(
+                    "Date32", "Date"))
+
+    def _outside(self, session: Session, guards: Sequence[db_range.Guard],
+                 where: str) -> dict[int, str]:
+        """Column index -> a value outside its guard's range, of the rows matching
+        `where`; each (column, range, where) asked of the database once."""
+        asked = [g for g in guards if (g.index, g.lo, g.hi, where) not in self.asked]
+        for guard, value in zip(asked, session.outside(asked, where), strict=True):
+            self.asked[(guard.index, guard.lo, guard.hi, where)] = value
+        return {g.index: value for g in guards
+                if (value := self.asked[(g.index, g.lo, g.hi, where)]) is not None}
 
     def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
                rejects: bool) -> None:
@@ -91,11 +130,24 @@ class DatabaseSource(RemoteSource):
         session = self.session
         if session is None:
             return
+        self.kept = {} if engine == db_range.CHDB else {c.name: c.type for c in columns}
         given = {c.name: c.type for c in read}
         typed = [replace(c, type=given.get(c.name, c.type)) for c in session.info.columns]
         found = db_range.guards([(c.name, c.holds) for c in typed], [c.type for c in typed],
                                 {c.name: c.type for c in columns}, engine, rejects)
         session.range_checks = RangeChecks(session.url, typed, found)
+        if not rejects:
+            self._check_first(session)
+
+    def _check_first(self, session: Session) -> None:
+        """Every value the range checks would refuse, found by one query over the rows
+        still to load before any range is read: one line names every such column (and
+        the --schema that loads them all), rather than a range failing after others
+        were committed. (Each range still checks its own rows.)"""
+        checks = session.range_checks
+        found = self._outside(session, list(checks.guards.values()), self.listed)
+        if found:
+            raise checks.refusals(found)
 
     def _open(self) -> Session:
         if self.session is None:
@@ -145,12 +197,10 @@ class DatabaseSource(RemoteSource):
         if self.context.query is None:
             raise UsageError(f"{file.uri}: converting its columns needs the engine "
                              "(SourceContext.query)")
-        read = [Column(c.name, c.spool_type if c.name in names else c.type)
-                for c in session.info.columns]
         by_name = {c.name: c for c in columns}
-        exprs = ", ".join(f"CAST({c.expr} AS {by_name[c.name].type}) AS {quote_ident(c.name)}"
-                          if c.expr and not _kept_as_text(c, by_name[c.name].type)
-                          else quote_ident(c.name)
+        read = [Column(c.name, c.spool_type if c.expr or c.name not in names
+                       else by_name[c.name].type) for c in session.info.columns]
+        exprs = ", ".join(self._written(c, by_name[c.name].type)
                           for c in session.info.columns if c.name in names)
         native = path + ".native"
         self.context.query(
@@ -158,6 +208,17 @@ class DatabaseSource(RemoteSource):
             f"file({quote_str(path)}, 'TSV', {quote_str(structure(read))})")
         os.remove(path)
         return replace(spool, local_path=native, format=NATIVE, size=os.path.getsize(native))
+
+    def _written(self, column: DbColumn, given: str) -> str:
+        """A column of a converted spool: in the type it is read as (`given`), or for a
+        server, the type its table stores (the server's INSERT of Native takes each
+        column in the table's own type, and knows no Bool, Date32 or DateTime64 on
+        18.16: `kept`)."""
+        typ = self.kept.get(column.name, given)
+        name = quote_ident(column.name)
+        if column.expr and not _kept_as_text(column, given):
+            return f"CAST({column.expr} AS {typ}) AS {name}"
+        return name if typ == given else f"CAST({name} AS {typ}) AS {name}"
 
     def release(self, files: Iterable[SourceFile]) -> None:
         """Remove the spools and pipes `fetch` made (listed units have none)."""

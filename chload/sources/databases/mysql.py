@@ -19,6 +19,7 @@ import os
 import queue
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -254,6 +255,18 @@ class MysqlSession:
         return range_predicate(_ident(axis), r,
                                lambda value: _literal(value, self.info.axis_integer))
 
+    def outside(self, guards: Sequence[db_range.Guard], where: str) -> list[str | None]:
+        """Session.outside: the least value of each column outside its guard's range
+        (zero dates are the zero checks', _zero_dates)."""
+        if not guards:
+            return []
+        found = ", ".join(f"CAST(MIN(IF({_kept(self.info.columns[g.index], g)}, NULL, "
+                          f"{_ident(self.info.columns[g.index].name)})) AS CHAR)"
+                          for g in guards)
+        row = self._all(f"SELECT {found} FROM {self._from()} WHERE {where}")[0]
+        return [None if v is None else v.decode() if isinstance(v, bytes) else str(v)
+                for v in row]
+
     # -- reading -----------------------------------------------------------------------
     def read(self, where: str, out: int) -> _Relay:
         """One reader (in the snapshot) writes the rows of `where` into `out` (owned),
@@ -435,9 +448,15 @@ def _range_guard(column: DbColumn, guard: db_range.Guard) -> str:
     parse error (or, within a budget, the row is rejected). Zero dates stay the zero
     guard's, and NULL stays NULL."""
     col = _ident(column.name)
-    kept = (f"{col} IS NULL OR {col} BETWEEN '{guard.lo}' AND '{guard.hi}' OR "
+    return f"IF({_kept(column, guard)}, {column.select}, CONCAT('{db_range.SHOWN}', {col}))"
+
+
+def _kept(column: DbColumn, guard: db_range.Guard) -> str:
+    """A value the range check passes: NULL, within [lo, hi], or a zero date (the zero
+    guard's: _zero_guard)."""
+    col = _ident(column.name)
+    return (f"{col} IS NULL OR {col} BETWEEN '{guard.lo}' AND '{guard.hi}' OR "
             f"MONTH({col}) = 0 OR DAYOFMONTH({col}) = 0")
-    return f"IF({kept}, {column.select}, CONCAT('{db_range.SHOWN}', {col}))"
 
 
 def _zero_guard(column: DbColumn, flag: str) -> DbColumn:

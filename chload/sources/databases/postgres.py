@@ -20,7 +20,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO
 
 from chload.core import ranges as db_range
@@ -199,6 +199,18 @@ class PostgresSession:
     def predicate(self, axis: str, r: Range) -> str:
         return range_predicate(_ident(axis), r,
                                lambda value: _literal(value, self.info.axis_integer))
+
+    def outside(self, guards: Sequence[db_range.Guard], where: str) -> list[str | None]:
+        """Session.outside, in the snapshot: the least value of each column outside its
+        guard's range (infinity, BC and years past 9999 too), as COPY prints it."""
+        if not guards:
+            return []
+        columns = self.info.columns
+        found = ", ".join(
+            f"(min({columns[g.index].select}) FILTER (WHERE NOT "
+            f"({_within(columns[g.index], g)})))::text" for g in guards)
+        self._all("SET jit = off")  # (as a range's checks: _script)
+        return self._one(f"SELECT {found} FROM {self._from()} WHERE {where}")
 
     # -- reading -----------------------------------------------------------------------
     def _script(self, where: str) -> bytes:
