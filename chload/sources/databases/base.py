@@ -17,14 +17,15 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 
 from chload.core import ranges as db_range
-from chload.errors import SourceError, UsageError
+from chload.errors import SchemaError, SourceError, UsageError
 from chload.formats import FileFormat
 from chload.schema import Column, bare_type, quote_ident, quote_str, structure
 from chload.sources import pipes as db_pipes
@@ -32,7 +33,15 @@ from chload.sources.base import RemoteSource, Source, SourceContext, SourceFile
 from chload.sources.databases import early as db_early
 from chload.sources.databases.plan import plan_units
 from chload.sources.databases.session import Session
-from chload.sources.databases.table import DbColumn, DbUrl, RangeChecks, parse_url, redact, refusal
+from chload.sources.databases.table import (
+    DbColumn,
+    DbUrl,
+    RangeChecks,
+    nullable,
+    parse_url,
+    redact,
+    refusal,
+)
 
 NATIVE = FileFormat("Native", "none")
 
@@ -78,9 +87,6 @@ class DatabaseSource(RemoteSource):
                         or self.session_for(pattern, context))
         if context.schema is None:
             self._dates_as_date(self.session, context)
-        refused = refusal(self.session.url, self.session.info.columns)
-        if refused is not None and context.schema is None:
-            raise refused
         if context.key_order:
             self.session.read_in_key_order()
         committed = context.committed() if context.committed is not None else {}
@@ -90,7 +96,30 @@ class DatabaseSource(RemoteSource):
         whole = (context.force or not committed) and not context.incremental_by
         self.listed = "TRUE" if whole or any(u.location == "TRUE" for u in units) else (
             " OR ".join(f"({u.location})" for u in units) or "FALSE")
+        if context.schema is None and any(c.refused for c in self.session.info.columns):
+            raise self._refusal(self.session, context)
         return units
+
+    def _refusal(self, session: Session, context: SourceContext) -> SchemaError:
+        """The one line of a table with columns chload cannot carry: its --schema in
+        types the target has, String for a date or time column holding a value its
+        type cannot hold there (asked of the database now, so that the --schema given
+        loads)."""
+        hint = [replace(c, type=storable(c.type, context.has_type)) for c in
+                session.info.columns]
+        engine = context.engine or db_range.CHDB
+        guards = db_range.guards([(c.name, c.holds) for c in hint], [c.type for c in hint],
+                                 {}, engine, False)
+        found = self._outside(session, list(guards.values()), self.listed)
+        error = refusal(session.url, [replace(c, type=nullable("String", "Nullable(" in
+                                                                c.type))
+                                      if i in found else c for i, c in enumerate(hint)])
+        assert error is not None
+        if not found:
+            return error
+        held = ", ".join(f"{hint[i].name} holds {v!r}" for i, v in sorted(found.items()))
+        return SchemaError(f"{error}; String there also for values their types cannot hold "
+                           f"on {guards[min(found)].where}: {held}")
 
     def _dates_as_date(self, session: Session, context: SourceContext) -> None:
         """Date columns typed Date, not Date32, for a target that has no Date32 (18.16)
@@ -275,6 +304,24 @@ def _kept_as_text(column: DbColumn, given: str) -> bool:
     converted (a 2-D array, which Array(T) cannot hold)."""
     return column.type.startswith("Array(") and given.removeprefix("Nullable(").startswith(
         "String")
+
+
+def storable(typ: str, has_type: Callable[[str], bool] | None) -> str:
+    """`typ` as a --schema for a target that may lack its family (`has_type`; None: all
+    are had): Bool and DateTime64(0) as the server maps them (capabilities.py), else
+    String for a type it lacks."""
+    if has_type is None:
+        return typ
+    typ = re.sub(r"\bBool\b", "UInt8", typ) if not has_type("Bool") else typ
+    if not has_type("DateTime64"):
+        typ = re.sub(r"DateTime64\(0(, ('[^']*'))?\)", r"DateTime(\2)", typ).replace(
+            "DateTime()", "DateTime")
+    families = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", re.sub(r"'[^']*'", "", typ))
+    wide = re.search(r"Decimal\((\d+)", typ)
+    if any(f[0].isupper() and not has_type(f) for f in families) or (
+            wide and int(wide.group(1)) > 38 and not has_type("Decimal256")):
+        return nullable("String", typ.startswith("Nullable("))
+    return typ
 
 
 def workers_of(context: SourceContext) -> int:
