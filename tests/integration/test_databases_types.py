@@ -169,3 +169,28 @@ def test_a_type_not_carried_suggests_a_schema_the_server_stores(
     assert _ch(target, f"SELECT id, b, t, span, hex(raw) FROM {table_name} ORDER BY id",
                env) == ["1\t1\t1960-01-02 03:04:05\t1 day\t0A",
                         "2\t\\N\t2020-01-02 03:04:05\t\\N\t\\N"]
+
+
+def test_an_error_budget_keeps_rows_beside_a_bytea_column_in_rejects(
+        pg: Source, table_name: str, target_dir: str,
+        server: tuple[str, dict[str, str]]) -> None:
+    """With --max-errors, a value out of range beside a bytea column failed the whole
+    range in the loader's conversion ("Cannot parse date here: out of ran"): the
+    conversion now passes such a value on as text, for the target to reject its row."""
+    pg.sql(f"""CREATE TABLE {table_name} (id int PRIMARY KEY, d date, ok boolean,
+        raw bytea); INSERT INTO {table_name} SELECT g, date '2020-01-01' + g, true,
+        '\\x41' FROM generate_series(1, 100) g;
+        UPDATE {table_name} SET d = 'infinity' WHERE id = 50""")
+    server_target, env = server
+    for target, target_env, schema in (
+            (target_dir, None, ()),
+            (server_target, env, ("--schema", "id Int32, d Nullable(Date), ok Nullable(UInt8), "
+                                  "raw Nullable(String)"))):
+        report = _load(pg, table_name, target, "--max-errors", "5", "--workers", "2",
+                       *schema, env=target_env)
+        assert (report["rows_loaded"], report["rows_rejected"]) == (99, 1), report
+        assert _ch(target, f"SELECT count(), sum(ok), any(raw) FROM {table_name}",
+                   target_env) == ["99\t99\tA"]
+        assert _ch(target, "SELECT raw FROM chload.rejects WHERE target_table = "
+                           f"'default.{table_name}'", target_env) == [
+            "50\\tout of range: infinity\\t1\\tA"]

@@ -44,6 +44,7 @@ from chload.sources.databases.table import (
 )
 
 NATIVE = FileFormat("Native", "none")
+TSV = FileFormat("TSV", "none")
 
 
 # -- the Source ----------------------------------------------------------------------------
@@ -63,6 +64,7 @@ class DatabaseSource(RemoteSource):
         self.spools = ""
         self.listed = "FALSE"  # the rows of the units `list` gave (the source's SQL)
         self.asked: dict[tuple[int, str, str, str], str | None] = {}  # _outside's answers
+        self.rejects = False  # an error budget rejects rows (`stored`)
         self.kept: dict[str, str] = {}  # column -> the type the target's table stores it
         # as, where the target is not chDB: a converted spool is written in it (`_spooled`)
         self._guard = threading.Lock()
@@ -160,6 +162,7 @@ class DatabaseSource(RemoteSource):
         if session is None:
             return
         self.kept = {} if engine == db_range.CHDB else {c.name: c.type for c in columns}
+        self.rejects = rejects
         given = {c.name: c.type for c in read}
         typed = [replace(c, type=given.get(c.name, c.type)) for c in session.info.columns]
         found = db_range.guards([(c.name, c.holds) for c in typed], [c.type for c in typed],
@@ -227,27 +230,30 @@ class DatabaseSource(RemoteSource):
             raise UsageError(f"{file.uri}: converting its columns needs the engine "
                              "(SourceContext.query)")
         by_name = {c.name: c for c in columns}
+        text = self.rejects  # (TSV: a row the target's parse rejects is kept in chload.rejects)
         read = [Column(c.name, c.spool_type if c.expr or c.name not in names
-                       else by_name[c.name].type) for c in session.info.columns]
-        exprs = ", ".join(self._written(c, by_name[c.name].type)
+                       else "Nullable(String)" if text else by_name[c.name].type)
+                for c in session.info.columns]
+        exprs = ", ".join(self._written(c, by_name[c.name].type, text)
                           for c in session.info.columns if c.name in names)
-        native = path + ".native"
+        native, fmt = path + ".native", TSV if text else NATIVE
         self.context.query(
-            f"INSERT INTO FUNCTION file({quote_str(native)}, 'Native') SELECT {exprs} FROM "
-            f"file({quote_str(path)}, 'TSV', {quote_str(structure(read))})")
+            f"INSERT INTO FUNCTION file({quote_str(native)}, {quote_str(fmt.name)}) "
+            f"SELECT {exprs} FROM file({quote_str(path)}, 'TSV', {quote_str(structure(read))})")
         os.remove(path)
-        return replace(spool, local_path=native, format=NATIVE, size=os.path.getsize(native))
+        return replace(spool, local_path=native, format=fmt, size=os.path.getsize(native))
 
-    def _written(self, column: DbColumn, given: str) -> str:
+    def _written(self, column: DbColumn, given: str, text: bool) -> str:
         """A column of a converted spool: in the type it is read as (`given`), or for a
         server, the type its table stores (the server's INSERT of Native takes each
         column in the table's own type, and knows no Bool, Date32 or DateTime64 on
-        18.16: `kept`)."""
+        18.16: `kept`); under an error budget (`text`) a column not converted is its
+        text as the source printed it, for the target to parse."""
         typ = self.kept.get(column.name, given)
         name = quote_ident(column.name)
         if column.expr and not _kept_as_text(column, given):
             return f"CAST({column.expr} AS {typ}) AS {name}"
-        return name if typ == given else f"CAST({name} AS {typ}) AS {name}"
+        return name if typ == given or text else f"CAST({name} AS {typ}) AS {name}"
 
     def release(self, files: Iterable[SourceFile]) -> None:
         """Remove the spools and pipes `fetch` made (listed units have none)."""
