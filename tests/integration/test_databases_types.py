@@ -194,3 +194,28 @@ def test_an_error_budget_keeps_rows_beside_a_bytea_column_in_rejects(
         assert _ch(target, "SELECT raw FROM chload.rejects WHERE target_table = "
                            f"'default.{table_name}'", target_env) == [
             "50\\tout of range: infinity\\t1\\tA"]
+
+
+def test_a_mariadb_zero_date_and_a_time_out_of_range_stop_the_run_before_any_range(
+        my: Source, table_name: str, server: tuple[str, dict[str, str]]) -> None:
+    """A zero date in the last range failed it after the others were committed; now one
+    query finds it, and one line names it with the time 18.16 cannot hold."""
+    target, env = server
+    my.sql(f"SET SESSION sql_mode = ''; CREATE TABLE {table_name} (id int PRIMARY KEY, "
+           "d date NOT NULL, t datetime, raw blob); "
+           f"INSERT INTO {table_name} SELECT seq, DATE '2020-01-01' + INTERVAL seq DAY, "
+           f"NULL, x'00ff' FROM seq_1_to_300; UPDATE {table_name} SET d = '0000-00-00' "
+           f"WHERE id = 290; UPDATE {table_name} SET t = '1960-01-01 00:00:00' WHERE id = 3")
+    line = _refused(my, table_name, target, "--workers", "3", env=env)
+    assert len(line.splitlines()) == 1, line
+    assert "column t holds '1960-01-01 00:00:00', which DateTime('UTC') cannot hold" in line
+    assert "column d holds the zero date '0000-00-00'" in line, line
+    assert _count(target, table_name, env) == 0  # (was 200: the other ranges committed)
+    schema = _schema_in(line)
+    assert schema == "id Int32, d Nullable(Date), t Nullable(String), raw Nullable(String)"
+    _ch(target, f"DROP TABLE default.{table_name}", env)
+    report = _load(my, table_name, target, "--schema", schema, "--workers", "3", env=env)
+    assert report["rows_loaded"] == 300
+    assert _ch(target, f"SELECT id, d, t, hex(raw) FROM {table_name} WHERE id IN (3, 290) "
+                       "ORDER BY id", env) == ["3\t2020-01-04\t1960-01-01 00:00:00\t00FF",
+                                               "290\t\\N\t\\N\t00FF"]

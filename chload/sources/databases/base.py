@@ -178,8 +178,9 @@ class DatabaseSource(RemoteSource):
         were committed. (Each range still checks its own rows.)"""
         checks = session.range_checks
         found = self._outside(session, list(checks.guards.values()), self.listed)
-        if found:
-            raise checks.refusals(found)
+        zeros = session.zero_dates(self.listed)
+        if found or zeros:
+            raise checks.refusals(found, zeros)
 
     def _open(self) -> Session:
         if self.session is None:

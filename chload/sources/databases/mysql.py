@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from chload.core import ranges as db_range
-from chload.errors import ChloadError, SchemaError, SourceError, TransientError, UsageError
+from chload.errors import ChloadError, SourceError, TransientError, UsageError
 from chload.schema import parse_structure
 from chload.sources.base import SourceContext
 from chload.sources.databases.base import DatabaseSource, workers_of
@@ -42,10 +42,10 @@ from chload.sources.databases.table import (
     NO_CHECKS,
     DbColumn,
     DbUrl,
+    RangeChecks,
     TableInfo,
     cannot_carry,
     nullable,
-    schema_hint,
 )
 from chload.sources.pipes import Reading
 
@@ -232,18 +232,19 @@ class MysqlSession:
         if not args or args[0] != ZERO_DATE:
             return _error(self.url, exc, self.password)
         index, _, value = str(args[1]).partition("\t")
-        column = self.info.columns[int(index)]
-        typ = column.type
-        if typ.startswith("Nullable("):
-            typ = typ[len("Nullable("):-1]
-        given = schema_hint([replace(c, type=f"Nullable({typ})") if c is column else c
-                             for c in self.info.columns])
-        return SchemaError(
-            f"{self.url.display}: column {column.name} holds the zero date '{value}' (a "
-            "permissive sql_mode let it in), which ClickHouse has no value for; pass "
-            f"--schema with {column.name} as Nullable({typ}) to load such dates as NULL, "
-            f"or as String to keep their text, e.g. --schema {given} (a table that exists "
-            f"keeps its own type for {column.name}: ALTER or drop it first)")
+        return RangeChecks(self.url, self.info.columns, {}).refusals({}, {int(index): value})
+
+    def zero_dates(self, where: str) -> dict[int, str]:
+        """Session.zero_dates: a zero date of each column where one fails the range."""
+        failing = [i for i, flag in enumerate(self.zero) if flag == "1"]
+        if not failing:
+            return {}
+        shown = ", ".join(
+            f"CAST(MIN(IF(MONTH({c}) = 0 OR DAYOFMONTH({c}) = 0, {c}, NULL)) AS CHAR)"
+            for c in (_ident(self.info.columns[i].name) for i in failing))
+        row = self._all(f"SELECT {shown} FROM {self._from()} WHERE {where}")[0]
+        return {i: v.decode() if isinstance(v, bytes) else str(v)
+                for i, v in zip(failing, row, strict=True) if v is not None}
 
     def bounds(self, axis: str) -> tuple[str | None, str | None, int]:
         return self._bounds

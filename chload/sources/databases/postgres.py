@@ -209,6 +209,9 @@ class PostgresSession:
         found = ", ".join(_beyond(self.info.columns[g.index], g) for g in guards)
         return self._one(f"SELECT {found} FROM {self._from()} WHERE {where}")
 
+    def zero_dates(self, where: str) -> dict[int, str]:
+        return {}  # (PostgreSQL has none)
+
     # -- reading -----------------------------------------------------------------------
     def _script(self, where: str) -> bytes:
         guards = self.range_checks.guards

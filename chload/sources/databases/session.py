@@ -75,6 +75,11 @@ class Session(Protocol):
         the rows matching `where`, or None: one query, before any range is read."""
         ...
 
+    def zero_dates(self, where: str) -> dict[int, str]:
+        """Column index -> a zero date (MySQL's 0000-00-00, 2024-02-00) among the rows
+        matching `where`, of each column where one would fail the range."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -162,15 +162,33 @@ class RangeChecks:
         """The one line for `value` of the column at `index`, outside its type's range."""
         return self.refusals({index: value})
 
-    def refusals(self, found: dict[int, str]) -> SchemaError:
+    def refusals(self, found: dict[int, str], zeros: dict[int, str] | None = None
+                 ) -> SchemaError:
         """The one line for values of several columns (by index) outside their types'
-        ranges, with the one --schema that loads them all."""
+        ranges (`found`) and MySQL zero dates (`zeros`), with the one --schema that
+        loads them all."""
+        zeros = zeros or {}
         guards = {i: self.guards[i] if is_date(v) else replace(self.guards[i], wider="String")
                   for i, v in found.items()}  # no date type holds infinity, BC, 10000
-        hint = schema_hint([replace(c, type=_wrapped(c.type, guards[i].wider))
-                            if i in guards else c for i, c in enumerate(self.columns)])
-        return db_range.message_many(self.url.display,
-                                     [(guards[i], found[i]) for i in sorted(found)], hint)
+        nulls = {i: c.type if c.type.startswith("Nullable(") else f"Nullable({c.type})"
+                 for i, c in enumerate(self.columns) if i in zeros}
+        hint = schema_hint([replace(c, type=_wrapped(c.type, guards[i].wider)) if i in guards
+                            else replace(c, type=nulls[i]) if i in nulls else c
+                            for i, c in enumerate(self.columns)])
+        if not zeros:
+            return db_range.message_many(self.url.display,
+                                         [(guards[i], found[i]) for i in sorted(found)], hint)
+        held = [db_range.held_text(guards[i], v) for i, v in sorted(found.items())] + [
+            f"column {self.columns[i].name} holds the zero date '{v}' (a permissive "
+            "sql_mode let it in), which ClickHouse has no value for"
+            for i, v in sorted(zeros.items()) if i not in found]
+        ways = [f"{guards[i].name} as {guards[i].wider}" for i in sorted(found)] + [
+            f"{self.columns[i].name} as {nulls[i]} to load such dates as NULL, or as String "
+            "to keep their text" for i in sorted(zeros) if i not in found]
+        return SchemaError(
+            f"{self.url.display}: {'; '.join(held)}; pass --schema with {', '.join(ways)}, "
+            f"e.g. --schema {hint} (a table that exists keeps its own type for "
+            f"{'them' if len(ways) > 1 else 'it'}: ALTER or drop it first)")
 
 
 def is_date(value: str) -> bool:
