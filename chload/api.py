@@ -220,7 +220,8 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
         return _load_stream(spec, target, listener or (lambda event: None), stream)
     # A pipe is read once: not where rejected rows are read again (an error budget)
     pipes = target.reads_pipes and not spec.budget.allows_errors
-    context = replace(_source_context(spec, target), pipes=pipes)
+    context = replace(_source_context(spec, target), pipes=pipes,
+                      rejects=spec.budget.allows_errors)
     sources = RunSources(context, registry)
     try:
         listed = steps.list_sources(spec, sources)

@@ -118,6 +118,7 @@ class SourceContext:
     # (Target.has_type; None: not known): a database source types a date column Date on a
     # server without Date32 where every value fits (databases/base.py)
     engine: str = ""  # which ClickHouse stores the rows (Target.engine_name)
+    rejects: bool = False  # an error budget rejects rows (--max-errors)
 
 
 class Source(Protocol):

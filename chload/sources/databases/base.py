@@ -87,8 +87,6 @@ class DatabaseSource(RemoteSource):
         self.context = context
         self.session = (db_early.claim(pattern, db_early.key(context))
                         or self.session_for(pattern, context))
-        if context.schema is None:
-            self._dates_as_date(self.session, context)
         if context.key_order:
             self.session.read_in_key_order()
         committed = context.committed() if context.committed is not None else {}
@@ -98,6 +96,8 @@ class DatabaseSource(RemoteSource):
         whole = (context.force or not committed) and not context.incremental_by
         self.listed = "TRUE" if whole or any(u.location == "TRUE" for u in units) else (
             " OR ".join(f"({u.location})" for u in units) or "FALSE")
+        if context.schema is None:
+            self._dates_as_date(self.session, context)
         if context.schema is None and any(c.refused for c in self.session.info.columns):
             raise self._refusal(self.session, context)
         return units
@@ -125,21 +125,35 @@ class DatabaseSource(RemoteSource):
 
     def _dates_as_date(self, session: Session, context: SourceContext) -> None:
         """Date columns typed Date, not Date32, for a target that has no Date32 (18.16)
-        where every value of the snapshot fits Date there: one query asks (`_outside`).
-        A column holding a value outside stays Date32, which that target refuses in
-        one line naming it (targets/server/capabilities.py)."""
-        if context.has_type is None or context.has_type("Date32"):
+        where every value to load fits Date there. One query asks, and asks too what
+        `_check_first` will where the table is made of these columns (`_predicted`), so
+        that a run reads the table once for both. A column holding a value outside
+        stays Date32, which that target refuses in one line naming it
+        (targets/server/capabilities.py)."""
+        if context.has_type is None:
             return
-        span = db_range.bounds("Date", context.engine)
         columns = session.info.columns
-        dates = [db_range.Guard(i, c.name, "Date", *span, "", "", False) for i, c in
-                 enumerate(columns) if span and bare_type(c.type) == "Date32"]
-        found = self._outside(session, dates, "TRUE")
-        for guard in dates:
-            if guard.index not in found:
-                column = columns[guard.index]
-                columns[guard.index] = replace(column, type=column.type.replace(
-                    "Date32", "Date"))
+        narrow = not context.has_type("Date32")
+        guards = self._predicted(session, context, narrow)
+        found = self._outside(session, list(guards.values()), self.listed)
+        for i, column in enumerate(columns):
+            if narrow and bare_type(column.type) == "Date32" and i in guards and (
+                    i not in found):
+                columns[i] = replace(column, type=column.type.replace("Date32", "Date"))
+
+    def _predicted(self, session: Session, context: SourceContext,
+                   narrow: bool) -> dict[int, db_range.Guard]:
+        """The checks `stored` will make where the target creates the table of the
+        described columns (in the types it stores: Date for a date where `narrow`);
+        under an error budget, which checks nothing first, only the dates'."""
+        columns = session.info.columns
+        dates = {c.name for c in columns if narrow and bare_type(c.type) == "Date32"}
+        stored = {c.name: "Date" if c.name in dates else storable(c.type, context.has_type)
+                  for c in columns}
+        found = db_range.guards([(c.name, c.holds) for c in columns],
+                                [c.type for c in columns], stored,
+                                context.engine or db_range.CHDB, False)
+        return {i: g for i, g in found.items() if not context.rejects or g.name in dates}
 
     def _outside(self, session: Session, guards: Sequence[db_range.Guard],
                  where: str) -> dict[int, str]:
