@@ -235,7 +235,8 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
         return _load_stream(spec, target, listener or (lambda event: None), stream)
     # A pipe is read once: not where rejected rows are read again (an error budget)
     pipes = target.reads_pipes and not spec.budget.allows_errors
-    context = replace(_source_context(spec, target), pipes=pipes)
+    context = replace(_source_context(spec, target), pipes=pipes,
+                      rejects=spec.budget.allows_errors)
     sources = RunSources(context, registry)
     try:
         listed = steps.list_sources(spec, sources)
@@ -277,6 +278,7 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
                          select=spec.query, incremental_by=spec.incremental_by,
                          force=spec.force, workers=spec.workers,
                          key_order=target.wants_key_order, schema=spec.schema,
+                         has_type=target.has_type, engine=target.engine_name,
                          committed=lambda: steps.committed(spec, target))
 
 
