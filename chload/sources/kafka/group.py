@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from chload.core.run import FileResult
 from chload.errors import UsageError
-from chload.sources.kafka.plan import Partition, committed
+from chload.sources.kafka.plan import Partition, committed, follow
 
 if TYPE_CHECKING:
     from chload.targets.base import Target
@@ -148,13 +148,12 @@ class Share:
                 and (p.topic, p.partition) in owned]
 
     def sync(self, partitions: list[Partition]) -> None:
-        """Each partition moved on to its committed end in the ledger, where beyond."""
+        """Each partition moved on to its committed end in the ledger, where beyond and
+        of the same topic id (a re-created topic's first units follow the old one's)."""
         marks, _ = committed(self.target, self.table.database, self.table.name,
                              self.table.display)
         for p in partitions:
-            mark = marks.get(p.stream)
-            if mark is not None and mark.end > p.after:
-                p.next = p.after = max(p.next, mark.end)
+            follow(p, marks)
 
     def finished(self, partitions: list[Partition]) -> bool:
         """Without --follow: whether every partition is at the end seen at start in the

@@ -32,7 +32,7 @@ from chload.formats import FileFormat
 from chload.schema import Column, quote_str
 from chload.sources.base import RemoteSource, SourceContext, SourceFile, StreamPosition
 from chload.sources.kafka.group import Share, group_id, note, share
-from chload.sources.kafka.plan import SCHEME, Partition, committed, parse_uri, plan
+from chload.sources.kafka.plan import SCHEME, Partition, committed, follow, parse_uri, plan
 from chload.sources.kafka.read import (
     AUDIT_CSV,
     AUDIT_JSON,
@@ -385,10 +385,7 @@ def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
     if moved:
         marks, _ = committed(target, table.database, table.name, table.display)
         for part in due:
-            mark = marks.get(part.stream)
-            if mark is not None and mark.end > part.after:
-                part.next = part.after = max(part.next, mark.end)
-            elif any(part is m for m in moved):
+            if not follow(part, marks) and any(part is m for m in moved):
                 part.stopped = True  # skipped, yet the ledger's end did not move: not again
 
 

@@ -1,0 +1,78 @@
+"""A Kafka topic deleted and created again under the same name (offsets from 0, another
+topic id), against a real broker, into the embedded engine and into 18.16 (whose loads
+join a consumer group): refused until --force, then followed like any topic, its
+offsets compared only with its own units, never with the old topic's."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import services
+from test_kafka import _counts, _load, _produce, _report, _topic, _uri
+
+
+def _re_create(kafka: services.Service, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": kafka.extra["bootstrap"]})
+    admin.delete_topics([topic])[topic].result(30)
+    deadline = time.monotonic() + 30
+    while topic in admin.list_topics(timeout=5).topics:  # the broker forgets it in a moment
+        assert time.monotonic() < deadline, f"{topic} not deleted in 30 s"
+        time.sleep(0.1)
+    services.kafka_create_topic(kafka, topic, partitions)
+
+
+def _refused(done) -> list[str]:  # noqa: ANN001 - a CompletedProcess
+    return [f["uri"] for f in _report(done)["files"] if f["status"] == "failed"
+            and "re-created" in f["error"]]
+
+
+# (target, partitions before, partitions after, --batch-rows): the same count, more
+# and fewer partitions; several units a partition, so the new topic's unit names
+# (`<partition>/<first>-<last>`) are the old topic's too.
+CASES = {
+    "embedded-1-1": ("embedded", 1, 1, "500"),
+    "embedded-2-3": ("embedded", 2, 3, "300"),
+    "server-1-1": ("server", 1, 1, "500"),
+    "server-3-2": ("server", 3, 2, "300"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_re_created_topic_once_forced_is_followed_exactly(kafka, clickhouse, target_dir,
+                                                            table_name, case):
+    where, before, after, rows = CASES[case]
+    target = target_dir if where == "embedded" else clickhouse.url
+    topic = _topic(kafka, partitions=before)
+    uri = _uri(kafka, topic)
+    batch = ("--batch-rows", rows)
+    _produce(kafka, topic, range(1_100), partitions=before)
+    assert _report(_load(target, uri, table_name, *batch))["rows_loaded"] == 1_100
+
+    _re_create(kafka, topic, after)
+    _produce(kafka, topic, range(10_000, 10_600), partitions=after)
+    done = _load(target, uri, table_name, *batch)
+    assert done.returncode == 1, done.stderr
+    common = min(before, after)  # partitions of both topics: refused; others load
+    assert sorted(_refused(done)) == [f"{uri}/{n}" for n in range(common)]
+    new_rows = sum(1 for i in range(600) if i % after >= common)
+    assert _report(done)["rows_loaded"] == new_rows
+    assert _counts(target, table_name) == (1_100 + new_rows, 1_100 + new_rows)
+
+    forced = _report(_load(target, uri, table_name, *batch, "--force"))
+    assert forced["rows_loaded"] == 600 - new_rows, forced
+    assert forced["files_skipped"] == 0, forced  # nothing "loaded by another run"
+    assert _counts(target, table_name) == (1_700, 1_700)
+
+    # accepted: the ledger follows the new topic; a rerun loads what is new, and only that
+    again = _load(target, uri, table_name, *batch)
+    assert again.returncode == 0 and _report(again)["rows_loaded"] == 0, again.stdout
+    _produce(kafka, topic, range(20_000, 20_500), partitions=after)
+    again = _load(target, uri, table_name, *batch)
+    assert again.returncode == 0, again.stdout
+    assert _report(again)["rows_loaded"] == 500
+    forced = _report(_load(target, uri, table_name, *batch, "--force"))
+    assert forced["rows_loaded"] == 0, forced  # --force does not reload it from offset 0
+    assert _counts(target, table_name) == (2_200, 2_200)
