@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from chload.core.run import FileResult
 from chload.errors import UsageError
 from chload.sources.kafka.plan import Partition, committed, follow
+from chload.sources.kafka.read import LIBRDKAFKA_LOG
 
 if TYPE_CHECKING:
     from chload.targets.base import Target
@@ -55,7 +56,9 @@ class Membership:
             raise UsageError("kafka:// needs confluent-kafka: pip install 'chload[kafka]'"
                              ) from exc
         settings = {**config, "group.id": group, "enable.auto.commit": "false",
-                    "enable.partition.eof": "false", "auto.offset.reset": "latest"}
+                    "enable.partition.eof": "false", "auto.offset.reset": "latest",
+                    "logger": LIBRDKAFKA_LOG, "error_cb": _ignored}  # a broker down: the
+        # readers' failure and Broker.down say so, in one line
         settings.setdefault("session.timeout.ms", SESSION_MS)
         settings.setdefault("heartbeat.interval.ms", HEARTBEAT_MS)  # a rebalance seen soon
         self.group = group
@@ -124,6 +127,10 @@ class Membership:
             self._consumer.close()
         except Exception:  # noqa: BLE001 - leaving a broker that is gone
             pass
+
+
+def _ignored(error: Any) -> None:
+    """The membership's errors (a broker down, a rebalance): the group retries them."""
 
 
 class Share:
