@@ -5,6 +5,9 @@ offsets compared only with its own units, never with the old topic's."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -76,3 +79,25 @@ def test_a_re_created_topic_once_forced_is_followed_exactly(kafka, clickhouse, t
     forced = _report(_load(target, uri, table_name, *batch, "--force"))
     assert forced["rows_loaded"] == 0, forced  # --force does not reload it from offset 0
     assert _counts(target, table_name) == (2_200, 2_200)
+
+
+def test_two_loaders_in_a_group_take_a_re_created_topic_once(kafka, clickhouse, table_name):
+    """Into 18.16, two processes started together with --force split the new topic's
+    partitions (a consumer group) and each follows the other's units of it, not the old
+    topic's end."""
+    topic = _topic(kafka, partitions=4)
+    uri = _uri(kafka, topic)
+    _produce(kafka, topic, range(4_000))
+    assert _report(_load(clickhouse.url, uri, table_name))["rows_loaded"] == 4_000
+    _re_create(kafka, topic, 4)
+    _produce(kafka, topic, range(10_000, 30_000))
+    argv = [sys.executable, "-m", "chload", "load", uri, "--table", table_name, "--target",
+            clickhouse.url, "--json", "--batch-rows", "1000", "--force"]
+    both = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in both]
+    assert [p.returncode for p in both] == [0, 0], [o[1][-2000:] for o in outs]
+    assert sum(json.loads(o[0].splitlines()[-1])["rows_loaded"] for o in outs) == 20_000
+    assert _counts(clickhouse.url, table_name) == (24_000, 24_000)
+    again = _load(clickhouse.url, uri, table_name)
+    assert again.returncode == 0 and _report(again)["rows_loaded"] == 0, again.stdout
