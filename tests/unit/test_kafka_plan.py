@@ -78,3 +78,16 @@ def test_a_partition_follows_only_a_mark_of_its_own_topic() -> None:
     marks = {STREAM: P.Mark(300, "B", 21, 40)}
     assert P.follow(part, marks)
     assert (part.next, part.after, part.since_seq) == (300, 300, 21)
+
+
+def test_units_without_a_topic_id_count_with_those_around_them() -> None:
+    # A, then B (re-created, --force), then a run that could not read the id, then B
+    events = [_unit(0, 499, "A", 10), _unit(500, 1099, "A", 20), _unit(0, 99, "B", 30),
+              _unit(100, 199, "", 40), _unit(200, 299, "B", 50)]
+    mark = _marks(events)[STREAM]
+    assert (mark.end, mark.topic_id, mark.since, mark.latest) == (300, "B", 21, 50)
+    mark = _marks(events[:4])[STREAM]
+    assert (mark.end, mark.topic_id, mark.since) == (200, "B", 21)
+    part = _part("")  # the id not read this time: no refusal, the ledger's end
+    assert P._place(part, mark, 0, 700, force=False) == "" and part.next == 200
+    assert P.follow(_part(""), {STREAM: mark})

@@ -105,23 +105,34 @@ def committed(target: Target, database: str, name: str, display: str,
 
 def _mark(units: list[tuple[int, str, int]], since: int) -> Mark:
     """A stream's mark from its committed units (seq, topic id, end): offsets are
-    compared only within the topic id of the latest, and units of another id (an
-    older topic of that name) are set aside by seq."""
-    latest, topic_id, _ = max(units)
-    others = [seq for seq, other, _ in units if other != topic_id]
-    return Mark(max(end for _, other, end in units if other == topic_id), topic_id,
-                max([since, *(seq + 1 for seq in others)]), latest)
+    compared only within the topic id of the latest (units without an id, where it
+    could not be read, count with those around them), and units before the last one
+    of another id (an older topic of that name) are set aside by seq."""
+    ordered = sorted(units)
+    topic_id = next((i for _, i, _ in reversed(ordered) if i), "")
+    start = max((n for n, (_, i, _) in enumerate(ordered) if i and i != topic_id),
+                default=-1) + 1
+    if start:
+        since = max(since, ordered[start - 1][0] + 1)
+    return Mark(max(end for _, _, end in ordered[start:]), topic_id, since, ordered[-1][0])
 
 
 def follow(part: Partition, marks: dict[str, Mark]) -> bool:
     """Move the partition on to its committed end in the ledger, where that is beyond
     its own and of the same topic (another loader's units); whether it moved."""
     mark = marks.get(part.stream)
-    if mark is None or mark.end <= part.after or mark.topic_id != part.topic_id:
+    if mark is None or mark.end <= part.after or not same_topic(mark.topic_id,
+                                                                part.topic_id):
         return False
     part.next = part.after = max(part.next, mark.end)
     part.since_seq = max(part.since_seq, mark.since)
     return True
+
+
+def same_topic(a: str, b: str) -> bool:
+    """Whether two topic ids may be of one topic ('': not known, as on a broker
+    without ids)."""
+    return not a or not b or a == b
 
 
 def plan(broker: Broker, source: KafkaSource, marks: dict[str, Mark], since: int,
@@ -151,7 +162,7 @@ def _place(part: Partition, mark: Mark | None, low: int, high: int, force: bool)
         return ""
     where = f"kafka {part.topic}/{part.partition}"
     old_id = mark.topic_id
-    if old_id and part.topic_id and old_id != part.topic_id:
+    if not same_topic(old_id, part.topic_id):
         if force:  # the new topic from its start; the old one's units are set aside
             part.since_seq = mark.latest + 1  # (its first commit makes the ledger follow it)
             return ""
