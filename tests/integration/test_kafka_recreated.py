@@ -101,3 +101,32 @@ def test_two_loaders_in_a_group_take_a_re_created_topic_once(kafka, clickhouse, 
     assert _counts(clickhouse.url, table_name) == (24_000, 24_000)
     again = _load(clickhouse.url, uri, table_name)
     assert again.returncode == 0 and _report(again)["rows_loaded"] == 0, again.stdout
+
+
+@pytest.mark.parametrize("where", ["embedded", "server"])
+def test_a_partition_empty_when_forced_loads_later_without_asking(kafka, target_dir,
+                                                                  table_name, request, where):
+    """The topic re-created with 3 partitions where it had 2: partition 1 (loaded from
+    the old topic) is empty when --force takes the new one, so its ledger has no unit of
+    the new topic; once messages come, a plain run loads it, as the other partitions of
+    the accepted topic. Partition 2 (new) loading without --force accepts nothing."""
+    target = target_dir if where == "embedded" else request.getfixturevalue("clickhouse").url
+    topic = _topic(kafka, partitions=2)
+    uri = _uri(kafka, topic)
+    _produce(kafka, topic, range(1_000), partitions=2)
+    assert _report(_load(target, uri, table_name))["rows_loaded"] == 1_000
+    _re_create(kafka, topic, 3)
+    _produce(kafka, topic, range(10_002, 10_600, 3), partitions=3)  # partition 0
+    _produce(kafka, topic, range(10_001, 10_600, 3), partitions=3)  # partition 2
+    for _ in range(2):  # partition 2's units are no --force of the topic
+        done = _load(target, uri, table_name)
+        assert done.returncode == 1
+        assert sorted(_refused(done)) == [f"{uri}/0", f"{uri}/1"]
+    assert _counts(target, table_name) == (1_200, 1_200)
+    forced = _report(_load(target, uri, table_name, "--force"))
+    assert forced["rows_loaded"] == 200 and forced["files_failed"] == 0, forced
+    _produce(kafka, topic, range(10_000, 10_600, 3), partitions=3)  # partition 1
+    again = _load(target, uri, table_name)
+    assert again.returncode == 0, again.stdout
+    assert _report(again)["rows_loaded"] == 200
+    assert _counts(target, table_name) == (1_600, 1_600)

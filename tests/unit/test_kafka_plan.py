@@ -91,3 +91,15 @@ def test_units_without_a_topic_id_count_with_those_around_them() -> None:
     part = _part("")  # the id not read this time: no refusal, the ledger's end
     assert P._place(part, mark, 0, 700, force=False) == "" and part.next == 200
     assert P.follow(_part(""), {STREAM: mark})
+
+
+def test_a_topic_forced_once_is_accepted_for_its_partitions_with_nothing_loaded_yet() -> None:
+    topic = STREAM.rpartition("/")[0]
+    marks = _marks([_unit(0, 499, "A", 10), _unit(0, 99, "B", 30)])  # partition 0: forced
+    assert marks[STREAM].replaced and P._accepted(marks, topic, "B")
+    assert not P._accepted(marks, topic, "C")  # re-created again since
+    new_only = {f"{topic}/2": P.Mark(100, "B", 0, 30)}  # a new partition, loaded plainly
+    assert not P._accepted(new_only, topic, "B")
+    part = _part("B")  # partition 1: the old topic's units only
+    assert P._place(part, P.Mark(700, "A", 0, 20), 0, 50, force=False, accepted=True) == ""
+    assert (part.next, part.after, part.since_seq) == (0, 0, 21)

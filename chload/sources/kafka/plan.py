@@ -78,6 +78,7 @@ class Mark:
     topic_id: str  # '' where the broker has no topic ids
     since: int  # events before it are of another topic of that name (or set aside)
     latest: int  # the seq of the stream's latest committed unit, whatever its id
+    replaced: bool = False  # units of another id before: a re-created topic, accepted
 
 
 def stream_of(source: KafkaSource, topic: str, partition: int) -> str:
@@ -114,7 +115,8 @@ def _mark(units: list[tuple[int, str, int]], since: int) -> Mark:
                 default=-1) + 1
     if start:
         since = max(since, ordered[start - 1][0] + 1)
-    return Mark(max(end for _, _, end in ordered[start:]), topic_id, since, ordered[-1][0])
+    return Mark(max(end for _, _, end in ordered[start:]), topic_id, since, ordered[-1][0],
+                replaced=start > 0)
 
 
 def follow(part: Partition, marks: dict[str, Mark]) -> bool:
@@ -144,11 +146,12 @@ def plan(broker: Broker, source: KafkaSource, marks: dict[str, Mark], since: int
     for topic in source.topics:
         numbers = broker.partitions(topic)  # first: a broker down or no topic, said soon
         topic_id = broker.topic_id(topic)
+        accepted = _accepted(marks, f"{SCHEME}{source.bootstrap}/{topic}", topic_id)
         for number in numbers:
             low, high = broker.watermarks(topic, number)
             stream = stream_of(source, topic, number)
             part = Partition(topic, number, stream, topic_id, low, 0, high, since)
-            problem = _place(part, marks.get(stream), low, high, force)
+            problem = _place(part, marks.get(stream), low, high, force, accepted)
             if problem:
                 refused.append(FileResult(stream, "failed", error=problem))
             else:
@@ -156,14 +159,26 @@ def plan(broker: Broker, source: KafkaSource, marks: dict[str, Mark], since: int
     return partitions, refused
 
 
-def _place(part: Partition, mark: Mark | None, low: int, high: int, force: bool) -> str:
-    """Set where the partition starts from its ledger mark; or say why it cannot."""
+def _accepted(marks: dict[str, Mark], topic: str, topic_id: str) -> bool:
+    """Whether the topic as it is now (`topic_id`) was accepted with --force by an
+    earlier run: a partition of it has units of this id after units of another (only
+    --force loads those), so a partition that had nothing to load then (empty, or a
+    unit failed) is loaded from its start without asking again."""
+    return bool(topic_id) and any(
+        m.replaced and m.topic_id == topic_id for stream, m in marks.items()
+        if stream.rpartition("/")[0] == topic)
+
+
+def _place(part: Partition, mark: Mark | None, low: int, high: int, force: bool,
+           accepted: bool = False) -> str:
+    """Set where the partition starts from its ledger mark; or say why it cannot
+    (`accepted`: the topic was re-created and loaded with --force before)."""
     if mark is None:
         return ""
     where = f"kafka {part.topic}/{part.partition}"
     old_id = mark.topic_id
     if not same_topic(old_id, part.topic_id):
-        if force:  # the new topic from its start; the old one's units are set aside
+        if force or accepted:  # the new topic from its start; the old one's set aside
             part.since_seq = mark.latest + 1  # (its first commit makes the ledger follow it)
             return ""
         return (f"{where}: the topic was re-created (id {part.topic_id}, the ledger's "
