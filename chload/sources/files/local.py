@@ -234,8 +234,8 @@ def _component(pattern: str, name: str) -> bool:
 def _walk(directory: str) -> Iterator[str]:
     """Every regular, non-hidden file under a directory, recursively, in the order of
     their paths (a directory's name sorts as `name/`), holding the names of the
-    directories being walked, never the whole tree's. Symlinked directories are followed; each directory is entered once;
-    chload targets never."""
+    directories being walked, never the whole tree's. Symlinked directories are
+    followed; each directory is entered once; chload targets never."""
     seen: set[tuple[int, int]] = set()
 
     def visit(root: str) -> Iterator[str]:
