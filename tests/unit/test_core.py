@@ -128,6 +128,17 @@ def test_decide_skips_loaded_and_refuses_changed_unless_forced() -> None:
     assert len(forced.to_load) == 4 and forced.changed == {"b"} and not forced.refused
 
 
+def test_decide_takes_a_file_met_twice_once_and_releases_the_second() -> None:
+    known = KnownUnits.of_events({"a": _loaded("a", "10:1")})
+    first_a, first_c = _file("a"), _file("c")
+    released: list[SourceFile] = []
+    plan = decide(iter([first_a, first_c, _file("a"), _file("c")]), known, force=False,
+                  release=released.extend)
+    assert (plan.skipped, [f.uri for f in plan.to_load]) == (1, ["c"])
+    assert plan.to_load[0] is first_c and [f.uri for f in released] == ["a", "c"]
+    assert all(f is not first_a and f is not first_c for f in released)
+
+
 def test_decide_finds_a_file_loaded_under_its_older_spelling(tmp_path: Path) -> None:
     """chload 0.1.0 recorded a path's abspath; a file reached through a symlinked
     directory is now its realpath: the ledger's older spelling must still skip it."""

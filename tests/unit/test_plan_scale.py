@@ -106,7 +106,7 @@ def test_a_rerun_over_100000_known_units_holds_only_the_new_ones(
         KNOWN, NEW, KNOWN + NEW)
     assert [uri for _, uris in target.calls for uri in uris] == [  # type: ignore[attr-defined]
         _uri(i) for i in range(KNOWN, KNOWN + NEW)]
-    # Holding the listing (or an event per known unit) takes tens of MiB; the keys
-    # that stand for the known units were made before the measure began.
+    # Holding the listing, or an event per known unit, would take many times this; the
+    # keys that stand for the known units were made before the measure began.
     assert peak < 1 << 20, f"planning held {peak / 2**20:.1f} MiB"
     assert time.monotonic() - began < 30
