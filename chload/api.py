@@ -159,10 +159,13 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
     early = _begin_early(spec)
     try:  # (a database's snapshot is taken while the target opens)
         opened = open_target(_target_spec(spec.target))
+        failed = True
         try:
-            return _load_into(spec, opened, listener)
+            report = _load_into(spec, opened, listener)
+            failed = False
+            return report
         finally:
-            opened.close()
+            opened.close(failed)  # a directory made for a run that failed: removed
     finally:
         early()
 

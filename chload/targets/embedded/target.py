@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -110,6 +111,8 @@ class EmbeddedTarget:
         # A directory this process made holds only the ledger until it creates a table:
         # no table to describe, no commit to settle (two queries less at start-up).
         self.fresh = new
+        self.made = new  # by this run: close(failed=True) removes it if nothing committed
+        self._committed_any = False  # a commit began (its stage may be attached in part)
         self._units = [0, 0]  # committed units (stages) and their files, for cost_report
         self._units_guard = threading.Lock()
 
@@ -198,6 +201,7 @@ class EmbeddedTarget:
         runner may try again. Any other error leaves the `committing` event and the
         stage for the committer to settle (some partitions may be attached already).
         """
+        self._committed_any = True
         try:
             done = self.committer.commit(job.table, job.table_display, stage, None, events,
                                          self._started_ns, job.follows)
@@ -372,9 +376,16 @@ class EmbeddedTarget:
                 "sessions": stats.sessions,
                 "session_open_seconds": round(stats.open_seconds, 3)}
 
-    def close(self) -> None:
-        self.flush()
-        self.engine.close()
+    def close(self, failed: bool = False) -> None:
+        """Flush and close; after a run that `failed` before any commit, the directory
+        it made (the ledger's tables, perhaps an empty table) is removed: a typo in a
+        source's name leaves nothing on disk. A directory that was there is kept."""
+        try:
+            self.flush()
+        finally:
+            self.engine.close()
+        if failed and self.made and not self._committed_any:
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
 class _Ledger(Ledger):
