@@ -240,6 +240,7 @@ def _load_stream(spec: LoadSpec, target: Target, listener: Listener,
     table = planner.parse_table(spec.table, steps.default_database(target))
     report = LoadReport(table.display, target.display, os.urandom(6).hex())
     sources = RunSources(_source_context(spec, target), registry)  # spooled units: local files
+    report.unit = sources.unit(spec.sources)
     added = stream.audit_columns if spec.audit else None
     try:
         stream.rounds(spec, target, listener, lambda units, workers, schema: steps.load_units(
@@ -265,7 +266,8 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
                          select=spec.query, incremental_by=spec.incremental_by,
                          force=spec.force, workers=spec.workers,
                          key_order=target.wants_key_order, schema=spec.schema,
-                         committed=lambda: steps.committed(spec, target))
+                         committed=lambda: steps.committed(spec, target),
+                         last_commit=lambda: steps.last_commit(spec, target))
 
 
 def _engine_credentials(context: SourceContext) -> contextlib.AbstractContextManager[None]:

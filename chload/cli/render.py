@@ -88,7 +88,7 @@ def print_summary(report: LoadReport) -> None:
                      f"{report.table})")
     if report.files_changed:
         parts.append(f"{report.files_changed} changed since last load")
-    print(f"{report.table}: {report.files_total} files: {', '.join(parts)}; "
+    print(f"{report.table}: {_count(report.files_total, report.unit)}: {', '.join(parts)}; "
           f"{report.rows_loaded:,} rows, {_size(report.bytes_read)} in {report.seconds:.2f} s"
           f" ({report.rows_per_second:,.0f} rows/s)")
     if report.table_reset:
@@ -108,6 +108,13 @@ def print_summary(report: LoadReport) -> None:
         slowest = max(report.shards, key=lambda s: s["seconds"])
         print(f"  slowest shard: {slowest['shard']} ({slowest['seconds']:.2f} s committing)")
     print_failures(report)
+
+
+def _count(n: int, unit: str) -> str:
+    """`3 files`, `1 range`, `2 batches`: units as their source names them."""
+    if n == 1:
+        return f"1 {unit}"
+    return f"{n} {unit}es" if unit.endswith(("ch", "sh", "s", "x")) else f"{n} {unit}s"
 
 
 def _shard_line(shard: ShardLoad) -> str:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import MISSING, fields, replace
 
 from chload import formats
-from chload.commit.ledger import COMMITTING, own_history
+from chload.commit.ledger import COMMITTING, FileEvent, own_history
 from chload.commit.rejects import ErrorBudget
 from chload.core import plan as planner
 from chload.core import run as runner
@@ -146,6 +146,8 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     results += [FileResult(uri, "failed", error=why, changed=True)
                 for uri, why in plan.refused.items()]
     _summarize(report, results, plan, time.monotonic() - clock)
+    report.unit = sources.unit(spec.sources)
+    report.notes += sources.notes()
     if record:
         _finish(target, _run_record(spec, report, started_ns, sources))
     return report
@@ -169,12 +171,26 @@ def committed(spec: LoadSpec, target: Target) -> dict[str, str]:
     """uri -> identity of the units the ledger has committed into the spec's table as it
     is now (own_history), `committing` ones included: recovery, before any load, settles
     each of them loaded (the mark rule)."""
+    return {uri: e.identity for uri, e in _own_units(spec, target).items()}
+
+
+def last_commit(spec: LoadSpec, target: Target) -> tuple[str, int] | None:
+    """The run and the time (ns) of the latest unit committed into the spec's table as
+    it is now (a finished copy says which run made it); None if none."""
+    own = _own_units(spec, target)
+    if not own:
+        return None
+    last = max(own.values(), key=lambda e: e.seq)
+    return last.run_id, last.seq
+
+
+def _own_units(spec: LoadSpec, target: Target) -> Mapping[str, FileEvent]:
     table = planner.parse_table(spec.table, default_database(target))
     events = dict(target.ledger.loaded(table.display))
     events.update((e.uri, e) for e in target.ledger.latest(table.display, [COMMITTING]))
     own, _ = own_history(target.ledger.table_state(table.database, table.name),
                                  events)
-    return {uri: e.identity for uri, e in own.items()}
+    return own
 
 
 def list_sources(spec: LoadSpec, sources: RunSources) -> list[SourceFile]:

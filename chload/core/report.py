@@ -224,6 +224,7 @@ class LoadReport:
     costs: Costs | None = None  # None: the target measures none, or nothing was loaded
     shards: list[ShardLoad] = field(default_factory=list)  # a Distributed table's
     notes: list[str] = field(default_factory=list)  # worth knowing, not errors (slow paths)
+    unit: str = "file"  # what the summary calls a unit: a database's range, a Kafka batch
     files: list[FileResult] = field(default_factory=list)
 
     @property

@@ -22,6 +22,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 
 from chload.core import ranges as db_range
 from chload.errors import SourceError, UsageError
@@ -46,12 +47,14 @@ class DatabaseSource(RemoteSource):
     kind = ""
     schemes: tuple[str, ...] = ()
     options: tuple[str, ...] = ("query", "incremental_by")
+    unit = "range"  # of the table's axis (plan.py)
     reads_in_place = False  # a range is read by the source's own query
 
     def __init__(self) -> None:
         self.session: Session | None = None
         self.context = SourceContext()
         self.spools = ""
+        self._notes: builtins.list[str] = []
         self._guard = threading.Lock()
 
     def _session(self, url: DbUrl, context: SourceContext) -> Session:
@@ -78,8 +81,15 @@ class DatabaseSource(RemoteSource):
         if context.key_order:
             self.session.read_in_key_order()
         committed = context.committed() if context.committed is not None else {}
-        return plan_units(self.session, self.kind, sorted(committed.items()),
-                          workers_of(context), bool(context.incremental_by), context.force)
+        units = plan_units(self.session, self.kind, sorted(committed.items()),
+                           workers_of(context), bool(context.incremental_by), context.force)
+        if not units and committed and not context.incremental_by:
+            last = context.last_commit() if context.last_commit is not None else None
+            self._notes.append(copied_note(self.session, last))
+        return units
+
+    def notes(self) -> builtins.list[str]:
+        return list(self._notes)
 
     def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
                rejects: bool) -> None:
@@ -214,6 +224,20 @@ def _kept_as_text(column: DbColumn, given: str) -> bool:
     converted (a 2-D array, which Array(T) cannot hold)."""
     return column.type.startswith("Array(") and given.removeprefix("Nullable(").startswith(
         "String")
+
+
+def copied_note(session: Session, last: tuple[str, int] | None) -> str:
+    """Why a rerun of a finished copy loads nothing, and what would load the rows added
+    since (plan.py: a copy's upper end is the one its first run recorded)."""
+    by = ""
+    if last is not None:
+        when = datetime.fromtimestamp(last[1] / 1e9, UTC)
+        by = f" by run {last[0]}" if last[0] else ""
+        by += f" at {when:%Y-%m-%d %H:%M:%S} UTC"
+    column = session.info.axis or "COLUMN"
+    return (f"{session.url.display} was copied{by}; a copy loads it once, so rows added "
+            f"since are not loaded: load them with --incremental-by {column} (a column "
+            "that only grows), or copy it all again with --force")
 
 
 def workers_of(context: SourceContext) -> int:
