@@ -23,6 +23,7 @@ from chload.core.finish import (
     _run_record,
     _summarize,
     _threads_per_file,
+    versions_note,
 )
 from chload.core.report import (
     LoadReport,
@@ -148,6 +149,10 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     _summarize(report, results, plan, time.monotonic() - clock)
     report.unit = sources.unit(spec.sources)
     report.notes += sources.notes()
+    if spec.incremental_by and report.rows_loaded:
+        note = versions_note(target, table, spec.incremental_by,
+                             sources.sorting_key(plan.to_load))
+        report.notes += [note] if note else []
     if record:
         _finish(target, _run_record(spec, report, started_ns, sources))
     return report
