@@ -34,6 +34,12 @@ def _load(db: Source, table: str, target: str, *args: str,
     return done.stdout
 
 
+def _note(summary: str) -> str:
+    notes = [line for line in summary.splitlines() if "note:" in line]
+    assert len(notes) == 1, summary
+    return notes[0]
+
+
 def _ch(target: str, sql: str, env: dict[str, str] | None = None) -> str:
     done = run_chload("sql", sql, "--target", target, "--format", "TSV", env=env)
     assert done.returncode == 0, done.stderr
@@ -51,7 +57,7 @@ def test_a_finished_copy_rerun_names_its_run_and_the_flag_for_new_rows(
     summary = again.splitlines()[0]
     assert summary.startswith(f"default.{table_name}: 0 ranges: 0 loaded"), again
     assert " files" not in again, again
-    note = next(line for line in again.splitlines() if "note:" in line)
+    note = _note(again)
     assert f"was copied by run {run_id} at " in note, again
     assert re.search(r" at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", note), note
     assert "--incremental-by id" in note and "--force" in note, note
@@ -111,7 +117,7 @@ def test_incremental_by_updated_at_into_a_merge_tree_says_versions_stay(
     reads each id once with its latest values."""
     _versioned(db, table_name)
     first = _load(db, table_name, target_dir, "--incremental-by", "updated_at")
-    note = next(line for line in first.splitlines() if "note:" in line)
+    note = _note(first)
     assert f"default.{table_name} is a MergeTree, which keeps every row" in note, first
     for round_ in (1, 2):
         _update(db, table_name, round_)
@@ -146,7 +152,7 @@ def test_incremental_by_updated_at_into_the_18_16_server(
     env = {"CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]}
     _versioned(db, table_name)
     first = _load(db, table_name, target, "--incremental-by", "updated_at", env=env)
-    note = next(line for line in first.splitlines() if "note:" in line)
+    note = _note(first)
     assert "is a MergeTree, which keeps every row" in note, first
     create = _create_in(note)
     services.clickhouse_query(clickhouse, f"DROP TABLE default.{table_name}")
@@ -175,7 +181,7 @@ def test_incremental_by_updated_at_into_a_cluster_names_the_local_table(
     target = f"{weighted_cluster.servers[0].url}/default"
     shards = [a for s in weighted_cluster.servers for a in ("--shard", f"{s.endpoint}={s.url}")]
     first = _load(db, table_name, target, "--incremental-by", "updated_at", *shards)
-    note = next(line for line in first.splitlines() if "note:" in line)
+    note = _note(first)
     assert f"default.{table_name}_local is a MergeTree" in note, first
     assert "on each shard" in note, note
     create = _create_in(note)
