@@ -119,7 +119,8 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
         sources.stored(columns, read_columns, target.engine_name, spec.budget.allows_errors)
     target.ledger.stamp(table.display, state.uuid)
     listener(Event("plan", files_total=len(plan.to_load),
-                   bytes_total=sum(f.size for f in plan.to_load)))
+                   bytes_total=sum(f.size for f in plan.to_load),
+                   unit=sources.unit(spec.sources)))
     estimate = target.default_workers(plan.to_load)
     workers = spec.workers or estimate
     adapt = Controller(workers, workers, fixed=spec.workers is not None)
