@@ -1,7 +1,8 @@
 """The steps of one load run around the planner and the runner: the --setting names and
 values checked before any table is made, the settings and engine threads each job
 reads with, the files refused before loading (failed, in the ledger), and at the end
-the report summed up and the run's record written. Apart from api.py so the public
+the report summed up (with a note where --incremental-by keeps every version of an
+updated row) and the run's record written. Apart from api.py so the public
 API's module holds the API and the order of a run's steps, not each step's detail.
 """
 
@@ -188,7 +189,7 @@ def _args(clause: str) -> str:
 
 
 def _name(arg: str) -> str:
-    return unquote_ident(arg) if arg[:1] in "`\"" else arg
+    return unquote_ident(arg) if arg[:1] in ("`", '"') else arg
 
 
 def _replacing(found: tuple[str, str], column: str, columns: Sequence[Column],
@@ -200,7 +201,7 @@ def _replacing(found: tuple[str, str], column: str, columns: Sequence[Column],
     typ = next((bare_type(c.type) for c in columns if c.name == column), "")
     version = bool(re.match(r"U?Int|Date", typ)) if engine_name == "chdb" else \
         bool(re.match(r"UInt|Date", typ))
-    args = split_top_level(_args(found[1])) if found[0].startswith("Replicated") else []
+    replicated = found[0].startswith("Replicated")  # its path and replica name, kept
+    args = split_top_level(_args(found[1]))[:2] if replicated else []
     args += [quote_ident(column)] if version else []
-    replicated = "Replicated" if found[0].startswith("Replicated") else ""
-    return f"{replicated}ReplacingMergeTree({', '.join(args)})"
+    return f"{'Replicated' if replicated else ''}ReplacingMergeTree({', '.join(args)})"
