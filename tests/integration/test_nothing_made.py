@@ -54,6 +54,9 @@ def test_a_run_failing_before_loading_makes_no_target_directory(
         target = str(tmp_path / f"target{i}")
         why = _failed(target, source, table_name, env)
         assert not os.path.exists(target), (source, why)
+        os.mkdir(target)  # an empty directory given as the target stays empty
+        why = _failed(target, source, table_name, env)
+        assert os.listdir(target) == [], (source, why)
 
 
 def test_a_run_failing_before_loading_leaves_an_existing_target_as_it_was(

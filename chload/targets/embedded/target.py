@@ -97,6 +97,9 @@ class EmbeddedTarget:
         self.path = os.path.abspath(path)
         self.display = f"embedded ClickHouse in {path}"
         new = not os.path.isdir(self.path)
+        # What this run makes, which close(failed=True) removes if nothing committed:
+        # the directory, or all it holds (an empty one given), or nothing (a target).
+        self.made = "directory" if new else "" if os.listdir(self.path) else "contents"
         self.engine = Engine(self.path, SESSION_SETTINGS)  # block bounds: _settings_sql
         self.ledger: Ledger = _Ledger(self)
         if new:  # every table of the ledger and of rejected rows, in one call
@@ -111,7 +114,6 @@ class EmbeddedTarget:
         # A directory this process made holds only the ledger until it creates a table:
         # no table to describe, no commit to settle (two queries less at start-up).
         self.fresh = new
-        self.made = new  # by this run: close(failed=True) removes it if nothing committed
         self._committed_any = False  # a commit began (its stage may be attached in part)
         self._units = [0, 0]  # committed units (stages) and their files, for cost_report
         self._units_guard = threading.Lock()
@@ -385,7 +387,7 @@ class EmbeddedTarget:
         finally:
             self.engine.close()
         if failed and self.made and not self._committed_any:
-            shutil.rmtree(self.path, ignore_errors=True)
+            _remove(self.path, self.made == "contents")
 
 
 class _Ledger(Ledger):
@@ -402,6 +404,19 @@ class _Ledger(Ledger):
 
     def loaded(self, target_table: str) -> dict[str, FileEvent]:
         return {} if self._target.fresh else super().loaded(target_table)
+
+
+def _remove(path: str, contents_only: bool) -> None:
+    """Remove the directory, or only what it holds."""
+    if not contents_only:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(entry.path)
 
 
 def _names(job: LoadJob) -> list[str]:
