@@ -25,6 +25,7 @@ from chload.commit.ledger import FileEvent
 from chload.core import load as steps
 from chload.core import plan as planner
 from chload.core.finish import (
+    UNWRITTEN_LOADED,
     _finish,
     _run_record,
 )
@@ -45,7 +46,7 @@ from chload.core.report import (
     TargetName,
 )
 from chload.core.run import Event, FileResult, Listener
-from chload.errors import UsageError
+from chload.errors import ChloadError, UsageError
 from chload.sources import registry
 from chload.sources.base import SourceContext, Stream
 from chload.sources.run import RunSources
@@ -159,15 +160,26 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
     early = _begin_early(spec)
     try:  # (a database's snapshot is taken while the target opens)
         opened = open_target(_target_spec(spec.target))
-        failed = True
         try:
             report = _load_into(spec, opened, listener)
-            failed = False
-            return report
-        finally:
-            opened.close(failed)  # a directory made for a run that failed: removed
+        except BaseException:
+            opened.close(failed=True)  # a directory made for it: removed
+            raise
+        _close_reported(opened, report)
+        return report
     finally:
         early()
+
+
+def _close_reported(target: Target, report: LoadReport) -> None:
+    """Close the target after a load; its error (the `loaded` events it writes last, to
+    a server gone) is the report's, as the run's last writes' are (core/finish.py): the
+    report says what was committed, and says it once."""
+    try:
+        target.close()
+    except ChloadError as exc:
+        if not report.errors:
+            report.errors.append(f"{exc}: {UNWRITTEN_LOADED}")
 
 
 def validate(sources: Sources | LoadSpec, *, table: str | None = None,
@@ -223,7 +235,8 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
         return _load_stream(spec, target, listener or (lambda event: None), stream)
     # A pipe is read once: not where rejected rows are read again (an error budget)
     pipes = target.reads_pipes and not spec.budget.allows_errors
-    context = replace(_source_context(spec, target), pipes=pipes)
+    context = replace(_source_context(spec, target), pipes=pipes,
+                      rejects=spec.budget.allows_errors)
     sources = RunSources(context, registry)
     try:
         listed = steps.list_sources(spec, sources)
@@ -266,6 +279,7 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
                          select=spec.query, incremental_by=spec.incremental_by,
                          force=spec.force, workers=spec.workers,
                          key_order=target.wants_key_order, schema=spec.schema,
+                         has_type=target.has_type, engine=target.engine_name,
                          committed=lambda: steps.committed(spec, target),
                          last_commit=lambda: steps.last_commit(spec, target))
 

@@ -65,6 +65,17 @@ def quote_ident(name: str) -> str:
     return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
 
 
+def schema_argument(columns: Iterable[tuple[str, str]]) -> str:
+    """A whole --schema for (name, type) pairs, quoted for a POSIX shell and readable:
+    names bare where they can be, in single quotes, or in double quotes where a type
+    holds one (a time zone: DateTime64(6, 'UTC'))."""
+    text = ", ".join(f"{n if re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', n) else quote_ident(n)}"
+                     f" {t}" for n, t in columns)
+    if "'" not in text:
+        return f"'{text}'"
+    return '"' + re.sub(r'([\\"$`])', r"\\\1", text) + '"'
+
+
 def quote_str(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 

@@ -4,7 +4,8 @@ A thin layer: it parses, calls one library function and draws what comes back. r
 imported only when a terminal will see it, and the engine only when a command needs
 it, so `chload --help` is instant and pipelines pay nothing for the progress bar.
 
-Exit codes: 0 all good; 1 some file failed; 2 bad usage or a terminal error.
+Exit codes: 0 all good; 1 some file failed, or an error after this run committed rows
+(the report says what was); 2 bad usage or an error before anything was committed.
 """
 
 from __future__ import annotations

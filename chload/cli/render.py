@@ -105,7 +105,8 @@ def print_summary(report: LoadReport) -> None:
         cpu = f"{used:.0f}%" if used is not None else "?"
         print(f"  saturation: CPU {cpu} of {sat['cores']} cores{disk}; "
               f"limit: {sat['bottleneck']}{_streams(report.concurrency)}")
-    for shard in report.shards if report.files_loaded else []:
+    committed = report.files_loaded or any(s["rows"] for s in report.shards)
+    for shard in report.shards if committed else []:  # (shares of units not yet whole too)
         print(f"  {_shard_line(shard)}")
     if len(report.shards) > 1 and report.files_loaded:
         slowest = max(report.shards, key=lambda s: s["seconds"])
@@ -150,11 +151,13 @@ def _streams(c: Concurrency | None) -> str:
 
 
 def print_failures(report: LoadReport) -> None:
-    """One line per failed file on stderr (--quiet too: an exit status alone says not
-    which file, nor what to do)."""
+    """One line per failed file, and per error of the run's last writes, on stderr
+    (--quiet too: an exit status alone says not which file, nor what to do)."""
     for result in report.files:
         if result.status == "failed":
             print(f"  failed: {result.error}", file=sys.stderr)
+    for error in report.errors:
+        print(f"  error: {error}", file=sys.stderr)
 
 
 def print_files(table: str, events: Sequence[FileEvent]) -> None:

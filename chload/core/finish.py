@@ -12,14 +12,14 @@ import json
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chload.commit.ledger import FAILED, FileEvent, RunRecord
 from chload.core import plan as planner
 from chload.core import run as runner
 from chload.core.run import Event, FileResult, Listener
-from chload.errors import TerminalError, UsageError
+from chload.errors import ChloadError, TerminalError, UsageError
 from chload.schema import (
     Column,
     bare_type,
@@ -104,6 +104,39 @@ def _finish(target: Target, run: RunRecord) -> None:
     the run's record (one round trip less at the end of every load)."""
     runner.on_threads(lambda write: write(), [target.flush,
                                               lambda: target.ledger.record_run(run)], 2)
+
+
+# What each of the last writes failing leaves, said after its error.
+UNWRITTEN_LOADED = ("the ledger's last writes (`loaded` events) did not reach the server; "
+                    "what this run committed stands, and the next run settles their "
+                    "entries (nothing loads twice)")
+_UNWRITTEN = {"flush": UNWRITTEN_LOADED,
+              "record": "this run's record was not written (chload history will not list it)"}
+
+
+def _finish_reported(target: Target, report: LoadReport, run: RunRecord) -> None:
+    """`_finish`, where an error of the last writes (a server gone mid-load) goes into
+    `report.errors` once this run committed anything: raised instead, it would say the
+    run loaded nothing (exit 2), while committed units stand. Nothing committed: raised."""
+    failed: dict[str, ChloadError] = {}
+
+    def write(step: tuple[str, Callable[[], None]]) -> None:
+        try:
+            step[1]()
+        except ChloadError as exc:
+            failed[step[0]] = exc
+
+    runner.on_threads(write, [("flush", target.flush),
+                              ("record", lambda: target.ledger.record_run(run))], 2)
+    if failed and not _committed_any(target, report):
+        raise next(iter(failed.values()))
+    report.errors += [f"{exc}: {_UNWRITTEN[step]}" for step, exc in failed.items()]
+
+
+def _committed_any(target: Target, report: LoadReport) -> bool:
+    """Did this run commit anything: a unit, or a share of one on some shard of a
+    cluster (a unit is loaded only once every shard has its share)?"""
+    return report.files_loaded > 0 or any(s["rows"] for s in target.shard_report())
 
 
 def _summarize(report: LoadReport, results: list[FileResult], plan: planner.Plan,

@@ -17,7 +17,7 @@ from chload.core import plan as planner
 from chload.core import run as runner
 from chload.core.finish import (
     _check_settings,
-    _finish,
+    _finish_reported,
     _job_settings,
     _refuse,
     _run_record,
@@ -34,7 +34,7 @@ from chload.core.report import (
     shards_of,
 )
 from chload.core.run import Event, FileResult, Listener
-from chload.errors import UsageError
+from chload.errors import SchemaError, UsageError
 from chload.runtime.adaptive import MAX_STREAMS, Controller
 from chload.runtime.monitor import Monitor
 from chload.sources.base import SourceFile
@@ -80,6 +80,7 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     started_ns, clock = time.time_ns(), time.monotonic()
     _check_settings(target, spec.settings)
     report = LoadReport(table.display, target.display, run_id or os.urandom(6).hex())
+    report.notes += target.notes
     untold = [(f, formats.untold(f.uri)) for f in listed if not f.format.name]
     listed = [f for f in listed if f.format.name]
     existing = target.table_columns(table.sql)
@@ -116,7 +117,13 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
             to_load = []
         plan = replace(plan, to_load=to_load, columns=columns, read_columns=read_columns,
                        created_table=created)
-        sources.stored(columns, read_columns, target.engine_name, spec.budget.allows_errors)
+        try:
+            sources.stored(columns, read_columns, target.engine_name,
+                           spec.budget.allows_errors)
+        except SchemaError as exc:  # a value no column type holds: nothing loaded
+            if not created:
+                raise
+            raise _created_note(exc, table) from None
     target.ledger.stamp(table.display, state.uuid)
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load),
@@ -155,8 +162,16 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
                              sources.sorting_key(plan.to_load))
         report.notes += [note] if note else []
     if record:
-        _finish(target, _run_record(spec, report, started_ns, sources))
+        _finish_reported(target, report, _run_record(spec, report, started_ns, sources))
     return report
+
+
+def _created_note(error: SchemaError, table: planner.TableName) -> SchemaError:
+    """`error`, saying that this run created the table (empty): another --schema needs
+    it dropped first."""
+    return SchemaError(f"{error}; this run created {table.display} and loaded nothing into "
+                       f"it: drop it first (chload sql 'DROP TABLE {table.display}' with the same "
+                       "--target) to load with another --schema")
 
 
 def default_database(target: Target) -> str:

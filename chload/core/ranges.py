@@ -109,6 +109,26 @@ def message(display: str, guard: Guard, value: str, hint: str) -> SchemaError:
         "other rows and keep such rows in chload.rejects")
 
 
+def message_many(display: str, found: Sequence[tuple[Guard, str]], hint: str) -> SchemaError:
+    """The one line for values of several columns outside their ranges (the run stops
+    before any range is read: DatabaseSource.stored)."""
+    if len(found) == 1:
+        return message(display, found[0][0], found[0][1], hint)
+    held = "; ".join(held_text(g, v) for g, v in found)
+    wider = ", ".join(f"{g.name} as {g.wider}" for g, _ in found)
+    return SchemaError(
+        f"{display}: {held}; pass --schema with {wider} to load them, e.g. --schema {hint} "
+        "(a table that exists keeps its own types for them: ALTER or drop it first), or "
+        "--max-errors N to load the other rows and keep such rows in chload.rejects")
+
+
+def held_text(guard: Guard, value: str) -> str:
+    """'column t holds '1960-...', which DateTime cannot hold on ... (it holds ...)'."""
+    return (f"column {guard.name} holds {value!r}, which {guard.type} cannot hold on "
+            f"{guard.where} (it holds {_shown(guard.lo, guard.type)} to "
+            f"{_shown(guard.hi, guard.type)})")
+
+
 def _family(typ: str) -> tuple[str, int]:
     typ = bare_type(typ)
     family = typ.split("(", 1)[0].strip()

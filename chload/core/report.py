@@ -201,8 +201,9 @@ def shards_of(shards: Iterable[Mapping[str, Any]]) -> list[ShardLoad]:
 
 @dataclass(slots=True)
 class LoadReport:
-    """What a load did. `ok` is False when any file failed. `to_dict()` is what
-    `chload load --json` prints (a part that is None there is {})."""
+    """What a load did. `ok` is False when any file failed, or the run's last writes
+    (`errors`). `to_dict()` is what `chload load --json` prints (a part that is None
+    there is {})."""
 
     table: str
     target: str
@@ -225,11 +226,14 @@ class LoadReport:
     shards: list[ShardLoad] = field(default_factory=list)  # a Distributed table's
     notes: list[str] = field(default_factory=list)  # worth knowing, not errors (slow paths)
     unit: str = "file"  # what the summary calls a unit: a database's range, a Kafka batch
+    # what failed after units were committed, beside any one file (the ledger's last
+    # writes to a server gone): what was committed stands (core/finish.py)
+    errors: list[str] = field(default_factory=list)
     files: list[FileResult] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.files_failed == 0
+        return self.files_failed == 0 and not self.errors
 
     @property
     def rows_per_second(self) -> float:

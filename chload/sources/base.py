@@ -116,6 +116,11 @@ class SourceContext:
     key_order: bool = False  # the target sorts a unit by its key after the last byte
     # (Target.wants_key_order): a database source reads ranges in key order where cheap
     schema: str | None = None  # --schema: a database source carries a column it cannot
+    has_type: Callable[[str], bool] | None = None  # the target stores a type of this family
+    # (Target.has_type; None: not known): a database source types a date column Date on a
+    # server without Date32 where every value fits (databases/base.py)
+    engine: str = ""  # which ClickHouse stores the rows (Target.engine_name)
+    rejects: bool = False  # an error budget rejects rows (--max-errors)
 
 
 class Source(Protocol):

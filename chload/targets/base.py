@@ -80,6 +80,13 @@ class Target(Protocol):
     def ledger(self) -> Ledger: ...
 
     @property
+    def notes(self) -> Sequence[str]:
+        """What the report of a load into the table last given to `for_table` should
+        say, not an error (a server's table made here while its cluster's other servers
+        hold a Distributed one of that name: server/peers.py)."""
+        ...
+
+    @property
     def database(self) -> str:
         """What a bare --table name means (a server URL may name a database)."""
         ...

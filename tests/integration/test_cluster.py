@@ -283,3 +283,41 @@ def test_a_changed_sharding_key_is_refused_while_a_unit_is_half_loaded(weighted_
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["files_loaded"] == 1
     assert_exact_and_placed(weighted_cluster, table)
+
+
+def test_a_server_without_the_distributed_table_says_its_cluster_has_one(weighted_cluster,
+                                                                          trips):
+    """--target names shard 2, where the Distributed table (on server 1 only) does not
+    exist: chload creates a plain table there and loads into it, as into any server, and
+    the report says that the cluster's other servers hold a Distributed table of that
+    name. With --shard, the load is refused in one line, before anything is created."""
+    table = make_tables(weighted_cluster, "cityHash64(id)")
+    second = weighted_cluster.server(2)
+    one = str(Path(trips).parent / "trips_000.csv.gz")
+    refused = run_chload("load", one, "--table", table, "--target", f"{second.url}/default",
+                         *shard_args(weighted_cluster))
+    assert refused.returncode == 2, refused.stderr
+    line = refused.stderr.strip()
+    assert len(line.splitlines()) == 1 and "does not exist on" in line, line
+    assert f"cluster {weighted_cluster.name} (Distributed(" in line and "--target" in line
+    assert q(second, f"EXISTS TABLE default.{table}") == "0"
+
+    done = run_chload("load", one, "--table", table, "--target", f"{second.url}/default",
+                      "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["created_table"] and report["rows_loaded"] == ROWS
+    assert len(report["notes"]) == 1, report["notes"]
+    note = report["notes"][0]
+    assert f"Distributed table default.{table}" in note and weighted_cluster.name in note
+    assert "point --target at one of them" in note
+    assert q(second, f"SELECT engine FROM system.tables WHERE name = '{table}'") == "MergeTree"
+
+    other = f"t_{uuid.uuid4().hex[:10]}"  # Distributed nowhere: nothing to say
+    plain = run_chload("load", one, "--table", other, "--target", f"{second.url}/default")
+    assert plain.returncode == 0, plain.stderr
+    assert "note:" not in plain.stdout, plain.stdout
+    refused = run_chload("load", one, "--table", f"{other}_x", "--target",
+                         f"{second.url}/default", *shard_args(weighted_cluster))
+    assert refused.returncode == 2
+    assert "does not exist on" in refused.stderr and "load without --shard" in refused.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -63,9 +64,7 @@ def _refused(db: Source, table: str, target: str, *args: str, env: dict[str, str
 
 def _suggested(line: str) -> str:
     """The --schema a message suggests, as the shell would pass it."""
-    word = line.split("e.g. --schema ", 1)[1].rsplit(" (", 1)[0]
-    return subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True,
-                          text=True, check=True).stdout
+    return shlex.split(line.split("e.g. --schema ", 1)[1])[0]
 
 
 def _ch(target: str, sql: str, env: dict[str, str] | None = None) -> list[str]:

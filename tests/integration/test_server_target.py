@@ -64,6 +64,7 @@ def test_load_then_rerun_skips_all(clickhouse: services.Service, trips: Path,
     assert code == 0, report
     assert (report["files_loaded"], report["rows_loaded"]) == (FILES, TOTAL)
     assert report["created_table"] and report["target"].startswith("ClickHouse 18.16")
+    assert report["notes"] == []  # a server of no cluster: nothing said of other servers
     assert counts(clickhouse, table_name) == (TOTAL, TOTAL)
     costs = report["costs"]  # where the run's time went: before, during and after the rows
     assert 0 < costs["first_byte_s"] and 0 < costs["data_s"] <= report["seconds"]
@@ -147,6 +148,47 @@ def test_sigkills_and_a_server_restart_then_exactly_once(
     leftovers = q(clickhouse, "SELECT count() FROM system.tables WHERE database = 'chload' "
                               "AND match(name, '^(stage|lock|dirty)_')")
     assert leftovers == "0"
+
+
+def test_the_server_killed_after_a_commit_the_run_reports_it(
+        clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:
+    """The server dies right after the run's first commit (each commit waits 2 s after
+    its attach, and the test kills the server then): the other files fail, and the run
+    ends with its report, exit 1 (not 2, "nothing was loaded"): the committed file
+    loaded, the run's last writes in `errors`. A rerun loads the rest exactly once."""
+    make_trips(str(tmp_path), 4, 150_000)  # above 512 KB: a unit each
+    files = str(tmp_path / "*.csv.gz")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "chload", "load", files, "--table", table_name, "--target",
+         url(clickhouse), "--json", "--workers", "1"],
+        env={**os.environ, **env(clickhouse), "CHLOAD_PAUSE_AT": "after-attach:2"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: _rows(clickhouse, table_name) > 0, proc)
+        time.sleep(0.3)  # the ATTACH's answer on its way (the commit waits 2 s)
+        clickhouse.kill()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        clickhouse.restart()
+    assert proc.returncode == 1, (out, err)
+    report = json.loads(out)
+    assert (report["files_loaded"], report["rows_loaded"]) == (1, 150_000), report
+    assert report["files_failed"] == 3
+    assert any("chload history will not list it" in e for e in report["errors"]), report
+    code, again = load(clickhouse, files, "--table", table_name)
+    assert code == 0, again
+    assert again["files_loaded"] + again["files_skipped"] == 4  # (an interrupted commit
+    assert counts(clickhouse, table_name) == (600_000, 600_000)  # settled: skipped)
+
+
+def _rows(server: services.Service, table: str) -> int:
+    try:
+        return int(q(server, f"SELECT count() FROM {table}"))
+    except RuntimeError:  # not created yet
+        return 0
 
 
 def test_two_loaders_at_once_one_killed_in_its_commit(

@@ -87,6 +87,7 @@ class FakeTarget:
     reads_pipes = False
     wants_key_order = False
     single_writer = True
+    notes: Sequence[str] = ()
 
     def __init__(self, workdir: str, *, transient: dict[str, int] | None = None,
                  terminal: dict[str, str] | None = None, elsewhere: Sequence[str] = (),

@@ -60,3 +60,35 @@ def test_a_value_no_date_type_holds_is_suggested_string() -> None:
     assert "--schema 't String'" in str(checks.refusal(0, "infinity"))
     assert "--schema 't String'" in str(checks.refusal(0, "0044-03-15 BC"))
     assert "DateTime64(0, 'UTC')\"" in str(checks.refusal(0, "1960-01-01 00:00:00"))
+
+
+def test_a_suggested_schema_is_in_the_types_the_target_has() -> None:
+    """databases/base.py `storable`: the --schema a refusal suggests for 18.16."""
+    from chload.sources.databases.base import storable
+
+    old = {"UInt8", "Int32", "DateTime", "Date", "Nullable", "Array", "String", "UUID",
+           "Decimal"}.__contains__
+    assert storable("Nullable(Bool)", old) == "Nullable(UInt8)"
+    assert storable("Array(Nullable(Bool))", old) == "Array(Nullable(UInt8))"
+    assert storable("DateTime64(0, 'UTC')", old) == "DateTime('UTC')"
+    assert storable("Nullable(DateTime64(6, 'UTC'))", old) == "Nullable(String)"
+    assert storable("Date32", old) == "String"
+    assert storable("Decimal(50, 2)", old) == "String"
+    assert storable("Array(Nullable(UUID))", old) == "Array(Nullable(UUID))"
+    assert storable("Nullable(DateTime64(6, 'UTC'))", None) == "Nullable(DateTime64(6, 'UTC'))"
+
+
+def test_values_of_several_columns_are_one_line_with_one_schema() -> None:
+    from chload.sources.databases.table import DbColumn, DbUrl, RangeChecks
+
+    columns = [DbColumn("id", "Int32", ""), DbColumn("d", "Nullable(Date32)", ""),
+               DbColumn("t", "DateTime('UTC')", "")]
+    found = db_range.guards([("id", ""), ("d", "any"), ("t", "any")],
+                            ["Int32", "Date32", "DateTime('UTC')"], {}, "18.16.1", False)
+    url = DbUrl("postgresql", "u", "h", 5432, "db", "public", "t")
+    line = str(RangeChecks(url, columns, found).refusals({1: "infinity",
+                                                          2: "1960-01-01 00:00:00"}))
+    assert line.startswith("postgresql://h:5432/db/public.t: column d holds 'infinity'")
+    assert "column t holds '1960-01-01 00:00:00', which DateTime('UTC') cannot hold" in line, line
+    assert "pass --schema with d as String, t as String to load them, e.g. --schema " \
+           "'id Int32, d Nullable(String), t String'" in line, line

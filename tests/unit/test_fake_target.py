@@ -15,6 +15,7 @@ from chload.commit.ledger import FAILED, LOADED
 from chload.commit.rejects import ErrorBudget
 from chload.core import run as runner
 from chload.core.run import Event, RetryPolicy
+from chload.errors import TransientError
 from chload.formats import FileFormat
 from chload.schema import Column
 from chload.sources.base import SourceFile
@@ -152,6 +153,29 @@ def test_load_reports_what_the_target_did(tmp_path: Path) -> None:
     again = api._load_into(_spec(tmp_path), target)  # the ledger says what is loaded
     assert (again.files_loaded, again.files_skipped, again.files_failed) == (0, 3, 1)
     assert not again.created_table and again.rows_loaded == 0
+
+
+class _GoneAtTheEnd(FakeTarget):
+    """The server dies once the units are done: the run's last writes fail."""
+
+    def flush(self) -> None:
+        raise TransientError("server 127.0.0.1:1 unreachable: Connection refused")
+
+
+def test_the_last_writes_failing_after_commits_are_the_reports(tmp_path: Path) -> None:
+    _files(tmp_path, 2, 3)
+    target = _GoneAtTheEnd(str(tmp_path))
+    report = api._load_into(_spec(tmp_path), target)  # committed: not raised
+    assert (report.files_loaded, report.rows_loaded, report.ok) == (2, 5, False)
+    assert len(report.errors) == 1 and "the next run settles" in report.errors[0]
+    assert report.errors[0].startswith("server 127.0.0.1:1 unreachable")
+
+
+def test_the_last_writes_failing_with_nothing_committed_stop_the_run(tmp_path: Path) -> None:
+    files = _files(tmp_path, 2)
+    target = _GoneAtTheEnd(str(tmp_path), terminal={files[0].uri: "bad row"})
+    with pytest.raises(TransientError, match="unreachable"):  # exit 2: nothing was loaded
+        api._load_into(_spec(tmp_path), target)
 
 
 def test_load_with_on_error_abort_stops_at_the_first_failure(tmp_path: Path) -> None:

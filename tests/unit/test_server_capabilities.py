@@ -230,3 +230,18 @@ def test_raw_when_the_server_reads_the_bytes_else_push() -> None:
                                settings=(("format_csv_null_representation", "-"),))) == PUSH
     target.url = parse_target_url("http://h:1/db?path=push", env={})
     assert target.path_for(job("a.csv.gz", "CSVWithNames", "gzip")) == PUSH
+
+
+def test_every_column_the_server_cannot_store_is_in_one_line_with_a_whole_schema() -> None:
+    columns = [Column("id", "UInt64"), Column("at", "Nullable(DateTime64(3))"),
+               Column("d", "Date32"), Column("ok", "Bool"), Column("m", "Map(String, UInt64)")]
+    with pytest.raises(SchemaError) as info:
+        server_columns(columns, OLD, "table db.t")
+    assert str(info.value) == (
+        "table db.t: columns at (Nullable(DateTime64(3))), d (Date32), m (Map(String, "
+        "UInt64)) have types ClickHouse 18.16.1 cannot store; pass --schema with types it "
+        "has for them (at: DateTime (drops fractions of a second) or String; d: Date (1970 "
+        "to 2105 only on 18.16) or String; m: String), e.g. --schema 'id UInt64, at "
+        "Nullable(String), d String, ok UInt8, m String'")
+    with pytest.raises(SchemaError, match="; a whole --schema: 'id UInt64, d String'$"):
+        server_columns(columns[:1] + columns[2:3], OLD, "table db.t")

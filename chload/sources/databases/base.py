@@ -17,25 +17,35 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
 from chload.core import ranges as db_range
-from chload.errors import SourceError, UsageError
+from chload.errors import SchemaError, SourceError, UsageError
 from chload.formats import FileFormat
-from chload.schema import Column, quote_ident, quote_str, structure
+from chload.schema import Column, bare_type, quote_ident, quote_str, structure
 from chload.sources import pipes as db_pipes
 from chload.sources.base import RemoteSource, Source, SourceContext, SourceFile
 from chload.sources.databases import early as db_early
 from chload.sources.databases.plan import plan_units
 from chload.sources.databases.session import Session
-from chload.sources.databases.table import DbColumn, DbUrl, RangeChecks, parse_url, redact, refusal
+from chload.sources.databases.table import (
+    DbColumn,
+    DbUrl,
+    RangeChecks,
+    nullable,
+    parse_url,
+    redact,
+    refusal,
+)
 
 NATIVE = FileFormat("Native", "none")
+TSV = FileFormat("TSV", "none")
 
 
 # -- the Source ----------------------------------------------------------------------------
@@ -54,6 +64,11 @@ class DatabaseSource(RemoteSource):
         self.session: Session | None = None
         self.context = SourceContext()
         self.spools = ""
+        self.listed = "FALSE"  # the rows of the units `list` gave (the source's SQL)
+        self.asked: dict[tuple[int, str, str, str], str | None] = {}  # _outside's answers
+        self.rejects = False  # an error budget rejects rows (`stored`)
+        self.kept: dict[str, str] = {}  # column -> the type the target's table stores it
+        # as, where the target is not chDB: a converted spool is written in it (`_spooled`)
         self._notes: builtins.list[str] = []
         self._guard = threading.Lock()
 
@@ -75,14 +90,19 @@ class DatabaseSource(RemoteSource):
         self.context = context
         self.session = (db_early.claim(pattern, db_early.key(context))
                         or self.session_for(pattern, context))
-        refused = refusal(self.session.url, self.session.info.columns)
-        if refused is not None and context.schema is None:
-            raise refused
         if context.key_order:
             self.session.read_in_key_order()
         committed = context.committed() if context.committed is not None else {}
         units = plan_units(self.session, self.kind, sorted(committed.items()),
                            workers_of(context), bool(context.incremental_by), context.force)
+        # a copy's ranges together are the whole table (its key is never NULL)
+        whole = (context.force or not committed) and not context.incremental_by
+        self.listed = "TRUE" if whole or any(u.location == "TRUE" for u in units) else (
+            " OR ".join(f"({u.location})" for u in units) or "FALSE")
+        if context.schema is None:
+            self._dates_as_date(self.session, context)
+        if context.schema is None and any(c.refused for c in self.session.info.columns):
+            raise self._refusal(self.session, context)
         if not units and committed and not context.incremental_by:
             last = context.last_commit() if context.last_commit is not None else None
             self._notes.append(copied_note(self.session, last))
@@ -90,6 +110,69 @@ class DatabaseSource(RemoteSource):
 
     def notes(self) -> builtins.list[str]:
         return list(self._notes)
+
+    def _refusal(self, session: Session, context: SourceContext) -> SchemaError:
+        """The one line of a table with columns chload cannot carry: its --schema in
+        types the target has, String for a date or time column holding a value its
+        type cannot hold there (asked of the database now, so that the --schema given
+        loads)."""
+        hint = [replace(c, type=storable(c.type, context.has_type)) for c in
+                session.info.columns]
+        engine = context.engine or db_range.CHDB
+        guards = db_range.guards([(c.name, c.holds) for c in hint], [c.type for c in hint],
+                                 {}, engine, False)
+        found = self._outside(session, list(guards.values()), self.listed)
+        error = refusal(session.url, [replace(c, type=nullable("String", "Nullable(" in
+                                                                c.type))
+                                      if i in found else c for i, c in enumerate(hint)])
+        assert error is not None
+        if not found:
+            return error
+        held = ", ".join(f"{hint[i].name} holds {v!r}" for i, v in sorted(found.items()))
+        return SchemaError(f"{error}; String there also for values their types cannot hold "
+                           f"on {guards[min(found)].where}: {held}")
+
+    def _dates_as_date(self, session: Session, context: SourceContext) -> None:
+        """Date columns typed Date, not Date32, for a target that has no Date32 (18.16)
+        where every value to load fits Date there. One query asks, and asks too what
+        `_check_first` will where the table is made of these columns (`_predicted`), so
+        that a run reads the table once for both. A column holding a value outside
+        stays Date32, which that target refuses in one line naming it
+        (targets/server/capabilities.py)."""
+        if context.has_type is None:
+            return
+        columns = session.info.columns
+        narrow = not context.has_type("Date32")
+        guards = self._predicted(session, context, narrow)
+        found = self._outside(session, list(guards.values()), self.listed)
+        for i, column in enumerate(columns):
+            if narrow and bare_type(column.type) == "Date32" and i in guards and (
+                    i not in found):
+                columns[i] = replace(column, type=column.type.replace("Date32", "Date"))
+
+    def _predicted(self, session: Session, context: SourceContext,
+                   narrow: bool) -> dict[int, db_range.Guard]:
+        """The checks `stored` will make where the target creates the table of the
+        described columns (in the types it stores: Date for a date where `narrow`);
+        under an error budget, which checks nothing first, only the dates'."""
+        columns = session.info.columns
+        dates = {c.name for c in columns if narrow and bare_type(c.type) == "Date32"}
+        stored = {c.name: "Date" if c.name in dates else storable(c.type, context.has_type)
+                  for c in columns}
+        found = db_range.guards([(c.name, c.holds) for c in columns],
+                                [c.type for c in columns], stored,
+                                context.engine or db_range.CHDB, False)
+        return {i: g for i, g in found.items() if not context.rejects or g.name in dates}
+
+    def _outside(self, session: Session, guards: Sequence[db_range.Guard],
+                 where: str) -> dict[int, str]:
+        """Column index -> a value outside its guard's range, of the rows matching
+        `where`; each (column, range, where) asked of the database once."""
+        asked = [g for g in guards if (g.index, g.lo, g.hi, where) not in self.asked]
+        for guard, value in zip(asked, session.outside(asked, where), strict=True):
+            self.asked[(guard.index, guard.lo, guard.hi, where)] = value
+        return {g.index: value for g in guards
+                if (value := self.asked[(g.index, g.lo, g.hi, where)]) is not None}
 
     def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
                rejects: bool) -> None:
@@ -101,11 +184,26 @@ class DatabaseSource(RemoteSource):
         session = self.session
         if session is None:
             return
+        self.kept = {} if engine == db_range.CHDB else {c.name: c.type for c in columns}
+        self.rejects = rejects
         given = {c.name: c.type for c in read}
         typed = [replace(c, type=given.get(c.name, c.type)) for c in session.info.columns]
         found = db_range.guards([(c.name, c.holds) for c in typed], [c.type for c in typed],
                                 {c.name: c.type for c in columns}, engine, rejects)
         session.range_checks = RangeChecks(session.url, typed, found)
+        if not rejects:
+            self._check_first(session)
+
+    def _check_first(self, session: Session) -> None:
+        """Every value the range checks would refuse, found by one query over the rows
+        still to load before any range is read: one line names every such column (and
+        the --schema that loads them all), rather than a range failing after others
+        were committed. (Each range still checks its own rows.)"""
+        checks = session.range_checks
+        found = self._outside(session, list(checks.guards.values()), self.listed)
+        zeros = session.zero_dates(self.listed)
+        if found or zeros:
+            raise checks.refusals(found, zeros)
 
     def _open(self) -> Session:
         if self.session is None:
@@ -155,19 +253,31 @@ class DatabaseSource(RemoteSource):
         if self.context.query is None:
             raise UsageError(f"{file.uri}: converting its columns needs the engine "
                              "(SourceContext.query)")
-        read = [Column(c.name, c.spool_type if c.name in names else c.type)
-                for c in session.info.columns]
         by_name = {c.name: c for c in columns}
-        exprs = ", ".join(f"CAST({c.expr} AS {by_name[c.name].type}) AS {quote_ident(c.name)}"
-                          if c.expr and not _kept_as_text(c, by_name[c.name].type)
-                          else quote_ident(c.name)
+        text = self.rejects  # (TSV: a row the target's parse rejects is kept in chload.rejects)
+        read = [Column(c.name, c.spool_type if c.expr or c.name not in names
+                       else "Nullable(String)" if text else by_name[c.name].type)
+                for c in session.info.columns]
+        exprs = ", ".join(self._written(c, by_name[c.name].type, text)
                           for c in session.info.columns if c.name in names)
-        native = path + ".native"
+        native, fmt = path + ".native", TSV if text else NATIVE
         self.context.query(
-            f"INSERT INTO FUNCTION file({quote_str(native)}, 'Native') SELECT {exprs} FROM "
-            f"file({quote_str(path)}, 'TSV', {quote_str(structure(read))})")
+            f"INSERT INTO FUNCTION file({quote_str(native)}, {quote_str(fmt.name)}) "
+            f"SELECT {exprs} FROM file({quote_str(path)}, 'TSV', {quote_str(structure(read))})")
         os.remove(path)
-        return replace(spool, local_path=native, format=NATIVE, size=os.path.getsize(native))
+        return replace(spool, local_path=native, format=fmt, size=os.path.getsize(native))
+
+    def _written(self, column: DbColumn, given: str, text: bool) -> str:
+        """A column of a converted spool: in the type it is read as (`given`), or for a
+        server, the type its table stores (the server's INSERT of Native takes each
+        column in the table's own type, and knows no Bool, Date32 or DateTime64 on
+        18.16: `kept`); under an error budget (`text`) a column not converted is its
+        text as the source printed it, for the target to parse."""
+        typ = self.kept.get(column.name, given)
+        name = quote_ident(column.name)
+        if column.expr and not _kept_as_text(column, given):
+            return f"CAST({column.expr} AS {typ}) AS {name}"
+        return name if typ == given or text else f"CAST({name} AS {typ}) AS {name}"
 
     def release(self, files: Iterable[SourceFile]) -> None:
         """Remove the spools and pipes `fetch` made (listed units have none)."""
@@ -224,6 +334,24 @@ def _kept_as_text(column: DbColumn, given: str) -> bool:
     converted (a 2-D array, which Array(T) cannot hold)."""
     return column.type.startswith("Array(") and given.removeprefix("Nullable(").startswith(
         "String")
+
+
+def storable(typ: str, has_type: Callable[[str], bool] | None) -> str:
+    """`typ` as a --schema for a target that may lack its family (`has_type`; None: all
+    are had): Bool and DateTime64(0) as the server maps them (capabilities.py), else
+    String for a type it lacks."""
+    if has_type is None:
+        return typ
+    typ = re.sub(r"\bBool\b", "UInt8", typ) if not has_type("Bool") else typ
+    if not has_type("DateTime64"):
+        typ = re.sub(r"DateTime64\(0(, ('[^']*'))?\)", r"DateTime(\2)", typ).replace(
+            "DateTime()", "DateTime")
+    families = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", re.sub(r"'[^']*'", "", typ))
+    wide = re.search(r"Decimal\((\d+)", typ)
+    if any(f[0].isupper() and not has_type(f) for f in families) or (
+            wide and int(wide.group(1)) > 38 and not has_type("Decimal256")):
+        return nullable("String", typ.startswith("Nullable("))
+    return typ
 
 
 def copied_note(session: Session, last: tuple[str, int] | None) -> str:

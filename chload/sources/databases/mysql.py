@@ -19,11 +19,12 @@ import os
 import queue
 import re
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from chload.core import ranges as db_range
-from chload.errors import ChloadError, SchemaError, SourceError, TransientError, UsageError
+from chload.errors import ChloadError, SourceError, TransientError, UsageError
 from chload.schema import parse_structure
 from chload.sources.base import SourceContext
 from chload.sources.databases.base import DatabaseSource, workers_of
@@ -41,10 +42,10 @@ from chload.sources.databases.table import (
     NO_CHECKS,
     DbColumn,
     DbUrl,
+    RangeChecks,
     TableInfo,
     cannot_carry,
     nullable,
-    schema_hint,
 )
 from chload.sources.pipes import Reading
 
@@ -72,6 +73,7 @@ class MysqlSession:
                  workers: int, schema: str | None = None) -> None:
         self.url, self.query, self.schema = url, query, schema
         self.zero = ""  # per column, what a zero date does (_zero_dates)
+        self._zeros: dict[str, dict[int, str]] = {}  # zero_dates found by `outside`
         self.native, self.why_not_native = load_native()
         self.client = "" if self.native else client()
         self.password = _password(url)
@@ -225,24 +227,32 @@ class MysqlSession:
         """A reader's error as one line; a zero date (mysql_copy.c) names its column,
         and the --schema that loads it."""
         args = exc.args if isinstance(exc, NativeError) else ()
-        if args and args[0] == OUT_OF_RANGE:
-            index, _, value = str(args[1]).partition("\t")
-            return self.range_checks.refusal(int(index), value)
-        if not args or args[0] != ZERO_DATE:
+        if not args or args[0] not in (OUT_OF_RANGE, ZERO_DATE):
             return _error(self.url, exc, self.password)
         index, _, value = str(args[1]).partition("\t")
-        column = self.info.columns[int(index)]
-        typ = column.type
-        if typ.startswith("Nullable("):
-            typ = typ[len("Nullable("):-1]
-        given = schema_hint([replace(c, type=f"Nullable({typ})") if c is column else c
-                             for c in self.info.columns])
-        return SchemaError(
-            f"{self.url.display}: column {column.name} holds the zero date '{value}' (a "
-            "permissive sql_mode let it in), which ClickHouse has no value for; pass "
-            f"--schema with {column.name} as Nullable({typ}) to load such dates as NULL, "
-            f"or as String to keep their text, e.g. --schema {given} (a table that exists "
-            f"keeps its own type for {column.name}: ALTER or drop it first)")
+        if args[0] == OUT_OF_RANGE:
+            return self.range_checks.refusal(int(index), value)
+        return RangeChecks(self.url, self.info.columns, {}).refusals({}, {int(index): value})
+
+    def zero_dates(self, where: str) -> dict[int, str]:
+        """Session.zero_dates (asked with `outside`'s query, where that ran)."""
+        found = self._zeros.pop(where, None)
+        return self._zeros_in(self._first([], where)) if found is None else found
+
+    def _zeros_in(self, values: list[str | None]) -> dict[int, str]:
+        failing = (i for i, flag in enumerate(self.zero) if flag == "1")
+        return {i: v for i, v in zip(failing, values, strict=True) if v is not None}
+
+    def _first(self, mins: list[str], where: str) -> list[str | None]:
+        """`mins`, then each zero-checked column's least zero date, in `where`'s rows."""
+        mins = mins + [f"MIN(IF(MONTH({c}) = 0 OR DAYOFMONTH({c}) = 0, {c}, NULL))" for c in (
+            _ident(self.info.columns[i].name) for i, f in enumerate(self.zero) if f == "1")]
+        if not mins:
+            return []
+        row = self._all(f"SELECT {', '.join(f'CAST({m} AS CHAR)' for m in mins)} FROM "
+                        f"{self._from()} WHERE {where}")[0]
+        return [None if v is None else v.decode() if isinstance(v, bytes) else str(v)
+                for v in row]
 
     def bounds(self, axis: str) -> tuple[str | None, str | None, int]:
         return self._bounds
@@ -253,6 +263,17 @@ class MysqlSession:
     def predicate(self, axis: str, r: Range) -> str:
         return range_predicate(_ident(axis), r,
                                lambda value: _literal(value, self.info.axis_integer))
+
+    def outside(self, guards: Sequence[db_range.Guard], where: str) -> list[str | None]:
+        """Session.outside: the least value of each column outside its guard's range
+        (zero dates are the zero checks': found by the same query, for `zero_dates`)."""
+        if not guards:
+            return []
+        cols = self.info.columns
+        values = self._first([f"MIN(IF({_kept(cols[g.index], g)}, NULL, "
+                              f"{_ident(cols[g.index].name)}))" for g in guards], where)
+        self._zeros[where] = self._zeros_in(values[len(guards):])
+        return values[:len(guards)]
 
     # -- reading -----------------------------------------------------------------------
     def read(self, where: str, out: int) -> _Relay:
@@ -434,10 +455,15 @@ def _range_guard(column: DbColumn, guard: db_range.Guard) -> str:
     outside [lo, hi] as text no date parser takes, so the range fails with the engine's
     parse error (or, within a budget, the row is rejected). Zero dates stay the zero
     guard's, and NULL stays NULL."""
+    shown = f"CONCAT('{db_range.SHOWN}', {_ident(column.name)})"
+    return f"IF({_kept(column, guard)}, {column.select}, {shown})"
+
+
+def _kept(column: DbColumn, guard: db_range.Guard) -> str:
+    """A value the range check passes: NULL, within [lo, hi], or a zero date (_zero_guard)."""
     col = _ident(column.name)
-    kept = (f"{col} IS NULL OR {col} BETWEEN '{guard.lo}' AND '{guard.hi}' OR "
+    return (f"{col} IS NULL OR {col} BETWEEN '{guard.lo}' AND '{guard.hi}' OR "
             f"MONTH({col}) = 0 OR DAYOFMONTH({col}) = 0")
-    return f"IF({kept}, {column.select}, CONCAT('{db_range.SHOWN}', {col}))"
 
 
 def _zero_guard(column: DbColumn, flag: str) -> DbColumn:

@@ -20,7 +20,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO
 
 from chload.core import ranges as db_range
@@ -200,6 +200,18 @@ class PostgresSession:
         return range_predicate(_ident(axis), r,
                                lambda value: _literal(value, self.info.axis_integer))
 
+    def outside(self, guards: Sequence[db_range.Guard], where: str) -> list[str | None]:
+        """Session.outside, in the snapshot: each column's least value if below its
+        guard's range (-infinity, BC), else its greatest if above (infinity, a year past
+        9999), as COPY prints it: min and max only, which an index answers."""
+        if not guards:
+            return []
+        found = ", ".join(_beyond(self.info.columns[g.index], g) for g in guards)
+        return self._one(f"SELECT {found} FROM {self._from()} WHERE {where}")
+
+    def zero_dates(self, where: str) -> dict[int, str]:
+        return {}  # (PostgreSQL has none)
+
     # -- reading -----------------------------------------------------------------------
     def _script(self, where: str) -> bytes:
         guards = self.range_checks.guards
@@ -339,6 +351,19 @@ def _within(column: DbColumn, guard: db_range.Guard) -> str:
     col = _ident(column.name)
     lo = max(guard.lo, "0001-01-01 00:00:00")  # year 0 is 1 BC, which COPY prints so
     return f"{col} >= '{lo}+00' AND {col} <= '{guard.hi}+00'"
+
+
+def _beyond(column: DbColumn, guard: db_range.Guard) -> str:
+    """The column's min where below the guard's range, else its max where above, as
+    text (a timestamptz as its UTC wall-clock, as read); NULL when within."""
+    col = _ident(column.name)
+    lo = max(guard.lo, "0001-01-01 00:00:00")
+
+    def shown(value: str) -> str:
+        zoned = column.source_type == "timestamptz"
+        return f"({value} AT TIME ZONE 'UTC')::text" if zoned else f"{value}::text"
+    return (f"CASE WHEN min({col}) < '{lo}+00' THEN {shown(f'min({col})')} WHEN max({col}) > "
+            f"'{guard.hi}+00' THEN {shown(f'max({col})')} END")
 
 
 def _refused(column: DbColumn, guard: db_range.Guard) -> str:

@@ -9,10 +9,11 @@ into and closes it; `finish` says whether every row was written.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from chload.core.ranges import Guard
 from chload.sources import pipes as db_pipes
 from chload.sources.databases.table import DbUrl, RangeChecks, TableInfo
 from chload.sources.pipes import Reading
@@ -68,6 +69,16 @@ class Session(Protocol):
         ...
 
     def predicate(self, axis: str, r: Range) -> str: ...
+
+    def outside(self, guards: Sequence[Guard], where: str) -> list[str | None]:
+        """For each guard, a value of its column (by position) outside [lo, hi] among
+        the rows matching `where`, or None: one query, before any range is read."""
+        ...
+
+    def zero_dates(self, where: str) -> dict[int, str]:
+        """Column index -> a zero date (MySQL's 0000-00-00, 2024-02-00) among the rows
+        matching `where`, of each column where one would fail the range."""
+        ...
 
     def close(self) -> None: ...
 

@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 
 from chload.core import ranges as db_range
 from chload.errors import SchemaError, UsageError
-from chload.schema import quote_ident
+from chload.schema import schema_argument
 
 URL_KINDS = {"postgresql": "postgresql", "postgres": "postgresql", "mysql": "mysql",
              "mariadb": "mysql"}  # a URL's scheme -> DbUrl.kind
@@ -145,20 +145,7 @@ def refusal(url: DbUrl, columns: Sequence[DbColumn]) -> SchemaError | None:
 
 def schema_hint(columns: Sequence[DbColumn]) -> str:
     """A whole --schema for these columns, quoted for the shell."""
-    return _shell_word(", ".join(f"{_name(c.name)} {c.type}" for c in columns))
-
-
-def _name(name: str) -> str:
-    """A column name as --schema takes it: bare where it can be."""
-    return name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else quote_ident(name)
-
-
-def _shell_word(text: str) -> str:
-    """`text` quoted for a POSIX shell, readably: in single quotes, or in double quotes
-    where it holds one (a type's time zone: DateTime64(6, 'UTC'))."""
-    if "'" not in text:
-        return f"'{text}'"
-    return '"' + re.sub(r'([\\"$`])', r"\\\1", text) + '"'
+    return schema_argument((c.name, c.type) for c in columns)
 
 
 # -- values out of the target's range ----------------------------------------------------
@@ -173,15 +160,45 @@ class RangeChecks:
 
     def refusal(self, index: int, value: str) -> SchemaError:
         """The one line for `value` of the column at `index`, outside its type's range."""
-        guard = self.guards[index]
-        if not re.match(r"(?!0000)\d{4}-\d\d-\d\d", value) or value.endswith(" BC"):
-            guard = replace(guard, wider="String")  # no date type holds infinity, BC, 10000
-        column = self.columns[index]
-        wider = (f"Nullable({guard.wider})" if column.type.startswith("Nullable(")
-                 else guard.wider)
-        hint = schema_hint([replace(c, type=wider) if c is column else c
-                            for c in self.columns])
-        return db_range.message(self.url.display, guard, value, hint)
+        return self.refusals({index: value})
+
+    def refusals(self, found: dict[int, str], zeros: dict[int, str] | None = None
+                 ) -> SchemaError:
+        """The one line for values of several columns (by index) outside their types'
+        ranges (`found`) and MySQL zero dates (`zeros`), with the one --schema that
+        loads them all."""
+        zeros = zeros or {}
+        guards = {i: self.guards[i] if is_date(v) else replace(self.guards[i], wider="String")
+                  for i, v in found.items()}  # no date type holds infinity, BC, 10000
+        nulls = {i: c.type if c.type.startswith("Nullable(") else f"Nullable({c.type})"
+                 for i, c in enumerate(self.columns) if i in zeros}
+        hint = schema_hint([replace(c, type=_wrapped(c.type, guards[i].wider)) if i in guards
+                            else replace(c, type=nulls[i]) if i in nulls else c
+                            for i, c in enumerate(self.columns)])
+        if not zeros:
+            return db_range.message_many(self.url.display,
+                                         [(guards[i], found[i]) for i in sorted(found)], hint)
+        held = [db_range.held_text(guards[i], v) for i, v in sorted(found.items())] + [
+            f"column {self.columns[i].name} holds the zero date '{v}' (a permissive "
+            "sql_mode let it in), which ClickHouse has no value for"
+            for i, v in sorted(zeros.items()) if i not in found]
+        ways = [f"{guards[i].name} as {guards[i].wider}" for i in sorted(found)] + [
+            f"{self.columns[i].name} as {nulls[i]} to load such dates as NULL, or as String "
+            "to keep their text" for i in sorted(zeros) if i not in found]
+        return SchemaError(
+            f"{self.url.display}: {'; '.join(held)}; pass --schema with {', '.join(ways)}, "
+            f"e.g. --schema {hint} (a table that exists keeps its own type for "
+            f"{'them' if len(ways) > 1 else 'it'}: ALTER or drop it first)")
+
+
+def is_date(value: str) -> bool:
+    """A value as the source prints it is a date of years 0001 to 9999 (not infinity, BC,
+    or a year past 9999)."""
+    return bool(re.match(r"(?!0000)\d{4}-\d\d-\d\d", value)) and not value.endswith(" BC")
+
+
+def _wrapped(typ: str, wider: str) -> str:
+    return f"Nullable({wider})" if typ.startswith("Nullable(") else wider
 
 
 NO_CHECKS = RangeChecks(DbUrl("", "", "", 0, "", "", ""), [], {})

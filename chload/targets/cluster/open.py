@@ -14,6 +14,7 @@ from chload.errors import ChloadError, UsageError
 from chload.schema import display_table
 from chload.targets.base import Target
 from chload.targets.cluster.layout import (
+    Described,
     check_locals,
     describe,
     layout_from,
@@ -21,10 +22,28 @@ from chload.targets.cluster.layout import (
     parse_shard_map,
 )
 from chload.targets.cluster.target import ClusterTarget
+from chload.targets.server import peers
 from chload.targets.server.target import ServerTarget
 
 SHARD_BY = ("auto", "file")
 _RANDOM = re.compile(r"\brand(64|Constant)?\s*\(", re.IGNORECASE)
+
+
+def _not_distributed(target: ServerTarget, table: str, described: Described) -> str:
+    """Why --shard is refused for `table`: not Distributed, or (no such table on the
+    target server) Distributed on the other servers of its cluster (server/peers.py)."""
+    shown = display_table(table)
+    if described.columns is not None:
+        return f"--shard: table {shown} is not Distributed"
+    clusters = sorted({r["a"] for r in described.replicas if r["f"].endswith(" 0")})
+    found = peers.distributed_elsewhere(target.rows, table, clusters)
+    if found:
+        return (f"--shard: table {shown} does not exist on {target.url.display}, but other "
+                f"servers of {peers.said(found)} hold a Distributed table {shown}: point "
+                "--target at one of them; nothing was loaded")
+    return (f"--shard: table {shown} does not exist on {target.url.display}; --shard is for "
+            "a Distributed table there: create it first, or load without --shard; nothing "
+            "was loaded")
 
 
 @contextlib.contextmanager
@@ -45,7 +64,7 @@ def for_table(target: Target, table: str, shard_map: Sequence[tuple[str, str]] =
     dist = described.dist
     if dist is None:
         if given:
-            raise UsageError(f"--shard: table {display_table(table)} is not Distributed")
+            raise UsageError(_not_distributed(target, table, described))
         yield target
         return
     layout = layout_from(target, described, table)

@@ -63,6 +63,7 @@ class ClusterTarget(Ending):
     reads_pipes = False  # piped units (Kafka, databases) are not routed to shards yet
     single_writer = False
     wants_key_order = False  # (no gain shown through the routing)
+    notes: Sequence[str] = ()
 
     def __init__(self, entry: ServerTarget, table: str, dist: Distributed,
                  shards: list[Shard], by_file: bool) -> None:

@@ -92,6 +92,7 @@ class EmbeddedTarget:
     single_writer = True  # the directory's flock (engine.py)
     # it reads as /dev/fd/N while the source writes (SourceContext.pipes)
     wants_key_order = False  # it writes as rows come; an ordered read was a loss here
+    notes: Sequence[str] = ()  # (nothing to say of a table here)
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from chload.errors import SchemaError, TerminalError
-from chload.schema import Column
+from chload.schema import AUDIT_COLUMNS, Column, schema_argument
 
 # "SELECT 1" compressed by each method (made once with the standard library, or for
 # zstd, br and lz4 with chDB's file() writer): no compression module is imported.
@@ -161,14 +161,40 @@ _SUFFIX = re.compile(r"\s+(?:DEFAULT|MATERIALIZED|ALIAS|CODEC|COMMENT)\b")
 
 def server_columns(columns: Sequence[Column], caps: Capabilities, where: str) -> list[Column]:
     """Columns for a CREATE TABLE here: each type as `server_type` stores it (a DEFAULT,
-    CODEC, ... after it kept); a type the server cannot store is one clear SchemaError."""
-    stored = []
+    CODEC, ... after it kept). Types the server cannot store are one SchemaError naming
+    every such column and a whole --schema that loads (`_refusal`)."""
+    stored, refused = [], []
     for column in columns:
         suffix = _SUFFIX.search(column.type)
         cut = suffix.start() if suffix else len(column.type)
-        typ = server_type(column.type[:cut], caps, column.name, where)
+        try:
+            typ = server_type(column.type[:cut], caps, column.name, where)
+        except SchemaError as exc:
+            refused.append((column, exc))
+            continue
         stored.append(Column(column.name, typ + column.type[cut:], column.default_kind))
+    if refused:
+        raise _refusal(columns, stored, refused, caps, where)
     return stored
+
+
+def _refusal(columns: Sequence[Column], stored: Sequence[Column],
+             refused: Sequence[tuple[Column, SchemaError]], caps: Capabilities,
+             where: str) -> SchemaError:
+    """One line for every column this server cannot store: what each may be instead,
+    and a whole --schema (the others as stored, those as String) that loads."""
+    kept = {c.name: c.type for c in stored}
+    whole = schema_argument(
+        (c.name, kept.get(c.name) or ("Nullable(String)" if c.type.startswith("Nullable(")
+                                      else "String"))
+        for c in columns if not c.default_kind and c.name not in AUDIT_COLUMNS)
+    if len(refused) == 1:
+        return SchemaError(f"{refused[0][1]}; a whole --schema: {whole}")
+    which = ", ".join(f"{c.name} ({c.type})" for c, _ in refused)
+    ways = "; ".join(f"{c.name}: {_hint(c.type)}" for c, _ in refused)
+    return SchemaError(f"{where}: columns {which} have types ClickHouse {caps.version} "
+                       f"cannot store; pass --schema with types it has for them ({ways}), "
+                       f"e.g. --schema {whole}")
 
 
 def server_type(typ: str, caps: Capabilities, column: str, where: str) -> str:
@@ -196,12 +222,18 @@ def server_type(typ: str, caps: Capabilities, column: str, where: str) -> str:
     match = _DATETIME64.match(typ)
     if match and match.group(1) == "0" and "DateTime" in caps.types:
         return f"DateTime({match.group(2)})" if match.group(2) else "DateTime"
-    hint = {"DateTime64": "DateTime (drops fractions of a second) or String",
-            "Date32": "Date (1970 to 2105 only on 18.16) or String"}.get(family, "String")
     raise SchemaError(
         f"{where}: column {column} has type {typ}, which ClickHouse {caps.version} cannot "
-        f"store; pass --schema with a type it has for {column}, e.g. {hint}"
+        f"store; pass --schema with a type it has for {column}, e.g. {_hint(typ)}"
     )
+
+
+def _hint(typ: str) -> str:
+    """What a column of `typ` may be on a server that lacks it."""
+    bare = re.sub(r"^(?:(?:Nullable|LowCardinality|Array)\()+", "", typ)
+    family = bare.split("(", 1)[0].rstrip(")")
+    return {"DateTime64": "DateTime (drops fractions of a second) or String",
+            "Date32": "Date (1970 to 2105 only on 18.16) or String"}.get(family, "String")
 
 
 def _split(args: str) -> list[str]:

@@ -66,6 +66,7 @@ from chload.sources.registry import table_function
 from chload.targets.base import Loaded, LoadJob, Target
 from chload.targets.server import early as server_early
 from chload.targets.server import groups as server_groups
+from chload.targets.server import peers
 from chload.targets.server.capabilities import Capabilities, server_columns, storable
 from chload.targets.server.fill import StageFilling
 from chload.targets.server.http import HttpClient, TargetURL
@@ -95,6 +96,7 @@ class ServerTarget(StageFilling):
     reads_pipes = True  # a piped unit is posted chunked as it comes (fill.py, is_pipe)
     single_writer = False
     wants_key_order = True  # a one-part stage is sorted after its last byte (18.16)
+    notes: Sequence[str] = ()  # for the report of a load: set by for_table
 
     def __init__(self, url: TargetURL, clusters: OpenCluster | None = None) -> None:
         self.url = url
@@ -422,7 +424,10 @@ class ServerTarget(StageFilling):
     def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
                   env: Mapping[str, str]) -> AbstractContextManager[Target]:
         """This server, or the cluster of `table`'s shards when it is Distributed."""
+        self.notes = []
         if not shards and shard_by in ("auto", "file") and not self._distributed(table):
+            if self._columns_asked.get(table, []) is None:  # no such table: created here
+                self.notes = self._distributed_elsewhere(table)
             return nullcontext(self)  # the cluster modules stay unimported
         if self._clusters is None:
             raise UsageError(f"{display_table(table)}: a Distributed table; this server was "
@@ -437,6 +442,12 @@ class ServerTarget(StageFilling):
             return False
         self._ahead.clear()  # asked for this table: the cluster's targets ask their own
         return True
+
+    def _distributed_elsewhere(self, table: str) -> list[str]:
+        """A note for the report when the other servers of a cluster of this server hold
+        a Distributed table of the name (peers.py), which is then made here plain."""
+        found = peers.distributed_elsewhere(self.rows, table, peers.clusters_of(self.rows))
+        return [peers.creating_note(table, self.url.display, found)] if found else []
 
     def shard_report(self) -> list[dict]:
         return []
