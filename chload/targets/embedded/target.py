@@ -115,7 +115,7 @@ class EmbeddedTarget:
         # A directory this process made holds only the ledger until it creates a table:
         # no table to describe, no commit to settle (two queries less at start-up).
         self.fresh = new
-        self._committed_any = False  # a commit began (its stage may be attached in part)
+        self._kept = False  # a table was made (a message may name it) or a commit began
         self._units = [0, 0]  # committed units (stages) and their files, for cost_report
         self._units_guard = threading.Lock()
 
@@ -147,7 +147,7 @@ class EmbeddedTarget:
 
     def create_table(self, table: str, columns: Sequence[Column], order_by: str | None,
                      partition_by: str | None) -> None:
-        self.fresh = False
+        self.fresh, self._kept = False, True
         self.command(create_table_sql(table, columns, order_by, partition_by))
 
     @property
@@ -204,7 +204,7 @@ class EmbeddedTarget:
         runner may try again. Any other error leaves the `committing` event and the
         stage for the committer to settle (some partitions may be attached already).
         """
-        self._committed_any = True
+        self._kept = True
         try:
             done = self.committer.commit(job.table, job.table_display, stage, None, events,
                                          self._started_ns, job.follows)
@@ -380,14 +380,14 @@ class EmbeddedTarget:
                 "session_open_seconds": round(stats.open_seconds, 3)}
 
     def close(self, failed: bool = False) -> None:
-        """Flush and close; after a run that `failed` before any commit, the directory
-        it made (the ledger's tables, perhaps an empty table) is removed: a typo in a
-        source's name leaves nothing on disk. A directory that was there is kept."""
+        """Flush and close; after a run that `failed` before it made a table or began a
+        commit, the directory it made (the ledger's tables only) is removed: a typo in a
+        source's name leaves nothing on disk. A directory that held anything is kept."""
         try:
             self.flush()
         finally:
             self.engine.close()
-        if failed and self.made and not self._committed_any:
+        if failed and self.made and not self._kept:
             _remove(self.path, self.made == "contents")
 
 
