@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from chload.core.run import FileResult
 from chload.errors import UsageError
-from chload.sources.kafka.plan import Partition, committed
+from chload.sources.kafka.plan import Partition, committed, follow
+from chload.sources.kafka.read import LIBRDKAFKA_LOG
 
 if TYPE_CHECKING:
     from chload.targets.base import Target
@@ -55,7 +56,9 @@ class Membership:
             raise UsageError("kafka:// needs confluent-kafka: pip install 'chload[kafka]'"
                              ) from exc
         settings = {**config, "group.id": group, "enable.auto.commit": "false",
-                    "enable.partition.eof": "false", "auto.offset.reset": "latest"}
+                    "enable.partition.eof": "false", "auto.offset.reset": "latest",
+                    "logger": LIBRDKAFKA_LOG, "error_cb": _ignored}  # a broker down: the
+        # readers' failure and Broker.down say so, in one line
         settings.setdefault("session.timeout.ms", SESSION_MS)
         settings.setdefault("heartbeat.interval.ms", HEARTBEAT_MS)  # a rebalance seen soon
         self.group = group
@@ -126,6 +129,10 @@ class Membership:
             pass
 
 
+def _ignored(error: Any) -> None:
+    """The membership's errors (a broker down, a rebalance): the group retries them."""
+
+
 class Share:
     """What a run loads of its partitions: all of them without a group, else those the
     group gives it, each re-planned from the ledger's end when it arrives (another
@@ -148,13 +155,12 @@ class Share:
                 and (p.topic, p.partition) in owned]
 
     def sync(self, partitions: list[Partition]) -> None:
-        """Each partition moved on to its committed end in the ledger, where beyond."""
+        """Each partition moved on to its committed end in the ledger, where beyond and
+        of the same topic id (a re-created topic's first units follow the old one's)."""
         marks, _ = committed(self.target, self.table.database, self.table.name,
                              self.table.display)
         for p in partitions:
-            mark = marks.get(p.stream)
-            if mark is not None and mark.end > p.after:
-                p.next = p.after = max(p.next, mark.end)
+            follow(p, marks)
 
     def finished(self, partitions: list[Partition]) -> bool:
         """Without --follow: whether every partition is at the end seen at start in the

@@ -6,7 +6,6 @@ the rounds."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -71,8 +70,15 @@ class Partition:
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    end: int  # last offset of the stream's latest committed unit + 1
-    identity: str  # that unit's identity: '<topic id>:<first>-<last>'
+    """A stream's place in the ledger, counted within one topic id: the id of its
+    latest committed unit (a topic re-created and accepted with --force has the new
+    one), the end of that id's units, and the ledger seq from which they count."""
+
+    end: int  # last offset of the topic id's highest committed unit + 1
+    topic_id: str  # '' where the broker has no topic ids
+    since: int  # events before it are of another topic of that name (or set aside)
+    latest: int  # the seq of the stream's latest committed unit, whatever its id
+    replaced: bool = False  # units of another id before: a re-created topic, accepted
 
 
 def stream_of(source: KafkaSource, topic: str, partition: int) -> str:
@@ -82,19 +88,53 @@ def stream_of(source: KafkaSource, topic: str, partition: int) -> str:
 def committed(target: Target, database: str, name: str, display: str,
               ) -> tuple[dict[str, Mark], int]:
     """Each Kafka stream's committed end in the table's own history (ledger.own_history:
-    a table dropped, re-created or truncated starts again), and the ledger seq from
-    which events count (events before it were set aside)."""
+    a table dropped, re-created or truncated starts again), within its latest topic id
+    (`marks`); and the ledger seq from which events count (events before it were set
+    aside)."""
     live = {e.uri: e for e in target.ledger.latest(display)
             if e.uri.startswith(SCHEME) and e.state in (COMMITTING, LOADED)}
     own, _ = own_history(target.ledger.table_state(database, name), live)
     since = max((e.seq for uri, e in live.items() if uri not in own), default=-1) + 1
-    marks: dict[str, Mark] = {}
+    units: dict[str, list[tuple[int, str, int]]] = {}  # stream -> (seq, topic id, end)
     for uri, event in own.items():
         stream, _, span = uri.rpartition("/")
-        end = int(span.rpartition("-")[2]) + 1
-        if event.seq >= since and end > marks.get(stream, Mark(0, "")).end:
-            marks[stream] = Mark(end, event.identity)
-    return marks, since
+        if event.seq >= since:
+            units.setdefault(stream, []).append(
+                (event.seq, event.identity.rpartition(":")[0], int(span.rpartition("-")[2]) + 1))
+    return {stream: _mark(found, since) for stream, found in units.items()}, since
+
+
+def _mark(units: list[tuple[int, str, int]], since: int) -> Mark:
+    """A stream's mark from its committed units (seq, topic id, end): offsets are
+    compared only within the topic id of the latest (units without an id, where it
+    could not be read, count with those around them), and units before the last one
+    of another id (an older topic of that name) are set aside by seq."""
+    ordered = sorted(units)
+    topic_id = next((i for _, i, _ in reversed(ordered) if i), "")
+    start = max((n for n, (_, i, _) in enumerate(ordered) if i and i != topic_id),
+                default=-1) + 1
+    if start:
+        since = max(since, ordered[start - 1][0] + 1)
+    return Mark(max(end for _, _, end in ordered[start:]), topic_id, since, ordered[-1][0],
+                replaced=start > 0)
+
+
+def follow(part: Partition, marks: dict[str, Mark]) -> bool:
+    """Move the partition on to its committed end in the ledger, where that is beyond
+    its own and of the same topic (another loader's units); whether it moved."""
+    mark = marks.get(part.stream)
+    if mark is None or mark.end <= part.after or not same_topic(mark.topic_id,
+                                                                part.topic_id):
+        return False
+    part.next = part.after = max(part.next, mark.end)
+    part.since_seq = max(part.since_seq, mark.since)
+    return True
+
+
+def same_topic(a: str, b: str) -> bool:
+    """Whether two topic ids may be of one topic ('': not known, as on a broker
+    without ids)."""
+    return not a or not b or a == b
 
 
 def plan(broker: Broker, source: KafkaSource, marks: dict[str, Mark], since: int,
@@ -106,11 +146,12 @@ def plan(broker: Broker, source: KafkaSource, marks: dict[str, Mark], since: int
     for topic in source.topics:
         numbers = broker.partitions(topic)  # first: a broker down or no topic, said soon
         topic_id = broker.topic_id(topic)
+        accepted = _accepted(marks, f"{SCHEME}{source.bootstrap}/{topic}", topic_id)
         for number in numbers:
             low, high = broker.watermarks(topic, number)
             stream = stream_of(source, topic, number)
             part = Partition(topic, number, stream, topic_id, low, 0, high, since)
-            problem = _place(part, marks.get(stream), low, high, force)
+            problem = _place(part, marks.get(stream), low, high, force, accepted)
             if problem:
                 refused.append(FileResult(stream, "failed", error=problem))
             else:
@@ -118,20 +159,33 @@ def plan(broker: Broker, source: KafkaSource, marks: dict[str, Mark], since: int
     return partitions, refused
 
 
-def _place(part: Partition, mark: Mark | None, low: int, high: int, force: bool) -> str:
-    """Set where the partition starts from its ledger mark; or say why it cannot."""
+def _accepted(marks: dict[str, Mark], topic: str, topic_id: str) -> bool:
+    """Whether the topic as it is now (`topic_id`) was accepted with --force by an
+    earlier run: a partition of it has units of this id after units of another (only
+    --force loads those), so a partition that had nothing to load then (empty, or a
+    unit failed) is loaded from its start without asking again."""
+    return bool(topic_id) and any(
+        m.replaced and m.topic_id == topic_id for stream, m in marks.items()
+        if stream.rpartition("/")[0] == topic)
+
+
+def _place(part: Partition, mark: Mark | None, low: int, high: int, force: bool,
+           accepted: bool = False) -> str:
+    """Set where the partition starts from its ledger mark; or say why it cannot
+    (`accepted`: the topic was re-created and loaded with --force before)."""
     if mark is None:
         return ""
     where = f"kafka {part.topic}/{part.partition}"
-    old_id = mark.identity.rpartition(":")[0]
-    if old_id and part.topic_id and old_id != part.topic_id:
-        if force:  # the new topic from its start; the old one's units are set aside
-            part.since_seq = time.time_ns()
+    old_id = mark.topic_id
+    if not same_topic(old_id, part.topic_id):
+        if force or accepted:  # the new topic from its start; the old one's set aside
+            part.since_seq = mark.latest + 1  # (its first commit makes the ledger follow it)
             return ""
         return (f"{where}: the topic was re-created (id {part.topic_id}, the ledger's "
                 f"loads are of {old_id}); nothing loaded from it: pass --force to load the "
                 "new topic from its start")
     part.next = part.after = mark.end
+    part.since_seq = mark.since
     if mark.end > high:
         return (f"{where}: offsets end at {high} but the ledger has loaded up to "
                 f"{mark.end - 1} (topic rewound or re-created); nothing loaded from it")

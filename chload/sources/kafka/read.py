@@ -39,9 +39,11 @@ _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SECRET_KEYS = ("password", "secret", "key", "token", "jaas")
 METADATA_SECONDS = 15.0  # a topic's metadata is asked for this long at most
 DOWN_SECONDS = 3.0  # ... or this long once librdkafka says every broker is down
-_QUIET = logging.getLogger("chload.kafka")  # librdkafka's log: errors come by error_cb
-_QUIET.addHandler(logging.NullHandler())
-_QUIET.propagate = False
+# librdkafka's log (a line per retry while a broker is down), never on stderr: errors
+# come by error_cb, and chload's own line says what failed and what to do
+LIBRDKAFKA_LOG = logging.getLogger("chload.kafka")
+LIBRDKAFKA_LOG.addHandler(logging.NullHandler())
+LIBRDKAFKA_LOG.propagate = False
 
 
 def client_config(bootstrap: str, options: Sequence[tuple[str, str]],
@@ -94,10 +96,11 @@ class Broker:
                              ) from exc
         self.config = config
         self._errors: deque[Any] = deque(maxlen=64)  # librdkafka's: its log is kept off stderr
-        quiet: dict[str, Any] = {"logger": _QUIET, "error_cb": self._errors.append}
+        quiet: dict[str, Any] = {"logger": LIBRDKAFKA_LOG, "error_cb": self._errors.append}
         self.consumer = Consumer({**config, "group.id": group, **quiet})
-        admin_config: dict[str, Any] = {**admin, "logger": _QUIET}
+        admin_config: dict[str, Any] = {**admin, **quiet}
         self.admin = AdminClient(admin_config)  # no consumer settings: it warns of each
+        self._down = ""  # what down() found: the run ends with it
 
     def close(self) -> None:
         self.consumer.close()
@@ -136,16 +139,38 @@ class Broker:
                 if waited >= METADATA_SECONDS or (down and waited >= DOWN_SECONDS):
                     raise SourceError(self._unreachable(exc)) from None
 
-    def _unreachable(self, exc: Exception) -> str:
+    def _unreachable(self, exc: Exception, during: bool = False) -> str:
         from confluent_kafka import KafkaError
 
         where = self.config["bootstrap.servers"]
-        why = next((e.str() for e in self._errors  # the cause, not "1/1 brokers are down"
-                    if e.code() != KafkaError._ALL_BROKERS_DOWN), "")
-        why = re.sub(r"^\S+/bootstrap: | \(after \d+ms in state \w+\)$", "", why) or \
-            str(exc.args[0].str() if exc.args else exc)
+        why = next((e.str() for e in reversed(self._errors)  # the cause, not "1/1
+                    if e.code() != KafkaError._ALL_BROKERS_DOWN), "")  # brokers are down"
+        why = re.sub(r"^\S+/(bootstrap|\d+): | \(after \d+ms in state \w+.*\)$", "", why) or \
+            str(exc.args[0].str() if exc.args and hasattr(exc.args[0], "str") else exc)
+        if during:
+            return (f"kafka://{where}: cannot reach the broker any more ({why}); what was "
+                    "committed stays loaded: check that the broker is running, then run the "
+                    "same command again to go on from there")
         return (f"kafka://{where}: cannot reach the broker ({why}); check the host and port "
                 "in kafka://host:port/topic and that the broker is running")
+
+    def down(self) -> str:
+        """'' if a broker answers now; else the line saying that none can be reached
+        (one stopped during the run: a unit's read or a watermark failed), for the run
+        to end with instead of the failure it caused. Asked through the admin client,
+        which reads no messages (the Python reader may be consuming meanwhile)."""
+        from confluent_kafka import KafkaException
+
+        if self._down:
+            return self._down
+        self._errors.clear()
+        try:
+            self.admin.list_topics(timeout=DOWN_SECONDS)
+            return ""
+        except KafkaException as exc:
+            self.admin.poll(0)  # serves error_cb: the cause
+            self._down = self._unreachable(exc, during=True)
+            return self._down
 
     def topic_id(self, topic: str) -> str:
         """The topic's id (a re-created topic has another); '' if the broker has none."""
@@ -170,6 +195,9 @@ class Broker:
         try:
             return fn()
         except KafkaException as exc:
+            down = self.down()
+            if down:
+                raise SourceError(down) from None
             raise SourceError(f"kafka {what} at {self.config['bootstrap.servers']}: "
                               f"{exc.args[0] if exc.args else exc}") from exc
 

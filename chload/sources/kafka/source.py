@@ -27,12 +27,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from chload.core.run import LOADED_ELSEWHERE, Event, FileResult, Listener
-from chload.errors import UsageError
+from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
 from chload.schema import Column, quote_str
 from chload.sources.base import RemoteSource, SourceContext, SourceFile, StreamPosition
 from chload.sources.kafka.group import Share, group_id, note, share
-from chload.sources.kafka.plan import SCHEME, Partition, committed, parse_uri, plan
+from chload.sources.kafka.plan import SCHEME, Partition, committed, follow, parse_uri, plan
 from chload.sources.kafka.read import (
     AUDIT_CSV,
     AUDIT_JSON,
@@ -158,6 +158,11 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
             with spool_dir(target) as spool, _stopping(options):
                 _rounds(reader, fmt, partitions, spool, load_round, report, options,
                         owned, listener)
+        except SourceError:  # a read failed: because no broker answers any more?
+            down = broker.down()
+            if down:
+                raise SourceError(down) from None
+            raise
         finally:
             reader.close()
             if owned.membership is not None:
@@ -205,6 +210,7 @@ def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], s
                     _stream_round(reader, fmt, due, load_round, report, options, target,
                                   table)
                     _lag(listener, partitions)
+                    _broker_down(reader.broker, due)
                     last_cut = time.monotonic()
                     continue
                 spools = taken(ahead, due, options.batch_rows)
@@ -218,10 +224,21 @@ def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], s
                     ahead = pool.submit(read_units, reader, fmt, spool, after, options.audit)
                 _load_round(spools, load_round, report, target, table)
                 _lag(listener, partitions)
+                _broker_down(reader.broker, due)
                 last_cut = time.monotonic()
         finally:
             if ahead is not None:
                 drop_ahead(ahead)
+
+
+def _broker_down(broker: Broker, due: list[Partition]) -> None:
+    """After a round in which a unit failed (its partition stopped): if that is because
+    no broker answers any more, the run ends with the one line saying so, not a
+    partition's read timeout after another (what was committed stays loaded)."""
+    if any(p.stopped for p in due):
+        down = broker.down()
+        if down:
+            raise SourceError(down)
 
 
 def streams(spec: LoadSpec, target: Target, reader: SpoolReader) -> tuple[bool, str]:
@@ -385,10 +402,7 @@ def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
     if moved:
         marks, _ = committed(target, table.database, table.name, table.display)
         for part in due:
-            mark = marks.get(part.stream)
-            if mark is not None and mark.end > part.after:
-                part.next = part.after = max(part.next, mark.end)
-            elif any(part is m for m in moved):
+            if not follow(part, marks) and any(part is m for m in moved):
                 part.stopped = True  # skipped, yet the ledger's end did not move: not again
 
 

@@ -65,6 +65,10 @@ typedef struct {
 rd_kafka_conf_t *rd_kafka_conf_new(void);
 int rd_kafka_conf_set(rd_kafka_conf_t *, const char *, const char *, char *, size_t);
 void rd_kafka_conf_destroy(rd_kafka_conf_t *);
+void rd_kafka_conf_set_log_cb(rd_kafka_conf_t *,
+                              void (*)(const rd_kafka_t *, int, const char *, const char *));
+void rd_kafka_conf_set_error_cb(rd_kafka_conf_t *,
+                                void (*)(rd_kafka_t *, int, const char *, void *));
 rd_kafka_t *rd_kafka_new(int, rd_kafka_conf_t *, char *, size_t);
 void rd_kafka_destroy(rd_kafka_t *);
 int rd_kafka_consumer_close(rd_kafka_t *);
@@ -118,9 +122,21 @@ static int say(char *err, size_t errlen, const char *fmt, const char *a, long lo
 /* The struct's size, which sources/kafka/native.py checks against its ctypes mirror. */
 size_t chl_unit_size(void) { return sizeof(chl_unit); }
 
+/* librdkafka's log and errors (a broker down: a line per retry) would go to stderr;
+ * the reader's own error says what failed, and the loader asks the broker why. */
+static void quiet_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
+    (void)rk, (void)level, (void)fac, (void)buf;
+}
+
+static void quiet_error(rd_kafka_t *rk, int code, const char *reason, void *opaque) {
+    (void)rk, (void)code, (void)reason, (void)opaque;
+}
+
 rd_kafka_t *chl_open(const char **names, const char **values, int n, char *err,
                      size_t errlen) {
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    rd_kafka_conf_set_log_cb(conf, quiet_log);
+    rd_kafka_conf_set_error_cb(conf, quiet_error);
     for (int i = 0; i < n; i++) {
         int optional = names[i][0] == '?'; /* "?name": a setting older librdkafkas lack */
         int res = rd_kafka_conf_set(conf, names[i] + optional, values[i], err, errlen);
