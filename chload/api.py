@@ -169,7 +169,7 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
         try:
             report = _load_into(spec, opened, listener)
         except BaseException:
-            opened.close()
+            opened.close(failed=True)  # a directory made for it: removed
             raise
         _close_reported(opened, report)
         return report
@@ -259,6 +259,7 @@ def _load_stream(spec: LoadSpec, target: Target, listener: Listener,
     table = planner.parse_table(spec.table, steps.default_database(target))
     report = LoadReport(table.display, target.display, os.urandom(6).hex())
     sources = RunSources(_source_context(spec, target), registry)  # spooled units: local files
+    report.unit = sources.unit(spec.sources)
     added = stream.audit_columns if spec.audit else None
     try:
         stream.rounds(spec, target, listener, lambda units, workers, schema: steps.load_units(
@@ -286,6 +287,7 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
                          key_order=target.wants_key_order, schema=spec.schema,
                          has_type=target.has_type, engine=target.engine_name,
                          committed=lambda: steps.committed(spec, target),
+                         last_commit=lambda: steps.last_commit(spec, target),
                          last_loaded=(lambda prefix: steps.last_loaded(spec, target, prefix))
                          if spec.after_last_key else None)
 

@@ -37,13 +37,14 @@ class ProgressView:
 
         self._console = Console(stderr=True)
         self._progress = Progress(
-            TextColumn("[bold]loading"), BarColumn(), TextColumn("{task.fields[files]} files"),
+            TextColumn("[bold]loading"), BarColumn(), TextColumn("{task.fields[files]}"),
             DownloadColumn(), TextColumn("{task.fields[rows]} rows"),
             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
             TimeRemainingColumn(), console=self._console, transient=True,
         )
-        self._task = self._progress.add_task("load", total=None, files="0/?", rows="0",
+        self._task = self._progress.add_task("load", total=None, files="0/? files", rows="0",
                                              rate="")
+        self._unit = "file"  # a database's range, a Kafka batch: the plan event says
         self._files_total = 0
         self._files_done = 0
         self._rows = 0
@@ -60,6 +61,7 @@ class ProgressView:
     def on_event(self, event: Event) -> None:
         if event.kind == "plan":
             self._files_total = event.files_total
+            self._unit = event.unit or self._unit
             self._progress.update(self._task, total=event.bytes_total or None)
         elif event.kind == "progress":  # parsed (not yet committed): moves the bar
             self._rows += event.rows
@@ -75,7 +77,8 @@ class ProgressView:
             return
         rate = self._rows / max(time.monotonic() - self._started, 1e-6)
         lag = f", lag {sum(self._lag.values()):,}" if self._lag else ""
-        self._progress.update(self._task, files=f"{self._files_done}/{self._files_total}",
+        done = f"{self._files_done}/{_count(self._files_total, self._unit)}"
+        self._progress.update(self._task, files=done,
                               rows=f"{self._rows:,}", rate=f"{rate:,.0f} rows/s{lag}")
 
 
@@ -88,7 +91,7 @@ def print_summary(report: LoadReport) -> None:
                      f"{report.table})")
     if report.files_changed:
         parts.append(f"{report.files_changed} changed since last load")
-    print(f"{report.table}: {report.files_total} files: {', '.join(parts)}; "
+    print(f"{report.table}: {_count(report.files_total, report.unit)}: {', '.join(parts)}; "
           f"{report.rows_loaded:,} rows, {_size(report.bytes_read)} in {report.seconds:.2f} s"
           f" ({report.rows_per_second:,.0f} rows/s)")
     if report.table_reset:
@@ -109,6 +112,13 @@ def print_summary(report: LoadReport) -> None:
         slowest = max(report.shards, key=lambda s: s["seconds"])
         print(f"  slowest shard: {slowest['shard']} ({slowest['seconds']:.2f} s committing)")
     print_failures(report)
+
+
+def _count(n: int, unit: str) -> str:
+    """`3 files`, `1 range`, `2 batches`: units as their source names them."""
+    if n == 1:
+        return f"1 {unit}"
+    return f"{n} {unit}es" if unit.endswith(("ch", "sh", "s", "x")) else f"{n} {unit}s"
 
 
 def _shard_line(shard: ShardLoad) -> str:

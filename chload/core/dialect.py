@@ -41,7 +41,15 @@ def resolve_format(target: Target, files: Sequence[SourceFile],
         decided[fmt] = fmt
         if not forced and fmt.name in HEADER_FORMATS:
             decided[fmt] = _decide_header(target, [f for f in files if f.format == fmt], names)
-    return [replace(f, format=decided[f.format]) for f in files]
+    return [replace(f, format=_headless(decided[f.format]) if f.empty else decided[f.format])
+            for f in files]
+
+
+def _headless(fmt: FileFormat) -> FileFormat:
+    """How a file known empty is read: without a header line, which it lacks (chDB reads
+    an empty `CSVWithNames` file as a header of one unnamed column, "Unknown field found
+    in format header: ''"); so it loads 0 rows and the ledger records it."""
+    return replace(fmt, name=fmt.name.removesuffix("WithNames"))
 
 
 def _decide_delimiter(target: Target, files: Sequence[SourceFile], given: str | None) -> str:

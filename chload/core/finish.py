@@ -1,7 +1,8 @@
 """The steps of one load run around the planner and the runner: the --setting names and
 values checked before any table is made, the settings and engine threads each job
 reads with, the files refused before loading (failed, in the ledger), and at the end
-the report summed up and the run's record written. Apart from api.py so the public
+the report summed up (with a note where --incremental-by keeps every version of an
+updated row) and the run's record written. Apart from api.py so the public
 API's module holds the API and the order of a run's steps, not each step's detail.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,7 +20,15 @@ from chload.core import plan as planner
 from chload.core import run as runner
 from chload.core.run import Event, FileResult, Listener
 from chload.errors import ChloadError, TerminalError, UsageError
-from chload.schema import quote_str, settings_sql
+from chload.schema import (
+    Column,
+    bare_type,
+    quote_ident,
+    quote_str,
+    settings_sql,
+    split_top_level,
+    unquote_ident,
+)
 from chload.sources.base import SourceFile
 from chload.sources.run import RunSources
 from chload.targets.base import Target
@@ -156,3 +166,75 @@ def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int,
         os.uname().nodename,  # as socket.gethostname(), without importing socket
         json.dumps(report.concurrency, separators=(",", ":")) if report.concurrency else "",
     )
+
+
+# Engines that keep every row they are given: an updated row loaded again stays beside
+# its older versions (the Replacing/Collapsing/... MergeTrees collapse them).
+_KEEP_EVERY_ROW = {"MergeTree", "Log", "TinyLog", "StripeLog", "Memory"}
+
+
+def versions_note(target: Target, table: planner.TableName, column: str,
+                  key: str | None) -> str:
+    """For `--incremental-by column` into `table` (a database source whose primary key
+    is `key`): '' when no row can be loaded twice (the column is the key itself) or the
+    table collapses versions; else a note saying every version stays, with the CREATE
+    of a table that keeps the latest. A Distributed table: of its local table, on each
+    shard."""
+    if key is None or key.strip("`") == column:
+        return ""
+    found = _engine(target, table.database, table.name)
+    where, shards = table, ""
+    if found and found[0] == "Distributed":
+        args = [a.strip("'") for a in split_top_level(_args(found[1]))]
+        if len(args) < 3:
+            return ""
+        where, shards = planner.TableName(_name(args[1]), _name(args[2])), " on each shard"
+        found = _engine(target, where.database, where.name)
+    if not found or found[0].removeprefix("Replicated") not in _KEEP_EVERY_ROW:
+        return ""
+    columns = target.table_columns(where.sql) or []
+    engine = _replacing(found, column, columns, target.engine_name)
+    body = ", ".join(Column(c.name, bare_type(c.type) if c.name == column else c.type).sql
+                     for c in columns)
+    return (f"{where.display} is a {found[0]}, which keeps every row: a row updated at the "
+            f"source is loaded again by --incremental-by {column}, and its older versions "
+            "stay. To keep the latest version only, drop the table (the next load loads "
+            "every row again; SELECT ... FINAL reads one version of each) and create it"
+            f"{shards} as: CREATE TABLE {where.sql} ({body}) ENGINE = {engine} ORDER BY {key}")
+
+
+def _engine(target: Target, database: str, name: str) -> tuple[str, str] | None:
+    """The table's engine and its full clause (system.tables), None if not found."""
+    found = target.rows(f"SELECT engine, engine_full FROM system.tables WHERE database = "
+                        f"{quote_str(database)} AND name = {quote_str(name)}")
+    return (found[0]["engine"], found[0]["engine_full"]) if found else None
+
+
+def _args(clause: str) -> str:
+    """The arguments of an engine clause: `a, b` of `Engine(a, b) ORDER BY ...`."""
+    start = clause.find("(")
+    depth, end = 0, start
+    for end in range(start, len(clause)):
+        depth += {"(": 1, ")": -1}.get(clause[end], 0)
+        if depth == 0:
+            break
+    return clause[start + 1:end] if start >= 0 else ""
+
+
+def _name(arg: str) -> str:
+    return unquote_ident(arg) if arg[:1] in ("`", '"') else arg
+
+
+def _replacing(found: tuple[str, str], column: str, columns: Sequence[Column],
+               engine_name: str) -> str:
+    """ReplacingMergeTree (Replicated with the same path and replica) whose version is
+    `column` where its type may be one (18.16: UInt*, Date, DateTime; the embedded
+    engine: any number or date too); without one, the row loaded last stays, which
+    --incremental-by loads in order."""
+    typ = next((bare_type(c.type) for c in columns if c.name == column), "")
+    version = bool(re.match(r"U?Int|Date", typ)) if engine_name == "chdb" else \
+        bool(re.match(r"UInt|Date", typ))
+    replicated = found[0].startswith("Replicated")  # its path and replica name, kept
+    args = split_top_level(_args(found[1]))[:2] if replicated else []
+    args += [quote_ident(column)] if version else []
+    return f"{'Replicated' if replicated else ''}ReplacingMergeTree({', '.join(args)})"

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, fields, replace
 
 from chload import formats
-from chload.commit.ledger import COMMITTING, own_history
+from chload.commit.ledger import COMMITTING, FileEvent, own_history
 from chload.commit.rejects import ErrorBudget
 from chload.core import plan as planner
 from chload.core import run as runner
@@ -23,6 +23,7 @@ from chload.core.finish import (
     _run_record,
     _summarize,
     _threads_per_file,
+    versions_note,
 )
 from chload.core.report import (
     LoadReport,
@@ -130,7 +131,8 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
             raise _created_note(exc, table) from None
     target.ledger.stamp(table.display, state.uuid)
     listener(Event("plan", files_total=len(plan.to_load),
-                   bytes_total=sum(f.size for f in plan.to_load)))
+                   bytes_total=sum(f.size for f in plan.to_load),
+                   unit=sources.unit(spec.sources)))
     estimate = target.default_workers(plan.to_load)
     workers = spec.workers or estimate
     adapt = Controller(workers, workers, fixed=spec.workers is not None)
@@ -157,6 +159,12 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     results += refused + [FileResult(uri, "failed", error=why, changed=True)
                           for uri, why in plan.refused.items()]
     _summarize(report, results, plan, time.monotonic() - clock)
+    report.unit = sources.unit(spec.sources)
+    report.notes += sources.notes()
+    if spec.incremental_by and report.rows_loaded:
+        note = versions_note(target, table, spec.incremental_by,
+                             sources.sorting_key(plan.to_load))
+        report.notes += [note] if note else []
     if record:
         _finish_reported(target, report, _run_record(spec, report, started_ns, sources))
     return report
@@ -188,12 +196,26 @@ def committed(spec: LoadSpec, target: Target) -> dict[str, str]:
     """uri -> identity of the units the ledger has committed into the spec's table as it
     is now (own_history), `committing` ones included: recovery, before any load, settles
     each of them loaded (the mark rule)."""
+    return {uri: e.identity for uri, e in _own_units(spec, target).items()}
+
+
+def last_commit(spec: LoadSpec, target: Target) -> tuple[str, int] | None:
+    """The run and the time (ns) of the latest unit committed into the spec's table as
+    it is now (a finished copy says which run made it); None if none."""
+    own = _own_units(spec, target)
+    if not own:
+        return None
+    last = max(own.values(), key=lambda e: e.seq)
+    return last.run_id, last.seq
+
+
+def _own_units(spec: LoadSpec, target: Target) -> Mapping[str, FileEvent]:
     table = planner.parse_table(spec.table, default_database(target))
     events = dict(target.ledger.loaded(table.display))
     events.update((e.uri, e) for e in target.ledger.latest(table.display, [COMMITTING]))
     own, _ = own_history(target.ledger.table_state(table.database, table.name),
                                  events)
-    return {uri: e.identity for uri, e in own.items()}
+    return own
 
 
 def last_loaded(spec: LoadSpec, target: Target, prefix: str) -> str:

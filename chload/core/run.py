@@ -29,7 +29,8 @@ class Event:
     """A progress event: kind is plan, start, progress (rows and bytes parsed, negative
     when taken back), done (a file committed), skip (another run committed the file
     meanwhile), fail, lag (a Kafka partition, uri its stream: rows = messages up to the
-    high watermark last read not yet committed)."""
+    high watermark last read not yet committed). A plan's `unit` says what its units
+    are: file, a database's range, a Kafka batch (Source.unit)."""
 
     kind: str
     uri: str = ""
@@ -38,6 +39,7 @@ class Event:
     files_total: int = 0
     bytes_total: int = 0
     error: str = ""
+    unit: str = ""
 
 
 Listener = Callable[[Event], None]

@@ -109,6 +109,8 @@ class SourceContext:
     committed: Callable[[], Mapping[str, str]] | None = None  # uri -> identity of the units
     # committed into the run's table (the ledger's, of the table as it is now, `committing`
     # ones included: recovery finishes them); a source of ranges lists the complement
+    last_commit: Callable[[], tuple[str, int] | None] | None = None  # the run id and time
+    # (ns) of the latest of those units: a finished copy's report says which run made it
     pipes: bool = False  # the engine that loads runs in this process and reads a pipe
     # (/dev/fd/N): a fetched unit may stream into it rather than be spooled first
     key_order: bool = False  # the target sorts a unit by its key after the last byte
@@ -144,12 +146,16 @@ class Source(Protocol):
       data's columns and key; the planner then infers nothing;
     - `display` (api: the run's record, messages): a pattern without its secrets;
     - `options`: the LoadSpec fields only this kind reads (`query`, `incremental_by`):
-      given while no source of the run reads them, they are a usage error.
+      given while no source of the run reads them, they are a usage error;
+    - `unit`: what the summary calls one unit (`file`, a database's `range`, a Kafka
+      `batch`); `notes` (api, after the run): what this run's object found worth
+      saying in the report, not an error (a finished copy that loads nothing).
     """
 
     kind: str  # the kind's name in the registry; SourceFile.kind of what it lists
     schemes: tuple[str, ...]  # the URI schemes it reads (SCHEMES says the same)
     options: tuple[str, ...]  # LoadSpec fields only this kind reads
+    unit: str  # one unit, as the summary names it: file, range, batch
     reads_in_place: bool  # the engine reads its units where they are (files, objects):
     # DESCRIBE reads a typed file's own columns, and values are checked as the engine reads
 
@@ -241,6 +247,11 @@ class Source(Protocol):
         against the target's types (a database's)."""
         ...
 
+    def notes(self) -> builtins.list[str]:
+        """What listing found worth a line of the report (not an error), e.g. that a
+        copy finished by an earlier run loads nothing now, and what would."""
+        ...
+
 
 class InPlace:
     """The `Source` answers of a kind whose units the engine reads where they are
@@ -248,6 +259,7 @@ class InPlace:
     columns inferred by the engine, shown as typed."""
 
     options: tuple[str, ...] = ()
+    unit = "file"
     reads_in_place = True
 
     def open(self) -> Source:
@@ -281,6 +293,9 @@ class InPlace:
     def stored(self, columns: Sequence[Column], read: Sequence[Column], engine: str,
                rejects: bool) -> None:
         return None
+
+    def notes(self) -> builtins.list[str]:
+        return []
 
 
 class RemoteSource(InPlace):

@@ -103,6 +103,18 @@ class RunSources:
             for source in opened.values():
                 source.close()
 
+    def unit(self, patterns: Sequence[str]) -> str:
+        """What the summary calls one unit of a run of `patterns` (Source.unit): one
+        kind's word, else `file`."""
+        units = {self.kinds.source_for(p).unit for p in patterns}
+        return units.pop() if len(units) == 1 else "file"
+
+    def notes(self) -> builtins.list[str]:
+        """What this run's sources found worth a line of the report (Source.notes)."""
+        with self._guard:
+            opened = list(self._open.values())
+        return [note for source in opened for note in source.notes()]
+
     def options(self) -> set[str]:
         """The LoadSpec fields some source of this run reads (Source.options)."""
         with self._guard:

@@ -176,4 +176,8 @@ class Target(Protocol):
         requests per committed unit); {} where the target does not measure them."""
         ...
 
-    def close(self) -> None: ...
+    def close(self, failed: bool = False) -> None:
+        """Release what the target holds. `failed`: the run that opened it ended by an
+        error; a target that made its place for that run and committed nothing there
+        removes it (an embedded directory); the others ignore it."""
+        ...

@@ -222,7 +222,7 @@ class FakeTarget:
     def cost_report(self) -> dict:
         return {}
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.closed = True
 
 

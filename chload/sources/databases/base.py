@@ -23,6 +23,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 
 from chload.core import ranges as db_range
 from chload.errors import SchemaError, SourceError, UsageError
@@ -56,6 +57,7 @@ class DatabaseSource(RemoteSource):
     kind = ""
     schemes: tuple[str, ...] = ()
     options: tuple[str, ...] = ("query", "incremental_by")
+    unit = "range"  # of the table's axis (plan.py)
     reads_in_place = False  # a range is read by the source's own query
 
     def __init__(self) -> None:
@@ -67,6 +69,7 @@ class DatabaseSource(RemoteSource):
         self.rejects = False  # an error budget rejects rows (`stored`)
         self.kept: dict[str, str] = {}  # column -> the type the target's table stores it
         # as, where the target is not chDB: a converted spool is written in it (`_spooled`)
+        self._notes: builtins.list[str] = []
         self._guard = threading.Lock()
 
     def _session(self, url: DbUrl, context: SourceContext) -> Session:
@@ -100,7 +103,13 @@ class DatabaseSource(RemoteSource):
             self._dates_as_date(self.session, context)
         if context.schema is None and any(c.refused for c in self.session.info.columns):
             raise self._refusal(self.session, context)
+        if not units and committed and not context.incremental_by:
+            last = context.last_commit() if context.last_commit is not None else None
+            self._notes.append(copied_note(self.session, last))
         return units
+
+    def notes(self) -> builtins.list[str]:
+        return list(self._notes)
 
     def _refusal(self, session: Session, context: SourceContext) -> SchemaError:
         """The one line of a table with columns chload cannot carry: its --schema in
@@ -343,6 +352,20 @@ def storable(typ: str, has_type: Callable[[str], bool] | None) -> str:
             wide and int(wide.group(1)) > 38 and not has_type("Decimal256")):
         return nullable("String", typ.startswith("Nullable("))
     return typ
+
+
+def copied_note(session: Session, last: tuple[str, int] | None) -> str:
+    """Why a rerun of a finished copy loads nothing, and what would load the rows added
+    since (plan.py: a copy's upper end is the one its first run recorded)."""
+    by = ""
+    if last is not None:
+        when = datetime.fromtimestamp(last[1] / 1e9, UTC)
+        by = f" by run {last[0]}" if last[0] else ""
+        by += f" at {when:%Y-%m-%d %H:%M:%S} UTC"
+    column = session.info.axis or "COLUMN"
+    return (f"{session.url.display} was copied{by}; a copy loads it once, so rows added "
+            f"since are not loaded: load them with --incremental-by {column} (a column "
+            "that only grows), or copy it all again with --force")
 
 
 def workers_of(context: SourceContext) -> int:

@@ -461,6 +461,7 @@ class KafkaStreamSource(RemoteSource):
     kind = "kafka"
     schemes: tuple[str, ...] = ("kafka",)
     options: tuple[str, ...] = ("follow", "batch_rows", "batch_seconds", "kafka_options")
+    unit = "batch"  # an offset range of a partition
     reads_in_place = False  # offsets are spooled or piped by the reader
 
     def rounds(self, spec: LoadSpec, target: Target, listener: Listener,

@@ -144,7 +144,7 @@ class Ending:
         self._drop_end()
         self._dropped()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         """Close the shards' targets (the entry is its opener's to close), once the
         stages' drops are done."""
         self._drop_end()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -98,6 +99,9 @@ class EmbeddedTarget:
         self.path = os.path.abspath(path)
         self.display = f"embedded ClickHouse in {path}"
         new = not os.path.isdir(self.path)
+        # What this run makes, which close(failed=True) removes if nothing committed:
+        # the directory, or all it holds (an empty one given), or nothing (a target).
+        self.made = "directory" if new else "" if os.listdir(self.path) else "contents"
         self.engine = Engine(self.path, SESSION_SETTINGS)  # block bounds: _settings_sql
         self.ledger: Ledger = _Ledger(self)
         if new:  # every table of the ledger and of rejected rows, in one call
@@ -112,6 +116,7 @@ class EmbeddedTarget:
         # A directory this process made holds only the ledger until it creates a table:
         # no table to describe, no commit to settle (two queries less at start-up).
         self.fresh = new
+        self._kept = False  # a table was made (a message may name it) or a commit began
         self._units = [0, 0]  # committed units (stages) and their files, for cost_report
         self._units_guard = threading.Lock()
 
@@ -143,7 +148,7 @@ class EmbeddedTarget:
 
     def create_table(self, table: str, columns: Sequence[Column], order_by: str | None,
                      partition_by: str | None) -> None:
-        self.fresh = False
+        self.fresh, self._kept = False, True
         self.command(create_table_sql(table, columns, order_by, partition_by))
 
     @property
@@ -200,6 +205,7 @@ class EmbeddedTarget:
         runner may try again. Any other error leaves the `committing` event and the
         stage for the committer to settle (some partitions may be attached already).
         """
+        self._kept = True
         try:
             done = self.committer.commit(job.table, job.table_display, stage, None, events,
                                          self._started_ns, job.follows)
@@ -374,9 +380,16 @@ class EmbeddedTarget:
                 "sessions": stats.sessions,
                 "session_open_seconds": round(stats.open_seconds, 3)}
 
-    def close(self) -> None:
-        self.flush()
-        self.engine.close()
+    def close(self, failed: bool = False) -> None:
+        """Flush and close; after a run that `failed` before it made a table or began a
+        commit, the directory it made (the ledger's tables only) is removed: a typo in a
+        source's name leaves nothing on disk. A directory that held anything is kept."""
+        try:
+            self.flush()
+        finally:
+            self.engine.close()
+        if failed and self.made and not self._kept:
+            _remove(self.path, self.made == "contents")
 
 
 class _Ledger(Ledger):
@@ -396,6 +409,19 @@ class _Ledger(Ledger):
 
     def known(self, target_table: str, table: TableState) -> tuple[KnownUnits, str]:
         return (KnownUnits(), "") if self._target.fresh else super().known(target_table, table)
+
+
+def _remove(path: str, contents_only: bool) -> None:
+    """Remove the directory, or only what it holds."""
+    if not contents_only:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(entry.path)
 
 
 def _names(job: LoadJob) -> list[str]:

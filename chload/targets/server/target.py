@@ -452,7 +452,7 @@ class ServerTarget(StageFilling):
     def shard_report(self) -> list[dict]:
         return []
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         try:
             self.flush()
             for stage in list(self._undropped):
