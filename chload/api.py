@@ -279,7 +279,9 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
                          force=spec.force, workers=spec.workers,
                          key_order=target.wants_key_order, schema=spec.schema,
                          has_type=target.has_type, engine=target.engine_name,
-                         committed=lambda: steps.committed(spec, target))
+                         committed=lambda: steps.committed(spec, target),
+                         table_exists=lambda: target.table_columns(planner.parse_table(
+                             spec.table, steps.default_database(target)).sql) is not None)
 
 
 def _engine_credentials(context: SourceContext) -> contextlib.AbstractContextManager[None]:
