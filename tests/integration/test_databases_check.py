@@ -7,6 +7,7 @@ run's end once it answers."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -36,6 +37,12 @@ def server(clickhouse: services.Service) -> tuple[str, dict[str, str]]:
 @pytest.fixture
 def held(pg: Source) -> Iterator[subprocess.Popen[bytes]]:
     """A session holding the advisory lock LOCK until the test closes its stdin."""
+    with _holding(pg) as proc:
+        yield proc
+
+
+@contextlib.contextmanager
+def _holding(pg: Source) -> Iterator[subprocess.Popen[bytes]]:
     argv = [str(PG_BIN / "psql"), "-X", "-q", "-A", "-t", "-h", "127.0.0.1",
             "-p", pg.server.endpoint.rsplit(":", 1)[1], "-U", "loader", "-d", "shop"]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -45,16 +52,19 @@ def held(pg: Source) -> Iterator[subprocess.Popen[bytes]]:
     proc.stdin.flush()
     while proc.stdout.readline().strip() != b"locked":
         pass
-    yield proc
-    if proc.stdin and not proc.stdin.closed:
-        proc.stdin.close()
-    proc.wait(timeout=30)
+    try:
+        yield proc
+    finally:
+        if proc.stdin and not proc.stdin.closed:
+            proc.stdin.close()
+        proc.wait(timeout=30)
 
 
-def _gated_view(pg: Source, table: str, rows: str) -> str:
+def _gated_view(pg: Source, table: str, rows: str, dated: bool = False) -> str:
     """A view of `table` whose rows, read by the check's statement (min and max of a
     column in a CASE), wait for LOCK; a range's read passes."""
-    pg.sql(f"""CREATE TABLE {table} (id int PRIMARY KEY, t timestamp(0), u timestamp(0));
+    date = ", d date" if dated else ""
+    pg.sql(f"""CREATE TABLE {table} (id int PRIMARY KEY, t timestamp(0), u timestamp(0){date});
         INSERT INTO {table} {rows};
         CREATE FUNCTION {table}_gate() RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN
           IF current_query() LIKE '%CASE WHEN min(%' THEN
@@ -75,10 +85,11 @@ def _check_waiting(pg: Source) -> bool:
                   ).strip() == "1"
 
 
-def _start(pg: Source, view: str, target: str, env: dict[str, str]
+def _start(pg: Source, view: str, target: str, env: dict[str, str], *args: str
            ) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "chload", "load", pg.url(view), "--table",
-                             view, "--target", target, "--json"], stdout=subprocess.PIPE,
+                             view, "--target", target, "--json", *args],
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **pg.env, **env})
 
@@ -141,3 +152,31 @@ def test_a_range_failing_before_the_check_answers_gives_way_to_its_one_line(
     assert "loaded nothing into it" in line, line
     assert _ch(target, f"SELECT count() FROM {view}", env) == ["0"]
     assert "Traceback" not in err and DATABASE_PASSWORD not in err
+
+
+def test_a_rerun_into_a_table_on_18_16_asks_nothing_before_its_ranges(
+        pg: Source, table_name: str, server: tuple[str, dict[str, str]]) -> None:
+    """A date column made the run ask, before any range, whether its values fit 18.16's
+    Date (the table's type), also on a rerun into the table made by the first run."""
+    target, env = server
+    view = _gated_view(pg, table_name, "SELECT g, timestamp '2020-01-01', NULL, "
+                                       "date '2020-01-01' + g FROM generate_series(1, 300) g",
+                       dated=True)
+    first = _start(pg, view, target, env, "--incremental-by", "id")
+    assert first.communicate(timeout=120) and first.returncode == 0
+    pg.sql(f"INSERT INTO {table_name} SELECT g, timestamp '2021-01-01', NULL, "
+           "date '2021-01-01' + g FROM generate_series(301, 400) g")
+    with _holding(pg) as locker:
+        before = _scans(pg, table_name)
+        run = _start(pg, view, target, env, "--incremental-by", "id")
+        try:
+            _read_while_checking(pg, table_name, before)
+            assert _ch(target, f"SELECT count() FROM {view}", env) == ["300"]
+            assert locker.stdin is not None
+            locker.stdin.close()
+            out, err = run.communicate(timeout=120)
+        finally:
+            run.kill()
+    assert run.returncode == 0, err
+    assert _ch(target, f"SELECT count(), max(d), toTypeName(any(d)) FROM {view}", env) == [
+        "400\t2022-02-05\tNullable(Date)"]
