@@ -3,7 +3,9 @@
 `DatabaseSource` is the `Source` (sources/base.py) of postgres.py and mysql.py, which make
 its `Session` (session.py). Each run gets its own object (`open`); `list` takes the
 snapshot and lists the ranges still to load (plan.py); the source gives the table's
-columns and primary key (nothing is inferred); `close` ends the snapshot.
+columns and primary key (nothing is inferred); `stored` begins the one query over the rows
+to load that finds every value the table's types cannot hold, beside the ranges, which
+`settle` waits for before any range commits; `close` ends the snapshot.
 
 Invariants: no row passes through Python (`fetch` has the database's own client write a
 range as TSV into a pipe the engine reads, sources/pipes.py, or into a spool file); a
