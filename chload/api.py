@@ -289,7 +289,9 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
                          committed=lambda: steps.committed(spec, target),
                          last_commit=lambda: steps.last_commit(spec, target),
                          last_loaded=(lambda prefix: steps.last_loaded(spec, target, prefix))
-                         if spec.after_last_key else None)
+                         if spec.after_last_key else None,
+                         table_exists=lambda: target.table_columns(planner.parse_table(
+                             spec.table, steps.default_database(target)).sql) is not None)
 
 
 def _engine_credentials(context: SourceContext) -> contextlib.AbstractContextManager[None]:

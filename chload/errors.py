@@ -7,6 +7,8 @@
     │   │   └── VanishedFile         listed for loading, gone when read (targets/vanished.py)
     │   ├── DataError                rows the engine could not parse or convert
     │   ├── SchemaError              table and data disagree (missing/unknown columns)
+    │   │   └── ValuesRefused        values no column type holds, found by a check of the
+    │   │                            whole run (a database's): stops the run, not one unit
     │   ├── TargetInUse              another process holds the embedded target directory
     │   ├── AuthError                the server refused the user or password
     │   ├── CommitInterrupted        a commit whose outcome is unsettled (commit/committer.py)
@@ -88,6 +90,12 @@ class DataError(TerminalError):
 
 class SchemaError(TerminalError):
     """The table and the data disagree."""
+
+
+class ValuesRefused(SchemaError):
+    """Values no column type holds, found by a source's check of every row the run
+    loads (databases/base.py): the run stops in this one line (core/run.py raises it
+    rather than failing the unit that met it), nothing committed."""
 
 
 class TargetInUse(TerminalError):

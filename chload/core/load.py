@@ -34,7 +34,7 @@ from chload.core.report import (
     shards_of,
 )
 from chload.core.run import Event, FileResult, Listener
-from chload.errors import SchemaError, UsageError
+from chload.errors import SchemaError, UsageError, ValuesRefused
 from chload.runtime.adaptive import MAX_STREAMS, Controller
 from chload.runtime.monitor import Monitor
 from chload.sources.base import SourceFile
@@ -141,7 +141,8 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     jobs = [LoadJob(file=group[0], table=table.sql, table_display=table.display,
                     columns=plan.columns, read_columns=plan.read_columns, audit=spec.audit,
                     settings=settings, run_id=report.run_id, budget=spec.budget,
-                    batch=group if len(group) > 1 else (), threads=threads)
+                    batch=group if len(group) > 1 else (), threads=threads,
+                    settle=sources.settle)
             for group in groups]
     if spec.workers is None:
         adapt.bounded(MAX_STREAMS)  # the target bounds it by what it knows (its cores)
@@ -151,6 +152,11 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
         results = runner.run(target, jobs, in_flight, listener,
                              abort_on_error=spec.on_error == "abort", changed=plan.changed,
                              sources=sources)
+        sources.settle()  # a check no commit waited for (every unit failed, or none ran)
+    except ValuesRefused as exc:  # values no column type holds: nothing committed
+        if not plan.created_table:
+            raise
+        raise _created_note(exc, table) from None
     finally:
         adapt.finished.set()
     report.saturation = saturation_of(monitor.stop().to_dict()) if jobs else None

@@ -5,7 +5,9 @@ thread pool (chDB sessions and HTTP connections are thread-safe), retries transi
 errors under a `RetryPolicy` (retry.py: exponential backoff and jitter), and emits
 progress events for whoever listens (the CLI's progress bar; nothing here prints).
 Right before a unit loads it is fetched (Source.fetch: a database range spooled; a
-file as it is), once, and what the fetch made is released right after.
+file as it is), once, and what the fetch made is released right after. A source's check
+of every unit that finds values no type holds (errors.ValuesRefused, raised before a
+commit or where a unit failed) stops the run: raised, not a unit's result.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from chload.core import fit
-from chload.errors import KEEP_BAD_ROWS, ChloadError, DataError, backpressure
+from chload.errors import KEEP_BAD_ROWS, ChloadError, DataError, ValuesRefused, backpressure
 from chload.runtime.retry import DEFAULT_POLICY, RetryPolicy, Sleep, call_with_retries
 from chload.sources.run import RunSources
 from chload.targets.base import Loaded, LoadJob, Target
@@ -148,7 +150,11 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
                 done = patiently(
                     lambda: progress.attempt(lambda: target.load_file(ready, progress)),
                     policy)
+        except ValuesRefused:
+            stop.set()
+            raise  # the run stops in the check's one line (load.py), not as this unit
         except ChloadError as exc:
+            give_way(sources, stop)
             if abort_on_error:
                 stop.set()
             error = fit.in_table_types(str(exc), getattr(exc, "column", None),
@@ -177,7 +183,10 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
                 loaded: list[Loaded] = patiently(
                     lambda: progress.attempt(lambda: target.load_batch(ready, progress)),
                     policy)
-        except ChloadError:
+        except ChloadError as exc:
+            if isinstance(exc, ValuesRefused):
+                stop.set()
+                raise
             return [one(replace(job, file=f, batch=())) for f in job.files]
         seconds = (time.monotonic() - started) / len(job.files)
         results = []
@@ -190,6 +199,19 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
     results = [r for done in on_threads(batch, jobs, workers) for r in done]
     order = {f.uri: i for i, f in enumerate(f for j in jobs for f in j.files)}
     return sorted(results, key=lambda r: order.get(r.uri, 0))
+
+
+def give_way(sources: RunSources | None, stop: threading.Event) -> None:
+    """A unit failed: where a source's check of every unit found values no type holds
+    (Source.settle), the run stops in that check's one line rather than this unit's
+    error (the unit may have met such a value before the check answered)."""
+    if sources is None:
+        return
+    try:
+        sources.settle()
+    except ValuesRefused:
+        stop.set()
+        raise
 
 
 R = TypeVar("R")

@@ -124,6 +124,8 @@ class SourceContext:
     # server without Date32 where every value fits (databases/base.py)
     engine: str = ""  # which ClickHouse stores the rows (Target.engine_name)
     rejects: bool = False  # an error budget rejects rows (--max-errors)
+    table_exists: Callable[[], bool] | None = None  # the run's table exists now (its types
+    # are the table's, not what the source describes; None: not known)
 
 
 class Source(Protocol):
@@ -145,6 +147,8 @@ class Source(Protocol):
     - `columns`, `sorting_key` (api, before inference): what the source knows of its
       data's columns and key; the planner then infers nothing;
     - `display` (api: the run's record, messages): a pattern without its secrets;
+    - `stored`, `settle` (the run, before any unit is fetched; before each commit): the
+      table's types told, and what the source checks against them waited for;
     - `options`: the LoadSpec fields only this kind reads (`query`, `incremental_by`):
       given while no source of the run reads them, they are a usage error;
     - `unit`: what the summary calls one unit (`file`, a database's `range`, a Kafka
@@ -252,6 +256,12 @@ class Source(Protocol):
         copy finished by an earlier run loads nothing now, and what would."""
         ...
 
+    def settle(self) -> None:
+        """Wait for what the source checks of every unit before any commits (a
+        database's query beside the ranges, begun by `stored`); raise what it found
+        (errors.ValuesRefused). Asked right before each commit, and once the units ran."""
+        ...
+
 
 class InPlace:
     """The `Source` answers of a kind whose units the engine reads where they are
@@ -296,6 +306,9 @@ class InPlace:
 
     def notes(self) -> builtins.list[str]:
         return []
+
+    def settle(self) -> None:
+        return None
 
 
 class RemoteSource(InPlace):

@@ -36,12 +36,15 @@ def as_read(job: LoadJob) -> LoadJob:
 
 def check_read(job: LoadJob) -> None:
     """After the INSERT into the stage, before the commit: fail if a file changed since
-    `as_read` (its rows in the stage may be any mix of before and after)."""
+    `as_read` (its rows in the stage may be any mix of before and after); then wait for
+    what the run's sources check before anything commits (`LoadJob.settle`)."""
     changed = _changed(job.files)
     if changed:
         before, now = changed
         raise SourceError(f"{before.uri}: changed while being read ({_how(before, now)}); "
                           "nothing of it was loaded: run again once it is stable")
+    if job.settle is not None:
+        job.settle()
 
 
 def _changed(files: Sequence[SourceFile]) -> tuple[SourceFile, SourceFile] | None:

@@ -153,6 +153,14 @@ class RunSources:
         for source in opened:
             source.stored(columns, read, engine, rejects)
 
+    def settle(self) -> None:
+        """Before a commit (LoadJob.settle), and once the units ran: wait for what the
+        sources check of every unit (Source.settle); raise what they found."""
+        with self._guard:
+            opened = list(self._open.values())
+        for source in opened:
+            source.settle()
+
     @contextlib.contextmanager
     def fetched(self, files: Sequence[SourceFile], columns: Sequence[Column],
                 attempt: Callable[[Callable[[], SourceFile]], SourceFile] = _once,

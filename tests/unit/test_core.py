@@ -326,3 +326,47 @@ def test_on_threads_raises_a_bug_and_starts_nothing_after_it() -> None:
     with pytest.raises(ValueError, match="bug"):
         on_threads(work, list(range(100)), 1)
     assert started == [0, 1, 2]
+
+
+def test_a_unit_failing_gives_way_to_a_sources_check_that_stops_the_run() -> None:
+    """A unit that fails on its own error while a source's check of every unit is still
+    to answer waits for it; the check's ValuesRefused is raised by the run (no unit's
+    `fail`), and a unit reaching its commit meets it there (LoadJob.settle)."""
+    import contextlib
+    import threading
+    from collections.abc import Iterator
+    from typing import Any, cast
+
+    from chload.core.run import Event, run
+    from chload.errors import DataError, ValuesRefused
+    from chload.sources.run import RunSources
+    from chload.targets.base import LoadJob, Target
+
+    answered = threading.Event()
+
+    class Sources:
+        @contextlib.contextmanager
+        def fetched(self, files: Any, columns: Any, attempt: Any) -> Iterator[Any]:
+            yield files
+
+        def settle(self) -> None:
+            answered.wait(5)
+            raise ValuesRefused("pg://db/t: column t holds 'infinity'")
+
+    class Gated:
+        def load_file(self, job: LoadJob, progress: Any) -> Any:
+            if job.file.uri == "a":
+                raise DataError("a: the range's own refusal")
+            assert job.settle is not None
+            job.settle()  # (identity.check_read, before the commit)
+            raise AssertionError("committed before the check answered")
+
+    sources = Sources()
+    jobs = [LoadJob(SourceFile(u, 0, 0, FileFormat("TSV", "none")), "t", "t", [], [], False,
+                    (), "r", settle=sources.settle) for u in ("a", "b", "c")]
+    events: list[Event] = []
+    threading.Timer(0.2, answered.set).start()
+    with pytest.raises(ValuesRefused, match="holds 'infinity'"):
+        run(cast(Target, Gated()), jobs, 3, events.append,
+            sources=cast(RunSources, sources))
+    assert not [e for e in events if e.kind == "fail"], events

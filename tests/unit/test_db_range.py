@@ -1,10 +1,10 @@
 """Which database columns get a range check, against which bounds (core/ranges.py), and
-what the MariaDB C reader is told to check (mysql._checks)."""
+what the MariaDB C reader is told to check (mysql_native.checks_of)."""
 
 from __future__ import annotations
 
 from chload.core import ranges as db_range
-from chload.sources.databases.mysql import _checks
+from chload.sources.databases.mysql_native import checks_of as _checks
 
 
 def test_each_target_type_has_the_range_its_engine_parses() -> None:

@@ -3,7 +3,9 @@
 `DatabaseSource` is the `Source` (sources/base.py) of postgres.py and mysql.py, which make
 its `Session` (session.py). Each run gets its own object (`open`); `list` takes the
 snapshot and lists the ranges still to load (plan.py); the source gives the table's
-columns and primary key (nothing is inferred); `close` ends the snapshot.
+columns and primary key (nothing is inferred); `stored` begins the one query over the rows
+to load that finds every value the table's types cannot hold, beside the ranges, which
+`settle` waits for before any range commits; `close` ends the snapshot.
 
 Invariants: no row passes through Python (`fetch` has the database's own client write a
 range as TSV into a pipe the engine reads, sources/pipes.py, or into a spool file); a
@@ -26,7 +28,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from chload.core import ranges as db_range
-from chload.errors import SchemaError, SourceError, UsageError
+from chload.errors import SchemaError, SourceError, UsageError, ValuesRefused
 from chload.formats import FileFormat
 from chload.schema import Column, bare_type, quote_ident, quote_str, structure
 from chload.sources import pipes as db_pipes
@@ -71,6 +73,7 @@ class DatabaseSource(RemoteSource):
         # as, where the target is not chDB: a converted spool is written in it (`_spooled`)
         self._notes: builtins.list[str] = []
         self._guard = threading.Lock()
+        self.check: _Check | None = None  # the query beside the ranges (`_check_first`)
 
     def _session(self, url: DbUrl, context: SourceContext) -> Session:
         raise NotImplementedError
@@ -138,25 +141,28 @@ class DatabaseSource(RemoteSource):
         `_check_first` will where the table is made of these columns (`_predicted`), so
         that a run reads the table once for both. A column holding a value outside
         stays Date32, which that target refuses in one line naming it
-        (targets/server/capabilities.py)."""
-        if context.has_type is None:
+        (targets/server/capabilities.py). Asked only where the table is to be made
+        with a date column: otherwise the types are the table's (or no date's), and
+        `_check_first` asks beside the ranges, off the run's critical path."""
+        if context.has_type is None or context.has_type("Date32") or (
+                context.table_exists is not None and context.table_exists()):
             return
         columns = session.info.columns
-        narrow = not context.has_type("Date32")
-        guards = self._predicted(session, context, narrow)
+        guards = self._predicted(session, context)
+        if not any(bare_type(columns[i].type) == "Date32" for i in guards):
+            return
         found = self._outside(session, list(guards.values()), self.listed)
         for i, column in enumerate(columns):
-            if narrow and bare_type(column.type) == "Date32" and i in guards and (
-                    i not in found):
+            if bare_type(column.type) == "Date32" and i in guards and i not in found:
                 columns[i] = replace(column, type=column.type.replace("Date32", "Date"))
 
-    def _predicted(self, session: Session, context: SourceContext,
-                   narrow: bool) -> dict[int, db_range.Guard]:
-        """The checks `stored` will make where the target creates the table of the
-        described columns (in the types it stores: Date for a date where `narrow`);
+    def _predicted(self, session: Session, context: SourceContext
+                   ) -> dict[int, db_range.Guard]:
+        """The checks `stored` will make where the target (without Date32) creates the
+        table of the described columns, in the types it stores (Date for a date);
         under an error budget, which checks nothing first, only the dates'."""
         columns = session.info.columns
-        dates = {c.name for c in columns if narrow and bare_type(c.type) == "Date32"}
+        dates = {c.name for c in columns if bare_type(c.type) == "Date32"}
         stored = {c.name: "Date" if c.name in dates else storable(c.type, context.has_type)
                   for c in columns}
         found = db_range.guards([(c.name, c.holds) for c in columns],
@@ -196,14 +202,37 @@ class DatabaseSource(RemoteSource):
 
     def _check_first(self, session: Session) -> None:
         """Every value the range checks would refuse, found by one query over the rows
-        still to load before any range is read: one line names every such column (and
-        the --schema that loads them all), rather than a range failing after others
-        were committed. (Each range still checks its own rows.)"""
+        still to load: one line names every such column (and the --schema that loads
+        them all), rather than a range failing after others were committed. (Each
+        range still checks its own rows.) The query runs beside the ranges, on a
+        connection of its own at the snapshot (Session.apart), and the first commit
+        waits for it (`settle`); at once where `list` asked it already (`_dates_as_date`)."""
+        guards = list(session.range_checks.guards.values())
+        if guards and all((g.index, g.lo, g.hi, self.listed) in self.asked for g in guards):
+            self._refuse(session, session)
+        elif guards or session.zero_checked:
+            self.check = _Check(lambda: self._refuse_apart(session))
+
+    def _refuse_apart(self, session: Session) -> None:
+        apart = session.apart()
+        try:
+            self._refuse(apart, session)
+        finally:
+            apart.close()
+
+    def _refuse(self, asked: Session, session: Session) -> None:
+        """Raise ValuesRefused if the rows to load hold a value a range check refuses
+        (asked of `asked`: `session` or its connection apart)."""
         checks = session.range_checks
-        found = self._outside(session, list(checks.guards.values()), self.listed)
-        zeros = session.zero_dates(self.listed)
+        found = self._outside(asked, list(checks.guards.values()), self.listed)
+        zeros = asked.zero_dates(self.listed)
         if found or zeros:
-            raise checks.refusals(found, zeros)
+            raise ValuesRefused(str(checks.refusals(found, zeros)))
+
+    def settle(self) -> None:
+        """Source.settle: the check begun by `stored` answered; what it found raised."""
+        if self.check is not None:
+            self.check.settle()
 
     def _open(self) -> Session:
         if self.session is None:
@@ -327,6 +356,30 @@ class DatabaseSource(RemoteSource):
         if db_pipes.is_pipe(file.local_path):
             db_pipes.check(file.local_path or "", file.uri)
         return file
+
+
+class _Check:
+    """A check run in a thread beside the ranges; `settle` waits for it and raises what
+    it raised (each caller its own copy of a ValuesRefused: threads raise it at once)."""
+
+    def __init__(self, ask: Callable[[], None]) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(ask,), name="chload_db_check",
+                                       daemon=True)
+        self.thread.start()
+
+    def _run(self, ask: Callable[[], None]) -> None:
+        try:
+            ask()
+        except BaseException as exc:  # noqa: BLE001 (raised by `settle`, in a load's thread)
+            self.error = exc
+
+    def settle(self) -> None:
+        self.thread.join()
+        if isinstance(self.error, ValuesRefused):
+            raise ValuesRefused(str(self.error))
+        if self.error is not None:
+            raise self.error
 
 
 def _kept_as_text(column: DbColumn, given: str) -> bool:

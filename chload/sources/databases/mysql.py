@@ -15,47 +15,46 @@ environment, never a command line.
 from __future__ import annotations
 
 import configparser
+import copy
 import os
 import queue
-import re
 import threading
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from chload.core import ranges as db_range
 from chload.errors import ChloadError, SourceError, TransientError, UsageError
-from chload.schema import parse_structure
 from chload.sources.base import SourceContext
 from chload.sources.databases.base import DatabaseSource, workers_of
 from chload.sources.databases.mysql_client import ClientReader, client
+from chload.sources.databases.mysql_columns import (
+    INTEGERS,
+    TIME_AXIS,
+    base_of,
+    column_of,
+    ident,
+    kept,
+    range_guard,
+    zero_flags,
+)
 from chload.sources.databases.mysql_native import (
     OUT_OF_RANGE,
     ZERO_DATE,
     Connection,
     NativeError,
     NativeReader,
+    checks_of,
 )
 from chload.sources.databases.mysql_native import load as load_native
 from chload.sources.databases.session import Range, range_predicate, stream_read
 from chload.sources.databases.table import (
     NO_CHECKS,
-    DbColumn,
     DbUrl,
     RangeChecks,
     TableInfo,
-    cannot_carry,
-    nullable,
 )
 from chload.sources.pipes import Reading
 
-_INTEGERS = {"tinyint": 8, "smallint": 16, "mediumint": 32, "int": 32, "integer": 32,
-             "bigint": 64}
-_TEXT = {"char", "varchar", "tinytext", "text", "mediumtext", "longtext", "enum", "set",
-         "json", "binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"}
-_PLAIN = {"float": "Float32", "double": "Float64", "real": "Float64", "year": "UInt16"}
-_TIME_AXIS = {"date", "datetime", "timestamp"}
-_SPECIAL = r"'[\\t\\n\\r\\\\\\x00]'"  # a tab, newline, CR, backslash or NUL (PCRE)
 _TRANSIENT_CODES = {2002, 2003, 2006, 2013, 1040, 1205}
 _DENIED = (1227, 1044, 1142)  # access denied (to RELOAD, to the database, to the table)
 _SETUP = ("SET SESSION sql_mode = ''", "SET SESSION time_zone = '+00:00'",
@@ -72,7 +71,7 @@ class MysqlSession:
     def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
                  workers: int, schema: str | None = None) -> None:
         self.url, self.query, self.schema = url, query, schema
-        self.zero = ""  # per column, what a zero date does (_zero_dates)
+        self.zero = ""  # per column, what a zero date does (zero_flags)
         self._zeros: dict[str, dict[int, str]] = {}  # zero_dates found by `outside`
         self.native, self.why_not_native = load_native()
         self.client = "" if self.native else client()
@@ -143,20 +142,20 @@ class MysqlSession:
         keys = self._all(f"SHOW KEYS FROM {relation} WHERE Key_name = 'PRIMARY'")
         if self.query:
             self._all("DROP TEMPORARY TABLE chload_query")
-        columns = [_column(str(r[0]), str(r[1]).lower(),
+        columns = [column_of(str(r[0]), str(r[1]).lower(),
                            r[2] == "YES" or bool(self.query)) for r in rows]
         types = {str(r[0]): str(r[1]).lower() for r in rows}
         key = [str(k[4]) for k in sorted(keys, key=lambda k: int(k[3]))]
-        axis = incremental_by or (key[0] if len(key) == 1 and _base(types[key[0]])
-                                  in _INTEGERS else "")
+        axis = incremental_by or (key[0] if len(key) == 1 and base_of(types[key[0]])
+                                  in INTEGERS else "")
         if axis and axis not in types:
             raise UsageError(f"--incremental-by {axis}: {self.url.display} has no such "
                              f"column; it has {', '.join(types)}")
-        integer = not axis or _base(types[axis]) in _INTEGERS
-        if incremental_by and not integer and _base(types[axis]) not in _TIME_AXIS:
+        integer = not axis or base_of(types[axis]) in INTEGERS
+        if incremental_by and not integer and base_of(types[axis]) not in TIME_AXIS:
             raise UsageError(f"--incremental-by {axis}: its type is {types[axis]}; use an "
                              "integer, date or datetime column that only grows")
-        columns, self.zero = _zero_dates(columns, types, self.schema)
+        columns, self.zero = zero_flags(columns, types, self.schema)
         return TableInfo(columns, key, axis, integer)
 
     def _alike(self) -> str:
@@ -170,7 +169,7 @@ class MysqlSession:
         return f"; did you mean {' or '.join(names)}?" if names else ""
 
     def _relation(self) -> str:
-        return f"{_ident(self.url.schema)}.{_ident(self.url.table)}"
+        return f"{ident(self.url.schema)}.{ident(self.url.table)}"
 
     def _from(self) -> str:
         return f"({self.query}) AS chload_query" if self.query else self._relation()
@@ -193,7 +192,7 @@ class MysqlSession:
                 self._alive += 1
             low = high = None
             if self.info.axis:
-                col = _ident(self.info.axis)
+                col = ident(self.info.axis)
                 shown = col if self.info.axis_integer else _fixed_time(col)
                 low, high = self._all(f"SELECT CAST(min({shown}) AS CHAR), "
                                       f"CAST(max({shown}) AS CHAR) FROM {self._from()}")[0]
@@ -234,6 +233,17 @@ class MysqlSession:
             return self.range_checks.refusal(int(index), value)
         return RangeChecks(self.url, self.info.columns, {}).refusals({}, {int(index): value})
 
+    @property
+    def zero_checked(self) -> bool:
+        return "1" in self.zero
+
+    def apart(self) -> MysqlSession:
+        """Session.apart: another controlling connection (the control's is not in the
+        readers' snapshot either), with no reader of its own to stop."""
+        twin = copy.copy(self)
+        twin.conn, twin._zeros, twin._readers = self._connect(), {}, queue.Queue()
+        return twin
+
     def zero_dates(self, where: str) -> dict[int, str]:
         """Session.zero_dates (asked with `outside`'s query, where that ran)."""
         found = self._zeros.pop(where, None)
@@ -246,7 +256,7 @@ class MysqlSession:
     def _first(self, mins: list[str], where: str) -> list[str | None]:
         """`mins`, then each zero-checked column's least zero date, in `where`'s rows."""
         mins = mins + [f"MIN(IF(MONTH({c}) = 0 OR DAYOFMONTH({c}) = 0, {c}, NULL))" for c in (
-            _ident(self.info.columns[i].name) for i, f in enumerate(self.zero) if f == "1")]
+            ident(self.info.columns[i].name) for i, f in enumerate(self.zero) if f == "1")]
         if not mins:
             return []
         row = self._all(f"SELECT {', '.join(f'CAST({m} AS CHAR)' for m in mins)} FROM "
@@ -261,7 +271,7 @@ class MysqlSession:
         """Nothing to do: InnoDB reads a table in primary key order already."""
 
     def predicate(self, axis: str, r: Range) -> str:
-        return range_predicate(_ident(axis), r,
+        return range_predicate(ident(axis), r,
                                lambda value: _literal(value, self.info.axis_integer))
 
     def outside(self, guards: Sequence[db_range.Guard], where: str) -> list[str | None]:
@@ -270,8 +280,8 @@ class MysqlSession:
         if not guards:
             return []
         cols = self.info.columns
-        values = self._first([f"MIN(IF({_kept(cols[g.index], g)}, NULL, "
-                              f"{_ident(cols[g.index].name)}))" for g in guards], where)
+        values = self._first([f"MIN(IF({kept(cols[g.index], g)}, NULL, "
+                              f"{ident(cols[g.index].name)}))" for g in guards], where)
         self._zeros[where] = self._zeros_in(values[len(guards):])
         return values[:len(guards)]
 
@@ -287,12 +297,12 @@ class MysqlSession:
             raise
         guards = self.range_checks.guards
         if isinstance(reader, NativeReader):  # it escapes: the plain columns
-            line = ", ".join(c.plain or _ident(c.name) for c in self.info.columns)
+            line = ", ".join(c.plain or ident(c.name) for c in self.info.columns)
         else:  # the server escapes; the client puts the tabs
-            line = ", ".join(_range_guard(c, guards[i]) if i in guards else c.select
+            line = ", ".join(range_guard(c, guards[i]) if i in guards else c.select
                              for i, c in enumerate(self.info.columns))
         return _Relay(self, reader, f"SELECT {line} FROM {self._from()} WHERE {where}", out,
-                      _checks(self.zero, guards, len(self.info.columns)))
+                      checks_of(self.zero, guards, len(self.info.columns)))
 
     def stream(self, where: str) -> tuple[int, Reading]:
         return stream_read(self, where)
@@ -374,112 +384,6 @@ class _Relay:
         self.thread.join()
 
 
-def _base(typ: str) -> str:
-    return re.split(r"[(\s]", typ, maxsplit=1)[0]
-
-
-def _column(name: str, typ: str, nulls: bool) -> DbColumn:
-    """One column's ClickHouse type and the SQL that prints it as a TSV field."""
-    col, base = _ident(name), _base(typ)
-    args = re.search(r"\(([^)]*)\)", typ)
-    if base in _INTEGERS:
-        ch = f"{'U' if 'unsigned' in typ else ''}Int{_INTEGERS[base]}"
-        return _field(name, ch, col, nulls)
-    if base == "decimal" and args:
-        precision, _, scale = args.group(1).partition(",")
-        return _field(name, f"Decimal({precision}, {scale or 0})", col, nulls)
-    if base in ("datetime", "timestamp"):
-        scale = args.group(1) if args else "0"
-        ch = f"DateTime64({scale}, 'UTC')"  # whole seconds too: postgres._datetime
-        # a datetime holds years 0000 to 9999, a timestamp 1970 to 2038 (any type holds)
-        return replace(_field(name, ch, col, nulls), holds="4digit" if base == "datetime"
-                       else "")
-    if base == "date":
-        return replace(_field(name, "Date32", col, nulls), holds="4digit")
-    if base in _TEXT:
-        return _field(name, "String", _escaped(col), nulls)
-    if base in _PLAIN:
-        return _field(name, _PLAIN[base], col, nulls)
-    if base == "bit":  # its value as a number (the bytes as they are stored, else)
-        number = f"CAST({col} AS UNSIGNED)"
-        return replace(_field(name, "UInt64", number, nulls), plain=number)
-    text = _field(name, "String", _escaped(col), nulls)  # (geometry: bytes)
-    return cannot_carry(name, typ, nulls, text.select)
-
-
-def _escaped(col: str) -> str:
-    """A text column as a TSV field, escaped by the server (the client reader's)."""
-    escaped = col
-    for raw, shown in (("CHAR(92)", "'\\\\\\\\'"), ("CHAR(9)", "'\\\\t'"),
-                       ("CHAR(10)", "'\\\\n'"), ("CHAR(13)", "'\\\\r'"),
-                       ("CHAR(0)", "'\\\\0'")):
-        escaped = f"REPLACE({escaped}, {raw}, {shown})"
-    # Most values need no escape: one regex test is cheaper for the server than five
-    # REPLACEs.
-    return f"IF({col} RLIKE {_SPECIAL}, {escaped}, {col})"
-
-
-def _zero_dates(columns: list[DbColumn], types: dict[str, str],
-                schema: str | None) -> tuple[list[DbColumn], str]:
-    """What a zero date (0000-00-00, or a zero month or day: a permissive sql_mode lets
-    them in, and ClickHouse would read each as another date, silently) does in each
-    column: fails the range ('1', the default), is NULL ('2': --schema types the
-    column Nullable), or is kept ('0': --schema types it String, or not a date). The
-    native reader checks each value (mysql_copy.c); the client's SELECT gets a guard."""
-    given = {c.name: c.type for c in parse_structure(schema)} if schema else {}
-    flags, guarded = [], []
-    for c in columns:
-        flag = "0"
-        if _base(types[c.name]) in _TIME_AXIS:
-            typ = given.get(c.name, "String") if schema else "Date"  # (not Nullable:
-            # a nullable column's zero dates were NULL without --schema saying so)
-            flag = "0" if "Date" not in typ else "2" if typ.startswith("Nullable(") else "1"
-        flags.append(flag)
-        guarded.append(c if flag == "0" else _zero_guard(c, flag))
-    return guarded, "".join(flags) if "1" in flags or "2" in flags else ""
-
-
-def _checks(zero: str, guards: dict[int, db_range.Guard], fields: int) -> str:
-    """What the native reader checks in each field (mysql_copy.c parse_checks): zero dates
-    (`zero`, _zero_dates) and ranges (core/ranges.py); '' for nothing."""
-    if not zero and not guards:
-        return ""
-    mode = "S" if any(g.rejects for g in guards.values()) else "F"
-    fields_spec = [f"{zero[i] if zero else '0'}{guards[i].lo if i in guards else ''}\t"
-                   f"{guards[i].hi if i in guards else ''}\n" for i in range(fields)]
-    return mode + "".join(fields_spec)
-
-
-def _range_guard(column: DbColumn, guard: db_range.Guard) -> str:
-    """The client reader's SELECT of a date or time column with a range check: a value
-    outside [lo, hi] as text no date parser takes, so the range fails with the engine's
-    parse error (or, within a budget, the row is rejected). Zero dates stay the zero
-    guard's, and NULL stays NULL."""
-    shown = f"CONCAT('{db_range.SHOWN}', {_ident(column.name)})"
-    return f"IF({_kept(column, guard)}, {column.select}, {shown})"
-
-
-def _kept(column: DbColumn, guard: db_range.Guard) -> str:
-    """A value the range check passes: NULL, within [lo, hi], or a zero date (_zero_guard)."""
-    col = _ident(column.name)
-    return (f"{col} IS NULL OR {col} BETWEEN '{guard.lo}' AND '{guard.hi}' OR "
-            f"MONTH({col}) = 0 OR DAYOFMONTH({col}) = 0")
-
-
-def _zero_guard(column: DbColumn, flag: str) -> DbColumn:
-    """The client reader's SELECT of a date column: a zero date as NULL ('2'), or as
-    text no date parser takes ('1': the range fails)."""
-    col = _ident(column.name)
-    shown = "NULL" if flag == "2" else f"CONCAT('zero date ', {col})"
-    guard = f"IF(MONTH({col}) = 0 OR DAYOFMONTH({col}) = 0, {shown}, {col})"
-    return replace(column, select=f"IFNULL({guard}, '\\\\N')")
-
-
-def _field(name: str, ch: str, select: str, nulls: bool) -> DbColumn:
-    return DbColumn(name, nullable(ch, nulls),
-                    f"IFNULL({select}, '\\\\N')" if nulls else select)
-
-
 def _fixed_time(col: str) -> str:
     return f"DATE_FORMAT({col}, '%Y-%m-%d %H:%i:%s.%f')"
 
@@ -493,10 +397,6 @@ def _literal(value: str, integer: bool) -> str:
 def _string(value: str) -> str:
     """A string literal whatever the server's sql_mode (NO_BACKSLASH_ESCAPES or not)."""
     return f"CONVERT(X'{value.encode().hex()}' USING utf8mb4)"
-
-
-def _ident(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _password(url: DbUrl) -> str | None:

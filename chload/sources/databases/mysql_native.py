@@ -18,9 +18,12 @@ import ctypes.util
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chload.runtime import native
+
+if TYPE_CHECKING:
+    from chload.core.ranges import Guard
 
 SOURCE = Path(__file__).with_name("mysql_copy.c")
 CONNECT_TIMEOUT = 10
@@ -190,3 +193,14 @@ def _field(text: str) -> str | None:
 
 
 load = native.Once(_build)  # the compiled reader, or None and why not (one line)
+
+
+def checks_of(zero: str, guards: dict[int, Guard], fields: int) -> str:
+    """What the native reader checks in each field (mysql_copy.c parse_checks): zero dates
+    (`zero`: mysql.py's _zero_dates) and ranges (core/ranges.py); '' for nothing."""
+    if not zero and not guards:
+        return ""
+    mode = "S" if any(g.rejects for g in guards.values()) else "F"
+    fields_spec = [f"{zero[i] if zero else '0'}{guards[i].lo if i in guards else ''}\t"
+                   f"{guards[i].hi if i in guards else ''}\n" for i in range(fields)]
+    return mode + "".join(fields_spec)

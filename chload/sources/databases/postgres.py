@@ -16,6 +16,7 @@ arrays are converted by the engine from the text COPY gives (base.py).
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import subprocess
@@ -83,6 +84,7 @@ class PostgresSession:
 
     range_checks = NO_CHECKS  # set once the target's types are known (core/ranges.py)
     bounds_in_snapshot = True  # `bounds` reads the exported snapshot itself
+    zero_checked = False  # (PostgreSQL has no zero dates)
     control: Control  # the controlling psql; made first, so `close` always has it
 
     def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
@@ -275,6 +277,18 @@ class PostgresSession:
             os.close(spare[0])
             Psql(self.url, spare[1], spare[2]).stop()
         return stream_read(self, where)
+
+    def apart(self) -> PostgresSession:
+        """Session.apart: another controlling psql, which imports the snapshot."""
+        twin = copy.copy(self)
+        twin.spare, twin.control = None, Control(self.url, self.psql)
+        try:
+            twin._all("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            twin._all(f"SET TRANSACTION SNAPSHOT '{self.snapshot}'")
+        except BaseException:
+            twin.close()
+            raise
+        return twin
 
     def close(self) -> None:
         self._drop_spare()

@@ -80,6 +80,17 @@ class Session(Protocol):
         matching `where`, of each column where one would fail the range."""
         ...
 
+    @property
+    def zero_checked(self) -> bool:
+        """`zero_dates` may find some (MySQL date columns that fail on one)."""
+        ...
+
+    def apart(self) -> Session:
+        """This session's table on a connection of its own, in the same snapshot where
+        the database shares one (PostgreSQL), for `outside` and `zero_dates` beside the
+        ranges (DatabaseSource._check_first); its `close` ends only that connection."""
+        ...
+
     def close(self) -> None: ...
 
 
