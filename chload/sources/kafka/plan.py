@@ -7,7 +7,7 @@ the rounds."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from chload.commit.ledger import COMMITTING, LOADED, own_history
@@ -119,7 +119,10 @@ def committed(target: Target, database: str, name: str, display: str) -> Marks:
             stream, _, span = uri.rpartition("/")
             first, _, last = span.partition("-")
             pending.setdefault(stream, (int(first), int(last)))
-        live = {uri: complete[uri] for uri in live if uri in complete}
+        top: dict[str, int] = {}  # each shard writes its own events: the latest counts
+        for e in latest:
+            top[e.uri] = max(top.get(e.uri, 0), e.seq)
+        live = {uri: replace(complete[uri], seq=top[uri]) for uri in live if uri in complete}
     own, _ = own_history(target.ledger.table_state(database, name), live)
     since = max((e.seq for uri, e in live.items() if uri not in own), default=-1) + 1
     units: dict[str, list[tuple[int, str, int]]] = {}  # stream -> (seq, topic id, end)
