@@ -263,7 +263,7 @@ def _load_stream(spec: LoadSpec, target: Target, listener: Listener,
             report.seconds = time.monotonic() - clock
             _finish_reported(t, report, _run_record(spec, report, started_ns, sources))
     except ChloadError as exc:  # closing a cluster whose shard is gone
-        if not report.files_loaded:
+        if not report.files_loaded and not report.errors:
             raise
         report.errors.append(f"{exc}: {UNWRITTEN_LOADED}")
     finally:
@@ -274,9 +274,10 @@ def _load_stream(spec: LoadSpec, target: Target, listener: Listener,
 def _stream_rounds(spec: LoadSpec, target: Target, listener: Listener, stream: Stream,
                    table: planner.TableName, report: LoadReport, sources: RunSources) -> None:
     """The stream's rounds, each one's `loaded` events written after it (a cluster's
-    shards hold the last units' until then; events not written wait for the next write). An error (the broker or a server gone)
-    once this run committed anything goes into `report.errors`, the committed units
-    staying in the report (docs/cli.md "Exit codes"); before any commit it is raised."""
+    shards hold the last units' until then; events not written wait for the next
+    write). An error (the broker or a server gone) once this run committed anything
+    goes into `report.errors`, the committed units staying in the report (docs/cli.md
+    "Exit codes"); before any commit it is raised."""
     added = stream.audit_columns if spec.audit else None
 
     def load_round(units: list[SourceFile], workers: int | None,

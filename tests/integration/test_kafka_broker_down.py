@@ -9,7 +9,6 @@ server is killed after the run's first commits."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess

@@ -177,3 +177,22 @@ def test_a_re_created_topic_is_refused_then_forced(kafka, weighted_cluster):
     _produce(kafka, topic, range(20_000, 20_500), partitions=1)
     assert _loaded(_load(weighted_cluster, uri, table, "--batch-rows", "500")) == 500
     assert _counts(weighted_cluster, table) == (2_200, 2_200)
+
+
+def test_by_file_each_partition_goes_whole_to_one_shard(kafka, weighted_cluster):
+    """A random key: units go whole to a shard, every unit of a partition to the same
+    one (its ledger holds the partition's units in order); reruns load what is new."""
+    table = _tables(weighted_cluster, key="rand()")
+    topic = _topic(kafka, partitions=4)
+    uri = _uri(kafka, topic)
+    _produce(kafka, topic, range(4_000))
+    assert _loaded(_load(weighted_cluster, uri, table, "--batch-rows", "300")) == 4_000
+    _produce(kafka, topic, range(4_000, 4_800))
+    assert _loaded(_load(weighted_cluster, uri, table, "--batch-rows", "300")) == 800
+    assert _counts(weighted_cluster, table) == (4_800, 4_800)
+    for server in weighted_cluster.servers:  # each partition's ids (id % 4) on one shard
+        held = q(server, f"SELECT DISTINCT id % 4 FROM default.{table}_local").split()
+        for other in weighted_cluster.servers:
+            if other is not server:
+                there = q(other, f"SELECT DISTINCT id % 4 FROM default.{table}_local").split()
+                assert not set(held) & set(there), (held, there)

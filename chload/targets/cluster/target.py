@@ -222,13 +222,19 @@ class ClusterTarget(Ending):
             return self._round.plan(self.entry.plan_batches(files, budget, workers))
         groups: list[tuple[SourceFile, ...]] = []
         for shard in self.shards:
-            mine = [f for f in files if self.shard_of(f.uri) is shard]
+            mine = [f for f in files if self._shard_for(f) is shard]
             groups += group_small_files(mine) if mine else []
         return groups
 
     def shard_of(self, uri: str) -> Shard:
         """The shard a whole unit goes to: by weight, from a hash of its uri."""
         return self._at_slot(int(sha1(uri.encode()).hexdigest()[:12], 16) % self.total_weight)
+
+    def _shard_for(self, file: SourceFile) -> Shard:
+        """The shard a whole unit goes to; every unit of a stream (a Kafka partition) to
+        the same one, whose ledger then holds the stream's units in order (its commit
+        checks the partition's position there: committer.py rule 5)."""
+        return self.shard_of(file.position.stream if file.position else file.uri)
 
     def _at_slot(self, slot: int) -> Shard:
         """The shard whose weight range holds `slot` (as the Distributed engine maps
@@ -258,7 +264,7 @@ class ClusterTarget(Ending):
                                  list[Loaded]]) -> list[Loaded]:
         """A whole unit (or batch) into its shard's local table, as into one server."""
         self._layout_recorded()
-        shard = self.shard_of(job.file.uri)
+        shard = self._shard_for(job.file)
         with self._busy(shard):
             done = load(shard.target, self._local_job(job), progress)
         self._count(shard, sum(d.rows for d in done), sum(d.bytes for d in done))
