@@ -26,7 +26,8 @@ from chload.core import load as steps
 from chload.core import plan as planner
 from chload.core.finish import (
     UNWRITTEN_LOADED,
-    _finish,
+    _committed_any,
+    _finish_reported,
     _run_record,
 )
 from chload.core.report import (
@@ -48,7 +49,7 @@ from chload.core.report import (
 from chload.core.run import Event, FileResult, Listener
 from chload.errors import ChloadError, UsageError
 from chload.sources import registry
-from chload.sources.base import SourceContext, Stream
+from chload.sources.base import SourceContext, SourceFile, Stream
 from chload.sources.run import RunSources
 from chload.targets.base import Target
 from chload.targets.registry import TargetSpec, open_target
@@ -254,23 +255,54 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
 
 def _load_stream(spec: LoadSpec, target: Target, listener: Listener,
                  stream: Stream) -> LoadReport:
-    """A stream's load (a Kafka topic): each round's units through `_load`, one run."""
+    """A stream's load (a Kafka topic): each round's units through `_load`, one run, into
+    the target, or into the cluster of its Distributed table, opened once for the run
+    (whose ledger the stream's plan reads: each shard records its units). An error once
+    the run committed anything ends the run with its report (`_stream_rounds`)."""
     started_ns, clock = time.time_ns(), time.monotonic()
     table = planner.parse_table(spec.table, steps.default_database(target))
     report = LoadReport(table.display, target.display, os.urandom(6).hex())
     sources = RunSources(_source_context(spec, target), registry)  # spooled units: local files
     report.unit = sources.unit(spec.sources)
-    added = stream.audit_columns if spec.audit else None
     try:
-        stream.rounds(spec, target, listener, lambda units, workers, schema: steps.load_units(
-            replace(spec, workers=spec.workers or workers, schema=schema or spec.schema),
-            target, sources, units, listener, run_id=report.run_id, record=False,
-            added=added), table, report)
+        with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
+            _stream_rounds(spec, t, listener, stream, table, report, sources)
+            report.seconds = time.monotonic() - clock
+            _finish_reported(t, report, _run_record(spec, report, started_ns, sources))
+    except ChloadError as exc:  # closing a cluster whose shard is gone
+        if not report.files_loaded and not report.errors:
+            raise
+        report.errors.append(f"{exc}: {UNWRITTEN_LOADED}")
     finally:
         sources.close()
-    report.seconds = time.monotonic() - clock
-    _finish(target, _run_record(spec, report, started_ns, sources))
     return report
+
+
+def _stream_rounds(spec: LoadSpec, target: Target, listener: Listener, stream: Stream,
+                   table: planner.TableName, report: LoadReport, sources: RunSources) -> None:
+    """The stream's rounds, each one's `loaded` events written after it (a cluster's
+    shards hold the last units' until then; events not written wait for the next
+    write). An error (the broker or a server gone) once this run committed anything
+    goes into `report.errors`, the committed units staying in the report (docs/cli.md
+    "Exit codes"); before any commit it is raised."""
+    added = stream.audit_columns if spec.audit else None
+
+    def load_round(units: list[SourceFile], workers: int | None,
+                   schema: str | None) -> LoadReport:
+        done = steps.load_units(
+            replace(spec, workers=spec.workers or workers, schema=schema or spec.schema),
+            target, sources, units, listener, run_id=report.run_id, record=False,
+            added=added)
+        with contextlib.suppress(ChloadError):  # (they wait for the run's last writes,
+            target.flush()  # which report their error: the round's results stand)
+        return done
+
+    try:
+        stream.rounds(spec, target, listener, load_round, table, report)
+    except ChloadError as exc:
+        if not _committed_any(target, report):
+            raise
+        report.errors.append(str(exc))
 
 
 def _source_context(spec: LoadSpec, target: Target) -> SourceContext:

@@ -120,12 +120,15 @@ class Committer:
 
     def commit_group(self, table: str, display: str,
                      units: Sequence[tuple[str, Sequence[str] | None, Sequence[FileEvent], int]],
+                     follows: Sequence[Sequence[StreamPosition]] = (),
                      ) -> list[bool | BaseException]:
         """`commit` of several stages (stage, partitions, events, since_ns) at once, queued
         together so they go as one group: one caller holding them all need not race its
         own threads into the queue (whichever thread got the turn first led a group of
-        one). Each unit's outcome as `commit` would return or raise it."""
-        requests = [_Request(stage, parts, events, since) for stage, parts, events, since in units]
+        one). `follows`, if given, each unit's streams (rule 5), in the units' order. Each
+        unit's outcome as `commit` would return or raise it."""
+        requests = [_Request(stage, parts, events, since, follows[i] if follows else ())
+                    for i, (stage, parts, events, since) in enumerate(units)]
         self._submit(table, display, requests)
         return [r.error if r.error is not None else bool(r.attached) for r in requests]
 

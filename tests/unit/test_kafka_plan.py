@@ -35,7 +35,7 @@ def _unit(first: int, last: int, topic_id: str, seq: int, state: str = LOADED) -
 
 def _marks(events: list[FileEvent]) -> dict[str, P.Mark]:
     target: Any = _Target(events)
-    return P.committed(target, "d", "t", "d.t")[0]
+    return P.committed(target, "d", "t", "d.t").marks
 
 
 def _part(topic_id: str) -> P.Partition:
@@ -72,10 +72,10 @@ def test_a_re_created_topic_is_refused_then_forced_from_its_start() -> None:
 
 
 def test_a_partition_follows_only_a_mark_of_its_own_topic() -> None:
-    marks = {STREAM: P.Mark(1100, "A", 0, 20)}
+    marks = P.Marks({STREAM: P.Mark(1100, "A", 0, 20)}, 0, {})
     part = _part("B")
     assert not P.follow(part, marks) and part.next == 0  # another loader's? no: old topic
-    marks = {STREAM: P.Mark(300, "B", 21, 40)}
+    marks = P.Marks({STREAM: P.Mark(300, "B", 21, 40)}, 0, {})
     assert P.follow(part, marks)
     assert (part.next, part.after, part.since_seq) == (300, 300, 21)
 
@@ -90,7 +90,7 @@ def test_units_without_a_topic_id_count_with_those_around_them() -> None:
     assert (mark.end, mark.topic_id, mark.since) == (200, "B", 21)
     part = _part("")  # the id not read this time: no refusal, the ledger's end
     assert P._place(part, mark, 0, 700, force=False) == "" and part.next == 200
-    assert P.follow(_part(""), {STREAM: mark})
+    assert P.follow(_part(""), P.Marks({STREAM: mark}, 0, {}))
 
 
 def test_a_topic_forced_once_is_accepted_for_its_partitions_with_nothing_loaded_yet() -> None:
@@ -103,3 +103,39 @@ def test_a_topic_forced_once_is_accepted_for_its_partitions_with_nothing_loaded_
     part = _part("B")  # partition 1: the old topic's units only
     assert P._place(part, P.Mark(700, "A", 0, 20), 0, 50, force=False, accepted=True) == ""
     assert (part.next, part.after, part.since_seq) == (0, 0, 21)
+
+
+class _ShardLedger(_Ledger):
+    """A cluster's ledger: each shard's events (named `<table> shard N`), and the units
+    every shard has (`loaded`)."""
+
+    def __init__(self, by_shard: dict[int, list[FileEvent]]) -> None:
+        super().__init__([FileEvent(**{**_fields(e), "target_table": f"d.t shard {n}"})
+                          for n, events in by_shard.items() for e in events])
+        uris = [{e.uri for e in events} for events in by_shard.values()]
+        self.complete = {e.uri: e for e in by_shard[1] if all(e.uri in u for u in uris)}
+
+    def loaded(self, display: str) -> dict[str, FileEvent]:
+        return self.complete
+
+
+def _fields(event: FileEvent) -> dict[str, Any]:
+    return {k: getattr(event, k) for k in event.__slots__}  # type: ignore[attr-defined]
+
+
+def test_a_unit_some_shards_of_a_cluster_have_is_the_next_unit_whole() -> None:
+    """Killed between shards' commits: 300-599 is on shard 1 only. The mark is 300 (what
+    every shard has), and the partition's next unit is 300-599 again, whatever
+    --batch-rows is now, so the shards that lack it commit the same unit."""
+    done = [_unit(0, 299, "A", 10)]
+    target: Any = _Target([])
+    target.ledger = _ShardLedger({1: [*done, _unit(300, 599, "A", 20)], 2: done, 3: done})
+    found = P.committed(target, "d", "t", "d.t")
+    assert found.marks[STREAM].end == 300 and found.pending == {STREAM: (300, 599)}
+    part = _part("A")
+    assert P._place(part, found.marks[STREAM], 0, 2_000, force=False) == ""
+    part.pending = found.pending[STREAM]
+    unit = part.unit(100)
+    assert (unit.first, unit.last) == (300, 599)
+    part.next = 600
+    assert (part.unit(100).first, part.unit(100).last) == (600, 699)

@@ -157,10 +157,10 @@ class Share:
     def sync(self, partitions: list[Partition]) -> None:
         """Each partition moved on to its committed end in the ledger, where beyond and
         of the same topic id (a re-created topic's first units follow the old one's)."""
-        marks, _ = committed(self.target, self.table.database, self.table.name,
-                             self.table.display)
+        found = committed(self.target, self.table.database, self.table.name,
+                          self.table.display)
         for p in partitions:
-            follow(p, marks)
+            follow(p, found)
 
     def finished(self, partitions: list[Partition]) -> bool:
         """Without --follow: whether every partition is at the end seen at start in the

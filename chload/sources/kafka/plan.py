@@ -7,7 +7,7 @@ the rounds."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from chload.commit.ledger import COMMITTING, LOADED, own_history
@@ -63,8 +63,14 @@ class Partition:
     since_seq: int = 0
     stopped: bool = False
     streamed: int = 0  # rounds in which this run streamed a unit of it (source._stream_round)
+    pending: tuple[int, int] | None = None  # a unit some shards of a cluster have (Marks)
 
     def unit(self, rows: int) -> Unit:
+        """The next unit: at most `rows` messages up to the end; or, where a cluster's
+        shards have committed a unit from here on some of them only, that unit again,
+        whatever its size (its other shards commit it where the first did)."""
+        if self.pending is not None and self.pending[0] == self.next:
+            return Unit(self.topic, self.partition, self.next, self.pending[1])
         return Unit(self.topic, self.partition, self.next, min(self.end, self.next + rows) - 1)
 
 
@@ -85,14 +91,38 @@ def stream_of(source: KafkaSource, topic: str, partition: int) -> str:
     return f"{SCHEME}{source.bootstrap}/{topic}/{partition}"
 
 
-def committed(target: Target, database: str, name: str, display: str,
-              ) -> tuple[dict[str, Mark], int]:
+@dataclass(slots=True)
+class Marks:
+    """What the ledger says of a table's Kafka streams: each stream's Mark, the ledger
+    seq from which events count (events before it were set aside), and the units a
+    cluster's shards have committed on some shards only (stream -> (first, last)): the
+    unit a run must load next from there, on the shards that lack it (targets/cluster)."""
+
+    marks: dict[str, Mark]
+    since: int
+    pending: dict[str, tuple[int, int]]
+
+
+def committed(target: Target, database: str, name: str, display: str) -> Marks:
     """Each Kafka stream's committed end in the table's own history (ledger.own_history:
-    a table dropped, re-created or truncated starts again), within its latest topic id
-    (`marks`); and the ledger seq from which events count (events before it were set
-    aside)."""
-    live = {e.uri: e for e in target.ledger.latest(display)
+    a table dropped, re-created or truncated starts again), within its latest topic id.
+    Into a cluster (`target` the ClusterTarget of the Distributed table: its ledger reads
+    each shard's, where the units are recorded under the local table), a unit counts
+    once every shard it goes to has committed it; one that some shards have is pending."""
+    latest = target.ledger.latest(display)
+    live = {e.uri: e for e in latest
             if e.uri.startswith(SCHEME) and e.state in (COMMITTING, LOADED)}
+    pending: dict[str, tuple[int, int]] = {}
+    if any(e.target_table != display for e in latest):  # a cluster's, shard by shard
+        complete = target.ledger.loaded(display)
+        for uri in sorted(set(live) - set(complete), key=_first):
+            stream, _, span = uri.rpartition("/")
+            first, _, last = span.partition("-")
+            pending.setdefault(stream, (int(first), int(last)))
+        top: dict[str, int] = {}  # each shard writes its own events: the latest counts
+        for e in latest:
+            top[e.uri] = max(top.get(e.uri, 0), e.seq)
+        live = {uri: replace(complete[uri], seq=top[uri]) for uri in live if uri in complete}
     own, _ = own_history(target.ledger.table_state(database, name), live)
     since = max((e.seq for uri, e in live.items() if uri not in own), default=-1) + 1
     units: dict[str, list[tuple[int, str, int]]] = {}  # stream -> (seq, topic id, end)
@@ -101,7 +131,12 @@ def committed(target: Target, database: str, name: str, display: str,
         if event.seq >= since:
             units.setdefault(stream, []).append(
                 (event.seq, event.identity.rpartition(":")[0], int(span.rpartition("-")[2]) + 1))
-    return {stream: _mark(found, since) for stream, found in units.items()}, since
+    return Marks({stream: _mark(found, since) for stream, found in units.items()}, since,
+                 pending)
+
+
+def _first(uri: str) -> int:
+    return int(uri.rpartition("/")[2].partition("-")[0] or 0)
 
 
 def _mark(units: list[tuple[int, str, int]], since: int) -> Mark:
@@ -119,15 +154,16 @@ def _mark(units: list[tuple[int, str, int]], since: int) -> Mark:
                 replaced=start > 0)
 
 
-def follow(part: Partition, marks: dict[str, Mark]) -> bool:
+def follow(part: Partition, found: Marks) -> bool:
     """Move the partition on to its committed end in the ledger, where that is beyond
     its own and of the same topic (another loader's units); whether it moved."""
-    mark = marks.get(part.stream)
+    mark = found.marks.get(part.stream)
     if mark is None or mark.end <= part.after or not same_topic(mark.topic_id,
                                                                 part.topic_id):
         return False
     part.next = part.after = max(part.next, mark.end)
     part.since_seq = max(part.since_seq, mark.since)
+    part.pending = found.pending.get(part.stream)
     return True
 
 
@@ -137,10 +173,11 @@ def same_topic(a: str, b: str) -> bool:
     return not a or not b or a == b
 
 
-def plan(broker: Broker, source: KafkaSource, marks: dict[str, Mark], since: int,
+def plan(broker: Broker, source: KafkaSource, found: Marks,
          force: bool) -> tuple[list[Partition], list[FileResult]]:
     """Every partition of the source's topics, from its committed end (or low
     watermark) to its high watermark now; and the partitions refused, with why."""
+    marks, since = found.marks, found.since
     partitions: list[Partition] = []
     refused: list[FileResult] = []
     for topic in source.topics:
@@ -155,6 +192,7 @@ def plan(broker: Broker, source: KafkaSource, marks: dict[str, Mark], since: int
             if problem:
                 refused.append(FileResult(stream, "failed", error=problem))
             else:
+                part.pending = found.pending.get(stream)
                 partitions.append(part)
     return partitions, refused
 

@@ -140,8 +140,8 @@ def load(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadRou
     broker = Broker(client_config(source.bootstrap, options.kafka_options),
                     client_config(source.bootstrap, options.kafka_options, consumer=False), group)
     try:
-        marks, since = committed(target, table.database, table.name, table.display)
-        partitions, refused = plan(broker, source, marks, since, spec.force)
+        found = committed(target, table.database, table.name, table.display)
+        partitions, refused = plan(broker, source, found, spec.force)
         for failed in refused:
             listener(Event("fail", failed.uri, error=failed.error))
         _add(report, refused)
@@ -400,9 +400,9 @@ def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
             if result is not None and result.error:
                 result.error = _offset_error(result.error, f)
     if moved:
-        marks, _ = committed(target, table.database, table.name, table.display)
+        found = committed(target, table.database, table.name, table.display)
         for part in due:
-            if not follow(part, marks) and any(part is m for m in moved):
+            if not follow(part, found) and any(part is m for m in moved):
                 part.stopped = True  # skipped, yet the ledger's end did not move: not again
 
 

@@ -222,13 +222,19 @@ class ClusterTarget(Ending):
             return self._round.plan(self.entry.plan_batches(files, budget, workers))
         groups: list[tuple[SourceFile, ...]] = []
         for shard in self.shards:
-            mine = [f for f in files if self.shard_of(f.uri) is shard]
+            mine = [f for f in files if self._shard_for(f) is shard]
             groups += group_small_files(mine) if mine else []
         return groups
 
     def shard_of(self, uri: str) -> Shard:
         """The shard a whole unit goes to: by weight, from a hash of its uri."""
         return self._at_slot(int(sha1(uri.encode()).hexdigest()[:12], 16) % self.total_weight)
+
+    def _shard_for(self, file: SourceFile) -> Shard:
+        """The shard a whole unit goes to; every unit of a stream (a Kafka partition) to
+        the same one, whose ledger then holds the stream's units in order (its commit
+        checks the partition's position there: committer.py rule 5)."""
+        return self.shard_of(file.position.stream if file.position else file.uri)
 
     def _at_slot(self, slot: int) -> Shard:
         """The shard whose weight range holds `slot` (as the Distributed engine maps
@@ -258,7 +264,7 @@ class ClusterTarget(Ending):
                                  list[Loaded]]) -> list[Loaded]:
         """A whole unit (or batch) into its shard's local table, as into one server."""
         self._layout_recorded()
-        shard = self.shard_of(job.file.uri)
+        shard = self._shard_for(job.file)
         with self._busy(shard):
             done = load(shard.target, self._local_job(job), progress)
         self._count(shard, sum(d.rows for d in done), sum(d.bytes for d in done))
@@ -308,7 +314,8 @@ class ClusterTarget(Ending):
         self._drop_stage(stage, [s for s in self.shards if s.number not in keep])
         if failed:
             raise next(iter(failed.values()))
-        if not committed:
+        if not committed or (job.follows and len(committed) < len(todo)):
+            # (a stream's unit some of whose shards took another loader's: theirs)
             return [Loaded(0, d.bytes, elsewhere=True) for d in done]
         if not job.batch:  # one file: the rows of the shares committed now
             return [Loaded(sum(shares[n][0] for n in committed), done[0].bytes)]
@@ -359,38 +366,58 @@ class ClusterTarget(Ending):
         once; per unit, the shards that attached its share and the errors of those that
         failed. A shard that fails stops nothing of the others: a retry loads only the
         shards still lacking the unit. A batch's files get their own rows of the shard
-        where they were counted (`by_file`), else 0 (the shard's total is right)."""
+        where they were counted (`by_file`), else 0 (the shard's total is right).
+
+        A stream's unit (Kafka: its commit follows its partition, committer.py rule 5) is
+        committed first on the first shard that lacks it, and on the others only if it
+        attached there: of two loaders of one partition, the one that shard takes is the
+        one every shard takes, and a unit a crash leaves on some shards only is the
+        partition's next unit (kafka/plan.py Marks.pending)."""
         outcomes: list[tuple[set[int], dict[int, BaseException]]] = [(set(), {}) for _ in units]
+        held = len(units) > 1
 
-        def one(shard: Shard) -> None:
-            mine = [(i, u) for i, u in enumerate(units) if any(s is shard for s in u.todo)]
-            if not mine:
-                return
-            events = {i: self._events(u, shard) for i, u in mine}
-            crash_point(f"cluster-commit-shard-{shard.number}")  # (tests: one shard late)
-            with self._busy(shard):
-                results = shard.target.committer.commit_group(
-                    self.local, shard.local_display,
-                    [(u.stage, u.shares[shard.number][1], events[i], shard.target._started_ns)
-                     for i, u in mine])
-            loaded: list[FileEvent] = []
-            for (i, u), result in zip(mine, results, strict=True):
-                if isinstance(result, BaseException):
-                    outcomes[i][1][shard.number] = result
-                elif result:
-                    loaded += events[i]
-                    self._remember(shard, events[i])
-                    rows = u.shares[shard.number][0]
-                    self._count(shard, rows, u.read * rows // u.total)
-                    outcomes[i][0].add(shard.number)
-            if len(units) > 1:  # the last round: written with the run's end (flush)
-                with self._busy_guard:
-                    self._loaded_at_end.setdefault(shard.number, []).extend(loaded)
-            else:
-                shard.target.loaded.add(e.moved(LOADED) for e in loaded)  # once a second
+        def on(shard: Shard, chosen: Callable[[Unit], bool]) -> None:
+            mine = [(i, u) for i, u in enumerate(units)
+                    if chosen(u) and any(s is shard for s in u.todo)]
+            if mine:
+                self._commit_on(shard, mine, outcomes, held)
 
-        at_once([(lambda s=s: one(s)) for s in self.shards])  # type: ignore[misc]
+        if not any(u.job.follows for u in units):
+            at_once([(lambda s=s: on(s, lambda u: True)) for s in self.shards])  # type: ignore[misc]
+            return outcomes
+        at_once([(lambda s=s: on(s, lambda u: u.todo[0] is s))  # type: ignore[misc]
+                 for s in self.shards])
+        first_took = {id(u) for i, u in enumerate(units) if u.todo[0].number in outcomes[i][0]}
+        at_once([(lambda s=s: on(s, lambda u: id(u) in first_took  # type: ignore[misc]
+                                 and u.todo[0] is not s)) for s in self.shards])
         return outcomes
+
+    def _commit_on(self, shard: Shard, mine: list[tuple[int, Unit]],
+                   outcomes: list[tuple[set[int], dict[int, BaseException]]],
+                   held: bool) -> None:
+        """`mine` (index, unit) committed on `shard` as one group; each outcome noted."""
+        events = {i: self._events(u, shard) for i, u in mine}
+        crash_point(f"cluster-commit-shard-{shard.number}")  # (tests: one shard late)
+        with self._busy(shard):
+            results = shard.target.committer.commit_group(
+                self.local, shard.local_display,
+                [(u.stage, u.shares[shard.number][1], events[i], shard.target._started_ns)
+                 for i, u in mine], [u.job.follows for _, u in mine])
+        loaded: list[FileEvent] = []
+        for (i, u), result in zip(mine, results, strict=True):
+            if isinstance(result, BaseException):
+                outcomes[i][1][shard.number] = result
+            elif result:
+                loaded += events[i]
+                self._remember(shard, events[i])
+                rows = u.shares[shard.number][0]
+                self._count(shard, rows, u.read * rows // u.total)
+                outcomes[i][0].add(shard.number)
+        if held:  # the last round: written with the run's end (flush)
+            with self._busy_guard:
+                self._loaded_at_end.setdefault(shard.number, []).extend(loaded)
+        else:
+            shard.target.loaded.add(e.moved(LOADED) for e in loaded)  # once a second
 
     def _events(self, unit: Unit, shard: Shard) -> list[FileEvent]:
         """The unit's ledger events on `shard`: its files with their rows there."""
