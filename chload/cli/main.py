@@ -275,14 +275,15 @@ def _load_with(args: argparse.Namespace) -> int:
         if len(data["files"]) > 1000:
             data["files"] = data["files"][:1000]
         print(json.dumps(data))
-    elif not args.quiet:
+    if args.json or args.quiet:
+        if not report.ok:  # named on stderr whatever stdout holds (docs/cli.md)
+            from chload.cli.render import print_failures
+
+            print_failures(report)
+    else:
         from chload.cli.render import print_summary
 
         print_summary(report)
-    elif not report.ok:
-        from chload.cli.render import print_failures
-
-        print_failures(report)
     return 0 if report.ok else 1
 
 

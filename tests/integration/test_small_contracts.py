@@ -140,8 +140,10 @@ def test_a_garbage_first_file_fails_alone(target: tuple[str, dict], tmp_path: Pa
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "000_garbage.csv.gz").write_bytes(gzip.compress(junk))
     (tmp_path / "in" / "001_more.csv.gz").write_bytes(gzip.compress(b"id,name\n3,c\n4,d\n"))
-    code, report, _ = load(target, str(tmp_path / "in"), "-t", table_name)
+    code, report, err = load(target, str(tmp_path / "in"), "-t", table_name)
     assert code == 1, report
+    # with --json too, the failed file is named on stderr (stdout is the report)
+    assert "failed: " in err and "000_garbage.csv.gz" in err, err
     status = {Path(f["uri"]).name: (f["status"], f["error"]) for f in report["files"]}
     assert status["001_more.csv.gz"][0] == "loaded"
     assert status["000_garbage.csv.gz"][0] == "failed"
