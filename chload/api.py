@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from chload import options
 from chload.commit.ledger import FileEvent
+from chload.core import follow as following
 from chload.core import load as steps
 from chload.core import plan as planner
 from chload.core.finish import (
@@ -49,7 +50,7 @@ from chload.core.report import (
 from chload.core.run import Event, FileResult, Listener
 from chload.errors import ChloadError, UsageError
 from chload.sources import registry
-from chload.sources.base import SourceContext, SourceFile, Stream
+from chload.sources.base import ListingCalls, SourceContext, SourceFile, Stream
 from chload.sources.run import RunSources
 from chload.targets.base import Target
 from chload.targets.registry import TargetSpec, open_target
@@ -110,7 +111,7 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
          batch_seconds: float | None = None, query: str | None = None,
          incremental_by: str | None = None, shards: Pairs = (),
          shard_by: ShardBy = "auto", after_last_key: bool = False,
-         listener: Listener | None = None) -> LoadReport:
+         poll: float | None = None, listener: Listener | None = None) -> LoadReport:
     """Load files into a table, exactly once per file; the options are the CLI's flags
     (`--max-errors` is `max_errors`). A wrong value is a UsageError naming the option.
 
@@ -138,7 +139,11 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
     :param max_error_ratio: bad rows / all rows a file may have, in [0, 1].
     :param kafka_options: librdkafka settings for kafka:// sources, a dict or pairs;
         a value ``${VAR}`` is read from the environment.
-    :param follow: kafka://: keep loading new messages until SIGINT/SIGTERM.
+    :param follow: keep loading what comes until SIGINT/SIGTERM: kafka://, new messages;
+        files (directories, globs, s3:// and hdfs:// prefixes), new files, listed again
+        every ``poll`` seconds (a local file once unchanged since the poll before).
+        Either signal ends the unit in flight (committed or not at all) and returns the
+        report; the signal handlers are set only when called on the main thread.
     :param batch_rows: kafka://: messages per commit at most (default 500,000).
     :param batch_seconds: kafka:// with follow: commit at least this often (default 5).
     :param query: a postgresql:// or mysql:// source: load the rows of this SELECT.
@@ -153,13 +158,15 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
         loaded under it (S3 StartAfter), for buckets whose keys grow in order (dates,
         sequence numbers); an object added or changed under an earlier key is then not
         seen. Default: the whole prefix is listed.
+    :param poll: files with follow: seconds between listings (default 30); each poll
+        is a ``poll`` Event (``event.poll``: files, rows, listing calls, changed files).
     :param listener: called with each progress `Event` (plan, start, progress, done,
-        skip, fail, lag).
+        skip, fail, lag, poll).
     :return: what the load did; ``report.ok`` is False when a file failed.
 
-    A flag only some kinds of source read (query, incremental_by, follow, batch_rows,
-    batch_seconds, kafka_options, after_last_key) is refused when no source of the load
-    reads it.
+    A flag only some kinds of source read (query, incremental_by, follow, poll,
+    batch_rows, batch_seconds, kafka_options, after_last_key) is refused when no source
+    of the load reads it.
     """
     spec = _spec_of("load", sources, locals())
     steps.refuse_unread(spec, {name for pattern in spec.sources
@@ -246,6 +253,10 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
                       rejects=spec.budget.allows_errors)
     sources = RunSources(context, registry)
     try:
+        if spec.follow:  # files listed again every --poll seconds
+            with _engine_credentials(context):
+                return following.follow(spec, target, sources,
+                                        listener or (lambda event: None))
         listed = steps.stream_sources(spec, sources)
         with _engine_credentials(context):
             return steps.load_units(spec, target, sources, listed, listener or (lambda event: None))
@@ -315,7 +326,7 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
                          workdir=os.path.join(target.workdir, "tmp"),
                          s3=s3, query=target.infer_rows, patterns=spec.sources,
                          select=spec.query, incremental_by=spec.incremental_by,
-                         force=spec.force, workers=spec.workers,
+                         force=spec.force, workers=spec.workers, listing_calls=ListingCalls(),
                          key_order=target.wants_key_order, schema=spec.schema,
                          has_type=target.has_type, engine=target.engine_name,
                          committed=lambda: steps.committed(spec, target),

@@ -23,7 +23,7 @@ from chload.errors import ChloadError, UsageError
 from chload.formats import COMPRESSION_NAMES
 
 if TYPE_CHECKING:
-    from chload.api import Listener
+    from chload.api import Event, Listener
 
 
 def run() -> None:
@@ -159,8 +159,11 @@ def _load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kafka-option", action="append", default=[], metavar="NAME=VALUE",
                    help="a librdkafka setting for kafka:// sources, e.g. security.protocol="
                    "SASL_SSL (repeatable; ${VAR} takes the value from the environment)")
-    p.add_argument("--follow", action="store_true", help="kafka://: keep loading new "
-                   "messages until SIGINT/SIGTERM (default: up to the end, then exit)")
+    p.add_argument("--follow", action="store_true", help="keep loading what comes until "
+                   "SIGINT/SIGTERM: new Kafka messages, or new files (directories, globs, "
+                   "s3://, hdfs://) listed every --poll seconds (default: load, then exit)")
+    p.add_argument("--poll", type=float, metavar="S", help="--follow of files: seconds "
+                   "between listings (default 30)")
     p.add_argument("--batch-rows", type=int, metavar="N",
                    help="kafka://: messages per commit at most (default 500000)")
     p.add_argument("--batch-seconds", type=float, metavar="S",
@@ -269,7 +272,8 @@ def _load_with(args: argparse.Namespace) -> int:
             follow=args.follow, batch_rows=args.batch_rows,
             batch_seconds=args.batch_seconds, query=args.query,
             incremental_by=args.incremental_by, shards=_shards(args.shard),
-            shard_by=args.shard_by, after_last_key=args.after_last_key, listener=listener)
+            shard_by=args.shard_by, after_last_key=args.after_last_key, poll=args.poll,
+            listener=_polls(args, listener))
     if args.json:
         data = report.to_dict()
         if len(data["files"]) > 1000:
@@ -285,6 +289,28 @@ def _load_with(args: argparse.Namespace) -> int:
 
         print_summary(report)
     return 0 if report.ok else 1
+
+
+def _polls(args: argparse.Namespace, inner: Listener | None) -> Listener | None:
+    """With --follow: each poll of files said as it ends, one line (render.poll_line),
+    or with --json one JSON object a line on stdout, before the report's; other events
+    to `inner` (the progress bar)."""
+    if not args.follow or (args.quiet and not args.json):
+        return inner
+
+    def on_event(event: Event) -> None:
+        if event.poll is None:
+            if inner is not None:
+                inner(event)
+        elif args.json:
+            from dataclasses import asdict
+
+            print(json.dumps({"event": "poll", **asdict(event.poll)}), flush=True)
+        else:
+            from chload.cli.render import poll_line
+
+            print(poll_line(event.poll), flush=True)
+    return on_event
 
 
 @contextlib.contextmanager

@@ -31,8 +31,9 @@ class Event:
     """A progress event: kind is plan, start, progress (rows and bytes parsed, negative
     when taken back), done (a file committed), skip (another run committed the file
     meanwhile), fail, lag (a Kafka partition, uri its stream: rows = messages up to the
-    high watermark last read not yet committed). A plan's `unit` says what its units
-    are: file, a database's range, a Kafka batch (Source.unit)."""
+    high watermark last read not yet committed), poll (a load that follows files: one
+    poll done, `poll` says what it did). A plan's `unit` says what its units are: file,
+    a database's range, a Kafka batch (Source.unit)."""
 
     kind: str
     uri: str = ""
@@ -42,6 +43,28 @@ class Event:
     bytes_total: int = 0
     error: str = ""
     unit: str = ""
+    poll: Poll | None = None  # kind `poll`: what one poll of a load that follows did
+
+
+@dataclass(frozen=True, slots=True)
+class Poll:
+    """One poll of a load that follows files (core/follow.py): its number (1: the first
+    pass), units it loaded and their rows, the listing requests it made, files not
+    taken because still being written, files that changed since they were loaded
+    (each said once: not loaded again, or with --force loaded again), failures, its
+    seconds, and the error that ended it early (a listing that failed: the next poll
+    tries again)."""
+
+    number: int
+    files: int = 0
+    rows: int = 0
+    listing_calls: int = 0
+    waiting: int = 0
+    changed: tuple[str, ...] = ()
+    reloaded: tuple[str, ...] = ()
+    failed: int = 0
+    seconds: float = 0.0
+    error: str = ""
 
 
 Listener = Callable[[Event], None]
@@ -122,11 +145,13 @@ class _Progress:
 def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listener,
         *, abort_on_error: bool = False, policy: RetryPolicy = DEFAULT_POLICY,
         changed: set[str] | None = None, sources: RunSources | None = None,
-        ) -> list[FileResult]:
+        halt: threading.Event | None = None) -> list[FileResult]:
     """Load every job; a failed file fails alone unless `abort_on_error`. `sources`:
     the run's, which fetch each unit before its load (None: every file is loaded as
-    listed)."""
+    listed). Once `halt` is set (a load that follows, stopped by a signal), no unit
+    starts: those in flight end committed or not at all, the others are `not-started`."""
     stop = threading.Event()
+    halted = halt or threading.Event()
     changed = changed or set()
 
     @contextlib.contextmanager
@@ -140,7 +165,7 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
             yield replace(job, file=files[0], batch=files if job.batch else ())
 
     def one(job: LoadJob) -> FileResult:
-        if stop.is_set():
+        if stop.is_set() or halted.is_set():
             return FileResult(job.file.uri, "not-started")
         listener(Event("start", job.file.uri))
         started = time.monotonic()
@@ -174,7 +199,7 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
 
     def batch(job: LoadJob) -> list[FileResult]:
         """Several small files in one commit; if that fails, each file on its own."""
-        if len(job.files) == 1 or stop.is_set():
+        if len(job.files) == 1 or stop.is_set() or halted.is_set():
             return [one(replace(job, batch=()))]
         started = time.monotonic()
         progress = _Progress(listener, job.file.uri)

@@ -132,6 +132,10 @@ class RunSources:
     def loads_alone(self, file: SourceFile) -> bool:
         return self.of(file).loads_alone(file)
 
+    def grows(self, file: SourceFile) -> bool:
+        """True when `file` may still be written when listed (Source.grows)."""
+        return self.of(file).grows
+
     def columns(self, files: Sequence[SourceFile]) -> builtins.list[Column] | None:
         """The data's columns as its source knows them; None (infer them) when it does
         not, or when the files are of several kinds."""
