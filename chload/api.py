@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import MISSING, fields, replace
@@ -173,16 +174,29 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
                           for name in registry.source_for(pattern).options})
     early = _begin_early(spec)
     try:  # (a database's snapshot is taken while the target opens)
-        opened = open_target(_target_spec(spec.target))
-        try:
-            report = _load_into(spec, opened, listener)
-        except BaseException:
-            opened.close(failed=True)  # a directory made for it: removed
-            raise
-        _close_reported(opened, report)
-        return report
+        with _stopped_by_signals(spec) as stop:
+            opened = open_target(_target_spec(spec.target))
+            try:
+                report = _load_into(spec, opened, listener, stop)
+            except BaseException:
+                opened.close(failed=True)  # a directory made for it: removed
+                raise
+            _close_reported(opened, report)
+            return report
     finally:
         early()
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(spec: LoadSpec) -> Iterator[threading.Event]:
+    """Files that follow: SIGINT and SIGTERM, from before the target opens, end the run
+    after the units in flight (core/follow.py `stopping`). A Kafka stream sets its own."""
+    stop = threading.Event()
+    if not spec.follow or registry.stream_of(spec.sources) is not None:
+        yield stop
+        return
+    with following.stopping(stop):
+        yield stop
 
 
 def _close_reported(target: Target, report: LoadReport) -> None:
@@ -241,9 +255,11 @@ def _target_spec(target: str | None, create: bool = True) -> TargetSpec:
     return TargetSpec.resolve(target, os.environ, create)
 
 
-def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None) -> LoadReport:
+def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None,
+               stop: threading.Event | None = None) -> LoadReport:
     """`load` into a target already open (kept open): any `targets.Target`, e.g. the
-    unit tests' in-memory one. `spec.target` is not looked at."""
+    unit tests' in-memory one. `spec.target` is not looked at. `stop`: ends a load that
+    follows files (None: it follows until the process ends)."""
     stream = registry.stream_of(spec.sources)
     if stream is not None:  # a stream: its units round by round
         return _load_stream(spec, target, listener or (lambda event: None), stream)
@@ -256,7 +272,7 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
         if spec.follow:  # files listed again every --poll seconds
             with _engine_credentials(context):
                 return following.follow(spec, target, sources,
-                                        listener or (lambda event: None))
+                                        listener or (lambda event: None), stop)
         listed = steps.stream_sources(spec, sources)
         with _engine_credentials(context):
             return steps.load_units(spec, target, sources, listed, listener or (lambda event: None))

@@ -120,7 +120,8 @@ def poll_line(poll: Poll) -> str:
     calls = "1 listing call" if poll.listing_calls == 1 else \
         f"{poll.listing_calls} listing calls"
     parts = [f"{poll.files} new {'file' if poll.files == 1 else 'files'}",
-             f"{poll.rows:,} rows", calls, f"{poll.seconds:.2f} s"]
+             f"{poll.rows:,} {'row' if poll.rows == 1 else 'rows'}", calls,
+             f"{poll.seconds:.2f} s"]
     if poll.waiting:
         parts.append(f"{poll.waiting} still being written (next poll)")
     if poll.failed:

@@ -61,8 +61,8 @@ class _Run:
 def follow(spec: LoadSpec, target: Target, sources: RunSources, listener: Listener,
            stop: threading.Event | None = None) -> LoadReport:
     """Load the spec's files into its table, then every `spec.poll` seconds what is new,
-    until `stop` is set (by SIGINT or SIGTERM when run on the main thread). Each poll
-    ends with a `poll` Event. An error before anything committed is raised; after, it
+    until `stop` is set (api.load: by SIGINT or SIGTERM, `stopping`). Each poll ends
+    with a `poll` Event. An error before anything committed is raised; after, it
     ends the run with its report (a TransientError of a later poll is that poll's,
     and the next poll tries again)."""
     started_ns, clock = time.time_ns(), time.monotonic()
@@ -76,8 +76,7 @@ def follow(spec: LoadSpec, target: Target, sources: RunSources, listener: Listen
                started_ns - int(every * 1e9), calls=sources.context.listing_calls
                or ListingCalls())
     run.report.unit = sources.unit(spec.sources)
-    with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t, \
-            stopping(stop):
+    with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
         try:
             _polls(spec, t, table, sources, listener, run, stop, every)
         except ChloadError as exc:
@@ -114,6 +113,7 @@ def _poll(spec: LoadSpec, target: Target, table: planner.TableName, sources: Run
     """One poll: list, plan against the ledger, load what is new; files changed since
     loaded said once (loaded again with --force). Its results go into the run's report."""
     began, calls_before = time.monotonic(), run.calls.count
+    target.begin_run()  # (what earlier polls committed is another run's to the committer)
     waiting = _Count()
     listed = _settled(_listing(spec, sources, run.calls), sources,
                       run.looked_ns - CLOCK_SLACK_NS, waiting)
