@@ -171,16 +171,18 @@ def _listing(spec: LoadSpec, sources: RunSources, calls: ListingCalls) -> Iterat
                 pass
             if calls.count == before:
                 calls.add()
-    return steps.told(each(), sources)
+    return steps._told(each(), sources)
 
 
 def _settled(files: Iterable[SourceFile], sources: RunSources, since_ns: int,
              waiting: _Count) -> Iterator[SourceFile]:
     """The files, less those that may still be written: a unit of a source whose units
     grow (a local file) modified since `since_ns` (the previous poll's listing, less
-    the clock's slack) waits for the next poll; what listing made for it is released."""
+    the clock's slack) waits for the next poll; what listing made for it is released.
+    Anything else a listing yields (a count of units it found loaded) passes."""
     for f in files:
-        if not f.is_stream and f.mtime_ns >= since_ns and sources.grows(f):
+        if isinstance(f, SourceFile) and not f.is_stream and f.mtime_ns >= since_ns \
+                and sources.grows(f):
             waiting.n += 1
             sources.release([f])
             continue
@@ -193,9 +195,9 @@ def _relisted(sources: RunSources, results: list[FileResult]) -> Iterator[Source
     for r in results:
         try:
             for f in sources.list(r.uri):
-                if f.uri == r.uri:
+                if isinstance(f, SourceFile) and f.uri == r.uri:
                     yield f
-                else:
+                elif isinstance(f, SourceFile):
                     sources.release([f])
         except SourceError:
             continue

@@ -259,10 +259,10 @@ def stream_sources(spec: LoadSpec, sources: RunSources) -> Iterator[SourceFile]:
     for pattern in spec.sources:
         sources.of(pattern)  # unknown schemes, before anything is listed
     refuse_unread(spec, sources.options())
-    return told((f for pattern in spec.sources for f in sources.list(pattern)), sources)
+    return _told((f for pattern in spec.sources for f in sources.list(pattern)), sources)
 
 
-def told(files: Iterable[SourceFile], sources: RunSources) -> Iterator[SourceFile]:
+def _told(files: Iterable[SourceFile], sources: RunSources) -> Iterator[SourceFile]:
     """The files, less those whose name does not tell their format and that hold
     nothing (Spark's _SUCCESS). The others stay, to fail alone (load_table): a
     directory's README.txt must not stop its data loading, nor vanish unreported. If no

@@ -213,3 +213,27 @@ def test_a_changed_file_is_said_once_and_loaded_again_only_with_force(
             assert code == 1 and "changed since it was loaded" in err, err
             assert any("1 failed" in line and "1 changed" in line for line in rest), rest
             assert sql(target, "SELECT count() FROM t") == "1"
+
+
+def test_s3_listing_calls_count_each_page(minio: services.Service, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a poll reports as its listing calls: each ListObjectsV2 request (a page),
+    and with a start key only the pages after it."""
+    from chload.sources import registry
+    from chload.sources.base import ListingCalls
+    from chload.sources.files import s3
+
+    bucket = f"pages-{uuid.uuid4().hex[:8]}"
+    services.minio_create_bucket(minio, bucket)
+    client = services.minio_client(minio)
+    for i in range(5):
+        client.put_object(Bucket=bucket, Key=f"p/{i}.csv", Body=b"id\n1\n")  # type: ignore[attr-defined]
+    monkeypatch.setattr(s3, "PAGE_SIZE", 2)
+    config = registry.s3_settings([f"s3://{bucket}/p/"], s3_env(minio, tmp_path), None)
+    assert config is not None
+    whole, after = ListingCalls(), ListingCalls()
+    listed = list(s3.list_s3(f"s3://{bucket}/p/", None, None, config, calls=whole))
+    assert (len(listed), whole.count) == (5, 3)
+    newer = list(s3.list_s3(f"s3://{bucket}/p/", None, None, config,
+                            lambda prefix: f"s3://{bucket}/p/3.csv", calls=after))
+    assert ([f.uri for f in newer], after.count) == ([f"s3://{bucket}/p/4.csv"], 1)
