@@ -48,7 +48,7 @@ from chload.core.report import (
     StreamChange,
     TargetName,
 )
-from chload.core.run import Event, FileResult, Listener
+from chload.core.run import Event, FileResult, Listener, Poll
 from chload.errors import ChloadError, UsageError
 from chload.sources import registry
 from chload.sources.base import ListingCalls, SourceContext, SourceFile, Stream
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 __all__ = ["load", "validate", "files", "sql", "history", "errors", "run_files", "LoadSpec",
            "LoadReport", "FileResult", "FileEvent", "FileCheck", "Event", "Listener",
            "Saturation", "Concurrency", "StreamChange", "Costs", "ShardLoad",
-           "ServerSaturation", "Sources", "TargetName", "Settings"]
+           "ServerSaturation", "Sources", "TargetName", "Settings", "Poll"]
 
 
 def __getattr__(name: str) -> Any:

@@ -132,3 +132,15 @@ def test_the_returned_types_are_exported() -> None:
         assert getattr(chload, name) is not None, name
     assert {"LoadReport", "FileResult", "FileEvent", "FileCheck", "Event", "Saturation",
             "Concurrency", "Costs", "ShardLoad"} <= set(chload.__all__)
+
+
+@pytest.mark.parametrize("sources, options, said", [
+    ("a.csv", {"poll": 5}, "--poll 5: only with --follow"),
+    ("-", {"follow": True}, "--follow -: standard input is read once"),
+    ("a.csv", {"follow": True, "poll": 0}, "poll=0: must be a positive number of seconds"),
+])
+def test_follow_of_files_refuses_what_cannot_follow(sources: str, options: dict[str, Any],
+                                                    said: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        chload.load(sources, table="t", target=NOWHERE, **options)
+    assert said in str(caught.value)
