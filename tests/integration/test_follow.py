@@ -237,3 +237,28 @@ def test_s3_listing_calls_count_each_page(minio: services.Service, tmp_path: Pat
     newer = list(s3.list_s3(f"s3://{bucket}/p/", None, None, config,
                             lambda prefix: f"s3://{bucket}/p/3.csv", calls=after))
     assert ([f.uri for f in newer], after.count) == ([f"s3://{bucket}/p/4.csv"], 1)
+
+
+def test_hdfs_follow_waits_for_an_empty_directory_then_loads_what_comes(
+        hdfs: services.Service, tmp_path: Path) -> None:
+    directory, target = f"/follow-{uuid.uuid4().hex[:8]}", str(tmp_path / "target")
+    services.hdfs_mkdir(hdfs, directory)
+    follower = Follower(f"{hdfs.url}{directory}", "--table", "t", "--target", target,
+                        "--format", "CSVWithNames", "--schema", "id UInt64", "--json")
+    follower.wait_for(lambda line: '"files": 0' in line)  # nothing yet: no error
+    for i in range(2):
+        local = tmp_path / f"p{i}.csv"
+        local.write_text(f"id\n{i}\n{i + 10}\n")
+        services.hdfs_put(hdfs, local, f"{directory}/p{i}.csv")
+    follower.wait_for(lambda line: '"files": ' in line and '"files": 0' not in line)
+    code, rest, err = follower.stop()
+    assert code == 0, err
+    report = json.loads(rest[-1])
+    assert report["files_loaded"] >= 1 and report["files_failed"] == 0, report
+    follower = Follower(f"{hdfs.url}{directory}", "--table", "t", "--target", target,
+                        "--json")
+    follower.wait_for(lambda line: '"event": "poll"' in line)  # the rest, if any
+    code, rest, err = follower.stop()
+    assert code == 0, err
+    assert json.loads(rest[-1])["files_loaded"] == 2 - report["files_loaded"]
+    assert sql(target, "SELECT count(), sum(id) FROM t") == "4\t22"
