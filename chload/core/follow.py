@@ -44,6 +44,9 @@ POLL_SECONDS = 30.0  # --poll's default
 # A file's mtime comes from the kernel's coarse clock, which may be a tick behind
 # time.time_ns(): a file written just after a listing began must not look older.
 CLOCK_SLACK_NS = 50_000_000
+# A run that follows for days loads millions of files: its report lists every failure
+# and the first units that loaded (its counts are of all), so its memory stays bounded.
+LISTED_RESULTS = 1000
 
 
 @dataclass(slots=True)
@@ -205,10 +208,13 @@ def _relisted(sources: RunSources, results: list[FileResult]) -> Iterator[Source
 
 def _add(report: LoadReport, results: list[FileResult], done: LoadReport,
          first: bool) -> None:
-    """A poll's results into the run's report: the units it ran, and the first pass's
-    skipped files (a later poll skips the same files again: not counted twice)."""
+    """A poll's results into the run's report: the units it ran (listed: every failure,
+    and others up to LISTED_RESULTS), and the first pass's skipped files (a later poll
+    skips the same files again: not counted twice)."""
     skipped = done.files_skipped if first else sum(r.status == "skipped" for r in results)
-    report.files.extend(results)
+    room = max(0, LISTED_RESULTS - len(report.files))
+    report.files += [r for r in results if r.status == "failed"]
+    report.files += [r for r in results if r.status != "failed"][:room]
     report.files_loaded += sum(r.status == "loaded" for r in results)
     report.files_failed += sum(r.status == "failed" for r in results)
     report.files_skipped += skipped
