@@ -51,7 +51,7 @@ from chload.core.report import (
 from chload.core.run import Event, FileResult, Listener, Poll
 from chload.errors import ChloadError, UsageError
 from chload.sources import registry
-from chload.sources.base import ListingCalls, SourceContext, SourceFile, Stream
+from chload.sources.base import SourceContext, SourceFile, Stream
 from chload.sources.run import RunSources
 from chload.targets.base import Target
 from chload.targets.registry import TargetSpec, open_target
@@ -342,7 +342,7 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
                          workdir=os.path.join(target.workdir, "tmp"),
                          s3=s3, query=target.infer_rows, patterns=spec.sources,
                          select=spec.query, incremental_by=spec.incremental_by,
-                         force=spec.force, workers=spec.workers, listing_calls=ListingCalls(),
+                         force=spec.force, workers=spec.workers,
                          key_order=target.wants_key_order, schema=spec.schema,
                          has_type=target.has_type, engine=target.engine_name,
                          committed=lambda: steps.committed(spec, target),

@@ -12,7 +12,6 @@ session from listing to loading (a database snapshot) keeps it there, not in a g
 from __future__ import annotations
 
 import builtins
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -85,19 +84,6 @@ class SourceFile:
 Query = Callable[[str], list[dict]]  # runs SQL in an engine, returns small rows
 
 
-class ListingCalls:
-    """Requests made to list sources (an S3 ListObjectsV2 page), counted for a run's
-    report: a source that lists with requests of its own adds one per request."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._guard = threading.Lock()
-
-    def add(self, n: int = 1) -> None:
-        with self._guard:
-            self.count += n
-
-
 @dataclass(frozen=True, slots=True)
 class SourceContext:
     """What listing needs beyond the pattern, resolved once at the top (api) and passed
@@ -140,8 +126,6 @@ class SourceContext:
     rejects: bool = False  # an error budget rejects rows (--max-errors)
     table_exists: Callable[[], bool] | None = None  # the run's table exists now (its types
     # are the table's, not what the source describes; None: not known)
-    listing_calls: ListingCalls | None = None  # counts the requests a listing makes (an
-    # S3 page), for a load that follows to report per poll
 
 
 class Source(Protocol):

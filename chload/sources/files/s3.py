@@ -30,7 +30,7 @@ from chload.errors import NothingMatched, SourceError, TransientError, UsageErro
 from chload.formats import LINE_FORMATS, detect, magic
 from chload.runtime.retry import RetryPolicy, retry
 from chload.schema import quote_str
-from chload.sources.base import ListingCalls, RemoteSource, SourceContext, SourceFile
+from chload.sources.base import RemoteSource, SourceContext, SourceFile
 from chload.sources.files import aws
 from chload.sources.files.patterns import brace_list, expand_braces
 
@@ -61,7 +61,7 @@ def parse_uri(uri: str) -> tuple[str, str]:
 
 def list_s3(pattern: str, fmt: str | None, compression: str | None,
             config: aws.S3Settings, after: Callable[[str], str] | None = None,
-            calls: ListingCalls | None = None) -> Iterator[SourceFile]:
+            ) -> Iterator[SourceFile]:
     """Every object the pattern names, in key order, each with its identity, page by
     page as the listing comes (a page of PAGE_SIZE keys at a time in memory).
     `config`: endpoint, region and credentials, resolved once by the caller (aws.py).
@@ -70,7 +70,7 @@ def list_s3(pattern: str, fmt: str | None, compression: str | None,
     Text objects whose names show no compression are sniffed later, for those the plan
     loads (`described`)."""
     bucket, key_pattern = parse_uri(pattern)
-    lister = Lister(config, calls=calls)  # its config follows a bucket's region redirect
+    lister = Lister(config)  # its config follows a bucket's region redirect
     found = 0
     for obj in find_objects(lister, bucket, key_pattern, after):
         found += 1
@@ -254,10 +254,8 @@ def table_function_many(files: Sequence[SourceFile], fmt: str,
 class Lister:
     """ListObjectsV2 over one keep-alive connection, signed with SigV4 (aws.py)."""
 
-    def __init__(self, config: aws.S3Settings, timeout: float = 30.0,
-                 calls: ListingCalls | None = None) -> None:
+    def __init__(self, config: aws.S3Settings, timeout: float = 30.0) -> None:
         self.config = config
-        self.calls = calls  # each ListObjectsV2 request counted (a run's report)
         self.ca_bundle = config.ca_bundle
         self.timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
@@ -282,8 +280,6 @@ class Lister:
         """One page of the listing, asked again (RETRY) after a network error or a 5xx."""
         url = f"{self.config.bucket_url(bucket)}/?{aws.canonical_query(params)}"
         where = f"s3://{bucket}/{prefix}"
-        if self.calls is not None:
-            self.calls.add()
         status, headers, body = retry(lambda: self._exchange(url, where), RETRY,
                                       again_if=lambda answer: answer[0] >= 500)
         if status == 200:
@@ -407,7 +403,7 @@ class S3Source(RemoteSource):
             raise UsageError(f"{pattern}: listing S3 needs its settings (SourceContext.s3: "
                              "aws.resolve)")
         return list_s3(pattern, context.format, context.compression, context.s3,
-                       context.last_loaded, context.listing_calls)
+                       context.last_loaded)
 
     def described(self, files: Sequence[SourceFile],
                   context: SourceContext) -> builtins.list[SourceFile]:
