@@ -36,7 +36,7 @@ from chload.core.finish import _committed_any, _finish_reported, _run_record
 from chload.core.report import LoadReport, LoadSpec, shards_of
 from chload.core.run import Event, FileResult, Listener, Poll
 from chload.errors import ChloadError, NothingMatched, SourceError, TransientError
-from chload.sources.base import ListingCalls, SourceFile
+from chload.sources.base import SourceFile
 from chload.sources.run import RunSources
 from chload.targets.base import Target
 
@@ -58,7 +58,6 @@ class _Run:
     report: LoadReport
     looked_ns: int
     told: set[str] = field(default_factory=set)
-    calls: ListingCalls = field(default_factory=ListingCalls)
 
 
 def follow(spec: LoadSpec, target: Target, sources: RunSources, listener: Listener,
@@ -76,8 +75,7 @@ def follow(spec: LoadSpec, target: Target, sources: RunSources, listener: Listen
     stop = stop or threading.Event()
     every = spec.poll or POLL_SECONDS
     run = _Run(LoadReport(table.display, target.display, os.urandom(6).hex()),
-               started_ns - int(every * 1e9), calls=sources.context.listing_calls
-               or ListingCalls())
+               started_ns - int(every * 1e9))
     run.report.unit = sources.unit(spec.sources)
     with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
         try:
@@ -87,6 +85,7 @@ def follow(spec: LoadSpec, target: Target, sources: RunSources, listener: Listen
                 raise
             run.report.errors.append(str(exc))
         run.report.seconds = time.monotonic() - clock
+        run.report.listing_calls = sources.listing_calls()
         run.report.shards = shards_of(t.shard_report())
         _finish_reported(t, run.report, _run_record(spec, run.report, started_ns, sources))
     return run.report
@@ -115,10 +114,10 @@ def _poll(spec: LoadSpec, target: Target, table: planner.TableName, sources: Run
           listener: Listener, run: _Run, number: int, stop: threading.Event) -> Poll:
     """One poll: list, plan against the ledger, load what is new; files changed since
     loaded said once (loaded again with --force). Its results go into the run's report."""
-    began, calls_before = time.monotonic(), run.calls.count
+    began, calls_before = time.monotonic(), sources.listing_calls()
     target.begin_run()  # (what earlier polls committed is another run's to the committer)
-    waiting = _Count()
-    listed = _settled(_listing(spec, sources, run.calls), sources,
+    waiting, walks = _Count(), _Count()
+    listed = _settled(_listing(spec, sources, walks), sources,
                       run.looked_ns - CLOCK_SLACK_NS, waiting)
     done = _load(replace(spec, force=spec.force and number == 1), target, table, sources,
                  listed, listener, run, stop)
@@ -138,7 +137,8 @@ def _poll(spec: LoadSpec, target: Target, table: planner.TableName, sources: Run
         target.flush()  # report their error)
     return Poll(number, files=sum(r.status == "loaded" for r in results),
                 rows=sum(r.rows for r in results if r.status == "loaded"),
-                listing_calls=run.calls.count - calls_before, waiting=waiting.n,
+                listing_calls=sources.listing_calls() - calls_before + walks.n,
+                waiting=waiting.n,
                 changed=changed,
                 reloaded=tuple(r.uri for r in results if r.changed and r.status == "loaded"),
                 failed=sum(r.status == "failed" for r in results) - len(changed),
@@ -161,19 +161,20 @@ class _Count:
     n = 0
 
 
-def _listing(spec: LoadSpec, sources: RunSources, calls: ListingCalls) -> Iterator[SourceFile]:
+def _listing(spec: LoadSpec, sources: RunSources, walks: _Count) -> Iterator[SourceFile]:
     """Every file the sources name now (load.stream_sources' listing), a pattern that
-    names nothing being an empty one: the files may come later. A source that counts
-    no requests of its own (a local walk, HDFS's one engine query) counts one."""
+    names nothing being an empty one: the files may come later. `walks` counts each
+    pattern whose source counts no requests of its own (Source.listing_calls: a local
+    walk, HDFS's one engine query) as one listing call."""
     def each() -> Iterator[SourceFile]:
         for pattern in spec.sources:
-            before = calls.count
+            before = sources.listing_calls()
             try:
                 yield from sources.list(pattern)
             except NothingMatched:
                 pass
-            if calls.count == before:
-                calls.add()
+            if sources.listing_calls() == before:
+                walks.n += 1
     return steps._told(each(), sources)
 
 

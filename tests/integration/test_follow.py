@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import services
 from conftest import run_chload
-from test_remote_sources import s3_env
+from test_remote_sources import _without_profile, s3_env
 
 pytestmark = pytest.mark.integration
 
@@ -215,28 +215,56 @@ def test_a_changed_file_is_said_once_and_loaded_again_only_with_force(
             assert sql(target, "SELECT count() FROM t") == "1"
 
 
-def test_s3_listing_calls_count_each_page(minio: services.Service, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a poll reports as its listing calls: each ListObjectsV2 request (a page),
-    and with a start key only the pages after it."""
-    from chload.sources import registry
-    from chload.sources.base import ListingCalls
-    from chload.sources.files import s3
+PAGES = """
+import json, os, signal, sys
+sys.path.insert(0, {services!r})
+import services
+import chload
+from chload.sources.files import s3
+s3.PAGE_SIZE = 2  # a page of 2 keys: 5 objects are 3 requests
+minio = services.Service(name="minio", argv=[], data_dir=None, ports={{}}, url={url!r},
+                         endpoint="", credentials={creds!r})
+client = services.minio_client(minio)
+polls = []
 
+def on_event(event):
+    if event.poll is None:
+        return
+    polls.append(event.poll.listing_calls)
+    if len(polls) == 1:
+        client.put_object(Bucket={bucket!r}, Key="p/5.csv", Body=b"id\\n5\\n")
+    else:
+        os.kill(os.getpid(), signal.SIGINT)
+
+report = chload.load("s3://{bucket}/p/", table="t", target={target!r}, follow=True,
+                     poll=0.5, after_last_key={after}, listener=on_event)
+print(json.dumps({{"polls": polls, "loaded": report.files_loaded,
+                  "listing_calls": report.listing_calls}}))
+"""
+
+
+@pytest.mark.parametrize("after", [False, True])
+def test_each_poll_reports_its_listing_requests(minio: services.Service, tmp_path: Path,
+                                                after: bool) -> None:
+    """A poll's listing calls are its ListObjectsV2 requests: the whole prefix each poll,
+    or with --after-last-key only the pages after the last key loaded. In Python: the
+    `poll` events of chload.load(follow=True), which SIGINT ends with its report."""
     bucket = f"pages-{uuid.uuid4().hex[:8]}"
     services.minio_create_bucket(minio, bucket)
     client = services.minio_client(minio)
     for i in range(5):
-        client.put_object(Bucket=bucket, Key=f"p/{i}.csv", Body=b"id\n1\n")  # type: ignore[attr-defined]
-    monkeypatch.setattr(s3, "PAGE_SIZE", 2)
-    config = registry.s3_settings([f"s3://{bucket}/p/"], s3_env(minio, tmp_path), None)
-    assert config is not None
-    whole, after = ListingCalls(), ListingCalls()
-    listed = list(s3.list_s3(f"s3://{bucket}/p/", None, None, config, calls=whole))
-    assert (len(listed), whole.count) == (5, 3)
-    newer = list(s3.list_s3(f"s3://{bucket}/p/", None, None, config,
-                            lambda prefix: f"s3://{bucket}/p/3.csv", calls=after))
-    assert ([f.uri for f in newer], after.count) == ([f"s3://{bucket}/p/4.csv"], 1)
+        client.put_object(Bucket=bucket, Key=f"p/{i}.csv", Body=f"id\n{i}\n".encode())  # type: ignore[attr-defined]
+    script = PAGES.format(services=str(Path(__file__).parents[2] / "scripts" / "services"),
+                          url=minio.url, creds=minio.credentials, bucket=bucket,
+                          target=str(tmp_path / "target"), after=after)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, env=_without_profile(s3_env(minio, tmp_path)))
+    assert out.returncode == 0, out.stderr
+    done = json.loads(out.stdout.strip().splitlines()[-1])
+    # the first poll: 3 pages; the second: the whole prefix again (6 keys: 3 full pages,
+    # MinIO then answers a 4th, empty), or 1 page after key 4
+    assert done == {"polls": [3, 1 if after else 4], "loaded": 6,
+                    "listing_calls": 4 if after else 7}, out.stderr
 
 
 def test_hdfs_follow_waits_for_an_empty_directory_then_loads_what_comes(
