@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from chload import options
 from chload.commit.ledger import FileEvent
 from chload.core import load as steps
+from chload.core import metrics
 from chload.core import plan as planner
 from chload.core.finish import (
     UNWRITTEN_LOADED,
@@ -110,13 +111,14 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
          batch_seconds: float | None = None, query: str | None = None,
          incremental_by: str | None = None, shards: Pairs = (),
          shard_by: ShardBy = "auto", after_last_key: bool = False,
-         listener: Listener | None = None) -> LoadReport:
+         listener: Listener | None = None, metrics_port: int | None = None) -> LoadReport:
     """Load files into a table, exactly once per file; the options are the CLI's flags
     (`--max-errors` is `max_errors`). A wrong value is a UsageError naming the option.
 
     :param sources: files, directories, globs, ``-`` (stdin) or URLs (s3://, hdfs://,
         http(s)://, kafka://, postgresql://, mysql://): a str or pathlib.Path, or a list of
-        them; or a LoadSpec, then with no other option (``listener`` aside).
+        them; or a LoadSpec, then with no other option (``listener`` and
+        ``metrics_port`` aside).
     :param table: the table, ``name`` or ``db.name``; created when missing.
     :param target: a directory of the embedded ClickHouse or http(s)://[user@]host:port[/db];
         default ``$CHLOAD_TARGET``, else ``./chload-data``.
@@ -155,6 +157,9 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
         seen. Default: the whole prefix is listed.
     :param listener: called with each progress `Event` (plan, start, progress, done,
         skip, fail, lag).
+    :param metrics_port: serve the load's metrics (OpenMetrics, for Prometheus) on
+        http://127.0.0.1:PORT/metrics while it runs (docs/metrics.md); loads of one
+        process given the same port share it.
     :return: what the load did; ``report.ok`` is False when a file failed.
 
     A flag only some kinds of source read (query, incremental_by, follow, batch_rows,
@@ -164,6 +169,18 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
     spec = _spec_of("load", sources, locals())
     steps.refuse_unread(spec, {name for pattern in spec.sources
                           for name in registry.source_for(pattern).options})
+    port = options.optional_whole("metrics_port", metrics_port)
+    with metrics.observed(port, spec.table, _source_label(spec), listener) as observed:
+        return _load(spec, observed)
+
+
+def _source_label(spec: LoadSpec) -> str:
+    """The load's sources as a metrics label: as shown in its record, never a secret."""
+    return ",".join(metrics.without_secrets(registry.display(p)) for p in spec.sources)
+
+
+def _load(spec: LoadSpec, listener: Listener | None) -> LoadReport:
+    """`load` of a spec: the target opened, loaded into and closed."""
     early = _begin_early(spec)
     try:  # (a database's snapshot is taken while the target opens)
         opened = open_target(_target_spec(spec.target))

@@ -173,6 +173,8 @@ def _load_flags(p: argparse.ArgumentParser) -> None:
                    help="s3://: list each prefix only after the greatest key already loaded "
                    "(keys that grow in order: dates, sequence numbers); default: list all")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
+    p.add_argument("--metrics-port", type=int, metavar="N", help="serve the load's metrics "
+                   "for Prometheus on http://127.0.0.1:N/metrics while it runs")
     p.add_argument("--shard", action="append", default=[], metavar="HOST:TCP_PORT=URL",
                    help="a Distributed table's replica (as system.clusters names it) and "
                    "its HTTP URL (repeatable; default: its host, the target's port)")
@@ -269,7 +271,8 @@ def _load_with(args: argparse.Namespace) -> int:
             follow=args.follow, batch_rows=args.batch_rows,
             batch_seconds=args.batch_seconds, query=args.query,
             incremental_by=args.incremental_by, shards=_shards(args.shard),
-            shard_by=args.shard_by, after_last_key=args.after_last_key, listener=listener)
+            shard_by=args.shard_by, after_last_key=args.after_last_key, listener=listener,
+            metrics_port=args.metrics_port)
     if args.json:
         data = report.to_dict()
         if len(data["files"]) > 1000:
