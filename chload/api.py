@@ -174,6 +174,53 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
         return _load(spec, observed)
 
 
+def planned(sources: Sources, table: str, given: dict[str, Any]) -> LoadSpec:
+    """The LoadSpec `load(sources, table=table, **given)` would run, checked as `load`
+    checks it (values; an option no source of the load reads), touching nothing: a
+    pipelines file's load (chload/pipelines). `given` holds LoadSpec fields only."""
+    spec = _spec("load", sources, table, given)
+    steps.refuse_unread(spec, {name for pattern in spec.sources
+                          for name in registry.source_for(pattern).options})
+    return spec
+
+
+def where(target: TargetName) -> tuple[str, str | None]:
+    """A target as shown (no password) and, for an embedded one, its directory made
+    absolute (None: a server): which loads share one engine in a process."""
+    spec = _target_spec(options.optional_path("target", target))
+    return spec.display, None if spec.url is not None else os.path.abspath(spec.where)
+
+
+@contextlib.contextmanager
+def shared_target(target: TargetName) -> Iterator[Target]:
+    """An embedded target opened once for loads that run at once in this process
+    (`load_on`): chDB holds one engine path a process, and the directory's lock one
+    opening of it."""
+    opened = open_target(_target_spec(options.optional_path("target", target)))
+    try:
+        yield opened
+    finally:
+        with contextlib.suppress(ChloadError):  # each load's report has its errors
+            opened.close()
+
+
+def load_on(opened: Target, spec: LoadSpec, *, listener: Listener | None = None,
+            metrics_port: int | None = None) -> LoadReport:
+    """`load(spec)` into a target already open (`shared_target`), left open."""
+    with metrics.observed(metrics_port, spec.table, _source_label(spec), listener) as observed:
+        early = _begin_early(spec)
+        try:
+            report = _load_into(spec, opened, observed)
+        finally:
+            early()
+    try:  # its `loaded` events now, not when the last load sharing the target ends
+        opened.flush()
+    except ChloadError as exc:
+        if not report.errors:
+            report.errors.append(f"{exc}: {UNWRITTEN_LOADED}")
+    return report
+
+
 def _source_label(spec: LoadSpec) -> str:
     """The load's sources as a metrics label: as shown in its record, never a secret."""
     return ",".join(metrics.without_secrets(registry.display(p)) for p in spec.sources)
