@@ -26,13 +26,13 @@ import inspect
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from chload import api
-from chload.errors import UsageError
+from chload.errors import ChloadError, UsageError
 
 SOURCE_KEYS = ("source", "sources")
 # load()'s keyword parameters a file may set (a listener is code, not configuration).
@@ -223,8 +223,9 @@ def described(load: Declared) -> str:
     raw = written.get("source") or written.get("sources")
     shown = [str(s) for s in (raw if isinstance(raw, list) else [raw])]
     kinds = sorted({registry.kind_of(s) for s in load.spec.sources})
-    sources = ", ".join(_without_secrets(s) for s in shown)
+    sources = ", ".join(_shown(s, registry.display) for s in shown)
     target = written.get("target") or os.environ.get("CHLOAD_TARGET") or "./chload-data"
+    target = _shown(str(target), lambda t: api.where(t)[0] if "://" in t else t)
     mode = "follows until SIGINT/SIGTERM" if load.follows else "once"
     if load.spec.incremental_by:
         mode += f", rows above the last {load.spec.incremental_by} loaded"
@@ -232,9 +233,15 @@ def described(load: Declared) -> str:
         mode += ", forced (loaded units again)"
     port = f", metrics on 127.0.0.1:{load.metrics_port}" if load.metrics_port else ""
     return (f"{load.name}: {'/'.join(kinds)} {sources} -> {written['table']} in "
-            f"{_without_secrets(str(target))}: {mode}{port}")
+            f"{target}: {mode}{port}")
 
 
-def _without_secrets(text: str) -> str:
-    """A URL as written, without a `:password@` (a ${VAR} stays unfilled anyway)."""
+def _shown(text: str, display: Callable[[str], str]) -> str:
+    """A source or target as written (a ${VAR} unfilled), as its kind shows it (no
+    password, no secret query parameter); one it cannot parse yet (a ${VAR} for its
+    port), without a `:password@`."""
+    try:
+        text = display(text)
+    except (ChloadError, ValueError):
+        pass
     return re.sub(r"(://[^/@:]*):[^/@]*@", r"\1@", text)

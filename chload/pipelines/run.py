@@ -118,9 +118,10 @@ def _at_once(loads: Sequence[Declared], done: Done) -> list[Outcome]:
                    (lambda spec, port: api.load(spec, metrics_port=port)))
             try:
                 outcome = _one(load, how)
-            except BaseException as exc:  # noqa: BLE001 (a bug: raised in the main thread)
-                with guard:
+            except BaseException as exc:  # noqa: BLE001 (a bug: raised in the main thread,
+                with guard:                # once the following loads have ended)
                     failed.append(exc)
+                stopping.stop_following()
                 return
             with guard:
                 outcomes[load.name] = outcome

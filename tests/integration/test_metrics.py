@@ -75,16 +75,19 @@ def test_metrics_are_served_while_a_file_load_runs(csv_server: str, target_dir: 
     host = csv_server.removeprefix("http://")
     source = f"http://loader:{SECRET}@{host}/part_{{1..3}}.csv?token={TOKEN}"
     scraped: list[tuple[str, str]] = []
+    done: list[chload.Event] = []
 
-    def at_first_commit(event: chload.Event) -> None:
-        if event.kind == "done" and not scraped:
-            scraped.append(scrape(port))
+    def at_first_commit(event: chload.Event) -> None:  # and at the last
+        if event.kind == "done":
+            done.append(event)
+            if len(done) in (1, 3):
+                scraped.append(scrape(port))
 
     report = chload.load(source, table=table_name, target=target_dir, workers=1,
                          schema="id UInt32", max_errors=1, metrics_port=port,
                          listener=at_first_commit)
     assert (report.files_loaded, report.rows_loaded, report.rows_rejected) == (3, 29, 1)
-    ((content_type, text),) = scraped
+    (content_type, text), (_, last) = scraped
     assert content_type.startswith("application/openmetrics-text")
     assert text.endswith("# EOF\n") and SECRET not in text and TOKEN not in text
     labels = {"table": table_name, "source": f"http://{host}/part_{{1..3}}.csv"}
@@ -96,6 +99,13 @@ def test_metrics_are_served_while_a_file_load_runs(csv_server: str, target_dir: 
     assert value(text, "chload_lag_seconds", **labels) > 0  # two units planned, not loaded
     assert value(text, "chload_units_failed_total", **labels) == 0
     assert "# TYPE chload_unit_commit_seconds histogram" in text
+    assert value(last, "chload_units_loaded_total", **labels) == 3
+    assert value(last, "chload_rows_loaded_total", **labels) == 29
+    assert value(last, "chload_rows_rejected_total", **labels) == 1
+    assert value(last, "chload_unit_commit_seconds_count", **labels) == 3
+    assert value(last, "chload_unit_commit_seconds_sum", **labels) == pytest.approx(
+        sum(e.seconds for e in done))
+    assert value(last, "chload_lag_seconds", **labels) == 0  # none waits
     with pytest.raises(urllib.error.URLError):
         scrape(port)
 
