@@ -97,3 +97,30 @@ def test_run_check_names_a_misspelled_option(tmp_path: Path) -> None:
     assert done.stderr == (f"chload: {path}:8: unknown option 'worker' in [loads.trips]; did "
                            "you mean workers? (the options are chload.load's, "
                            "docs/pipelines.md)\n")
+
+
+@pytest.mark.parametrize(("targets", "tables", "refused"), [
+    (("/tmp/t1", "/tmp/t1"), ("a", "b"), ""),
+    (("http://127.0.0.1:9/", "http://127.0.0.1:8/"), ("a", "a"), ""),
+    (("/tmp/t1", "/tmp/t2"), ("a", "b"), "loads files and events run at once (a load follows) "
+                                         "into /tmp/t1 and /tmp/t2: a process holds one "
+                                         "ClickHouse engine"),
+    (("/tmp/t1", "http://127.0.0.1:9/"), ("a", "b"), "loads files and events run at once"),
+    (("/tmp/t1", "/tmp/t1"), ("a", "a"), "loads files and events both load a of /tmp/t1 at "
+                                         "once"),
+])
+def test_loads_at_once_share_one_engine_or_are_refused(
+        tmp_path: Path, targets: tuple[str, str], tables: tuple[str, str], refused: str) -> None:
+    from chload.pipelines import run
+
+    text = (f'[loads.files]\nsource = "/srv/*.csv"\ntable = "{tables[0]}"\n'
+            f'target = "{targets[0]}"\n'
+            f'[loads.events]\nsource = "kafka://127.0.0.1:9/t"\ntable = "{tables[1]}"\n'
+            f'target = "{targets[1]}"\nfollow = true\n')
+    pipelines = file.read(_write(tmp_path, text), {})
+    if not refused:
+        assert run.together(pipelines)
+        return
+    with pytest.raises(UsageError) as caught:
+        run.together(pipelines)
+    assert str(caught.value).startswith(f"{tmp_path}/chload.toml: {refused}")
