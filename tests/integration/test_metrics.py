@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import services
 from conftest import ROOT, run_chload, serving_http
+from test_services import _listening_addresses, _loopback
 
 import chload
 
@@ -168,6 +169,7 @@ def test_prometheus_scrapes_a_kafka_follow_load(kafka: services.Service, tmp_pat
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     prometheus = services.start_prometheus(tmp_path, [f"127.0.0.1:{port}"], interval=1)
     try:
+        assert all(_loopback(a) for a, _ in _listening_addresses(prometheus.pid))
         rate = f'rate(chload_rows_loaded_total{{table="{table_name}"}}[5s])'
         got = _until("a positive rate() of rows loaded", lambda: [
             r for r in services.prometheus_query(prometheus, rate)
