@@ -145,8 +145,9 @@ def _declared(path: str, lines: dict[tuple[str, str], int], name: str,
         spec = api.planned(sources, table, given)
         if follow and "follow" not in written and _can_follow(spec):
             spec = api.planned(sources, table, {**given, "follow": True})
-        if port is not None and (isinstance(port, bool) or not isinstance(port, int)):
-            raise UsageError(f"metrics_port={port!r}: must be an int, e.g. 9464")
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                                 or not 0 < port < 65536):
+            raise UsageError(f"metrics_port={port!r}: must be a TCP port, e.g. 9464")
     except UsageError as exc:
         key = _named(str(exc), written)
         raise UsageError(f"{path}:{_line(lines, section, key, here) if key else here}: "
