@@ -25,6 +25,7 @@ from chload import options
 from chload.commit.ledger import FileEvent
 from chload.core import follow as following
 from chload.core import load as steps
+from chload.core import metrics
 from chload.core import plan as planner
 from chload.core.finish import (
     UNWRITTEN_LOADED,
@@ -112,13 +113,15 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
          batch_seconds: float | None = None, query: str | None = None,
          incremental_by: str | None = None, shards: Pairs = (),
          shard_by: ShardBy = "auto", after_last_key: bool = False,
-         poll: float | None = None, listener: Listener | None = None) -> LoadReport:
+         poll: float | None = None, listener: Listener | None = None,
+         metrics_port: int | None = None) -> LoadReport:
     """Load files into a table, exactly once per file; the options are the CLI's flags
     (`--max-errors` is `max_errors`). A wrong value is a UsageError naming the option.
 
     :param sources: files, directories, globs, ``-`` (stdin) or URLs (s3://, hdfs://,
         http(s)://, kafka://, postgresql://, mysql://): a str or pathlib.Path, or a list of
-        them; or a LoadSpec, then with no other option (``listener`` aside).
+        them; or a LoadSpec, then with no other option (``listener`` and
+        ``metrics_port`` aside).
     :param table: the table, ``name`` or ``db.name``; created when missing.
     :param target: a directory of the embedded ClickHouse or http(s)://[user@]host:port[/db];
         default ``$CHLOAD_TARGET``, else ``./chload-data``.
@@ -163,6 +166,9 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
         is a ``poll`` Event (``event.poll``: files, rows, listing calls, changed files).
     :param listener: called with each progress `Event` (plan, start, progress, done,
         skip, fail, lag, poll).
+    :param metrics_port: serve the load's metrics (OpenMetrics, for Prometheus) on
+        http://127.0.0.1:PORT/metrics while it runs (docs/metrics.md); loads of one
+        process given the same port share it.
     :return: what the load did; ``report.ok`` is False when a file failed.
 
     A flag only some kinds of source read (query, incremental_by, follow, poll,
@@ -172,6 +178,65 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
     spec = _spec_of("load", sources, locals())
     steps.refuse_unread(spec, {name for pattern in spec.sources
                           for name in registry.source_for(pattern).options})
+    port = options.optional_whole("metrics_port", metrics_port)
+    with metrics.observed(port, spec.table, _source_label(spec), listener) as observed:
+        return _load(spec, observed)
+
+
+def planned(sources: Sources, table: str, given: dict[str, Any]) -> LoadSpec:
+    """The LoadSpec `load(sources, table=table, **given)` would run, checked as `load`
+    checks it (values; an option no source of the load reads), touching nothing: a
+    pipelines file's load (chload/pipelines). `given` holds LoadSpec fields only."""
+    spec = _spec("load", sources, table, given)
+    steps.refuse_unread(spec, {name for pattern in spec.sources
+                          for name in registry.source_for(pattern).options})
+    return spec
+
+
+def where(target: TargetName) -> tuple[str, str | None]:
+    """A target as shown (no password) and, for an embedded one, its directory made
+    absolute (None: a server): which loads share one engine in a process."""
+    spec = _target_spec(options.optional_path("target", target))
+    return spec.display, None if spec.url is not None else os.path.abspath(spec.where)
+
+
+@contextlib.contextmanager
+def shared_target(target: TargetName) -> Iterator[Target]:
+    """An embedded target opened once for loads that run at once in this process
+    (`load_on`): chDB holds one engine path a process, and the directory's lock one
+    opening of it."""
+    opened = open_target(_target_spec(options.optional_path("target", target)))
+    try:
+        yield opened
+    finally:
+        with contextlib.suppress(ChloadError):  # each load's report has its errors
+            opened.close()
+
+
+def load_on(opened: Target, spec: LoadSpec, *, listener: Listener | None = None,
+            metrics_port: int | None = None) -> LoadReport:
+    """`load(spec)` into a target already open (`shared_target`), left open."""
+    with metrics.observed(metrics_port, spec.table, _source_label(spec), listener) as observed:
+        early = _begin_early(spec)
+        try:
+            report = _load_into(spec, opened, observed)
+        finally:
+            early()
+    try:  # its `loaded` events now, not when the last load sharing the target ends
+        opened.flush()
+    except ChloadError as exc:
+        if not report.errors:
+            report.errors.append(f"{exc}: {UNWRITTEN_LOADED}")
+    return report
+
+
+def _source_label(spec: LoadSpec) -> str:
+    """The load's sources as a metrics label: as shown in its record, never a secret."""
+    return ",".join(metrics.without_secrets(registry.display(p)) for p in spec.sources)
+
+
+def _load(spec: LoadSpec, listener: Listener | None) -> LoadReport:
+    """`load` of a spec: the target opened, loaded into and closed."""
     early = _begin_early(spec)
     try:  # (a database's snapshot is taken while the target opens)
         with _stopped_by_signals(spec) as stop:
@@ -190,12 +255,12 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
 @contextlib.contextmanager
 def _stopped_by_signals(spec: LoadSpec) -> Iterator[threading.Event]:
     """Files that follow: SIGINT and SIGTERM, from before the target opens, end the run
-    after the units in flight (core/follow.py `stopping`). A Kafka stream sets its own."""
+    after the units in flight (core/follow.py `on_signals`). A Kafka stream sets its own."""
     stop = threading.Event()
     if not spec.follow or registry.stream_of(spec.sources) is not None:
         yield stop
         return
-    with following.stopping(stop):
+    with following.on_signals(stop):
         yield stop
 
 

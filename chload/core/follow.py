@@ -36,6 +36,7 @@ from chload.core.finish import _committed_any, _finish_reported, _run_record
 from chload.core.report import LoadReport, LoadSpec, shards_of
 from chload.core.run import Event, FileResult, Listener, Poll
 from chload.errors import ChloadError, NothingMatched, SourceError, TransientError
+from chload.runtime import stopping
 from chload.sources.base import SourceFile
 from chload.sources.run import RunSources
 from chload.targets.base import Target
@@ -63,10 +64,10 @@ class _Run:
 def follow(spec: LoadSpec, target: Target, sources: RunSources, listener: Listener,
            stop: threading.Event | None = None) -> LoadReport:
     """Load the spec's files into its table, then every `spec.poll` seconds what is new,
-    until `stop` is set (api.load: by SIGINT or SIGTERM, `stopping`). Each poll ends
-    with a `poll` Event. An error before anything committed is raised; after, it
-    ends the run with its report (a TransientError of a later poll is that poll's,
-    and the next poll tries again)."""
+    until `stop` is set (api.load: by SIGINT or SIGTERM, `on_signals`; a pipelines
+    file's runner: runtime.stopping). Each poll ends with a `poll` Event. An error
+    before anything committed is raised; after, it ends the run with its report (a
+    TransientError of a later poll is that poll's, and the next poll tries again)."""
     started_ns, clock = time.time_ns(), time.monotonic()
     table = planner.parse_table(spec.table, steps.default_database(target))
     for pattern in spec.sources:
@@ -77,7 +78,8 @@ def follow(spec: LoadSpec, target: Target, sources: RunSources, listener: Listen
     run = _Run(LoadReport(table.display, target.display, os.urandom(6).hex()),
                started_ns - int(every * 1e9))
     run.report.unit = sources.unit(spec.sources)
-    with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
+    with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t, \
+            stopping.registered(stop):  # (a pipelines file's loads: its runner stops them)
         try:
             _polls(spec, t, table, sources, listener, run, stop, every)
         except ChloadError as exc:
@@ -234,7 +236,7 @@ def _add(report: LoadReport, results: list[FileResult], done: LoadReport,
 
 
 @contextlib.contextmanager
-def stopping(stop: threading.Event) -> Iterator[None]:
+def on_signals(stop: threading.Event) -> Iterator[None]:
     """SIGINT and SIGTERM set `stop` (on the main thread: where Python runs handlers);
     a second signal acts as it would have (the handlers before are back)."""
     if threading.current_thread() is not threading.main_thread():

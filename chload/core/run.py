@@ -33,7 +33,9 @@ class Event:
     meanwhile), fail, lag (a Kafka partition, uri its stream: rows = messages up to the
     high watermark last read not yet committed), poll (a load that follows files: one
     poll done, `poll` says what it did). A plan's `unit` says what its units are: file,
-    a database's range, a Kafka batch (Source.unit)."""
+    a database's range, a Kafka batch (Source.unit). A done event's `rejected` counts
+    the unit's bad rows kept (an error budget), its `seconds` the time from the unit's
+    start to its commit (a batch: its share)."""
 
     kind: str
     uri: str = ""
@@ -43,6 +45,8 @@ class Event:
     bytes_total: int = 0
     error: str = ""
     unit: str = ""
+    rejected: int = 0
+    seconds: float = 0.0
     poll: Poll | None = None  # kind `poll`: what one poll of a load that follows did
 
 
@@ -192,10 +196,11 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
             listener(Event("skip", job.file.uri))
             return FileResult(job.file.uri, "skipped", seconds=time.monotonic() - started,
                               note=LOADED_ELSEWHERE)
-        listener(Event("done", job.file.uri, done.rows, done.bytes))
-        return FileResult(job.file.uri, "loaded", done.rows, done.bytes,
-                          time.monotonic() - started, changed=job.file.uri in changed,
-                          rejected=done.rejected)
+        seconds = time.monotonic() - started
+        listener(Event("done", job.file.uri, done.rows, done.bytes, rejected=done.rejected,
+                       seconds=seconds))
+        return FileResult(job.file.uri, "loaded", done.rows, done.bytes, seconds,
+                          changed=job.file.uri in changed, rejected=done.rejected)
 
     def batch(job: LoadJob) -> list[FileResult]:
         """Several small files in one commit; if that fails, each file on its own."""
@@ -216,7 +221,8 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         seconds = (time.monotonic() - started) / len(job.files)
         results = []
         for f, done in zip(job.files, loaded, strict=True):
-            listener(Event("done", f.uri, done.rows, done.bytes))
+            listener(Event("done", f.uri, done.rows, done.bytes, rejected=done.rejected,
+                           seconds=seconds))
             results.append(FileResult(f.uri, "loaded", done.rows, done.bytes, seconds,
                                       changed=f.uri in changed))
         return results

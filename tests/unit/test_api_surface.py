@@ -43,7 +43,7 @@ def _options(function: Callable[..., Any]) -> dict[str, inspect.Parameter]:
 def test_load_takes_each_loadspec_field_as_a_keyword_with_its_default() -> None:
     spec_fields = {f.name: f.default for f in fields(LoadSpec) if f.name != "sources"}
     options = _options(api.load)
-    assert set(options) - {"listener"} == set(spec_fields)
+    assert set(options) - {"listener", "metrics_port"} == set(spec_fields)
     for name, default in spec_fields.items():
         assert options[name].default == (None if default is MISSING else default), name
     assert set(_options(api.validate)) < set(spec_fields)
