@@ -151,10 +151,13 @@ def backlog(args: argparse.Namespace, server: str, env: dict[str, str]) -> dict:
     source = f"s3://{BUCKET}/backlog/"
     one_shot: list[float] = []
     first_poll: list[float] = []
+    walls: dict[str, list[float]] = {"one-shot": [], "follow": []}
 
     def once(n: int) -> None:
+        began = time.perf_counter()
         done = subprocess.run(load_argv(source, f"once_{n}", server), capture_output=True,
                               text=True, env={**os.environ, **env}, timeout=900)
+        walls["one-shot"].append(time.perf_counter() - began)  # (start to exit)
         if done.returncode != 0:
             sys.exit(f"one-shot load failed: {done.stderr[-2000:]}")
         one_shot.append(json.loads(done.stdout.strip().splitlines()[-1])["seconds"])
@@ -162,7 +165,8 @@ def backlog(args: argparse.Namespace, server: str, env: dict[str, str]) -> dict:
     def followed(n: int) -> None:
         follow = Follower(load_argv(source, f"follow_{n}", server, "--follow", "--poll",
                                     str(args.poll)), env)
-        _, poll = follow.next_poll()
+        at, poll = follow.next_poll()
+        walls["follow"].append(at - follow.started)  # (start to the first poll's line)
         follow.stop()
         if poll["files"] != args.backlog:
             sys.exit(f"the first poll loaded {poll['files']} of {args.backlog} objects")
@@ -178,9 +182,13 @@ def backlog(args: argparse.Namespace, server: str, env: dict[str, str]) -> dict:
     print(f"--follow, first poll   median {statistics.median(first_poll):8.2f} s  runs "
           + " ".join(f"{s:.2f}" for s in first_poll))
     print(f"speed ratio (follow / one-shot) {ratio:.3f} (bar: >= 0.95)")
+    wall = statistics.median(walls["one-shot"]) / statistics.median(walls["follow"])
+    print(f"whole processes: one-shot start to exit median "
+          f"{statistics.median(walls['one-shot']):.2f} s, follow start to its first poll "
+          f"{statistics.median(walls['follow']):.2f} s: speed ratio {wall:.3f}")
     return {"objects": args.backlog, "rows_per_object": args.rows,
             "one_shot_seconds": one_shot, "first_poll_seconds": first_poll,
-            "speed_ratio": ratio}
+            "speed_ratio": ratio, "wall_seconds": walls, "wall_speed_ratio": wall}
 
 
 def main() -> None:
