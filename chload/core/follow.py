@@ -48,17 +48,24 @@ CLOCK_SLACK_NS = 50_000_000
 # A run that follows for days loads millions of files: its report lists every failure
 # and the first units that loaded (its counts are of all), so its memory stays bounded.
 LISTED_RESULTS = 1000
+# A file that failed is tried again after 1 poll, then 2, 4, ... up to this many: a bad
+# file (or a README.txt in the directory) costs a load and a ledger event now and then,
+# not every poll; one that failed on a server gone loads once it is back.
+RETRY_POLLS_MAX = 16
 
 
 @dataclass(slots=True)
 class _Run:
     """What a run that follows carries from poll to poll: the report it adds to, the
-    files whose change it has said already (uris: only files that changed), and when
-    the previous poll's listing began (ns)."""
+    files whose change it has said already (uris: only files that changed), the files
+    that failed (held back a few polls), and when the previous poll's listing began
+    (ns)."""
 
     report: LoadReport
     looked_ns: int
     told: set[str] = field(default_factory=set)
+    held: dict[str, tuple[int, int]] = field(default_factory=dict)  # a failed file's uri:
+    # the poll from which it is tried again, and the polls it waited
 
 
 def follow(spec: LoadSpec, target: Target, sources: RunSources, listener: Listener,
@@ -120,7 +127,7 @@ def _poll(spec: LoadSpec, target: Target, table: planner.TableName, sources: Run
     target.begin_run()  # (what earlier polls committed is another run's to the committer)
     waiting, walks = _Count(), _Count()
     listed = _settled(_listing(spec, sources, walks), sources,
-                      run.looked_ns - CLOCK_SLACK_NS, waiting)
+                      run.looked_ns - CLOCK_SLACK_NS, waiting, run, number)
     done = _load(replace(spec, force=spec.force and number == 1), target, table, sources,
                  listed, listener, run, stop)
     results = _started(done.files)
@@ -134,7 +141,8 @@ def _poll(spec: LoadSpec, target: Target, table: planner.TableName, sources: Run
     results = [r for r in results if r not in said]
     changed = tuple(r.uri for r in refused if r not in said)
     run.told.update(changed)
-    _add(run.report, results, done, first=number == 1)
+    _add(run.report, _once(run, results), done, first=number == 1)
+    _hold(run, results, changed, number)
     with contextlib.suppress(ChloadError):  # (written with the run's last writes, which
         target.flush()  # report their error)
     return Poll(number, files=sum(r.status == "loaded" for r in results),
@@ -181,18 +189,52 @@ def _listing(spec: LoadSpec, sources: RunSources, walks: _Count) -> Iterator[Sou
 
 
 def _settled(files: Iterable[SourceFile], sources: RunSources, since_ns: int,
-             waiting: _Count) -> Iterator[SourceFile]:
+             waiting: _Count, run: _Run, number: int) -> Iterator[SourceFile]:
     """The files, less those that may still be written: a unit of a source whose units
     grow (a local file) modified since `since_ns` (the previous poll's listing, less
-    the clock's slack) waits for the next poll; what listing made for it is released.
-    Anything else a listing yields (a count of units it found loaded) passes."""
+    the clock's slack) waits for the next poll; less those that failed, until their
+    poll to be tried again (`_hold`). What listing made for them is released. Anything
+    else a listing yields (a count of units it found loaded) passes."""
     for f in files:
-        if isinstance(f, SourceFile) and not f.is_stream and f.mtime_ns >= since_ns \
-                and sources.grows(f):
+        if not isinstance(f, SourceFile):
+            yield f
+        elif run.held.get(f.uri, (0, 0))[0] > number:
+            sources.release([f])
+        elif not f.is_stream and f.mtime_ns >= since_ns and sources.grows(f):
             waiting.n += 1
             sources.release([f])
-            continue
-        yield f
+        else:
+            yield f
+
+
+def _once(run: _Run, results: list[FileResult]) -> list[FileResult]:
+    """The results for the run's report, each file's failure counted once: a file tried
+    again (held: it failed before) that fails is not counted again, and one that now
+    loads is no longer a failure of the run."""
+    kept = []
+    for r in results:
+        if r.uri not in run.held:
+            kept.append(r)
+        elif r.status != "failed":  # (loaded now, or by another run)
+            run.report.files_failed -= 1
+            run.report.files = [f for f in run.report.files
+                                if f.uri != r.uri or f.status != "failed"]
+            kept.append(r)
+    return kept
+
+
+def _hold(run: _Run, results: list[FileResult], changed: tuple[str, ...],
+          number: int) -> None:
+    """Files that failed in this poll wait before they are tried again, twice as many
+    polls as the last time (up to RETRY_POLLS_MAX); one that loaded waits no more.
+    (A file changed since loaded is refused at no cost: not held.)"""
+    for r in results:
+        if r.status != "failed":
+            run.held.pop(r.uri, None)
+        elif r.status == "failed" and r.uri not in changed and r.uri not in run.told:
+            waited = run.held.get(r.uri, (0, 0))[1]
+            wait = min(RETRY_POLLS_MAX, max(1, waited * 2))
+            run.held[r.uri] = (number + wait + 1, wait)
 
 
 def _relisted(sources: RunSources, results: list[FileResult]) -> Iterator[SourceFile]:

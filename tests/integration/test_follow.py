@@ -290,3 +290,35 @@ def test_hdfs_follow_waits_for_an_empty_directory_then_loads_what_comes(
     assert code == 0, err
     assert json.loads(rest[-1])["files_loaded"] == 2 - report["files_loaded"]
     assert sql(target, "SELECT count(), sum(id) FROM t") == "4\t22"
+
+
+def test_a_failed_file_is_tried_again_less_and_less_often_and_counted_once(
+        tmp_path: Path) -> None:
+    """A file that fails (a bad value) waits 1, 2, 4 ... polls before it is tried again,
+    each failure said in its poll's line but counted once in the report; fixed, it
+    loads at its next try and the run ends well (exit 0)."""
+    source, target = tmp_path / "in", str(tmp_path / "target")
+    source.mkdir()
+    old = (time.time() - 60, time.time() - 60)
+    (source / "good.csv").write_text("id\n1\n")
+    os.utime(source / "good.csv", old)
+    follower = Follower(str(source), "--table", "t", "--target", target, "--json",
+                        "--schema", "id UInt64")
+    follower.wait_for(lambda line: '"files": 1' in line)
+    (source / "bad.csv").write_text("id\nx\n")
+    os.utime(source / "bad.csv", old)
+    for _ in range(8):
+        follower.wait_for(lambda line: '"event": "poll"' in line)
+    tried = [p["number"] for p in polls(follower.seen) if p["failed"]]
+    gaps = [b - a for a, b in zip(tried[:-1], tried[1:], strict=True)]
+    assert len(tried) >= 2 and gaps[0] >= 2 and gaps == sorted(set(gaps)), tried  # 2, 3, 5
+    (source / "bad.csv").write_text("id\n2\n")  # fixed
+    os.utime(source / "bad.csv", old)
+    follower.wait_for(lambda line: '"files": 1' in line, seconds=60)
+    code, rest, err = follower.stop()
+    assert code == 0, err
+    report = json.loads(rest[-1])
+    assert (report["files_loaded"], report["files_failed"]) == (2, 0), report
+    assert sql(target, "SELECT sum(id) FROM t") == "3"
+    failed = sql(target, "SELECT count() FROM chload.files WHERE state = 'failed'")
+    assert int(failed) == len(tried), (failed, tried)
