@@ -8,13 +8,18 @@ Two figures, measured in one run:
    commit (its `loaded` event in the ledger); the bar is a lag under two poll intervals
    (an object is taken when listed: at most one interval, plus the poll's load). Each
    poll's listing calls are printed too (with --after-last-key: the new keys' page).
-2. Catching up: `--backlog` such objects already there. The follow's first poll (its
+2. Exactly once through restarts (`--only kills`, the full form of
+   tests/integration/test_follow.py's): an object a second for `--kill-seconds` (60)
+   while `--follow --poll 1` runs, SIGTERM at five random instants, each followed by a
+   restart; every row must be in the table once at the end, every exit 0.
+3. Catching up: `--backlog` such objects already there. The follow's first poll (its
    `seconds`, from its JSON event) against a one-shot `chload load` of the same objects
    into another table (the report's `seconds`), alternating, `--repeats` times; the bar
    is a speed of at least 0.95x the one-shot's (ratio = one-shot seconds / first poll).
 
     python bench/follow.py [--rate 10] [--rows 100000] [--seconds 60] [--poll 1]
-                           [--backlog 200] [--repeats 3] [--only lag|backlog] [--json OUT]
+                           [--backlog 200] [--repeats 3] [--kill-seconds 60]
+                           [--only lag|kills|backlog] [--json OUT]
 
 Starts its own MinIO and 18.16 server (scripts/services) on 127.0.0.1, stops them by
 PID at the end. Data: bench/common.py make_trips (cached under CHLOAD_BENCH_CACHE).
@@ -26,6 +31,7 @@ import argparse
 import json
 import os
 import queue
+import random
 import shutil
 import signal
 import statistics
@@ -56,7 +62,8 @@ class Follower:
         self.events: queue.Queue[tuple[float, dict]] = queue.Queue()
         self.polls: list[tuple[float, dict]] = []
         self.err: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
         threading.Thread(target=lambda: self.err.extend(self.proc.stderr or []),
                          daemon=True).start()
 
@@ -74,6 +81,13 @@ class Follower:
         self.polls.append(got)
         return got
 
+    def drain(self) -> list[tuple[float, dict]]:
+        """The poll events read but not yet taken (after the process ended)."""
+        out = []
+        while not self.events.empty():
+            out.append(self.events.get())
+        return out
+
     def until(self, done: Callable[[dict], bool]) -> None:
         while not done(self.next_poll()[1]):
             pass
@@ -81,6 +95,7 @@ class Follower:
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         code = self.proc.wait(timeout=300)
+        self.reader.join(timeout=10)  # (its last lines)
         if code != 0:
             sys.exit(f"the follow exited {code}: {''.join(self.err)[-2000:]}")
 
@@ -146,6 +161,43 @@ def lag(args: argparse.Namespace, client: object, server: str, env: dict[str, st
     return figures
 
 
+def kills(args: argparse.Namespace, client: object, server: str, env: dict[str, str],
+          data: list[str]) -> dict:
+    """Part 2: SIGTERM at five random instants of a minute of arriving objects, each
+    followed by a restart; the table's rows counted against what was put."""
+    count = args.kill_seconds
+    argv = load_argv(f"s3://{BUCKET}/kills/", "kills", server, "--follow", "--poll", "1",
+                     "--after-last-key")
+
+    def write() -> None:
+        for i in range(count):
+            upload(client, data[i % len(data)], f"kills/{i:05d}.csv.gz")
+            time.sleep(1)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    moments = sorted(random.uniform(2, count - 2) for _ in range(5))
+    began, loaded = time.perf_counter(), 0
+    for moment in moments:
+        follow = Follower(argv, env)
+        follow.next_poll()  # (signals are caught once the load began: its first poll)
+        time.sleep(max(0.0, began + moment - time.perf_counter()))
+        follow.stop()  # (exits 0, or the bench stops)
+        loaded += sum(p["files"] for _, p in follow.polls + follow.drain())
+    writer.join()
+    last = Follower(argv, env)
+    last.until(lambda poll: poll["files"] == 0)
+    last.stop()
+    loaded += sum(p["files"] for _, p in last.polls + last.drain())
+    rows = int(query(server, "SELECT count() FROM kills"))
+    print(f"# five SIGTERMs and restarts while {count} objects arrive, one a second")
+    print(f"SIGTERM at {', '.join(f'{m:.1f}' for m in moments)} s; objects loaded {loaded} "
+          f"of {count}; rows {rows:,} (expected {count * args.rows:,}): "
+          f"{'each once' if rows == count * args.rows and loaded == count else 'WRONG'}")
+    return {"objects": count, "moments_s": moments, "objects_loaded": loaded, "rows": rows,
+            "rows_expected": count * args.rows}
+
+
 def backlog(args: argparse.Namespace, server: str, env: dict[str, str]) -> dict:
     """Part 2: a follow's first poll over a backlog against a one-shot load of it."""
     source = f"s3://{BUCKET}/backlog/"
@@ -199,7 +251,8 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=1.0)
     parser.add_argument("--backlog", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", choices=["lag", "backlog"])
+    parser.add_argument("--kill-seconds", type=int, default=60)
+    parser.add_argument("--only", choices=["lag", "kills", "backlog"])
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     files = max(args.backlog, min(args.rate * args.seconds, 200))
@@ -216,9 +269,11 @@ def main() -> None:
         env = {"AWS_ENDPOINT_URL": minio.url,
                "AWS_ACCESS_KEY_ID": minio.credentials["access_key"],
                "AWS_SECRET_ACCESS_KEY": minio.credentials["secret_key"]}
-        if args.only != "backlog":
+        if args.only in (None, "lag"):
             result["lag"] = lag(args, client, clickhouse.url, env, data)
-        if args.only != "lag":
+        if args.only in (None, "kills"):
+            result["kills"] = kills(args, client, clickhouse.url, env, data)
+        if args.only in (None, "backlog"):
             for i, path in enumerate(data[:args.backlog]):
                 upload(client, path, f"backlog/{i:05d}.csv.gz")
             result["backlog"] = backlog(args, clickhouse.url, env)
