@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from chload.core.run import LOADED_ELSEWHERE, Event, FileResult, Listener
 from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
+from chload.runtime.faults import crash_point
 from chload.schema import Column, quote_str
 from chload.sources.base import RemoteSource, SourceContext, SourceFile, StreamPosition
 from chload.sources.kafka.group import Share, group_id, note, share
@@ -342,6 +343,7 @@ def _stream_round(reader: SpoolReader, fmt: FileFormat, due: list[Partition],
                                                             unit.first - 1)))
         # all at once: a unit waiting for a worker is a partition whose reader waits on
         # its full pipe
+        crash_point("kafka-round")  # tests: another loader commits these units first
         done = load_round(files, len(files), options.schema)
     finally:
         for f in files:
@@ -356,6 +358,7 @@ def _load_round(spools: list[Spool], load_round: LoadRound, report: LoadReport,
                 target: Target, table: Any) -> None:
     files = [s.file for s in spools]
     try:
+        crash_point("kafka-round")  # tests: another loader commits these units first
         done = load_round(files, None, None)
     finally:
         for f in files:
@@ -384,26 +387,48 @@ def _refresh(broker: Broker, partitions: list[Partition]) -> None:
 def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
              target: Target, table: Any) -> None:
     """Move each partition on after its unit: loaded, the next offset; refused (another
-    loader moved the partition), from the ledger's end again; failed, stop it."""
+    loader moved the partition), from the ledger's end again; failed, stop it.
+
+    A unit the round's planning found loaded already (Ledger.known: another member of
+    the group committed the same offsets since this run planned them) has no result
+    from the round: it is reported skipped like one the commit refused, never taken for
+    a failure that stops its partition without a word (the run would then end, exit 0,
+    short of that partition's rows). A skipped unit whose partition's end in the ledger
+    did not move fails, so the run cannot end as if the partition were done."""
     results = {r.uri: r for r in done.files}
-    moved: list[Partition] = []
+    moved: list[tuple[Partition, FileResult]] = []
     for part, f in zip(due, files, strict=True):
         result = results.get(f.uri)
+        if result is None:
+            result = FileResult(f.uri, "skipped", note=LOADED_ELSEWHERE)
+            done.files.append(result)
         end = int(f.uri.rpartition("-")[2]) + 1
-        if result is not None and result.status == "loaded":
+        if result.status == "loaded":
             part.next = part.after = end
-        elif result is not None and (result.note == LOADED_ELSEWHERE
-                                     or result.status == "skipped"):
-            moved.append(part)  # the ledger has it: another loader's since the plan
+        elif result.note == LOADED_ELSEWHERE or result.status == "skipped":
+            moved.append((part, result))  # the ledger has it: another loader's since the plan
         else:
             part.stopped = True
-            if result is not None and result.error:
+            if result.error:
                 result.error = _offset_error(result.error, f)
     if moved:
         found = committed(target, table.database, table.name, table.display)
         for part in due:
-            if not follow(part, found) and any(part is m for m in moved):
-                part.stopped = True  # skipped, yet the ledger's end did not move: not again
+            if not follow(part, found):
+                for stuck in (r for p, r in moved if p is part):
+                    _stuck(part, stuck)
+
+
+def _stuck(part: Partition, result: FileResult) -> None:
+    """A unit refused as loaded elsewhere while the ledger's end of its partition did not
+    move past where its plan started: the partition stops (never the same unit again),
+    as a failure (the run must not end as if it were loaded)."""
+    part.stopped = True
+    result.status, result.note = "failed", ""
+    result.error = (f"{result.uri}: refused as loaded by another run, yet the ledger's "
+                    f"end of kafka {part.topic}/{part.partition} is still {part.after}; "
+                    "nothing more loaded from this partition: run the same command again "
+                    "to go on from the ledger's end")
 
 
 def _offset_error(error: str, f: SourceFile) -> str:
