@@ -62,6 +62,7 @@ class FileResult:
 
 
 LOADED_ELSEWHERE = "loaded by another run meanwhile"
+LOADED_IN_PART = "committed on some shards; the others had it from another run meanwhile"
 PATIENCE = 1800.0  # seconds a file waits out a server's "too many parts" (252), at most
 
 
@@ -170,6 +171,7 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         listener(Event("done", job.file.uri, done.rows, done.bytes))
         return FileResult(job.file.uri, "loaded", done.rows, done.bytes,
                           time.monotonic() - started, changed=job.file.uri in changed,
+                          note=LOADED_IN_PART if done.partly else "",
                           rejected=done.rejected)
 
     def batch(job: LoadJob) -> list[FileResult]:

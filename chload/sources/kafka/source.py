@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from chload.core.run import LOADED_ELSEWHERE, Event, FileResult, Listener
+from chload.core.run import LOADED_ELSEWHERE, LOADED_IN_PART, Event, FileResult, Listener
 from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
 from chload.runtime.faults import crash_point
@@ -387,26 +387,28 @@ def _refresh(broker: Broker, partitions: list[Partition]) -> None:
 def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
              target: Target, table: Any) -> None:
     """Move each partition on after its unit: loaded, the next offset; refused (another
-    loader moved the partition), from the ledger's end again; failed, stop it.
+    loader moved the partition), or committed on some shards of a cluster only (the
+    others had another loader's), from the ledger's end again; failed, stop it.
 
     A unit the round's planning found loaded already (Ledger.known: another member of
     the group committed the same offsets since this run planned them) has no result
     from the round: it is reported skipped like one the commit refused, never taken for
     a failure that stops its partition without a word (the run would then end, exit 0,
-    short of that partition's rows). A skipped unit whose partition's end in the ledger
-    did not move fails, so the run cannot end as if the partition were done."""
+    short of that partition's rows). A refused unit whose partition's end in the ledger
+    did not move stops its partition with a failure, so the run cannot end as if the
+    partition were loaded."""
     results = {r.uri: r for r in done.files}
-    moved: list[tuple[Partition, FileResult]] = []
+    moved: list[Partition] = []
     for part, f in zip(due, files, strict=True):
         result = results.get(f.uri)
         if result is None:
             result = FileResult(f.uri, "skipped", note=LOADED_ELSEWHERE)
             done.files.append(result)
         end = int(f.uri.rpartition("-")[2]) + 1
-        if result.status == "loaded":
+        if result.status == "loaded" and result.note != LOADED_IN_PART:
             part.next = part.after = end
-        elif result.note == LOADED_ELSEWHERE or result.status == "skipped":
-            moved.append((part, result))  # the ledger has it: another loader's since the plan
+        elif result.note in (LOADED_ELSEWHERE, LOADED_IN_PART) or result.status == "skipped":
+            moved.append(part)  # the ledger has it: another loader's since the plan
         else:
             part.stopped = True
             if result.error:
@@ -414,21 +416,19 @@ def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
     if moved:
         found = committed(target, table.database, table.name, table.display)
         for part in due:
-            if not follow(part, found):
-                for stuck in (r for p, r in moved if p is part):
-                    _stuck(part, stuck)
+            if not follow(part, found) and any(part is m for m in moved):
+                done.files.append(_stuck(part))
 
 
-def _stuck(part: Partition, result: FileResult) -> None:
-    """A unit refused as loaded elsewhere while the ledger's end of its partition did not
-    move past where its plan started: the partition stops (never the same unit again),
-    as a failure (the run must not end as if it were loaded)."""
+def _stuck(part: Partition) -> FileResult:
+    """A partition whose unit was refused as loaded elsewhere while the ledger's end did
+    not move past where its plan started: stopped (never the same unit again), as a
+    failure (the run must not end as if it were loaded)."""
     part.stopped = True
-    result.status, result.note = "failed", ""
-    result.error = (f"{result.uri}: refused as loaded by another run, yet the ledger's "
-                    f"end of kafka {part.topic}/{part.partition} is still {part.after}; "
-                    "nothing more loaded from this partition: run the same command again "
-                    "to go on from the ledger's end")
+    return FileResult(part.stream, "failed", error=(
+        f"kafka {part.topic}/{part.partition}: a unit was refused as loaded by another "
+        f"run, yet the ledger's end of the partition is still {part.after}; nothing more "
+        "loaded from it: run the same command again to go on from the ledger's end"))
 
 
 def _offset_error(error: str, f: SourceFile) -> str:
