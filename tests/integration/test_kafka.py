@@ -277,6 +277,39 @@ def test_units_another_loader_committed_after_a_round_took_its_positions_are_ski
     assert skipped and report["files_failed"] == 0, out
 
 
+def test_a_commit_a_killed_loader_left_is_settled_before_the_run_ends(kafka, clickhouse,
+                                                                     table_name):
+    """`first` dies between its unit's `committing` and its attach; `late` took its
+    position before, then finds the partition at its end in the ledger (which counts
+    `committing` units as loaded) without a round of its own: it settles it (attaches
+    its stage) before it ends, so its exit 0 means the rows are in the table."""
+    topic = _topic(kafka, partitions=1)
+    _produce(kafka, topic, range(2_000), partitions=1)
+    argv = [sys.executable, "-m", "chload", "load", _uri(kafka, topic), "--table", table_name,
+            "--target", clickhouse.url, "--json"]
+    # rows in the table first: an empty one with `committing` rows is taken for truncated
+    assert subprocess.run(argv, capture_output=True, timeout=120).returncode == 0
+    _produce(kafka, topic, range(2_000, 4_000), partitions=1)
+    late = subprocess.Popen([*argv, "--kafka-option", f"group.id=late-{table_name}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "CHLOAD_PAUSE_AT": "kafka-rounds:20"})
+    first = subprocess.Popen([*argv, "--kafka-option", f"group.id=first-{table_name}"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "CHLOAD_CRASH_AT": "before-attach"})
+    try:
+        killed = first.communicate(timeout=120)[1]
+        assert first.returncode == -signal.SIGKILL, killed
+        assert late.poll() is None, "late ended before first was killed: nothing shown"
+        out, err = late.communicate(timeout=120)
+    finally:
+        for p in (first, late):
+            if p.poll() is None:
+                p.kill()
+    assert late.returncode == 0, err
+    assert _counts(clickhouse.url, table_name) == (4_000, 4_000), (out, err)
+    assert json.loads(out.splitlines()[-1])["recovered"] == 1, out
+
+
 def _committed_ends(clickhouse: services.Service, table: str) -> dict[int, int]:
     """Each partition's committed end in the server's ledger for `table` now."""
     rows = services.clickhouse_query(
