@@ -89,6 +89,7 @@ class FileResult:
 
 
 LOADED_ELSEWHERE = "loaded by another run meanwhile"
+LOADED_IN_PART = "committed on some shards; the others had it from another run meanwhile"
 PATIENCE = 1800.0  # seconds a file waits out a server's "too many parts" (252), at most
 
 
@@ -200,7 +201,9 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         listener(Event("done", job.file.uri, done.rows, done.bytes, rejected=done.rejected,
                        seconds=seconds))
         return FileResult(job.file.uri, "loaded", done.rows, done.bytes, seconds,
-                          changed=job.file.uri in changed, rejected=done.rejected)
+                          changed=job.file.uri in changed,
+                          note=LOADED_IN_PART if done.partly else "",
+                          rejected=done.rejected)
 
     def batch(job: LoadJob) -> list[FileResult]:
         """Several small files in one commit; if that fails, each file on its own."""

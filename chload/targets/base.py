@@ -57,12 +57,15 @@ class LoadJob:
 
 class Loaded(NamedTuple):
     """What loading one file did. `elsewhere`: another run committed the same file
-    meanwhile, so this one attached nothing (the runner reports the file skipped)."""
+    meanwhile, so this one attached nothing (the runner reports the file skipped).
+    `partly`: a stream's unit into a cluster that this run committed on some shards
+    while the others had it from another run meanwhile; `rows` are this run's."""
 
     rows: int
     bytes: int
     rejected: int = 0
     elsewhere: bool = False
+    partly: bool = False
 
 
 class Target(Protocol):
