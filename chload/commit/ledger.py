@@ -50,10 +50,10 @@ class Sql(Protocol):
 
 
 class LedgerSql(Sql, Protocol):
-    """And its reads: a long answer as text (the keys of the units a table holds:
+    """And its reads: a long answer as bytes (the keys of the units a table holds:
     `Ledger.known`)."""
 
-    def text(self, sql: str, fmt: str) -> str: ...
+    def binary(self, sql: str, fmt: str) -> bytes: ...
 
 
 @dataclass(slots=True)
@@ -292,13 +292,11 @@ class Ledger:
         own = f"argMax(table_uuid IN ('', {quote_str(table.uuid)}), seq)"
         pairs = array("Q")
         for lo, hi in _slices(count):
-            # RowBinary: 16 bytes a unit, no text to parse; the text interface keeps
-            # bytes that are not UTF-8 as surrogates (engine._text), so they come back
-            answer = self._sql.text(
+            # RowBinary: 16 bytes a unit, no text to parse or decode
+            pairs.frombytes(self._sql.binary(
                 f"SELECT uri_key AS u, argMax(identity_key, seq) AS i FROM {FILES} WHERE "
                 f"{where} AND uri_key BETWEEN {lo} AND {hi} GROUP BY u HAVING {own} "
-                "ORDER BY u", "RowBinary")
-            pairs.frombytes(answer.encode("utf-8", "surrogateescape"))
+                "ORDER BY u", "RowBinary"))
         if sys.byteorder != "little":  # (RowBinary is little-endian)
             pairs.byteswap()
         known = KnownUnits.of_pairs(pairs, lambda uris: self._loaded_of(target_table, uris))

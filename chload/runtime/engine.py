@@ -153,6 +153,11 @@ class Engine:
         result = self._run(sql, fmt, context)
         return _text(result.bytes()) if result is not None else ""
 
+    def answer(self, sql: str, fmt: str, context: str = "query") -> bytes:
+        """A query's answer as the engine writes it (a binary format: no text)."""
+        result = self._run(sql, fmt, context)
+        return result.bytes() if result is not None else b""
+
     def execute(self, sql: str, context: str = "query",
                 errors: Callable[[str], ChloadError] | None = None) -> tuple[int, int]:
         """Run a write; return (rows written, bytes read from storage) from the engine.

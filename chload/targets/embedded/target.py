@@ -131,6 +131,9 @@ class EmbeddedTarget:
         self.fresh = False  # the user's SQL may create a table
         return self.engine.query(sql, fmt, "query")
 
+    def binary(self, sql: str, fmt: str) -> bytes:
+        return self.engine.answer(sql, fmt, "query")
+
     infer_rows = rows
 
     def reader(self, file: SourceFile, fmt: str, columns: Sequence[Column] | None) -> str:
