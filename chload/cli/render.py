@@ -94,6 +94,9 @@ def print_summary(report: LoadReport) -> None:
     print(f"{report.table}: {_count(report.files_total, report.unit)}: {', '.join(parts)}; "
           f"{report.rows_loaded:,} rows, {_size(report.bytes_read)} in {report.seconds:.2f} s"
           f" ({report.rows_per_second:,.0f} rows/s)")
+    if report.listing_calls:
+        print(f"  listed in {report.listing_calls:,} request"
+              f"{'s' if report.listing_calls != 1 else ''}")
     if report.table_reset:
         print(f"  {report.table_reset}")
     for note in report.notes:

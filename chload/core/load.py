@@ -170,6 +170,7 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
                           for uri, why in plan.refused.items()]
     _summarize(report, results, plan, time.monotonic() - clock)
     report.unit = sources.unit(spec.sources)
+    report.listing_calls = sources.listing_calls()
     report.notes += sources.notes()
     if spec.incremental_by and report.rows_loaded:
         note = versions_note(target, table, spec.incremental_by,

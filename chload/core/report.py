@@ -227,6 +227,7 @@ class LoadReport:
     shards: list[ShardLoad] = field(default_factory=list)  # a Distributed table's
     notes: list[str] = field(default_factory=list)  # worth knowing, not errors (slow paths)
     unit: str = "file"  # what the summary calls a unit: a database's range, a Kafka batch
+    listing_calls: int = 0  # requests made to list the sources (S3: ListObjectsV2 pages)
     # what failed after units were committed, beside any one file (the ledger's last
     # writes to a server gone): what was committed stands (core/finish.py)
     errors: list[str] = field(default_factory=list)

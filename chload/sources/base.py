@@ -283,6 +283,11 @@ class Source(Protocol):
         copy finished by an earlier run loads nothing now, and what would."""
         ...
 
+    def listing_calls(self) -> int:
+        """The requests this run's object made to list (S3's ListObjectsV2 pages); 0
+        where listing asks no service by pages."""
+        ...
+
     def settle(self) -> None:
         """Wait for what the source checks of every unit before any commits (a
         database's query beside the ranges, begun by `stored`); raise what it found
@@ -333,6 +338,9 @@ class InPlace:
 
     def notes(self) -> builtins.list[str]:
         return []
+
+    def listing_calls(self) -> int:
+        return 0
 
     def settle(self) -> None:
         return None

@@ -125,6 +125,12 @@ class RunSources:
             opened = list(self._open.values())
         return [note for source in opened for note in source.notes()]
 
+    def listing_calls(self) -> int:
+        """The listing requests this run's sources made (Source.listing_calls)."""
+        with self._guard:
+            opened = list(self._open.values())
+        return sum(source.listing_calls() for source in opened)
+
     def options(self) -> set[str]:
         """The LoadSpec fields some source of this run reads (Source.options)."""
         with self._guard:
