@@ -68,8 +68,8 @@ def list_s3(pattern: str, fmt: str | None, compression: str | None,
     `config`: endpoint, region and credentials, resolved once by the caller (aws.py).
     `after` (--after-last-key): the greatest uri loaded under a prefix, '' if none; each
     prefix is listed from after it (StartAfter), and finding nothing new is no error.
-    `calls` counts the ListObjectsV2 requests. Text objects whose names show no compression are sniffed later, for those the plan
-    loads (`described`)."""
+    `calls` counts the ListObjectsV2 requests. Text objects whose names show no
+    compression are sniffed later, for those the plan loads (`described`)."""
     bucket, key_pattern = parse_uri(pattern)
     lister = Lister(config, calls=calls)  # its config follows a bucket's region redirect
     found = 0
