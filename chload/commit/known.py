@@ -83,11 +83,6 @@ class KnownUnits:
         return True
 
     @classmethod
-    def of_pairs(cls, pairs: array, events: Events) -> KnownUnits:
-        """From (uri key, identity key) pairs, one after the other, sorted by uri key."""
-        return cls(pairs[0::2], pairs[1::2], events)
-
-    @classmethod
     def of_events(cls, loaded: Mapping[str, FileEvent]) -> KnownUnits:
         """From events already in Python (a cluster's, gathered from its shards)."""
         pairs = sorted((key(uri), key(e.identity)) for uri, e in loaded.items())
