@@ -47,6 +47,15 @@ def test_the_compiled_walk_finds_what_the_python_walk_finds(tmp_path: Path) -> N
 
 
 @needs_cc
+def test_a_directory_of_long_names_fills_more_than_the_first_buffer(tmp_path: Path) -> None:
+    for i in range(3000):  # ~100 KB of names: the walk's buffers grow
+        (tmp_path / f"{i:05d}-{'n' * 25}.csv").write_text("")
+    runs = list(walk.runs(LIB, str(tmp_path)))
+    assert flat(runs) == list(local._walk(str(tmp_path)))
+    assert len(flat(runs)) == 3000
+
+
+@needs_cc
 def test_the_compiled_md5_key_is_the_engines(tmp_path: Path) -> None:
     for text in [b"", b"abc", b"x" * 55, b"x" * 56, b"x" * 64, b"/d/" * 40, os.urandom(99)]:
         expected = int.from_bytes(hashlib.md5(text).digest()[:8], "little")
