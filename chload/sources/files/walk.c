@@ -119,6 +119,7 @@ long chload_entries(int dirfd, const char *lock, char *out, long cap, char *type
         if (fd >= 0) close(fd);
         return -2;
     }
+    rewinddir(dir);  /* (a dup shares its offset: a call again after a short buffer) */
     size_t n = 0, room = 256, bytes = 0;
     entry *all = malloc(room * sizeof(entry));
     long result = 0;
