@@ -17,9 +17,10 @@ this chload and, with `--vs`, another checkout (e.g. /work/main), alternately an
 `--seed` writes the first load's ledger directly (seed_ledger), for a million files.
 
 Each is a whole `chload load` process: its wall time, its peak RSS (the kernel's,
-`wait4` ru_maxrss) and its CPU time (user and system: what busy neighbours move least). The report prints the medians, each as a ratio to the same case of
-`--vs` when given, and each against the bounds below (GOALS). Both checkouts share the
-one target (same ledger); the files each run adds are loaded by the other's later runs
+`wait4` ru_maxrss) and its CPU time (user and system: what busy neighbours move least).
+The report prints the medians, each as a ratio to the same case of `--vs` when given,
+and each against the bounds below (GOALS). Both checkouts share the one target (same
+ledger); the files each run adds are loaded by the other's later runs
 in the `rerun` case only as skips.
 """
 

@@ -103,12 +103,11 @@ def _run_files(run: walk.Run, fmt: str | None, compression: str | None, listing:
         skipped, codes = walk.known(lib, run, run.names, prefix, known)
         if skipped:
             yield Skipped(skipped)
-    at = codes.find(walk.ASK) if codes else 0
+    at = codes.find(walk.ASK) if codes else 0  # (bytes.find: no Python step a skipped file)
     while 0 <= at < len(run.names):
         file = _describe(os.path.join(run.directory, run.names[at]), False, fmt,
                          compression, listing)
-        if file is not None:
-            yield file
+        yield from [file] if file is not None else []
         at = codes.find(walk.ASK, at + 1) if codes else at + 1
 
 
@@ -178,7 +177,8 @@ def _glob(pattern: str, lib: Any = None) -> Iterator[tuple[str, bool] | walk.Run
     cut = parts.index("**")
     base = "/".join(parts[:cut]) or ("/" if pattern.startswith("/") else ".")
     rest = [p for p in parts[cut:] if p]
-    bases = _paths(_glob(base)) if _PATTERN_CHARS & set(base) else iter([base])
+    bases = (p[0] for p in _glob(base) if isinstance(p, tuple)) if _PATTERN_CHARS & set(
+        base) else iter([base])
     matches = _matcher(tuple(rest))
     for directory in (b for b in bases if os.path.isdir(b)):
         cut = len(os.path.join(directory, ""))  # (the walk's paths begin so)
@@ -208,10 +208,6 @@ def _matcher(pattern: tuple[str, ...]) -> Callable[[str], bool]:
             out.append(glob_regex(part) + ("" if last else "/"))
     regex = re.compile("".join(out), re.DOTALL)
     return lambda rel: regex.fullmatch(rel) is not None
-
-
-def _paths(found: Iterator[tuple[str, bool] | walk.Run]) -> Iterator[str]:
-    return (item[0] for item in found if isinstance(item, tuple))
 
 
 @functools.lru_cache(maxsize=16)
