@@ -16,10 +16,11 @@ this chload and, with `--vs`, another checkout (e.g. /work/main), alternately an
 
 `--seed` writes the first load's ledger directly (seed_ledger), for a million files.
 
-Each is a whole `chload load` process: its wall time, and its peak RSS (the kernel's,
-`wait4` ru_maxrss). The report prints the medians, each as a ratio to the same case of
-`--vs` when given, and each against the bounds below (GOALS). Both checkouts share the
-one target (same ledger); the files each run adds are loaded by the other's later runs
+Each is a whole `chload load` process: its wall time, its peak RSS (the kernel's,
+`wait4` ru_maxrss) and its CPU time (user and system: what busy neighbours move least).
+The report prints the medians, each as a ratio to the same case of `--vs` when given,
+and each against the bounds below (GOALS). Both checkouts share the one target (same
+ledger); the files each run adds are loaded by the other's later runs
 in the `rerun` case only as skips.
 """
 
@@ -96,8 +97,9 @@ def seed_ledger(root: Path, target: Path) -> None:
 
 
 def run(checkout: str, root: Path, target: Path, pattern: str = "",
-        ) -> tuple[float, int, str]:
-    """One `chload load` of every file: (wall seconds, peak RSS MiB, its summary line)."""
+        ) -> tuple[float, int, str, float]:
+    """One `chload load` of every file: (wall seconds, peak RSS MiB, its summary line,
+    CPU seconds: user and system, what neighbours on a shared machine move least)."""
     argv = [sys.executable, "-m", "chload", "load", pattern or f"{root}/f/**/*.csv",
             "--table", "t", "--target", str(target), "--json"]
     env = {**os.environ, "PYTHONPATH": checkout}
@@ -114,7 +116,7 @@ def run(checkout: str, root: Path, target: Path, pattern: str = "",
     report = json.loads(text.strip().splitlines()[-1])
     summary = (f"{report['files_loaded']} loaded, {report['files_skipped']} skipped, "
                f"{report['rows_loaded']} rows")
-    return seconds, usage.ru_maxrss // 1024, summary
+    return seconds, usage.ru_maxrss // 1024, summary, usage.ru_utime + usage.ru_stime
 
 
 def main() -> int:
@@ -153,15 +155,17 @@ def main() -> int:
                     write_files(root, args.files + added, args.new, sub=f"new{added:07d}")
                     added += args.new
                     (root / "added").write_text(str(added))
-                seconds, rss, summary = run(checkout, root, target)
+                seconds, rss, summary, cpu = run(checkout, root, target)
                 expect = args.new if case == "new" else 0
                 if not summary.startswith(f"{expect} loaded"):
                     sys.exit(f"{label} {case}: expected {expect} loaded, got {summary}")
-                cell = figures.setdefault(f"{case} {label}", {"seconds": [], "rss_mib": []})
+                cell = figures.setdefault(f"{case} {label}",
+                                          {"seconds": [], "rss_mib": [], "cpu_seconds": []})
                 cell["seconds"].append(round(seconds, 3))
                 cell["rss_mib"].append(rss)
+                cell["cpu_seconds"].append(round(cpu, 3))
                 print(f"round {round_ + 1} {case:<5} {label:<4} {seconds:7.2f} s "
-                      f"{rss:5d} MiB  ({summary})", file=sys.stderr)
+                      f"{rss:5d} MiB {cpu:7.2f} CPU s  ({summary})", file=sys.stderr)
     result = report(args.files, figures, bool(args.vs))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
@@ -173,10 +177,12 @@ def report(files: int, figures: dict[str, dict[str, list]], versus: bool) -> dic
     result: dict = {"benchmark": "many_files", "files": files, "cases": {}}
     runs = len(next(iter(figures.values()))["seconds"])
     print(f"# {files:,} files of 10 rows: medians of {runs}")
-    print(f"{'case':<12} {'wall s':>8} {'RSS MiB':>8} {'wall/vs':>8} {'RSS/vs':>7}  goal")
+    print(f"{'case':<12} {'wall s':>8} {'RSS MiB':>8} {'CPU s':>7} {'wall/vs':>8} "
+          f"{'RSS/vs':>7}  goal")
     for name, cell in figures.items():
         case, label = name.split()
         wall, rss = statistics.median(cell["seconds"]), statistics.median(cell["rss_mib"])
+        cpu = statistics.median(cell.get("cpu_seconds") or [0])
         base = figures.get(f"{case} vs") if versus else None
         ratio_wall = wall / statistics.median(base["seconds"]) if base else None
         ratio_rss = rss / statistics.median(base["rss_mib"]) if base else None
@@ -184,10 +190,11 @@ def report(files: int, figures: dict[str, dict[str, list]], versus: bool) -> dic
         met = "" if goal is None or label != "this" else (
             f"{'met' if wall < goal[0] and max(cell['rss_mib']) < goal[1] else 'NOT met'} "
             f"(< {goal[0]} s, < {goal[1]} MiB)")
-        print(f"{name:<12} {wall:>8.2f} {rss:>8.0f} "
+        print(f"{name:<12} {wall:>8.2f} {rss:>8.0f} {cpu:>7.2f} "
               f"{(f'{ratio_wall:.3f}' if ratio_wall else '-'):>8} "
               f"{(f'{ratio_rss:.3f}' if ratio_rss else '-'):>7}  {met}")
         result["cases"][name] = {**cell, "median_seconds": wall, "median_rss_mib": rss,
+                                 "median_cpu_seconds": cpu,
                                  "wall_vs": ratio_wall, "rss_vs": ratio_rss, "goal": goal,
                                  "spread_seconds": [min(cell["seconds"]),
                                                     max(cell["seconds"])]}

@@ -56,6 +56,12 @@ class KnownUnits:
     def __len__(self) -> int:
         return len(self.uris)
 
+    @property
+    def met(self) -> bytearray:
+        """A byte a unit, set once a listing has met it (`meet`, or a listing's own
+        comparison of keys: sources.base.KnownKeys)."""
+        return self._met
+
     def find(self, uris: Iterable[str]) -> int:
         """The index of the first of `uris` (a unit's uri, then its aliases) that is
         known; -1 if none is."""
@@ -75,11 +81,6 @@ class KnownUnits:
             return False
         self._met[index] = 1
         return True
-
-    @classmethod
-    def of_pairs(cls, pairs: array, events: Events) -> KnownUnits:
-        """From (uri key, identity key) pairs, one after the other, sorted by uri key."""
-        return cls(pairs[0::2], pairs[1::2], events)
 
     @classmethod
     def of_events(cls, loaded: Mapping[str, FileEvent]) -> KnownUnits:

@@ -50,10 +50,10 @@ class Sql(Protocol):
 
 
 class LedgerSql(Sql, Protocol):
-    """And its reads: a long answer as text (the keys of the units a table holds:
+    """And its reads: a long answer as bytes (the keys of the units a table holds:
     `Ledger.known`)."""
 
-    def text(self, sql: str, fmt: str) -> str: ...
+    def binary(self, sql: str, fmt: str) -> bytes: ...
 
 
 @dataclass(slots=True)
@@ -290,18 +290,20 @@ class Ledger:
         if not table.exists:
             return KnownUnits(), DROPPED
         own = f"argMax(table_uuid IN ('', {quote_str(table.uuid)}), seq)"
-        pairs = array("Q")
+        uris, identities = array("Q"), array("Q")
         for lo, hi in _slices(count):
-            # RowBinary: 16 bytes a unit, no text to parse; the text interface keeps
-            # bytes that are not UTF-8 as surrogates (engine._text), so they come back
-            answer = self._sql.text(
+            # RowBinary: 16 bytes a unit, no text to parse or decode; a slice's pairs
+            # split as they come, so the whole answer is never held twice
+            pairs = array("Q", self._sql.binary(
                 f"SELECT uri_key AS u, argMax(identity_key, seq) AS i FROM {FILES} WHERE "
                 f"{where} AND uri_key BETWEEN {lo} AND {hi} GROUP BY u HAVING {own} "
-                "ORDER BY u", "RowBinary")
-            pairs.frombytes(answer.encode("utf-8", "surrogateescape"))
-        if sys.byteorder != "little":  # (RowBinary is little-endian)
-            pairs.byteswap()
-        known = KnownUnits.of_pairs(pairs, lambda uris: self._loaded_of(target_table, uris))
+                f"ORDER BY u SETTINGS {_ONE_SLICE}", "RowBinary"))
+            if sys.byteorder != "little":  # (RowBinary is little-endian)
+                pairs.byteswap()
+            uris.extend(pairs[0::2])
+            identities.extend(pairs[1::2])
+            self.sliced()
+        known = KnownUnits(uris, identities, lambda uris: self._loaded_of(target_table, uris))
         if not known:
             return known, RECREATED
         if table.rows == 0 and int(self._sql.rows(
@@ -309,6 +311,10 @@ class Ledger:
                 f"{FILES} WHERE {where} GROUP BY uri) WHERE mine")[0]["r"] or 0):
             return KnownUnits(), TRUNCATED
         return known, ""
+
+    def sliced(self) -> None:
+        """After each slice of `known`: an engine in this process gives back what its
+        grouping kept (embedded/target.py); nothing for a server."""
 
     def last_loaded(self, target_table: str, table: TableState, prefix: str) -> str:
         """The greatest uri beginning with `prefix` loaded into the table as it is now
@@ -390,6 +396,10 @@ class LoadedEvents:
 
 
 _KNOWN_SLICE = 1 << 17  # `loaded` events grouped by one query of Ledger.known
+# A slice grouped on one thread in one hash table (not split in 256 past 100,000 keys):
+# the engine's memory for it stays a small multiple of the slice's keys
+_ONE_SLICE = ("max_threads = 1, group_by_two_level_threshold = 1000000, "
+              "group_by_two_level_threshold_bytes = 1000000000")
 
 
 def _slices(count: int) -> list[tuple[int, int]]:

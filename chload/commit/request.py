@@ -96,23 +96,28 @@ def _files(events: Sequence[FileEvent]) -> str:
     return first if len(events) == 1 else f"{first} and {len(events) - 1} more files"
 
 
+_GROUP_BYTES = 16 << 20
+
+
 def _start_sql(dirty: str, display: str) -> str:
     """A run's first look at a table (Committer.start), in one query: its dirty marker
     (a broken lock), whether a file may still be `committing`, and every stage (or
     broken lock) with its age in seconds.
 
     Files are grouped by their 64-bit key (ledger.KEY_COLUMNS), not their uri, so a
-    ledger of a million files is one number a file to the engine, not its text. Keys
-    of two uris in one group (a second hash of the uri tells) count as committing:
-    never a commit missed, at worst a recovery that finds nothing (Committer.recover
-    looks file by file)."""
+    ledger of a million files is one number a file to the engine, not its text; on one
+    thread, the grouping spilled to disk past _GROUP_BYTES (the embedded engine's memory
+    is the loader's). Keys of two uris in one group (a second hash of the uri tells)
+    count as committing: never a commit missed, at worst a recovery that finds nothing
+    (Committer.recover looks file by file)."""
     return (
         f"SELECT 'dirty' AS k, name AS a, toUInt64(0) AS age FROM system.tables WHERE "
         f"database = '{DATABASE}' AND name = {quote_str(dirty)} "
         f"UNION ALL SELECT 'committing', '', toUInt64(0) FROM (SELECT argMax(state = "
         f"'{COMMITTING}', seq) AS st, min(cityHash64(uri)) AS lo, max(cityHash64(uri)) AS "
         f"hi FROM {DATABASE}.files WHERE target_table = {quote_str(display)} GROUP BY "
-        f"uri_key) WHERE st OR lo != hi "
+        f"uri_key SETTINGS max_threads = 1, max_bytes_before_external_group_by = "
+        f"{_GROUP_BYTES}) WHERE st OR lo != hi "
         f"UNION ALL SELECT 'stage', name, toUInt64(now() - metadata_modification_time) "
         f"FROM system.tables WHERE database = '{DATABASE}' AND (startsWith(name, "
         f"'stage_') OR startsWith(name, 'lockbroken_'))")

@@ -37,7 +37,7 @@ from chload.core.report import LoadReport, LoadSpec, shards_of
 from chload.core.run import Event, FileResult, Listener, Poll
 from chload.errors import ChloadError, NothingMatched, SourceError, TransientError
 from chload.runtime import stopping
-from chload.sources.base import SourceFile
+from chload.sources.base import Skipped, SourceFile
 from chload.sources.run import RunSources
 from chload.targets.base import Target
 
@@ -156,7 +156,7 @@ def _poll(spec: LoadSpec, target: Target, table: planner.TableName, sources: Run
 
 
 def _load(spec: LoadSpec, target: Target, table: planner.TableName, sources: RunSources,
-          listed: Iterable[SourceFile], listener: Listener, run: _Run,
+          listed: Iterable[SourceFile | Skipped], listener: Listener, run: _Run,
           stop: threading.Event) -> LoadReport:
     return steps.load_table(spec, target, table, sources, listed, listener,
                             run_id=run.report.run_id, record=False, halt=stop)
@@ -171,12 +171,13 @@ class _Count:
     n = 0
 
 
-def _listing(spec: LoadSpec, sources: RunSources, walks: _Count) -> Iterator[SourceFile]:
+def _listing(spec: LoadSpec, sources: RunSources,
+             walks: _Count) -> Iterator[SourceFile | Skipped]:
     """Every file the sources name now (load.stream_sources' listing), a pattern that
     names nothing being an empty one: the files may come later. `walks` counts each
     pattern whose source counts no requests of its own (Source.listing_calls: a local
     walk, HDFS's one engine query) as one listing call."""
-    def each() -> Iterator[SourceFile]:
+    def each() -> Iterator[SourceFile | Skipped]:
         for pattern in spec.sources:
             before = sources.listing_calls()
             try:
@@ -188,8 +189,8 @@ def _listing(spec: LoadSpec, sources: RunSources, walks: _Count) -> Iterator[Sou
     return steps._told(each(), sources)
 
 
-def _settled(files: Iterable[SourceFile], sources: RunSources, since_ns: int,
-             waiting: _Count, run: _Run, number: int) -> Iterator[SourceFile]:
+def _settled(files: Iterable[SourceFile | Skipped], sources: RunSources, since_ns: int,
+             waiting: _Count, run: _Run, number: int) -> Iterator[SourceFile | Skipped]:
     """The files, less those that may still be written: a unit of a source whose units
     grow (a local file) modified since `since_ns` (the previous poll's listing, less
     the clock's slack) waits for the next poll; less those that failed, until their

@@ -38,7 +38,7 @@ from chload.core.run import Event, FileResult, Listener
 from chload.errors import SchemaError, UsageError, ValuesRefused
 from chload.runtime.adaptive import MAX_STREAMS, Controller
 from chload.runtime.monitor import Monitor
-from chload.sources.base import SourceFile
+from chload.sources.base import Skipped, SourceFile
 from chload.sources.run import RunSources
 from chload.targets.base import LoadJob, Target
 
@@ -65,9 +65,9 @@ def refuse_unread(spec: LoadSpec, read: Collection[str]) -> None:
             raise UsageError(f"{flag}: only for {who}; no source of this load reads it")
 
 
-def load_units(spec: LoadSpec, target: Target, sources: RunSources, listed: Iterable[SourceFile],
-          listener: Listener, run_id: str = "", record: bool = True,
-          added: planner.AddColumns | None = None) -> LoadReport:
+def load_units(spec: LoadSpec, target: Target, sources: RunSources,
+               listed: Iterable[SourceFile | Skipped], listener: Listener, run_id: str = "",
+               record: bool = True, added: planner.AddColumns | None = None) -> LoadReport:
     """Into `target`, or into each shard of its Distributed table (targets/cluster/target.py)."""
     table = planner.parse_table(spec.table, default_database(target))
     with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
@@ -78,9 +78,9 @@ def load_units(spec: LoadSpec, target: Target, sources: RunSources, listed: Iter
 
 
 def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources: RunSources,
-                listed: Iterable[SourceFile], listener: Listener, run_id: str = "",
-                record: bool = True, added: planner.AddColumns | None = None,
-                halt: threading.Event | None = None) -> LoadReport:
+               listed: Iterable[SourceFile | Skipped], listener: Listener, run_id: str = "",
+               record: bool = True, added: planner.AddColumns | None = None,
+               halt: threading.Event | None = None) -> LoadReport:
     """One table's run. `listed` is consumed once, as it comes, against the ledger's
     keys (Ledger.known, planner.decide): only the units to load are kept, so a rerun
     over a long history costs its listing, not its history. `halt`: once set, no
@@ -93,7 +93,11 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     report.recovered = target.recover(table.sql)
     state = target.ledger.table_state(table.database, table.name)
     known, report.table_reset = target.ledger.known(table.display, state)
-    plan = planner.decide(listed, known, spec.force, sources.release)
+    sources.against(None if spec.force else known)  # (--force: every unit listed, loaded)
+    try:
+        plan = planner.decide(listed, known, spec.force, sources.release)
+    finally:
+        sources.against(None)
     del known
     untold = [(f, formats.untold(f.uri)) for f in plan.to_load if not f.format.name]
     told = sources.described([f for f in plan.to_load if f.format.name])
@@ -242,6 +246,8 @@ def list_sources(spec: LoadSpec, sources: RunSources) -> list[SourceFile]:
     whole (Source.described): for a run that checks every file (validate)."""
     files: dict[str, SourceFile] = {}
     for f in stream_sources(spec, sources):
+        if isinstance(f, Skipped):  # (never: this run lists against no ledger)
+            continue
         if f.uri in files:
             sources.release([f])  # another spelling of a file named already
         else:
@@ -249,7 +255,7 @@ def list_sources(spec: LoadSpec, sources: RunSources) -> list[SourceFile]:
     return sources.described(list(files.values()))
 
 
-def stream_sources(spec: LoadSpec, sources: RunSources) -> Iterator[SourceFile]:
+def stream_sources(spec: LoadSpec, sources: RunSources) -> Iterator[SourceFile | Skipped]:
     """Every file the sources name, in the order named, as listed (a file named twice
     comes twice: the plan keeps it once). A pattern that matches nothing stops the run
     when its listing ends, before anything loads (the plan takes the whole listing
@@ -263,15 +269,18 @@ def stream_sources(spec: LoadSpec, sources: RunSources) -> Iterator[SourceFile]:
     return _told((f for pattern in spec.sources for f in sources.list(pattern)), sources)
 
 
-def _told(files: Iterable[SourceFile], sources: RunSources) -> Iterator[SourceFile]:
+def _told(files: Iterable[SourceFile | Skipped], sources: RunSources,
+          ) -> Iterator[SourceFile | Skipped]:
     """The files, less those whose name does not tell their format and that hold
     nothing (Spark's _SUCCESS). The others stay, to fail alone (load_table): a
     directory's README.txt must not stop its data loading, nor vanish unreported. If no
     file tells its format (an empty one named alone too), the run stops, as for one
-    file named."""
+    file named. Files skipped as listed were loaded: each told its format."""
     told, first_untold = 0, ""
     for f in files:
-        if f.format.name:
+        if isinstance(f, Skipped):
+            told += f.count
+        elif f.format.name:
             told += 1
         else:
             first_untold = first_untold or f.uri

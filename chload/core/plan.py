@@ -40,7 +40,7 @@ from chload.schema import (
     parse_structure,
     quote_ident,
 )
-from chload.sources.base import SourceFile
+from chload.sources.base import Skipped, SourceFile
 from chload.sources.run import RunSources
 from chload.targets.base import Target
 
@@ -111,14 +111,16 @@ class Plan:
     created_table: bool = False
 
 
-def decide(files: Iterable[SourceFile], known: KnownUnits, force: bool,
+def decide(files: Iterable[SourceFile | Skipped], known: KnownUnits, force: bool,
            release: Callable[[list[SourceFile]], None] = lambda files: None) -> Plan:
     """Split files into load, skip and refuse by the ledger: exactly once per file.
 
     `files` is taken as it comes (a listing, streamed) and `known` holds the ledger's
     units as keys (commit/known.py), so memory grows with what is new, not with what
-    was loaded before. A file met twice (a second spelling, a second pattern) counts
-    once; `release` gets the second (what its listing made for it).
+    was loaded before; files the listing itself found known and unchanged come
+    counted (`Skipped`: the local walk's compiled loop). A file met twice (a second
+    spelling, a second pattern) counts once; `release` gets the second (what its
+    listing made for it).
 
     A file loaded before under another identity (a log that grew, a file rewritten) is
     refused, not loaded again: its earlier rows are still in the table, and loading it
@@ -128,6 +130,9 @@ def decide(files: Iterable[SourceFile], known: KnownUnits, force: bool,
     changed: dict[str, SourceFile] = {}
     skipped = 0
     for f in files:
+        if isinstance(f, Skipped):
+            skipped += f.count
+            continue
         if f.is_stream:  # (stdin: named once)
             to_load[f.uri] = f
             continue

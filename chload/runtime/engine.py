@@ -11,6 +11,7 @@ loader engine (server/push.py).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -152,6 +153,18 @@ class Engine:
         """Run a statement; engine errors become chload errors naming `context`."""
         result = self._run(sql, fmt, context)
         return _text(result.bytes()) if result is not None else ""
+
+    def answer(self, sql: str, fmt: str, context: str = "query") -> bytes:
+        """A query's answer as the engine writes it (a binary format: no text)."""
+        result = self._run(sql, fmt, context)
+        return result.bytes() if result is not None else b""
+
+    def give_back(self) -> None:
+        """Return the memory the engine's allocator keeps after a large query (a long
+        ledger grouped) to the system, so the loader's resident size stays what it
+        needs (SYSTEM JEMALLOC PURGE; nothing where the engine has no jemalloc)."""
+        with contextlib.suppress(ChloadError):
+            self.query("SYSTEM JEMALLOC PURGE", "TSV", "memory")
 
     def execute(self, sql: str, context: str = "query",
                 errors: Callable[[str], ChloadError] | None = None) -> tuple[int, int]:

@@ -58,9 +58,11 @@ def cache_dir() -> Path:
 
 
 def build(source: Path, library: str, prefix: str, what: str) -> tuple[Path | None, str]:
-    """The shared library built from `source` and linked with `library` (its path),
-    or None and why not. `what` names the reader in the reasons ("native Kafka reader")."""
-    digest = hashlib.sha256(source.read_bytes() + os.path.realpath(library).encode())
+    """The shared library built from `source` and linked with `library` (its path; ''
+    for none), or None and why not. `what` names the reader in the reasons ("native
+    Kafka reader")."""
+    linked = os.path.realpath(library) if library else ""
+    digest = hashlib.sha256(source.read_bytes() + linked.encode())
     out = cache_dir() / f"{prefix}_{digest.hexdigest()[:16]}.so"
     if out.exists():
         return out, ""
@@ -92,8 +94,9 @@ def _compile(compiler: str, source: Path, library: str, out: Path, what: str) ->
         os.close(fd)
     except OSError as exc:
         return f"no cache directory for the {what}: {exc}"
-    argv = [compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(source), library,
-            f"-Wl,-rpath,{os.path.dirname(os.path.realpath(library))}"]
+    argv = [compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(source)]
+    if library:  # (a reader of its own, e.g. the local walk's, links nothing)
+        argv += [library, f"-Wl,-rpath,{os.path.dirname(os.path.realpath(library))}"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode:

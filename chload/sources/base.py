@@ -12,6 +12,7 @@ session from listing to loading (a database snapshot) keeps it there, not in a g
 from __future__ import annotations
 
 import builtins
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -81,6 +82,29 @@ class SourceFile:
         return self.etag or f"{self.size}:{self.mtime_ns}"
 
 
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """Units a listing found loaded as they are now (`KnownKeys` told it), counted where
+    they were met, never made into a `SourceFile`: a rerun over a long history."""
+
+    count: int
+
+
+class KnownKeys(Protocol):
+    """The units loaded into the run's table, as commit/known.py holds them: `uris`
+    (sorted) and `identities`, the 64-bit keys of each, and `met`, a byte a unit that a
+    listing sets once it has met the unit. A listing that can compare keys itself (the
+    local walk's C loop) passes by those that match and yields them as `Skipped`."""
+
+    uris: array
+    identities: array
+
+    @property
+    def met(self) -> bytearray: ...
+
+    def __len__(self) -> int: ...
+
+
 Query = Callable[[str], list[dict]]  # runs SQL in an engine, returns small rows
 
 
@@ -126,6 +150,8 @@ class SourceContext:
     rejects: bool = False  # an error budget rejects rows (--max-errors)
     table_exists: Callable[[], bool] | None = None  # the run's table exists now (its types
     # are the table's, not what the source describes; None: not known)
+    known: KnownKeys | None = None  # the units loaded into the run's table (RunSources.
+    # against): a listing may pass those it meets unchanged as `Skipped`; None: list all
 
 
 class Source(Protocol):
@@ -171,9 +197,10 @@ class Source(Protocol):
         the source keeps something from listing to loading (then a new object)."""
         ...
 
-    def list(self, pattern: str, context: SourceContext) -> Iterable[SourceFile]:
+    def list(self, pattern: str, context: SourceContext) -> Iterable[SourceFile | Skipped]:
         """Every unit the pattern names, each once, with its identity; reads no rows.
-        A long listing is best yielded as it comes (the plan holds only new units)."""
+        A long listing is best yielded as it comes (the plan holds only new units);
+        units `context.known` holds unchanged may come counted, as `Skipped`."""
         ...
 
     def described(self, files: Sequence[SourceFile],

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from chload.sources.base import Source, SourceContext, SourceFile
+from chload.sources.base import KnownKeys, Skipped, Source, SourceContext, SourceFile
 
 if TYPE_CHECKING:
     from chload.schema import Column
@@ -43,6 +43,7 @@ class RunSources:
         self._open: dict[str, Source] = {}
         self._listed: dict[str, list[SourceFile]] = {}
         self._guard = threading.Lock()
+        self._known: KnownKeys | None = None
 
     def of(self, what: str | SourceFile) -> Source:
         """This run's object for the kind of source that lists `what`."""
@@ -52,14 +53,23 @@ class RunSources:
                 self._open[kind] = self.kinds.source_for(what).open()
             return self._open[kind]
 
-    def list(self, pattern: str) -> Iterator[SourceFile]:
+    def against(self, known: KnownKeys | None) -> None:
+        """Listings begun from now on may pass by the units of `known` they meet
+        unchanged (SourceContext.known), yielding them as `Skipped`; None: list all."""
+        self._known = known
+
+    def list(self, pattern: str) -> Iterator[SourceFile | Skipped]:
         """The pattern's units as its source lists them, one at a time. Only those for
         which listing made something (a link, stdin's spool: a `local_path` that is not
         the uri) are kept, to be released at `close`: a listing of a million files is
         never held here."""
         source = self.of(pattern)
         kind = self.kinds.kind_of(pattern)
-        for f in source.list(pattern, self.context):
+        context = replace(self.context, known=self._known) if self._known else self.context
+        for f in source.list(pattern, context):
+            if isinstance(f, Skipped):
+                yield f
+                continue
             if source.known_empty(f):
                 f = replace(f, empty=True)
             if f.is_stream or f.local_path not in (None, f.uri):

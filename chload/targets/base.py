@@ -119,6 +119,10 @@ class Target(Protocol):
 
     def text(self, sql: str, fmt: str) -> str: ...
 
+    def binary(self, sql: str, fmt: str) -> bytes:
+        """A query's answer as the engine sends it (RowBinary: the ledger's keys)."""
+        ...
+
     def infer_rows(self, sql: str) -> list[dict]:
         """Run a schema-inference query in the engine that can read the sources."""
         ...

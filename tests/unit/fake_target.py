@@ -133,6 +133,9 @@ class FakeTarget:
     def text(self, sql: str, fmt: str) -> str:
         return ""
 
+    def binary(self, sql: str, fmt: str) -> bytes:
+        return b""
+
     infer_rows = rows
 
     def reader(self, file: SourceFile, fmt: str, columns: Sequence[Column] | None) -> str:

@@ -26,14 +26,16 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from fnmatch import fnmatchcase
+from typing import Any
 from urllib.parse import unquote
 
 from chload.errors import NothingMatched, SourceError, UsageError
 from chload.formats import FileFormat, compressed_as, detect
 from chload.runtime.engine import LOCK_NAME
 from chload.schema import quote_str
-from chload.sources.base import InPlace, SourceContext, SourceFile
-from chload.sources.files.patterns import brace_list, expand_braces
+from chload.sources.base import InPlace, KnownKeys, Skipped, SourceContext, SourceFile
+from chload.sources.files import walk
+from chload.sources.files.patterns import brace_list, expand_braces, glob_regex
 
 _PATTERN_CHARS = set("*?[{")
 _ENGINE_GLOB = re.compile(r"[*?{}]")  # what the engine's file() expands in a path
@@ -51,6 +53,7 @@ def list_local(pattern: str, fmt: str | None, compression: str | None) -> list[S
     files: dict[str, SourceFile] = {}
     try:
         for f in stream_local(pattern, fmt, compression):
+            assert isinstance(f, SourceFile)  # (nothing Skipped: no known units given)
             if f.uri in files:
                 release([f])
             else:
@@ -62,20 +65,51 @@ def list_local(pattern: str, fmt: str | None, compression: str | None) -> list[S
 
 
 def stream_local(pattern: str, fmt: str | None, compression: str | None,
-                 ) -> Iterator[SourceFile]:
+                 known: KnownKeys | None = None) -> Iterator[SourceFile | Skipped]:
     """Every regular file the pattern names, as the walk finds them (in the order of
     their paths); a file reached by two spellings comes twice (the plan keeps it once).
-    Each costs a stat: what only its bytes tell waits for `described`."""
+    Each costs a stat: what only its bytes tell waits for `described`. With `known`
+    (the units loaded into the run's table), walked files it holds unchanged come
+    counted as `Skipped` (walk.py), where the compiled walk can be had."""
     listing = _Listing()
+    lib = walk.library()[0] if known is not None and len(known) else None
     found = 0
-    for path, named in _find(pattern):
-        file = _describe(path, named, fmt, compression, listing)
+    for item in _find(pattern, lib):
+        if isinstance(item, walk.Run):
+            assert known is not None
+            for f in _run_files(item, fmt, compression, listing, lib, known):
+                found += f.count if isinstance(f, Skipped) else 1
+                yield f
+            continue
+        file = _describe(*item, fmt, compression, listing)
         if file is not None:
             found += 1
             yield file
     if not found:
         raise NothingMatched(f"{display(pattern)}: no such file, or the pattern matches "
                              "nothing")
+
+
+def _run_files(run: walk.Run, fmt: str | None, compression: str | None, listing: _Listing,
+               lib: Any, known: KnownKeys) -> Iterator[SourceFile | Skipped]:
+    """A run of one directory's walked files: those `known` holds unchanged counted,
+    the others described one by one (all of them where a file's uri is not its
+    directory's resolved path plus its name, in ASCII: walk.c compares only those)."""
+    _, real, absolute, inside = listing.of(run.directory)
+    if inside or not run.names:
+        return
+    prefix = real if real.endswith("/") else real + "/"
+    codes = b""
+    if absolute == real and prefix.isascii():
+        skipped, codes = walk.known(lib, run, run.names, prefix, known)
+        if skipped:
+            yield Skipped(skipped)
+    at = codes.find(walk.ASK) if codes else 0  # (bytes.find: no Python step a skipped file)
+    while 0 <= at < len(run.names):
+        file = _describe(os.path.join(run.directory, run.names[at]), False, fmt,
+                         compression, listing)
+        yield from [file] if file is not None else []
+        at = codes.find(walk.ASK, at + 1) if codes else at + 1
 
 
 def described(files: Sequence[SourceFile], compression: str | None) -> list[SourceFile]:
@@ -94,18 +128,19 @@ def display(path: str) -> str:
     return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _find(pattern: str) -> Iterator[tuple[str, bool]]:
+def _find(pattern: str, lib: Any = None) -> Iterator[tuple[str, bool] | walk.Run]:
     """(path, named explicitly) for what the pattern names; a path that exists is
-    taken literally, glob characters and all."""
+    taken literally, glob characters and all. With the compiled walk (`lib`), what a
+    walk finds comes as runs of a directory's names."""
     path = os.path.expanduser(_without_scheme(pattern))
     if os.path.lexists(path) or not _PATTERN_CHARS & set(path):
-        yield from _named(path)
+        yield from _named(path, lib)
         return
     for piece in expand_braces(path):
         if os.path.lexists(piece):
-            yield from _named(piece)
+            yield from _named(piece, lib)
         elif _PATTERN_CHARS & set(piece):
-            yield from ((p, False) for p in _glob(piece))
+            yield from _glob(piece, lib)
 
 
 def _without_scheme(source: str) -> str:
@@ -117,35 +152,46 @@ def _without_scheme(source: str) -> str:
     return unquote(path) if "%" in path and not os.path.lexists(path) else path
 
 
-def _named(path: str) -> Iterator[tuple[str, bool]]:
+def _named(path: str, lib: Any = None) -> Iterator[tuple[str, bool] | walk.Run]:
     if os.path.isdir(path):
         if _TargetDirs().holds(os.path.realpath(path)):
             raise SourceError(f"{display(path)}: a chload target directory (it holds "
                               f"{LOCK_NAME}); its files are never a source")
-        yield from ((p, False) for p in _walk(path))
+        if lib is not None:
+            yield from walk.runs(lib, path)
+        else:
+            yield from ((p, False) for p in _walk(path))
     elif os.path.exists(path):
         yield path, True
     else:
         raise SourceError(f"{display(path)}: no such file or directory")
 
 
-def _glob(pattern: str) -> Iterator[str]:
+def _glob(pattern: str, lib: Any = None) -> Iterator[tuple[str, bool] | walk.Run]:
     """Python's glob, in the order of the paths and a directory at a time (`_expand`),
-    but `**` walks with `_walk` (each directory once: loops end)."""
+    but `**` walks with `_walk` (each directory once: loops end), or in runs of names
+    with the compiled walk (`lib`)."""
     parts = pattern.split("/")
     if "**" not in parts:
-        yield from _expand(_base(pattern, parts), parts[_magic_at(parts):])
+        yield from ((p, False) for p in _expand(_base(pattern, parts), parts[_magic_at(parts):]))
         return
     cut = parts.index("**")
     base = "/".join(parts[:cut]) or ("/" if pattern.startswith("/") else ".")
     rest = [p for p in parts[cut:] if p]
-    bases = _glob(base) if _PATTERN_CHARS & set(base) else iter([base])
+    bases = (p[0] for p in _glob(base) if isinstance(p, tuple)) if _PATTERN_CHARS & set(
+        base) else iter([base])
     matches = _matcher(tuple(rest))
     for directory in (b for b in bases if os.path.isdir(b)):
         cut = len(os.path.join(directory, ""))  # (the walk's paths begin so)
-        for path in _walk(directory):
-            if matches(path[cut:]):
-                yield path
+        if lib is None:
+            yield from ((p, False) for p in _walk(directory) if matches(p[cut:]))
+            continue
+        names = _names_matcher(tuple(rest))
+        for run in walk.runs(lib, directory):
+            rel = os.path.join(run.directory, "")[cut:]
+            run.names = (list(filter(names, run.names)) if names else
+                         [n for n in run.names if matches(rel + n)])
+            yield run
 
 
 @functools.lru_cache(maxsize=16)
@@ -160,29 +206,18 @@ def _matcher(pattern: tuple[str, ...]) -> Callable[[str], bool]:
         if part == "**":
             out.append(".*" if last else "(?:[^/]*/)*")
         else:
-            out.append(_component_regex(part) + ("" if last else "/"))
+            out.append(glob_regex(part) + ("" if last else "/"))
     regex = re.compile("".join(out), re.DOTALL)
     return lambda rel: regex.fullmatch(rel) is not None
 
 
-def _component_regex(part: str) -> str:
-    """fnmatch's pattern for one path component: `*` and `?` never cross a `/`."""
-    out, i = [], 0
-    while i < len(part):
-        ch = part[i]
-        end = part.find("]", i + 2) if ch == "[" else -1
-        if ch == "*":
-            out.append("[^/]*")
-        elif ch == "?":
-            out.append("[^/]")
-        elif end > 0:
-            body = part[i + 1:end].replace("\\", "\\\\")
-            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
-            i = end
-        else:
-            out.append(re.escape(ch))
-        i += 1
-    return "".join(out)
+@functools.lru_cache(maxsize=16)
+def _names_matcher(pattern: tuple[str, ...]) -> Callable[[str], object] | None:
+    """For `**/NAME-PATTERN` (any directory, then a name), the test of a name alone:
+    what `_matcher` asks of a path, without a path a name. None for other patterns."""
+    if len(pattern) != 2 or pattern[0] != "**" or pattern[1].startswith("."):
+        return None
+    return re.compile(glob_regex(pattern[1]), re.DOTALL).fullmatch
 
 
 def _magic_at(parts: Sequence[str]) -> int:
@@ -292,7 +327,8 @@ class _Listing:
         self._at = ("", "", "", False)  # a directory as walked: its realpath, its
         # abspath, whether it is inside a chload target
 
-    def _of(self, head: str) -> tuple[str, str, str, bool]:
+    def of(self, head: str) -> tuple[str, str, str, bool]:
+        """A directory as walked: (itself, its realpath, its abspath, inside a target)."""
         if self._at[0] != head:
             real = os.path.realpath(head or ".")
             self._at = (head, real, os.path.abspath(head or "."), self.targets.holds(real))
@@ -306,7 +342,7 @@ class _Listing:
         if name in ("", ".", ".."):
             real = os.path.realpath(path)
             return real, os.stat(real), self.targets.holds(os.path.dirname(real))
-        _, directory, _, inside = self._of(head)
+        _, directory, _, inside = self.of(head)
         joined = directory + name if directory.endswith("/") else f"{directory}/{name}"
         st = os.lstat(joined)
         if not stat.S_ISLNK(st.st_mode):
@@ -320,7 +356,7 @@ class _Listing:
         head, name = path[:max(cut, 0)] if cut != 0 else "/", path[cut + 1:]
         if name in ("", ".", ".."):
             return os.path.abspath(path)
-        directory = self._of(head)[2]
+        directory = self.of(head)[2]
         return directory + name if directory.endswith("/") else f"{directory}/{name}"
 
     def engine_path(self, real: str) -> str:
@@ -471,10 +507,10 @@ class LocalSource(InPlace):
     options: tuple[str, ...] = ("follow", "poll")
     grows = True  # a file may still be written when listed: following waits (core/follow.py)
 
-    def list(self, pattern: str, context: SourceContext) -> Iterator[SourceFile]:
+    def list(self, pattern: str, context: SourceContext) -> Iterator[SourceFile | Skipped]:
         if pattern == "-":
             return iter([spool_stdin(context.format, context.compression, context.workdir)])
-        return stream_local(pattern, context.format, context.compression)
+        return stream_local(pattern, context.format, context.compression, context.known)
 
     def described(self, files: Sequence[SourceFile],
                   context: SourceContext) -> builtins.list[SourceFile]:

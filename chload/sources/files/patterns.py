@@ -1,4 +1,5 @@
-"""Patterns of names: shell-style brace expansion, and one brace list over many objects.
+"""Patterns of names: globs as regexes, shell-style brace expansion, and one brace list
+over many objects.
 
 The engine's s3() and hdfs() read a brace list of keys as exact keys (no listing), and
 their `_path` names each row's object, so several small objects load in one query with
@@ -15,6 +16,34 @@ from chload.errors import UsageError
 from chload.sources.base import SourceFile
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
+
+
+def glob_regex(pattern: str, *, across: bool = False) -> str:
+    """A glob as a regex (for `fullmatch`): `*` and `?` stay within a `/` segment,
+    `[...]` is a class (`[!...]` negates it) whose backslashes are literal, as in
+    fnmatch (a backslash is a character of a file's name or an object's key, never an
+    escape), and every other character stands for itself. With `across` (S3 keys), `**`
+    crosses segments wherever it stands; without (a local path's component: the walk
+    takes a `**` component), it is two `*`."""
+    out, i = [], 0
+    while i < len(pattern):
+        ch = pattern[i]
+        end = pattern.find("]", i + 2) if ch == "[" else -1
+        if across and pattern.startswith("**", i):
+            out.append(".*")
+            i += 1
+        elif ch == "*":
+            out.append("[^/]*")
+        elif ch == "?":
+            out.append("[^/]")
+        elif end > 0:
+            body = pattern[i + 1:end].replace("\\", "\\\\")
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = end
+        else:
+            out.append(re.escape(ch))
+        i += 1
+    return "".join(out)
 
 
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")

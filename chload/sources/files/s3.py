@@ -33,7 +33,7 @@ from chload.runtime.retry import RetryPolicy, retry
 from chload.schema import quote_str
 from chload.sources.base import RemoteSource, Source, SourceContext, SourceFile
 from chload.sources.files import aws
-from chload.sources.files.patterns import brace_list, expand_braces
+from chload.sources.files.patterns import brace_list, expand_braces, glob_regex
 
 _GLOB = re.compile(r"[*?\[]")
 _HIDDEN = (".", "_")
@@ -170,7 +170,7 @@ class KeyMatcher:
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
-        self.regex = re.compile(glob_regex(pattern)) if _GLOB.search(pattern) else None
+        self.regex = re.compile(glob_regex(pattern, across=True)) if _GLOB.search(pattern) else None
 
     def matches(self, key: str) -> bool:
         if key.endswith("/"):  # a folder marker, not data
@@ -191,30 +191,6 @@ class KeyMatcher:
         named = {seg[0] for seg in self.pattern.split("/") if seg.startswith(_HIDDEN)}
         return any(part.startswith(_HIDDEN) and part[0] not in named
                    for part in key.split("/"))
-
-
-def glob_regex(pattern: str) -> str:
-    """`*` and `?` stay within a segment, `**` crosses them, `[...]` is a class."""
-    out, i = [], 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-            continue
-        if ch == "*":
-            out.append("[^/]*")
-        elif ch == "?":
-            out.append("[^/]")
-        elif ch == "[" and "]" in pattern[i + 2:]:
-            end = pattern.index("]", i + 2)
-            body = pattern[i + 1:end]
-            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
-            i = end
-        else:
-            out.append(re.escape(ch))
-        i += 1
-    return "".join(out)
 
 
 def describe(config: aws.S3Settings, bucket: str, obj: S3Object, fmt: str | None,
@@ -405,7 +381,6 @@ def _parse_time(value: str | None) -> int:
 
 def _reason(exc: BaseException) -> str:
     return getattr(exc, "strerror", None) or type(exc).__name__
-
 
 
 class S3Source(RemoteSource):

@@ -124,6 +124,9 @@ class ClusterTarget(Ending):
     def text(self, sql: str, fmt: str) -> str:
         return self.entry.text(sql, fmt)
 
+    def binary(self, sql: str, fmt: str) -> bytes:
+        return self.entry.binary(sql, fmt)
+
     def infer_rows(self, sql: str) -> list[dict]:
         return self.entry.infer_rows(sql)
 

@@ -131,6 +131,9 @@ class EmbeddedTarget:
         self.fresh = False  # the user's SQL may create a table
         return self.engine.query(sql, fmt, "query")
 
+    def binary(self, sql: str, fmt: str) -> bytes:
+        return self.engine.answer(sql, fmt, "query")
+
     infer_rows = rows
 
     def reader(self, file: SourceFile, fmt: str, columns: Sequence[Column] | None) -> str:
@@ -349,7 +352,9 @@ class EmbeddedTarget:
         """Settle what interrupted commits left (committer.py); return how many files."""
         if self.fresh:
             return 0
-        return self.committer.start(table, display_table(table))
+        settled = self.committer.start(table, display_table(table))
+        self.engine.give_back()  # (the first look grouped the table's whole ledger)
+        return settled
 
     def flush(self) -> None:
         """Write the `loaded` events still waiting (ledger.LoadedEvents)."""
@@ -412,6 +417,9 @@ class _Ledger(Ledger):
 
     def known(self, target_table: str, table: TableState) -> tuple[KnownUnits, str]:
         return (KnownUnits(), "") if self._target.fresh else super().known(target_table, table)
+
+    def sliced(self) -> None:
+        self._target.engine.give_back()
 
 
 def _remove(path: str, contents_only: bool) -> None:

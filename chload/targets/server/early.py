@@ -119,7 +119,7 @@ class _Reads:
         self.early.answers[sql] = found
         return found
 
-    def text(self, sql: str, fmt: str) -> str:
+    def binary(self, sql: str, fmt: str) -> bytes:
         """A long answer (the ledger's keys): not read early, the load asks it."""
         raise RuntimeError(f"asked ahead, short answers only: {sql[:40]}")
 

@@ -164,6 +164,9 @@ class ServerTarget(StageFilling):
         return self.client.post(sql, context="query", fmt=fmt, in_database=True,
                                 params=params).decode(errors="surrogateescape")  # engine._text
 
+    def binary(self, sql: str, fmt: str) -> bytes:
+        return self.client.post(sql, context="query", fmt=fmt, in_database=True)
+
     def infer_rows(self, sql: str) -> list[dict]:
         """Inference runs in chDB here; types come back as this server stores them (where
         that changes no value; CREATE TABLE refuses the rest in one line)."""

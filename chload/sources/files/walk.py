@@ -1,0 +1,137 @@
+"""The local walk a directory at a time, with the ledger's known files passed by in C.
+
+A rerun over a long history walks every file again: a file rewritten in place keeps its
+directory's mtime, so only a stat of each file tells it changed. In Python a file costs
+a DirEntry, a stat_result, a SourceFile and two MD5s; here (walk.c, built with `cc` on
+first use like the Kafka and MySQL readers) a directory's entries come sorted in one
+call, and one more call stats a run of its files and compares each one's keys with the
+ledger's (sources.base.KnownKeys): a known, unchanged file costs its readdir entry and
+its stat, and no Python object. Files it cannot decide (new, changed, a link, a name not
+ASCII) are handed back by name, for local.py to describe as it always has. Without a
+compiler, local.py walks as before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from chload.runtime import native
+from chload.runtime.engine import LOCK_NAME
+from chload.sources.base import KnownKeys
+
+SOURCE = Path(__file__).with_name("walk.c")
+ASK = 1  # walk.c's code for a file it leaves to Python (0: skipped, 2: no source)
+_LOCK = LOCK_NAME.encode()
+
+
+def _bind(lib: Any) -> Any:
+    c = ctypes
+    lib.chload_entries.argtypes = [c.c_int, c.c_char_p, c.c_void_p, c.c_long, c.c_void_p,
+                                   c.c_long]
+    lib.chload_entries.restype = c.c_long
+    lib.chload_known.argtypes = [c.c_int, c.c_char_p, c.c_long, c.c_char_p, c.c_long,
+                                 c.c_void_p, c.c_void_p, c.c_void_p, c.c_long, c.c_void_p]
+    lib.chload_known.restype = c.c_long
+    lib.chload_md5_key.argtypes = [c.c_char_p, c.c_size_t]
+    lib.chload_md5_key.restype = c.c_uint64
+    return lib
+
+
+def _build() -> tuple[Any, str]:
+    return native.load(SOURCE, "", "chload_walk", "native local walk", _bind)
+
+
+library = native.Once(_build)  # the compiled walk, or None and why not (one line)
+
+
+@dataclass(slots=True)
+class Run:
+    """Files of one directory, next to each other in the walk's order (no directory
+    between them): the directory as walked, an open descriptor of it (valid until the
+    walk goes on), their names."""
+
+    directory: str
+    fd: int
+    names: list[str]
+
+
+class _Buffers:
+    """What chload_entries writes into, grown when a directory needs more."""
+
+    def __init__(self, size: int = 1 << 16) -> None:
+        self.grow(size)
+
+    def grow(self, size: int) -> None:
+        self.size = size
+        self.names = ctypes.create_string_buffer(size)
+        self.types = ctypes.create_string_buffer(size)
+
+
+def runs(lib: Any, directory: str) -> Iterator[Run]:
+    """`local._walk`'s files as runs of names: every regular, non-hidden file under a
+    directory, recursively, in the order of their paths (a directory's name sorts as
+    `name/`); symlinked directories followed, each directory entered once, chload
+    targets never (a directory holding `.chload.lock`)."""
+    seen: set[tuple[int, int]] = set()
+    buffers = _Buffers()
+
+    def visit(root: str) -> Iterator[Run]:
+        try:
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            listed = _entries(lib, fd, buffers)
+            if listed is None or (st.st_dev, st.st_ino) in seen:
+                return
+            seen.add((st.st_dev, st.st_ino))
+            names, types = listed
+            start = 0
+            while start <= len(names):
+                at = types.find(b"d", start)
+                end = len(names) if at < 0 else at
+                if end > start:
+                    yield Run(root, fd, names[start:end])
+                if at < 0:
+                    return
+                yield from visit(os.path.join(root, names[at]))
+                start = at + 1
+        finally:
+            os.close(fd)
+    yield from visit(directory)
+
+
+def _entries(lib: Any, fd: int, buffers: _Buffers) -> tuple[list[str], bytes] | None:
+    """A directory's non-hidden names, sorted as the walk visits them, and a type byte
+    each (`d`: a directory); None if it is a chload target or cannot be read."""
+    while True:
+        n = lib.chload_entries(fd, _LOCK, buffers.names, buffers.size, buffers.types,
+                               buffers.size)
+        if n >= 0:
+            names = buffers.names.raw[:n].decode("utf-8", "surrogateescape").split("\0")
+            names.pop()  # (after the last name's NUL)
+            return names, buffers.types.raw[:len(names)]
+        if n in (-1, -2):
+            return None
+        buffers.grow(max(-n - 2, buffers.size * 2))
+
+
+def known(lib: Any, run: Run, names: list[str], prefix: str,
+          keys: KnownKeys) -> tuple[int, bytes]:
+    """How many of `names` (in `run.directory`, their uris `prefix` + name) `keys`
+    holds unchanged, each marked met, and a code a name: ASK for those Python decides."""
+    blob = ("\0".join(names) + "\0").encode("utf-8", "surrogateescape")
+    head = prefix.encode("utf-8", "surrogateescape")
+    codes = ctypes.create_string_buffer(len(names))
+    met = keys.met
+    marks = (ctypes.c_char * len(met)).from_buffer(met) if len(met) else None
+    skipped = lib.chload_known(run.fd, blob, len(names), head, len(head),
+                               keys.uris.buffer_info()[0], keys.identities.buffer_info()[0],
+                               marks, len(keys.uris), codes)
+    return int(skipped), codes.raw[:len(names)]

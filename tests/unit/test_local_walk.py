@@ -1,0 +1,123 @@
+"""The local walk's compiled loop (sources/files/walk.py, walk.c): the same files in the
+same order as the Python walk, and known files passed by, counted, on real directories."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from array import array
+from pathlib import Path
+
+import pytest
+
+from chload.commit.known import KnownUnits, key
+from chload.sources.base import Skipped, SourceFile
+from chload.sources.files import local, walk
+from chload.sources.files.patterns import glob_regex
+from chload.sources.files.s3 import KeyMatcher
+
+LIB, WHY = walk.library()
+needs_cc = pytest.mark.skipif(LIB is None, reason=f"no compiled walk: {WHY}")
+
+
+def tree(root: Path) -> None:
+    """Files, subdirectories that sort around them, hidden names, a symlinked directory
+    (walked once), a chload target (never walked) and a name holding a glob character."""
+    for rel in ["a.csv", "a-b/x.csv", "a/y.csv", "a0.csv", "b/c/d.csv", "b/e.csv",
+                ".hidden.csv", "h/.x/z.csv", "star*name.csv", "target/t.csv", "z.csv"]:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("id\n1\n")
+    (root / "target" / ".chload.lock").write_text("")
+    os.symlink(root / "b", root / "link-to-b")
+    os.symlink(root / "a.csv", root / "link.csv")
+
+
+def flat(runs: list[walk.Run]) -> list[str]:
+    return [os.path.join(r.directory, n) for r in runs for n in r.names]
+
+
+@needs_cc
+def test_the_compiled_walk_finds_what_the_python_walk_finds(tmp_path: Path) -> None:
+    tree(tmp_path)
+    runs = list(walk.runs(LIB, str(tmp_path)))
+    assert flat(runs) == list(local._walk(str(tmp_path)))
+    assert all(not n.startswith(".") for r in runs for n in r.names)
+
+
+@needs_cc
+def test_a_directory_of_long_names_fills_more_than_the_first_buffer(tmp_path: Path) -> None:
+    for i in range(3000):  # ~100 KB of names: the walk's buffers grow
+        (tmp_path / f"{i:05d}-{'n' * 25}.csv").write_text("")
+    runs = list(walk.runs(LIB, str(tmp_path)))
+    assert flat(runs) == list(local._walk(str(tmp_path)))
+    assert len(flat(runs)) == 3000
+
+
+@needs_cc
+def test_the_compiled_md5_key_is_the_engines(tmp_path: Path) -> None:
+    for text in [b"", b"abc", b"x" * 55, b"x" * 56, b"x" * 64, b"/d/" * 40, os.urandom(99)]:
+        expected = int.from_bytes(hashlib.md5(text).digest()[:8], "little")
+        assert LIB.chload_md5_key(text, len(text)) == expected
+
+
+def known_of(files: list[SourceFile], extra: int = 0) -> KnownUnits:
+    """The keys of `files`, and `extra` keys of files that are not there (a long history)."""
+    pairs = sorted([(key(f.uri), key(f.identity)) for f in files]
+                   + [(key(f"/gone/{i}.csv"), key("1:1")) for i in range(extra)])
+    return KnownUnits(array("Q", (u for u, _ in pairs)), array("Q", (i for _, i in pairs)))
+
+
+@needs_cc
+def test_known_files_come_counted_new_and_changed_ones_as_files(tmp_path: Path) -> None:
+    tree(tmp_path)
+    pattern = f"{tmp_path}/**/*.csv"
+    before = [f for f in local.stream_local(pattern, None, None) if isinstance(f, SourceFile)]
+    known = known_of(before, extra=5000)
+    (tmp_path / "b" / "e.csv").write_text("id\n1\n2\n")  # changed
+    (tmp_path / "new.csv").write_text("id\n3\n")
+    listed = list(local.stream_local(pattern, None, None, known))
+    skipped = sum(f.count for f in listed if isinstance(f, Skipped))
+    files = sorted(f.uri for f in listed if isinstance(f, SourceFile))
+    # the link to a file, the directory walked twice (by its link), the name holding a
+    # glob character (read through a link): decided in Python, as before
+    assert f"{tmp_path}/new.csv" in files and f"{tmp_path}/b/e.csv" in files
+    assert skipped + len(files) == len(before) + 1
+    assert skipped >= len(before) - 6
+    assert sum(known.met) == skipped
+
+
+@needs_cc
+def test_a_file_met_twice_is_passed_by_once(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.csv").write_text("id\n1\n")
+    first = [f for f in local.stream_local(str(tmp_path / "d"), None, None)
+             if isinstance(f, SourceFile)]
+    known = known_of(first)
+    again = list(local.stream_local(str(tmp_path / "d"), None, None, known))
+    twice = list(local.stream_local(str(tmp_path / "d"), None, None, known))
+    assert again == [Skipped(1)]
+    assert [f.uri for f in twice] == [first[0].uri]  # the plan releases the second
+
+
+@pytest.mark.parametrize("pattern, name, hit", [
+    ("[\\]x.csv", "\\x.csv", True),  # a backslash in a class is a character
+    ("[\\d].csv", "d.csv", True),
+    ("[\\d].csv", "5.csv", False),  # not a regex's class of digits
+    ("[!a].csv", "b.csv", True),
+    ("a**b.csv", "a1/2b.csv", False),  # no `**` within a local component
+    ("?.csv", "/.csv", False),
+])
+def test_a_local_component_as_a_regex(pattern: str, name: str, hit: bool) -> None:
+    assert bool(re.fullmatch(glob_regex(pattern), name, re.DOTALL)) is hit
+
+
+@pytest.mark.parametrize("pattern, key, hit", [
+    ("t/[\\]x.csv", "t/\\x.csv", True),
+    ("t/[\\d].csv", "t/d.csv", True),
+    ("t/[\\d].csv", "t/5.csv", False),
+    ("t/a**b.csv", "t/a1/2b.csv", True),  # an S3 `**` crosses segments wherever it stands
+])
+def test_an_s3_glob_as_a_regex(pattern: str, key: str, hit: bool) -> None:
+    assert KeyMatcher(pattern).matches(key) is hit
