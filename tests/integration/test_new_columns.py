@@ -179,7 +179,8 @@ def test_ignore_loads_the_known_columns(where: Where, tmp_path: Path, table_name
 def test_concurrent_loaders_add_one_column(clickhouse: services.Service, tmp_path: Path,
                                            table_name: str) -> None:
     """Two loaders at once, several files and threads each, all bringing column c into
-    a v1 table on 18.16 (no ADD COLUMN IF NOT EXISTS): both load every file, and the
+    a v1 table on 18.16 (no ADD COLUMN IF NOT EXISTS), both past their look at the
+    table's columns before either adds (CHLOAD_PAUSE_AT): both load every file, and the
     history records one change of c, by one of them."""
     where = _server(clickhouse)
     paths = make_generations(tmp_path, "csv")
@@ -197,7 +198,7 @@ def test_concurrent_loaders_add_one_column(clickhouse: services.Service, tmp_pat
         [sys.executable, "-m", "chload", "load", *(str(p) for p in more[i::2]), "--table",
          table_name, "--target", where.target, "--on-new-column", "add", "--workers", "3",
          "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, **where.env}) for i in range(2)]
+        env={**os.environ, **where.env, "CHLOAD_PAUSE_AT": "add-columns:2"}) for i in range(2)]
     outs = [p.communicate(timeout=180) for p in procs]
     for proc, (out, err) in zip(procs, outs, strict=True):
         assert proc.returncode == 0, err

@@ -51,6 +51,7 @@ from chload.errors import (
 from chload.formats import JSON_LINES
 from chload.runtime.adaptive import Controller
 from chload.runtime.engine import Engine
+from chload.runtime.faults import crash_point
 from chload.runtime.monitor import unit_costs
 from chload.schema import (
     Column,
@@ -207,6 +208,7 @@ class ServerTarget(StageFilling):
         44 on 18.16) means it did, so exactly one loader records adding it."""
         stored = server_columns(columns, self.caps, f"table {display_table(table)}")
         have = {c.name for c in self.table_columns(table) or []}
+        crash_point("add-columns")  # (tests: two loaders past this read at once)
         added = []
         for column in (c for c in stored if c.name not in have):
             try:
