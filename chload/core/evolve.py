@@ -19,9 +19,11 @@ DESCRIBE each). Then, by the mode:
 With add or ignore a file may also lack columns the table has (a column dropped from
 later files): they load as NULL, or the column's default. The run reads the union of
 the files' columns, each file by its own names (chDB by header name; an 18.16 server
-posted a file's header columns: server/fill.py _raw_names). Units whose bytes cannot be
-read twice (stdin, a Kafka range, a database range) are not surveyed: a new column in
-them fails as with fail.
+posted a file's header columns: server/fill.py _raw_names). A database table says its
+columns (Source.columns): add adds those the target table lacks, typed as the source
+says (evolve_described); ignore is not offered there (the source reads every column).
+Other units whose bytes cannot be read twice (stdin, a Kafka range) are not surveyed: a
+new column in them fails as with fail.
 """
 
 from __future__ import annotations
@@ -105,6 +107,22 @@ def evolve(target: Target, table_sql: str, table_display: str, files: Sequence[S
     evolution.data = [c for c in evolution.existing if c.name in named
                       and not c.default_kind and c.name not in AUDIT_COLUMNS]
     return evolution
+
+
+def evolve_described(target: Target, table_sql: str, table_display: str,
+                     described: Sequence[Column], existing: list[Column], unit: str,
+                     ) -> Evolution:
+    """A source that says its columns (a database table): `add` of those the table
+    lacks, typed as the source says, brought by `unit` (the run's first)."""
+    known = {c.name for c in existing}
+    new = {c.name: c.type for c in described if c.name not in known}
+    if not new:
+        return Evolution(existing, list(described))
+    added = set(target.add_columns(table_sql, [Column(n, nullable(t)) for n, t in new.items()]))
+    now = target.table_columns(table_sql) or existing
+    types = {c.name: c.type for c in now}
+    return Evolution(now, list(described), [Change(table_display, n, types.get(n, t), unit)
+                                            for n, t in new.items() if n in added])
 
 
 def _first_naming(files: Sequence[SourceFile], names: dict[str, list[str]],

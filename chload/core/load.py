@@ -196,6 +196,10 @@ def _prepare(spec: LoadSpec, target: Target, table: planner.TableName,
             partition_by=spec.partition_by, audit=spec.audit, budget=spec.budget,
             described=described, sources=sources, added=added, evolved=evolved,
             dates_told="date_time_input_format" in dict(spec.settings))
+    if described is not None and existing and spec.on_new_column == "add" and not spec.schema:
+        grown = evolve.evolve_described(target, table.sql, table.display, described,
+                                        existing, files[0].uri)
+        return (*prepare(grown.existing, None)[:2], False, grown.existing, grown)
     if spec.on_new_column == "fail" or spec.schema is not None or described is not None:
         return (*prepare(existing, None), existing, None)
     created = False

@@ -17,6 +17,7 @@ import chdb
 import pytest
 import services
 from conftest import run_chload
+from test_databases import Source
 from test_headers_and_names import Where
 
 pytestmark = pytest.mark.integration
@@ -252,3 +253,35 @@ def test_three_generations_add_on_a_cluster(weighted_cluster: services.ClickHous
                                             f"target_table = 'default.{name}'")
     assert changes([[line] for line in runs.splitlines()]) == [
         ("c", "Nullable(Int64)", f"g2_0.{ext}"), ("d", "Nullable(String)", f"g3_0.{ext}")]
+
+
+# -- a database table that gains a column --------------------------------------------
+def test_a_postgres_table_that_gains_a_column(postgres: services.Service, tmp_path: Path,
+                                              table_name: str) -> None:
+    """A source table that gains a column between two incremental loads: refused in one
+    line naming the column and the flag; with add, the column is added (Nullable, the
+    type the source gives) and the new rows load, the earlier ones NULL in it."""
+    source = Source("postgresql", postgres)
+    target = str(tmp_path / "target")
+    source.sql(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, name text NOT NULL); "
+               f"INSERT INTO {table_name} SELECT g, 'n' || g FROM generate_series(1, 1000) g")
+
+    def load(*extra: str) -> subprocess.CompletedProcess[str]:
+        return run_chload("load", source.url(table_name), "--table", table_name, "--target",
+                          target, "--json", "--incremental-by", "id", *extra, env=source.env)
+    assert load().returncode == 0
+    source.sql(f"ALTER TABLE {table_name} ADD COLUMN qty integer; INSERT INTO {table_name} "
+               "SELECT g, 'n' || g, g % 10 FROM generate_series(1001, 1500) g")
+    refused = load()
+    assert refused.returncode != 0
+    line = refused.stderr.strip().splitlines()[-1]
+    assert "not in the table: qty" in line and "--on-new-column add" in line
+    done = load("--on-new-column", "add")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["rows_loaded"] == 500
+    assert [(c["column"], c["type"]) for c in report["schema_changes"]] == [
+        ("qty", "Nullable(Int32)")]
+    rows = Where(target, {}).sql(f"SELECT count(), countIf(qty IS NULL), sum(qty) FROM "
+                                 f"{table_name}")
+    assert rows == [["1500", "1000", str(sum(g % 10 for g in range(1001, 1501)))]]
