@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -285,3 +286,45 @@ def test_a_postgres_table_that_gains_a_column(postgres: services.Service, tmp_pa
     rows = Where(target, {}).sql(f"SELECT count(), countIf(qty IS NULL), sum(qty) FROM "
                                  f"{table_name}")
     assert rows == [["1500", "1000", str(sum(g % 10 for g in range(1001, 1501)))]]
+
+
+def test_every_replica_shows_the_new_columns(replicated_cluster: services.ClickHouseCluster,
+                                             tmp_path: Path) -> None:
+    """2 shards x 2 replicas (ReplicatedMergeTree): the columns are added on the replica
+    chload loads and reach the other through ZooKeeper before any row moves; every
+    replica ends with the columns and its shard's rows."""
+    cluster = replicated_cluster
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    first = cluster.server(1, 1)
+    services.clickhouse_query(
+        first, f"CREATE TABLE default.{name}_local ON CLUSTER {cluster.name} (a UInt64, b "
+               f"Nullable(String)) ENGINE = ReplicatedMergeTree('/clickhouse/tables/"
+               f"{{cluster}}/{{shard}}/{name}', '{{replica}}') ORDER BY a")
+    services.clickhouse_query(first, f"CREATE TABLE default.{name} AS default.{name}_local "
+                              f"ENGINE = Distributed({cluster.name}, default, {name}_local, "
+                              "intHash64(a))")
+    make_generations(tmp_path, "csv")
+    out = run_chload("load", str(tmp_path / "*.csv"), "--table", name, "--target",
+                     f"{first.url}/default", "--on-new-column", "add", "--json",
+                     *[a for s in cluster.servers for a in ("--shard", f"{s.endpoint}={s.url}")],
+                     timeout=240)
+    assert out.returncode == 0, out.stderr
+    assert_generations([services.clickhouse_query(
+        first, CHECK.format(table=f"default.{name}")).split()])
+    counts = {}
+    deadline = time.monotonic() + 60
+    for shard in (1, 2):
+        for replica in (1, 2):
+            server = cluster.server(shard, replica)
+            found = services.clickhouse_query(
+                server, f"SELECT name FROM system.columns WHERE database = 'default' AND "
+                        f"table = '{name}_local' ORDER BY name").split()
+            assert found == ["a", "b", "c", "d"], (shard, replica)
+            while True:  # the other replica fetches the parts
+                counts[shard, replica] = services.clickhouse_query(
+                    server, f"SELECT count(), countIf(c IS NULL) FROM default.{name}_local")
+                if replica == 1 or counts[shard, 2] == counts[shard, 1]:
+                    break
+                assert time.monotonic() < deadline, counts
+                time.sleep(0.5)
+    assert sum(int(counts[s, 1].split()[0]) for s in (1, 2)) == 6 * ROWS
