@@ -144,12 +144,12 @@ def _add(target: Target, table_sql: str, table_display: str, files: Sequence[Sou
     typed: dict[str, str] = {}
     for uri in dict.fromkeys(new.values()):
         typed.update({c.name: c.type for c in _file_types(target, by_uri[uri])})
-    missing = [n for n in new if n not in typed]
-    if missing:
-        raise UsageError(f"{new[missing[0]]}: cannot tell the type of its new column "
-                         f"{missing[0]} to add it to table {table_display}; add it yourself "
-                         f"(ALTER TABLE ... ADD COLUMN), or pass {FLAG} ignore")
+    # A column whose file cannot be inferred is not added: that file fails alone, as
+    # any file naming a column the table lacks (check_headers, or its load)
+    new = {n: uri for n, uri in new.items() if n in typed}
     columns = [Column(n, nullable(typed[n])) for n in new]
+    if not columns:
+        return Evolution(existing, [])
     added = set(target.add_columns(table_sql, columns))
     now = target.table_columns(table_sql) or existing
     types = {c.name: c.type for c in now}
@@ -162,10 +162,8 @@ def _file_types(target: Target, f: SourceFile) -> list[Column]:
     refinement for CSV/TSV, as a new table's columns get)."""
     try:
         return infer_file(target, f)
-    except ChloadError as exc:
-        raise UsageError(f"{f.uri}: cannot infer the type of its new columns ({exc.reason}); "
-                         f"add them yourself (ALTER TABLE ... ADD COLUMN), or pass {FLAG} "
-                         "ignore") from exc
+    except ChloadError:
+        return []
 
 
 def columns_of(target: Target, files: Sequence[SourceFile]) -> dict[str, list[str]]:

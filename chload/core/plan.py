@@ -431,7 +431,9 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
                                        "pass --schema naming the columns to read"))
         elif problem:
             base = f.format.name.removesuffix("WithNames")
-            new = " " + _NEW_HINT + "." if "not in the table" in problem else ""
+            new = ("" if "not in the table" not in problem else f" {_NEW_HINT}."
+                   if new_columns == "fail" else " Their types could not be inferred from "
+                   "the file to add them: add them yourself (ALTER TABLE ... ADD COLUMN).")
             checked.refused.append((f, f"{f.uri}: its header does not fit table "
                                        f"{table.display}: {problem}.{new} Fix the header or "
                                        f"the table; if its first line is data, pass --format "
