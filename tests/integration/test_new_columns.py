@@ -328,3 +328,15 @@ def test_every_replica_shows_the_new_columns(replicated_cluster: services.ClickH
                 assert time.monotonic() < deadline, counts
                 time.sleep(0.5)
     assert sum(int(counts[s, 1].split()[0]) for s in (1, 2)) == 6 * ROWS
+
+
+def test_the_python_api_takes_on_new_column(tmp_path: Path, table_name: str) -> None:
+    """chload.load(..., on_new_column="add"): the report lists the changes."""
+    import chload
+
+    make_generations(tmp_path, "jsonl")
+    report = chload.load(str(tmp_path / "*.jsonl"), table=table_name,
+                         target=str(tmp_path / "target"), on_new_column="add")
+    assert report.ok and report.rows_loaded == 6 * ROWS
+    assert [(c["column"], Path(c["unit"]).name) for c in report.schema_changes] == [
+        ("c", "g2_0.jsonl"), ("d", "g3_0.jsonl")]
