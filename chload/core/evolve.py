@@ -22,8 +22,9 @@ the files' columns, each file by its own names (chDB by header name; an 18.16 se
 posted a file's header columns: server/fill.py _raw_names). A database table says its
 columns (Source.columns): add adds those the target table lacks, typed as the source
 says (evolve_described); ignore is not offered there (the source reads every column).
-Other units whose bytes cannot be read twice (stdin, a Kafka range) are not surveyed: a
-new column in them fails as with fail.
+A Kafka unit is spooled under add or ignore (kafka/source.py `streams`), so its keys
+are read like a file's. Units whose bytes cannot be read twice (stdin, a streamed unit)
+are not surveyed: a new column in them fails as with fail.
 """
 
 from __future__ import annotations

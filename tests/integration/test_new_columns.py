@@ -340,3 +340,38 @@ def test_the_python_api_takes_on_new_column(tmp_path: Path, table_name: str) -> 
     assert report.ok and report.rows_loaded == 6 * ROWS
     assert [(c["column"], Path(c["unit"]).name) for c in report.schema_changes] == [
         ("c", "g2_0.jsonl"), ("d", "g3_0.jsonl")]
+
+
+# -- Kafka JSON messages that gain a key -------------------------------------------------
+def test_kafka_messages_that_gain_a_key(kafka: services.Service, tmp_path: Path,
+                                        table_name: str) -> None:
+    """JSON messages v1 {a, b}, then v2 {a, b, c}: the next load fails its batch naming
+    the key (fail), or with add adds c and loads them, the earlier rows NULL in it."""
+    from confluent_kafka import Producer
+
+    topic = f"n_{uuid.uuid4().hex[:10]}"
+    services.kafka_create_topic(kafka, topic, 2)
+    producer = Producer({"bootstrap.servers": kafka.extra["bootstrap"]})
+    target = str(tmp_path / "target")
+
+    def produce(gen: int, first: int) -> None:
+        for a in range(first, first + 100):
+            producer.produce(topic, json.dumps(_values(gen, a)).encode(), partition=a % 2)
+        assert producer.flush(30) == 0
+
+    def load(*extra: str) -> subprocess.CompletedProcess[str]:
+        return run_chload("load", f"kafka://{kafka.extra['bootstrap']}/{topic}", "--table",
+                          table_name, "--target", target, "--json", *extra, timeout=120)
+    produce(1, 0)
+    assert load().returncode == 0
+    produce(2, 100)
+    refused = load()
+    assert refused.returncode != 0 and "--on-new-column" in refused.stdout + refused.stderr
+    done = load("--on-new-column", "add")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["rows_loaded"] == 100
+    assert [c["column"] for c in report["schema_changes"]] == ["c"]
+    assert Where(target, {}).sql(f"SELECT count(), countIf(c IS NULL), sum(c) FROM "
+                                 f"{table_name}") == [["200", "100",
+                                                       str(sum(range(1000, 2000, 10)))]]
