@@ -375,3 +375,16 @@ def test_kafka_messages_that_gain_a_key(kafka: services.Service, tmp_path: Path,
     assert Where(target, {}).sql(f"SELECT count(), countIf(c IS NULL), sum(c) FROM "
                                  f"{table_name}") == [["200", "100",
                                                        str(sum(range(1000, 2000, 10)))]]
+
+
+def test_the_summary_and_history_name_the_added_columns(tmp_path: Path,
+                                                        table_name: str) -> None:
+    make_generations(tmp_path, "csv")
+    target = str(tmp_path / "target")
+    out = run_chload("load", str(tmp_path / "*.csv"), "--table", table_name, "--target",
+                     target, "--on-new-column", "add")
+    assert out.returncode == 0, out.stderr
+    assert "added column c Nullable(Int64) to default." in out.stdout
+    assert "(first in " in out.stdout and "g3_0.csv)" in out.stdout
+    history = run_chload("history", "--table", table_name, "--target", target)
+    assert "columns added" in history.stdout and "c, d" in history.stdout, history.stdout
