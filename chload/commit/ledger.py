@@ -134,7 +134,9 @@ _ADDED = {("files", "table_uuid"): "String", ("runs", "concurrency"): "String",
 LEDGER_TABLES = frozenset({"files", "runs", "rejects", *(f"{t}.{c}" for t, c in _ADDED)})
 ADDED_COLUMNS = "(" + " OR ".join(f"(table = '{t}' AND name = '{c}')" for t, c in _ADDED) + ")"
 
-_DUPLICATE_COLUMN = 15  # an ADD COLUMN that another chload ran first
+# an ADD COLUMN that another chload ran first: 15 DUPLICATE_COLUMN; 18.16 answers 44
+# ILLEGAL_COLUMN ("column with this name already exists")
+_DUPLICATE_COLUMN = {15, 44}
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +186,7 @@ class Ledger:
                 self._sql.command(f"ALTER TABLE {DATABASE}.{table} ADD COLUMN {column} "
                                   f"{_ADDED[table, column]}")
             except EngineError as exc:
-                if exc.code != _DUPLICATE_COLUMN:
+                if exc.code not in _DUPLICATE_COLUMN:
                     raise
 
     def table_state(self, database: str, name: str) -> TableState:

@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from chload.commit.ledger import Ledger
 from chload.core import evolve
 from chload.core.report import LoadSpec
-from chload.errors import SchemaError, UsageError
+from chload.errors import EngineError, SchemaError, UsageError
 from chload.formats import FileFormat
 from chload.sources.base import SourceFile
 from chload.targets.cluster import columns as cluster_columns
@@ -74,3 +75,29 @@ def test_cluster_wait_is_bounded_with_one_line() -> None:
     message = str(err.value)
     assert "\n" not in message and "shard 2 (h1:9000) does not show it" in message
     assert "nothing was loaded" in message
+
+
+class _RacedLedgerSql:
+    """A ledger made before runs.schema_changes, whose ADD COLUMN another loader runs
+    first: 18.16 answers code 44 (not 15) for a column now there."""
+
+    def __init__(self) -> None:
+        self.altered: list[str] = []
+
+    def rows(self, sql: str) -> list[dict]:
+        return []  # no added column there yet
+
+    def command(self, sql: str) -> None:
+        if sql.startswith("ALTER"):
+            self.altered.append(sql)
+            raise EngineError("server: Cannot add column: column with this name already "
+                              "exists", code=44)
+
+    def text(self, sql: str, fmt: str) -> str:
+        return ""
+
+
+def test_a_ledger_column_another_loader_added_on_18_16_is_fine() -> None:
+    sql = _RacedLedgerSql()
+    Ledger(sql).ensure()  # type: ignore[arg-type]
+    assert any("schema_changes" in a for a in sql.altered)
