@@ -160,7 +160,7 @@ def test_fail_names_the_flag_for_json(where: Where, tmp_path: Path, table_name: 
     assert "c" in failed["error"] and "--on-new-column add" in failed["error"]
 
 
-@pytest.mark.parametrize("ext", ["csv", "jsonl"])
+@pytest.mark.parametrize("ext", ["csv", "jsonl", "parquet"])
 def test_ignore_loads_the_known_columns(where: Where, tmp_path: Path, table_name: str,
                                         ext: str) -> None:
     """ignore: every file loads, c and d are left out (the table keeps a, b), and the
@@ -222,18 +222,26 @@ def _cluster_tables(cluster: services.ClickHouseCluster, name: str) -> None:
                               f"default, {name}_local, cityHash64(a))")
 
 
-@pytest.mark.parametrize("ext", ["csv", "jsonl"])
+def _cluster_load(cluster: services.ClickHouseCluster, pattern: str, name: str,
+                  *extra: str) -> subprocess.CompletedProcess[str]:
+    shards = [a for s in cluster.servers for a in ("--shard", f"{s.endpoint}={s.url}")]
+    return run_chload("load", pattern, "--table", name, "--target",
+                      f"{cluster.servers[0].url}/default", *shards, "--json", *extra,
+                      timeout=240)
+
+
+@pytest.mark.parametrize(("ext", "shard_by"), [("csv", "auto"), ("jsonl", "auto"),
+                                               ("csv", "file")])
 def test_three_generations_add_on_a_cluster(weighted_cluster: services.ClickHouseCluster,
-                                            tmp_path: Path, ext: str) -> None:
-    """Into a Distributed table: c and d are added to every shard's local table and to
-    the Distributed table; every row is there once, old rows NULL in the new columns."""
+                                            tmp_path: Path, ext: str, shard_by: str) -> None:
+    """Into a Distributed table (rows by its key, or whole files by weight): c and d are
+    added to every shard's local table and to the Distributed table; every row is there
+    once, old rows NULL in the new columns."""
     name = f"t_{uuid.uuid4().hex[:10]}"
     _cluster_tables(weighted_cluster, name)
     make_generations(tmp_path, ext)
-    shards = [a for s in weighted_cluster.servers for a in ("--shard", f"{s.endpoint}={s.url}")]
-    out = run_chload("load", str(tmp_path / f"*.{ext}"), "--table", name, "--target",
-                     f"{weighted_cluster.servers[0].url}/default", *shards, "--json",
-                     "--on-new-column", "add", timeout=240)
+    out = _cluster_load(weighted_cluster, str(tmp_path / f"*.{ext}"), name,
+                        "--on-new-column", "add", "--shard-by", shard_by)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert [c["column"] for c in report["schema_changes"]] == ["c", "d"]
@@ -249,7 +257,7 @@ def test_three_generations_add_on_a_cluster(weighted_cluster: services.ClickHous
                          "d", "Nullable(String)"], server.url
     per_shard = [int(services.clickhouse_query(s, f"SELECT count() FROM default.{name}_local"))
                  for s in weighted_cluster.servers]
-    assert sum(per_shard) == 6 * ROWS and all(per_shard)
+    assert sum(per_shard) == 6 * ROWS and (all(per_shard) or shard_by == "file")
     runs = services.clickhouse_query(first, "SELECT schema_changes FROM chload.runs WHERE "
                                             f"target_table = 'default.{name}'")
     assert changes([[line] for line in runs.splitlines()]) == [
@@ -286,6 +294,26 @@ def test_a_postgres_table_that_gains_a_column(postgres: services.Service, tmp_pa
     rows = Where(target, {}).sql(f"SELECT count(), countIf(qty IS NULL), sum(qty) FROM "
                                  f"{table_name}")
     assert rows == [["1500", "1000", str(sum(g % 10 for g in range(1001, 1501)))]]
+
+
+def test_ignore_on_a_cluster_keeps_every_shard_as_it_is(
+        weighted_cluster: services.ClickHouseCluster, tmp_path: Path) -> None:
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    _cluster_tables(weighted_cluster, name)
+    make_generations(tmp_path, "csv")
+    out = _cluster_load(weighted_cluster, str(tmp_path / "*.csv"), name,
+                        "--on-new-column", "ignore")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["rows_loaded"] == 6 * ROWS
+    for server in weighted_cluster.servers:
+        assert services.clickhouse_query(
+            server, f"SELECT name FROM system.columns WHERE database = 'default' AND "
+                    f"table = '{name}_local' ORDER BY name").split() == ["a", "b"]
+    total = 6 * ROWS
+    assert services.clickhouse_query(
+        weighted_cluster.servers[0], f"SELECT count(), uniqExact(a), countIf(b IS NULL) "
+                                     f"FROM default.{name}").split() == [
+        str(total), str(total), str(2 * ROWS)]
 
 
 def test_every_replica_shows_the_new_columns(replicated_cluster: services.ClickHouseCluster,
