@@ -213,13 +213,16 @@ def test_concurrent_loaders_add_one_column(clickhouse: services.Service, tmp_pat
 
 
 # -- the 3-shard 18.16 cluster -----------------------------------------------------
-def _cluster_tables(cluster: services.ClickHouseCluster, name: str) -> None:
+def _cluster_tables(cluster: services.ClickHouseCluster, name: str,
+                    everywhere: bool = False) -> None:
+    """The local tables, and the Distributed one on the first server (or on every one)."""
     for server in cluster.servers:
         services.clickhouse_query(server, f"CREATE TABLE default.{name}_local (a UInt64, "
                                           "b Nullable(String)) ENGINE = MergeTree ORDER BY a")
-    services.clickhouse_query(cluster.servers[0], f"CREATE TABLE default.{name} AS "
-                              f"default.{name}_local ENGINE = Distributed({cluster.name}, "
-                              f"default, {name}_local, cityHash64(a))")
+    for server in cluster.servers if everywhere else cluster.servers[:1]:
+        services.clickhouse_query(server, f"CREATE TABLE default.{name} AS "
+                                  f"default.{name}_local ENGINE = Distributed({cluster.name},"
+                                  f" default, {name}_local, cityHash64(a))")
 
 
 def _cluster_load(cluster: services.ClickHouseCluster, pattern: str, name: str,
@@ -235,10 +238,11 @@ def _cluster_load(cluster: services.ClickHouseCluster, pattern: str, name: str,
 def test_three_generations_add_on_a_cluster(weighted_cluster: services.ClickHouseCluster,
                                             tmp_path: Path, ext: str, shard_by: str) -> None:
     """Into a Distributed table (rows by its key, or whole files by weight): c and d are
-    added to every shard's local table and to the Distributed table; every row is there
-    once, old rows NULL in the new columns."""
+    added to every shard's local table and to the Distributed table (by file: made on
+    every server, each gets them); every row is there once, old rows NULL in the new
+    columns."""
     name = f"t_{uuid.uuid4().hex[:10]}"
-    _cluster_tables(weighted_cluster, name)
+    _cluster_tables(weighted_cluster, name, everywhere=shard_by == "file")
     make_generations(tmp_path, ext)
     out = _cluster_load(weighted_cluster, str(tmp_path / f"*.{ext}"), name,
                         "--on-new-column", "add", "--shard-by", shard_by)
@@ -255,6 +259,11 @@ def test_three_generations_add_on_a_cluster(weighted_cluster: services.ClickHous
                     f"table = '{name}_local' ORDER BY name").split()
         assert found == ["a", "UInt64", "b", "Nullable(String)", "c", "Nullable(Int64)",
                          "d", "Nullable(String)"], server.url
+    if shard_by == "file":  # (its Distributed table made on every server)
+        for server in weighted_cluster.servers:
+            assert services.clickhouse_query(
+                server, f"SELECT count(), countIf(d IS NULL) FROM default.{name}").split() == [
+                str(6 * ROWS), str(4 * ROWS)], server.url
     per_shard = [int(services.clickhouse_query(s, f"SELECT count() FROM default.{name}_local"))
                  for s in weighted_cluster.servers]
     assert sum(per_shard) == 6 * ROWS and (all(per_shard) or shard_by == "file")

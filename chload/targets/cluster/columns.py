@@ -1,7 +1,8 @@
 """New columns on a cluster (--on-new-column add): the local table on every shard first,
 then the Distributed table on the target server (a Distributed column whose local
-column is missing would fail every read), and no unit loads until every replica of
-every shard shows them in system.columns: a Replicated table's other replicas take the
+column is missing would fail every read) and on each other shard's server that has one
+of that name, and no unit loads until every replica of every shard shows them in
+system.columns: a Replicated table's other replicas take the
 ALTER through ZooKeeper, so a bounded wait, and one line if it runs out.
 """
 
@@ -15,6 +16,7 @@ from chload.errors import SchemaError
 from chload.schema import Column, quote_str, split_table
 from chload.targets.cluster.layout import Replica, _Ahead, at_once
 from chload.targets.server.http import TargetURL
+from chload.targets.server.target import ServerTarget
 
 if TYPE_CHECKING:
     from chload.targets.cluster.target import ClusterTarget
@@ -29,9 +31,20 @@ def add_columns(cluster: ClusterTarget, columns: Sequence[Column]) -> list[str]:
     added = at_once([(lambda s=s: s.target.add_columns(  # type: ignore[misc]
         cluster.local, columns)) for s in cluster.shards])
     cluster.entry.add_columns(cluster.table, columns)
+    at_once([(lambda s=s: _distributed_there(s.target, cluster.table, columns))  # type: ignore[misc]
+             for s in cluster.shards if s.target.url.base != cluster.entry.url.base])
     await_columns(cluster, [c.name for c in columns])
     ours = {name for names in added for name in names}
     return [c.name for c in columns if c.name in ours]
+
+
+def _distributed_there(server: ServerTarget, table: str, columns: Sequence[Column]) -> None:
+    """The Distributed table of the same name on another shard's server (often made ON
+    CLUSTER on every server), where there is one, gets the columns too."""
+    database, name = split_table(table)
+    if server.rows(f"SELECT 1 FROM system.tables WHERE database = {quote_str(database)} AND "
+                   f"name = {quote_str(name)} AND engine = 'Distributed'"):
+        server.add_columns(table, columns)
 
 
 def await_columns(cluster: ClusterTarget, names: Sequence[str],
