@@ -61,6 +61,7 @@ class LoadSpec:
     shards: tuple[tuple[str, str], ...] = ()
     shard_by: str = "auto"
     after_last_key: bool = False
+    poll: float | None = None  # --follow of files: seconds between listings (None: 30)
     on_new_column: str = "fail"
 
     def __post_init__(self) -> None:
@@ -79,6 +80,12 @@ class LoadSpec:
             raise UsageError(f"--max-error-ratio {self.max_error_ratio}: must be in [0, 1]")
         if self.batch_rows is not None and self.batch_rows < 1:
             raise UsageError(f"--batch-rows {self.batch_rows}: must be 1 or more")
+        if self.poll is not None and not self.follow:
+            raise UsageError(f"--poll {self.poll:g}: only with --follow (how often a load "
+                             "that follows lists its sources again); add --follow")
+        if self.follow and "-" in self.sources:
+            raise UsageError("--follow -: standard input is read once; follow a directory, "
+                             "a glob or a prefix")
 
     @property
     def budget(self) -> ErrorBudget:
@@ -98,6 +105,7 @@ _SPEC_TYPES = {
     "batch_rows": options.optional_whole, "batch_seconds": options.optional_seconds,
     "query": options.optional_text, "incremental_by": options.optional_text,
     "shards": options.settings, "shard_by": options.text, "after_last_key": options.flag,
+    "poll": options.optional_seconds,
     "on_new_column": options.text,
 }
 
@@ -234,6 +242,7 @@ class LoadReport:
     # columns this run added (--on-new-column add): table, column, type, unit
     schema_changes: list[dict[str, str]] = field(default_factory=list)
     unit: str = "file"  # what the summary calls a unit: a database's range, a Kafka batch
+    listing_calls: int = 0  # requests made to list the sources (S3: ListObjectsV2 pages)
     # what failed after units were committed, beside any one file (the ledger's last
     # writes to a server gone): what was committed stands (core/finish.py)
     errors: list[str] = field(default_factory=list)

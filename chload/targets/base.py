@@ -171,6 +171,13 @@ class Target(Protocol):
         """Write any ledger events still buffered."""
         ...
 
+    def begin_run(self) -> None:
+        """A new run begins on this open target: a unit committed from now on by anyone
+        else (or by this process before now) is another run's, which a commit of it
+        must not double (committer.py rule 5). A load that follows files begins each
+        poll so: a file its earlier poll loaded may be loaded again with --force."""
+        ...
+
     def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
                   env: Mapping[str, str]) -> AbstractContextManager[Target]:
         """The target a load into `table` goes through: this one, or (a server's

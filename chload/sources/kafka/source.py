@@ -30,6 +30,7 @@ from chload.core.evolve import FLAG as NEW_COLUMN_FLAG
 from chload.core.run import LOADED_ELSEWHERE, Event, FileResult, Listener
 from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
+from chload.runtime import stopping
 from chload.schema import Column, quote_str
 from chload.sources.base import RemoteSource, SourceContext, SourceFile, StreamPosition
 from chload.sources.kafka.group import Share, group_id, note, share
@@ -445,9 +446,14 @@ def _add(report: LoadReport, results: Sequence[FileResult],
 
 @contextmanager
 def _stopping(options: Options) -> Iterator[None]:
-    """With --follow, SIGINT and SIGTERM end the run after the round in flight."""
-    if not options.follow or threading.current_thread() is not threading.main_thread():
+    """With --follow, SIGINT and SIGTERM end the run after the round in flight; on
+    another thread than the main one, runtime.stopping.stop_following does."""
+    if not options.follow:
         yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        with stopping.registered(options.stop):
+            yield
         return
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s in before:

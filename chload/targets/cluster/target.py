@@ -482,6 +482,10 @@ class ClusterTarget(Ending):
                 if busy[0] == 0:
                     shard.seconds += time.monotonic() - busy[1]
 
+    def begin_run(self) -> None:
+        for shard in self.shards:
+            shard.target.begin_run()
+
     def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
                   env: Mapping[str, str]) -> AbstractContextManager[Target]:
         """Already the cluster of its Distributed table."""

@@ -365,6 +365,9 @@ class EmbeddedTarget:
         """Write the `loaded` events still waiting (ledger.LoadedEvents)."""
         self.loaded.flush()
 
+    def begin_run(self) -> None:
+        self._started_ns = time.time_ns()
+
     def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
                   env: Mapping[str, str]) -> AbstractContextManager[Target]:
         """One target, no shards: `--shard` makes no sense here."""

@@ -440,6 +440,9 @@ class ServerTarget(StageFilling):
         """Write the `loaded` events still waiting (ledger.LoadedEvents)."""
         self.loaded.flush()
 
+    def begin_run(self) -> None:
+        self._started_ns = time.time_ns()
+
     def recover(self, table: str) -> int:
         return self.committer.start(table, display_table(table))
 
