@@ -425,3 +425,34 @@ def test_the_summary_and_history_name_the_added_columns(tmp_path: Path,
     assert "(first in " in out.stdout and "g3_0.csv)" in out.stdout
     history = run_chload("history", "--table", table_name, "--target", target)
     assert "columns added" in history.stdout and "c, d" in history.stdout, history.stdout
+
+
+# -- files that keep arriving (--follow) -------------------------------------------------
+def test_a_followed_directory_gains_a_column(tmp_path: Path, table_name: str) -> None:
+    """Following a directory with add: v1 files load, then a v2 file arrives and its poll
+    adds c; the run's report and record name the change."""
+    from test_follow import Follower
+
+    source, target = tmp_path / "in", str(tmp_path / "target")
+    source.mkdir()
+    paths = make_generations(tmp_path, "csv")
+    old = time.time() - 60
+
+    def arrive(path: Path) -> None:
+        (source / path.name).write_text(path.read_text())
+        os.utime(source / path.name, (old, old))
+    arrive(paths[0])
+    follower = Follower(str(source), "--table", table_name, "--target", target,
+                        "--on-new-column", "add")
+    follower.wait_for(lambda line: line.startswith("poll 1: 1 new file"))
+    arrive(paths[2])
+    follower.wait_for(lambda line: ": 1 new file," in line)
+    code, rest, err = follower.stop()
+    assert code == 0, err
+    added = [line for line in rest if "added column" in line]
+    assert len(added) == 1 and "added column c Nullable(Int64)" in added[0], rest
+    assert Where(target, {}).sql(f"SELECT count(), countIf(c IS NULL) FROM {table_name}"
+                                 ) == [[str(2 * ROWS), str(ROWS)]]
+    recorded = changes(Where(target, {}).sql(f"SELECT schema_changes FROM chload.runs "
+                                             f"WHERE target_table = 'default.{table_name}'"))
+    assert [(c, u) for c, _, u in recorded] == [("c", "g2_0.csv")]
