@@ -39,6 +39,7 @@ from chload.core.report import (
     LoadReport,
     LoadSpec,
     OnError,
+    OnNewColumn,
     Pairs,
     Saturation,
     ServerSaturation,
@@ -113,6 +114,7 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
          batch_seconds: float | None = None, query: str | None = None,
          incremental_by: str | None = None, shards: Pairs = (),
          shard_by: ShardBy = "auto", after_last_key: bool = False,
+         on_new_column: OnNewColumn = "fail",
          poll: float | None = None, listener: Listener | None = None,
          metrics_port: int | None = None) -> LoadReport:
     """Load files into a table, exactly once per file; the options are the CLI's flags
@@ -162,6 +164,12 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
         loaded under it (S3 StartAfter), for buckets whose keys grow in order (dates,
         sequence numbers); an object added or changed under an earlier key is then not
         seen. Default: the whole prefix is listed.
+    :param on_new_column: a file naming a column the table lacks (a CSV/TSV header,
+        Parquet/ORC/Avro/Arrow, JSON lines): "fail" it (the default), "add" the column
+        (``Nullable(T)``, T as the file gives it; on every shard of a cluster) and load it,
+        or "ignore" the column and load the others. With add or ignore a file may lack
+        table columns (NULL or their default). Each added column is in
+        ``report.schema_changes`` and the run's record in ``chload.runs``.
     :param poll: files with follow: seconds between listings (default 30); each poll
         is a ``poll`` Event (``event.poll``: files, rows, listing calls, changed files).
     :param listener: called with each progress `Event` (plan, start, progress, done,

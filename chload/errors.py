@@ -334,8 +334,9 @@ def from_engine_message(message: str, context: str) -> ChloadError:
     innermost = int(re.findall(_CODE, message)[-1]) if code is not None else 0  # a nested cause's
     hint = _HINTS.get(innermost, "")
     if "Unknown field found" in message:  # chload sets input_format_skip_unknown_fields=0
-        hint = (" (the table has no such column: add it with ALTER TABLE ... ADD COLUMN, or "
-                "pass --setting input_format_skip_unknown_fields=1 to drop it)")
+        hint = (" (the table has no such column: loading files, pass --on-new-column add "
+                "to add it or ignore to drop it; else add it with ALTER TABLE ... ADD COLUMN, "
+                "or drop such fields with --setting input_format_skip_unknown_fields=1)")
     kind = _kind(code, message)
     reason = one_line(message)
     null = _null_misfit(message)

@@ -210,11 +210,13 @@ def create_table_sql(
 
 def match_columns(
     table: str, table_columns: Sequence[Column], data_columns: Sequence[Column], audit: bool,
+    missing_ok: bool = False,
 ) -> list[Column]:
     """The table's columns that the data fills, in the data's order, with the table's types.
 
     A file column the table lacks, or a table column (without a DEFAULT) the file
-    lacks, is a SchemaError listing all of them in one line.
+    lacks, is a SchemaError listing all of them in one line. `missing_ok`: a table
+    column the data lacks loads as NULL or its default (--on-new-column add/ignore).
     """
     by_name = {c.name: c for c in table_columns}
     unknown = [c.name for c in data_columns if c.name not in by_name]
@@ -223,6 +225,7 @@ def match_columns(
     missing = [
         c.name for c in table_columns
         if c.name not in data_names and not c.default_kind and c.name not in optional
+        and not missing_ok
     ]
     if audit:
         missing += [name for name in AUDIT_COLUMNS if name not in by_name]
@@ -232,11 +235,18 @@ def match_columns(
             parts.append(f"columns in the data but not in the table: {', '.join(unknown)}")
         if missing:
             parts.append(f"columns in the table but not in the data: {', '.join(missing)}")
+        evolve = " (--on-new-column add adds them; ignore loads the others)" if unknown else ""
         raise SchemaError(
-            f"table {table}: {'; '.join(parts)}. Fix the table (ALTER TABLE ... ADD COLUMN), "
-            "or pass --schema to say how to read the data"
+            f"table {table}: {'; '.join(parts)}. Fix the table (ALTER TABLE ... ADD COLUMN)"
+            f"{evolve}, or pass --schema to say how to read the data"
         )
     return [by_name[c.name] for c in data_columns]
+
+
+def add_column_sql(table: str, column: Column, if_not_exists: bool = False) -> str:
+    """`ALTER TABLE t ADD COLUMN [IF NOT EXISTS] c T` (18.16 has no IF NOT EXISTS)."""
+    guard = "IF NOT EXISTS " if if_not_exists else ""
+    return f"ALTER TABLE {table} ADD COLUMN {guard}{column.sql}"
 
 
 def split_table(table: str) -> tuple[str, str]:

@@ -156,6 +156,10 @@ def _load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="load files already loaded")
     p.add_argument("--on-error", default="continue", choices=["continue", "abort"],
                    help="after a failed file: go on with the others (default) or stop")
+    p.add_argument("--on-new-column", default="fail", choices=["fail", "add", "ignore"],
+                   help="a file naming a column the table lacks: fail it (default), add the "
+                   "column (Nullable; every shard of a cluster) and load, or load the other "
+                   "columns")
     p.add_argument("--kafka-option", action="append", default=[], metavar="NAME=VALUE",
                    help="a librdkafka setting for kafka:// sources, e.g. security.protocol="
                    "SASL_SSL (repeatable; ${VAR} takes the value from the environment)")
@@ -294,7 +298,8 @@ def _load_with(args: argparse.Namespace) -> int:
             batch_seconds=args.batch_seconds, query=args.query,
             incremental_by=args.incremental_by, shards=_shards(args.shard),
             shard_by=args.shard_by, after_last_key=args.after_last_key, poll=args.poll,
-            listener=_polls(args, listener), metrics_port=args.metrics_port)
+            on_new_column=args.on_new_column, listener=_polls(args, listener),
+            metrics_port=args.metrics_port)
     if args.json:
         data = report.to_dict()
         if len(data["files"]) > 1000:

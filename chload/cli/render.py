@@ -99,6 +99,9 @@ def print_summary(report: LoadReport) -> None:
               f"{'s' if report.listing_calls != 1 else ''}")
     if report.table_reset:
         print(f"  {report.table_reset}")
+    for change in report.schema_changes:
+        print(f"  added column {change['column']} {change['type']} to {change['table']} "
+              f"(first in {change['unit']})")
     for note in report.notes:
         print(f"  note: {note}")
     sat = report.saturation
@@ -206,14 +209,24 @@ def print_files(table: str, events: Sequence[FileEvent]) -> None:
 
 def print_history(runs: Sequence[dict[str, Any]]) -> None:
     header = ["started", "table", "loaded", "skipped", "failed", "rows", "seconds", "rows/s",
-              "streams", "sources"]
+              "streams", "columns added", "sources"]
     rows = [[_when(int(r["started_ns"])), r["target_table"], str(r["files_loaded"]),
              str(r["files_skipped"]), str(r["files_failed"]), str(r["rows_loaded"]),
              f"{float(r['seconds']):.2f}",
              f"{int(r['rows_loaded']) / max(float(r['seconds']), 1e-9):,.0f}",
-             _run_streams(str(r.get("concurrency") or "")), r["sources"]]
+             _run_streams(str(r.get("concurrency") or "")),
+             _added(str(r.get("schema_changes") or "")), r["sources"]]
             for r in runs]
     _table("load history", header, rows)
+
+
+def _added(recorded: str) -> str:
+    """The columns a run added (--on-new-column add), `c, d`; `-` if none."""
+    if not recorded:
+        return "-"
+    import json
+
+    return ", ".join(c["column"] for c in json.loads(recorded)) or "-"
 
 
 def _run_streams(recorded: str) -> str:

@@ -100,6 +100,7 @@ class RunRecord:
     status: str
     host: str
     concurrency: str = ""  # JSON: streams at start and end, each change and why (adaptive.py)
+    schema_changes: str = ""  # JSON: the columns the run added (core/evolve.py Change)
 
 
 # The planner's keys of a unit (commit/known.py), computed by the engine as events are
@@ -119,7 +120,7 @@ _RUNS_DDL = f"""CREATE TABLE IF NOT EXISTS {RUNS} (
     run_id String, target_table String, sources String, started_ns UInt64,
     finished_ns UInt64, files_total UInt64, files_loaded UInt64, files_skipped UInt64,
     files_failed UInt64, rows_loaded UInt64, rows_rejected UInt64, bytes_read UInt64,
-    seconds Float64, status String, host String, concurrency String,
+    seconds Float64, status String, host String, concurrency String, schema_changes String,
     started DateTime MATERIALIZED toDateTime(intDiv(started_ns, 1000000000))
 ) ENGINE = MergeTree ORDER BY (target_table, started_ns, run_id)"""
 
@@ -127,12 +128,15 @@ _RUNS_DDL = f"""CREATE TABLE IF NOT EXISTS {RUNS} (
 # Columns added after the first version: (table, column) -> type; ADDED_COLUMNS finds
 # them in system.columns (an older ledger gets them on first use: Ledger._add_columns)
 _ADDED = {("files", "table_uuid"): "String", ("runs", "concurrency"): "String",
+          ("runs", "schema_changes"): "String",
           **{("files", name): kind for name, kind in KEY_COLUMNS.items()}}
 # What a complete ledger has (`table.column`: the added columns)
 LEDGER_TABLES = frozenset({"files", "runs", "rejects", *(f"{t}.{c}" for t, c in _ADDED)})
 ADDED_COLUMNS = "(" + " OR ".join(f"(table = '{t}' AND name = '{c}')" for t, c in _ADDED) + ")"
 
-_DUPLICATE_COLUMN = 15  # an ADD COLUMN that another chload ran first
+# an ADD COLUMN that another chload ran first: 15 DUPLICATE_COLUMN; 18.16 answers 44
+# ILLEGAL_COLUMN ("column with this name already exists")
+_DUPLICATE_COLUMN = {15, 44}
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +186,7 @@ class Ledger:
                 self._sql.command(f"ALTER TABLE {DATABASE}.{table} ADD COLUMN {column} "
                                   f"{_ADDED[table, column]}")
             except EngineError as exc:
-                if exc.code != _DUPLICATE_COLUMN:
+                if exc.code not in _DUPLICATE_COLUMN:
                     raise
 
     def table_state(self, database: str, name: str) -> TableState:

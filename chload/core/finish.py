@@ -165,6 +165,8 @@ def _run_record(spec: LoadSpec, report: LoadReport, started_ns: int,
         report.rows_loaded, report.rows_rejected, report.bytes_read, report.seconds, status,
         os.uname().nodename,  # as socket.gethostname(), without importing socket
         json.dumps(report.concurrency, separators=(",", ":")) if report.concurrency else "",
+        json.dumps(report.schema_changes, separators=(",", ":")) if report.schema_changes
+        else "",
     )
 
 

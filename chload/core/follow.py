@@ -276,6 +276,7 @@ def _add(report: LoadReport, results: list[FileResult], done: LoadReport,
     report.concurrency = done.concurrency or report.concurrency
     report.costs = done.costs or report.costs
     report.notes += [n for n in done.notes if n not in report.notes]
+    report.schema_changes += done.schema_changes  # (--on-new-column add: a poll's)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from dataclasses import MISSING, fields, replace
 from chload import formats
 from chload.commit.ledger import COMMITTING, FileEvent, own_history
 from chload.commit.rejects import ErrorBudget
+from chload.core import evolve
 from chload.core import plan as planner
 from chload.core import run as runner
 from chload.core.finish import (
@@ -38,6 +39,7 @@ from chload.core.run import Event, FileResult, Listener
 from chload.errors import SchemaError, UsageError, ValuesRefused
 from chload.runtime.adaptive import MAX_STREAMS, Controller
 from chload.runtime.monitor import Monitor
+from chload.schema import Column
 from chload.sources.base import Skipped, SourceFile
 from chload.sources.run import RunSources
 from chload.targets.base import LoadJob, Target
@@ -109,20 +111,19 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     refused = _refuse(target, table, untold, report.run_id, listener)
     settings = (*_job_settings(spec), *planner.csv_settings(files, spec.settings))
     if plan.to_load:
-        columns, read_columns, created = planner.prepare_table(
-            target, table, plan.to_load, existing=existing, schema=spec.schema,
-            order_by=spec.order_by or sources.sorting_key(plan.to_load),
-            partition_by=spec.partition_by, audit=spec.audit, budget=spec.budget,
-            described=described, sources=sources, added=added,
-            dates_told="date_time_input_format" in dict(spec.settings),
-        )
+        columns, read_columns, created, existing, evolution = _prepare(
+            spec, target, table, plan.to_load, existing, described, sources, added)
+        new_columns = spec.on_new_column if evolution else "fail"
+        if evolution:
+            settings = evolve.job_settings(new_columns, plan.to_load, settings, spec.settings)
+            report.notes += evolution.notes
+            report.schema_changes = [c.as_dict() for c in evolution.changes]
         if not state.exists:
             state = target.ledger.table_state(table.database, table.name)
         checked = planner.check_headers(target, table, plan.to_load,
                                         existing or columns, read_columns, spec.audit,
-                                        named=planner.reads_by_name(spec.schema,
-                                                                    spec.settings),
-                                        settings=spec.settings)
+                                        named=planner.reads_by_name(spec.schema, settings),
+                                        settings=spec.settings, new_columns=new_columns)
         to_load, settings = checked.files, (*checked.settings, *settings)
         refused += _refuse(target, table, checked.refused, report.run_id, listener)
         if refused and spec.on_error == "abort":
@@ -183,6 +184,43 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     if record:
         _finish_reported(target, report, _run_record(spec, report, started_ns, sources))
     return report
+
+
+def _prepare(spec: LoadSpec, target: Target, table: planner.TableName,
+             files: Sequence[SourceFile], existing: list[Column] | None,
+             described: list[Column] | None, sources: RunSources,
+             added: planner.AddColumns | None,
+             ) -> tuple[list[Column], list[Column], bool, list[Column] | None,
+                        evolve.Evolution | None]:
+    """The table made ready for the run's files (planner.prepare_table): (its columns
+    the data fills, how the data is read, created, its columns now, the evolution).
+    With --on-new-column add or ignore, files whose own columns decide (no --schema, no
+    source that says its columns) go through core/evolve.py, a new table made first
+    from a sample as ever."""
+    def prepare(existing: list[Column] | None, evolved: list[Column] | None,
+                ) -> tuple[list[Column], list[Column], bool]:
+        return planner.prepare_table(
+            target, table, files, existing=existing, schema=spec.schema,
+            order_by=spec.order_by or sources.sorting_key(files),
+            partition_by=spec.partition_by, audit=spec.audit, budget=spec.budget,
+            described=described, sources=sources, added=added, evolved=evolved,
+            dates_told="date_time_input_format" in dict(spec.settings))
+    if described is not None and existing and spec.on_new_column == "add" and not spec.schema:
+        grown = evolve.evolve_described(target, table.sql, table.display, described,
+                                        existing, files[0].uri)
+        return (*prepare(grown.existing, None)[:2], False, grown.existing, grown)
+    if spec.on_new_column == "fail" or spec.schema is not None or described is not None:
+        return (*prepare(existing, None), existing, None)
+    created = False
+    if existing is None:
+        created = prepare(None, None)[2]
+        existing = target.table_columns(table.sql)
+    evolution = evolve.evolve(target, table.sql, table.display, files, existing or [],
+                              spec.on_new_column) if existing else None
+    if evolution is None:
+        return (*prepare(existing, None)[:2], created, existing, None)
+    columns, read, _ = prepare(evolution.existing, evolution.data)
+    return columns, read, created, evolution.existing, evolution
 
 
 def _created_note(error: SchemaError, table: planner.TableName) -> SchemaError:

@@ -176,7 +176,7 @@ def prepare_table(
     partition_by: str | None, audit: bool, create: bool = True,
     budget: ErrorBudget | None = None, described: list[Column] | None = None,
     dates_told: bool = False, sources: RunSources | None = None,
-    added: AddColumns | None = None,
+    added: AddColumns | None = None, evolved: list[Column] | None = None,
 ) -> tuple[list[Column], list[Column], bool]:
     """Create the table if needed; return (table columns, read columns, created).
     `existing`: the table's columns (target.table_columns), None if it does not exist.
@@ -195,13 +195,17 @@ def prepare_table(
     fails the file anywhere in it, not only in the start fit.py samples; a server that
     parses a file itself (18.16, raw) wraps it past that start. A typed file's own
     narrow types are read as they are (_wider_in_files).
+
+    `evolved` (--on-new-column add or ignore: core/evolve.py): the table's columns that
+    the files name, read with the table's types; a table column no file names loads as
+    NULL or its default.
     """
     tolerate = budget.allows if budget and budget.allows_errors else None
     given = parse_structure(schema) if schema else described
     if schema and described is not None:
         _same_names(files, described, given or [])
-    data = given if given is not None else _data_columns(target, files, existing, tolerate,
-                                                         dates_told)
+    data = given if given is not None else evolved if evolved is not None else _data_columns(
+        target, files, existing, tolerate, dates_told)
     if audit and files and added is not None:  # columns a stream's reader adds
         data = added(target, data, files[0].format.name, given is None)
     created = False
@@ -213,7 +217,8 @@ def prepare_table(
         target.create_table(table.sql, columns, order_by, partition_by)
         existing = target.table_columns(table.sql) or columns
         created = True
-    matched = match_columns(table.display, existing, data, audit)
+    matched = match_columns(table.display, existing, data, audit,
+                            missing_ok=evolved is not None)
     read = data if given is not None else matched
     if files and all(f.format.name in NAMED_FORMATS for f in files):
         read = fit.widened(read, _wider_in_files(target, files, read, sources))
@@ -223,6 +228,12 @@ def prepare_table(
     return matched, read, created
 
 
+
+
+def infer_file(target: Target, f: SourceFile) -> list[Column]:
+    """One file's columns as a new table would get them (core/evolve.py types a new
+    column by the file that brought it)."""
+    return _infer(target, f, True, None)
 
 
 def _wider_in_files(target: Target, files: Sequence[SourceFile], read: Sequence[Column],
@@ -386,7 +397,8 @@ class HeaderCheck:
 def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
                   table_columns: Sequence[Column], read_columns: Sequence[Column],
                   audit: bool, named: bool = True,
-                  settings: Sequence[tuple[str, str]] = ()) -> HeaderCheck:
+                  settings: Sequence[tuple[str, str]] = (), new_columns: str = "fail",
+                  ) -> HeaderCheck:
     """Every CSV/TSV file's own header matched against the columns the run reads; with
     `named` (no --schema chose the columns, no setting drops unknown ones), every
     Parquet/ORC/... file's columns against the table's (_extra_columns).
@@ -399,7 +411,9 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     eight at a time. A local text file's first values are held against the table's
     types (fit.py: ClickHouse would store a NULL, or a number or date the type cannot
     hold, as another value); one that does not fit fails the file alone. `settings`:
-    the run's, which may ask for defaults in place of NULLs.
+    the run's, which may ask for defaults in place of NULLs. `new_columns`: the run's
+    --on-new-column; with add or ignore a file may lack table columns (NULL or default),
+    and with ignore name columns the table lacks (dropped as read).
     """
     headers = _headers(target, [f for f in files if f.format.has_header
                                 and sniff.delimiter(f.format)])
@@ -411,21 +425,23 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     for f in files:
         fields = headers.get(f.uri)
         problem = fields and _mismatch(header_columns(fields), read, table_columns, audit,
-                                       by_position)
+                                       by_position, new_columns)
         why = sniff.unreadable(f)
         if why:
             checked.refused.append((f, f"{f.uri}: {why}"))
         elif f.uri in extra:
             checked.refused.append((f, f"{f.uri}: its columns do not fit table "
                                        f"{table.display}: columns in the data but not in the "
-                                       f"table: {', '.join(extra[f.uri])}. Add them to the "
-                                       "table (ALTER TABLE ... ADD COLUMN), or pass --schema "
-                                       "naming the columns to read"))
+                                       f"table: {', '.join(extra[f.uri])}. {_NEW_HINT}, or "
+                                       "pass --schema naming the columns to read"))
         elif problem:
             base = f.format.name.removesuffix("WithNames")
+            new = ("" if "not in the table" not in problem else f" {_NEW_HINT}."
+                   if new_columns == "fail" else " Their types could not be inferred from "
+                   "the file to add them: add them yourself (ALTER TABLE ... ADD COLUMN).")
             checked.refused.append((f, f"{f.uri}: its header does not fit table "
-                                       f"{table.display}: {problem}. Fix the header or the "
-                                       f"table; if its first line is data, pass --format "
+                                       f"{table.display}: {problem}.{new} Fix the header or "
+                                       f"the table; if its first line is data, pass --format "
                                        f"{base}"))
         elif (misfit := fit.check(f, table_columns, read, told, table.display, engine)):
             checked.refused.append((f, f"{f.uri}: {misfit.message()}"))
@@ -468,15 +484,20 @@ def _headers(target: Target, files: Sequence[SourceFile]) -> dict[str, list[str]
     return {uri: fields for uri, fields in found.items() if fields}
 
 
+_NEW_HINT = ("Pass --on-new-column add to add them to the table (or ignore to load the "
+             "other columns), or add them yourself (ALTER TABLE ... ADD COLUMN)")
+
+
 def _mismatch(names: Sequence[str], read: Sequence[str], table_columns: Sequence[Column],
-              audit: bool, by_position: bool) -> str:
+              audit: bool, by_position: bool, new_columns: str = "fail") -> str:
     """Why a file with these header `names` cannot load with the run ('' if it can)."""
     table = {c.name: c for c in table_columns}
     optional = {c.name for c in table_columns if c.default_kind}
     optional |= set(AUDIT_COLUMNS) if audit else set()
-    unknown = [n for n in names if n not in table]
+    unknown = [n for n in names if n not in table and new_columns != "ignore"]
     unread = [n for n in names if n in table and n not in read]
-    missing = [n for n in read if n not in names and n not in optional]
+    missing = [n for n in read if n not in names and n not in optional
+               and new_columns == "fail"]
     parts = []
     if unknown:
         parts.append(f"columns in the data but not in the table: {', '.join(unknown)}")

@@ -16,6 +16,7 @@ from typing import Any, Literal, TypedDict, cast
 
 from chload import options
 from chload.commit.rejects import ErrorBudget
+from chload.core import evolve
 from chload.core import plan as planner
 from chload.core.run import FileResult
 from chload.errors import UsageError
@@ -26,6 +27,7 @@ SettingValue = str | int | float | bool
 Settings = Mapping[str, SettingValue] | Iterable[tuple[str, SettingValue]]
 Pairs = Mapping[str, str] | Iterable[tuple[str, str]]  # e.g. shards: replica -> URL
 OnError = Literal["continue", "abort"]
+OnNewColumn = Literal["fail", "add", "ignore"]
 ShardBy = Literal["auto", "file"]
 
 
@@ -60,6 +62,7 @@ class LoadSpec:
     shard_by: str = "auto"
     after_last_key: bool = False
     poll: float | None = None  # --follow of files: seconds between listings (None: 30)
+    on_new_column: str = "fail"
 
     def __post_init__(self) -> None:
         for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
@@ -68,6 +71,7 @@ class LoadSpec:
             raise UsageError("nothing to load: name at least one file, directory, glob or -")
         if self.on_error not in ("continue", "abort"):
             raise UsageError(f"--on-error {self.on_error}: use continue or abort")
+        evolve.check_mode(self.on_new_column)
         planner.validate_options(self.compression, self.workers)
         planner.parse_table(self.table)
         if self.max_errors is not None and self.max_errors < 0:
@@ -102,6 +106,7 @@ _SPEC_TYPES = {
     "query": options.optional_text, "incremental_by": options.optional_text,
     "shards": options.settings, "shard_by": options.text, "after_last_key": options.flag,
     "poll": options.optional_seconds,
+    "on_new_column": options.text,
 }
 
 
@@ -234,6 +239,8 @@ class LoadReport:
     costs: Costs | None = None  # None: the target measures none, or nothing was loaded
     shards: list[ShardLoad] = field(default_factory=list)  # a Distributed table's
     notes: list[str] = field(default_factory=list)  # worth knowing, not errors (slow paths)
+    # columns this run added (--on-new-column add): table, column, type, unit
+    schema_changes: list[dict[str, str]] = field(default_factory=list)
     unit: str = "file"  # what the summary calls a unit: a database's range, a Kafka batch
     listing_calls: int = 0  # requests made to list the sources (S3: ListObjectsV2 pages)
     # what failed after units were committed, beside any one file (the ledger's last

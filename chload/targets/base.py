@@ -140,6 +140,13 @@ class Target(Protocol):
         cannot)."""
         ...
 
+    def add_columns(self, table: str, columns: Sequence[Column]) -> list[str]:
+        """Add to `table` each of `columns` it lacks (--on-new-column add: core/evolve.py),
+        as this target stores its type; return the names this call added (a column
+        another loader added meanwhile is kept as it is, not counted). Returns once every
+        server holding the table (a cluster's shards and replicas) shows them."""
+        ...
+
     def recover(self, table: str) -> int:
         """Finish or undo what an interrupted earlier run left; return files settled."""
         ...

@@ -148,6 +148,12 @@ class FakeTarget:
                      partition_by: str | None) -> None:
         self.tables.setdefault(table, list(columns))
 
+    def add_columns(self, table: str, columns: Sequence[Column]) -> list[str]:
+        have = self.tables.setdefault(table, [])
+        added = [c for c in columns if c.name not in {h.name for h in have}]
+        have += added
+        return [c.name for c in added]
+
     def table_rows(self, table: str) -> int:
         return sum(self.rows_of[uri] for uri in self.attached.get(table, []))
 

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from chload.core.evolve import FLAG as NEW_COLUMN_FLAG
 from chload.core.run import LOADED_ELSEWHERE, LOADED_IN_PART, Event, FileResult, Listener
 from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
@@ -262,6 +263,9 @@ def streams(spec: LoadSpec, target: Target, reader: SpoolReader) -> tuple[bool, 
     if spec.budget.allows_errors:
         return False, ("an error budget (--max-errors, --max-error-ratio) reads a unit's "
                        "rejected rows again, from its spool")
+    if spec.on_new_column != "fail" and not spec.schema:
+        return False, (f"--on-new-column {spec.on_new_column} reads each unit's keys "
+                       "before loading it, from its spool")
     return True, ""
 
 
@@ -465,6 +469,9 @@ def _add(report: LoadReport, results: Sequence[FileResult],
         report.created_table = report.created_table or done.created_table
         report.table_reset = report.table_reset or done.table_reset
         report.saturation = done.saturation or report.saturation
+        report.schema_changes += done.schema_changes  # (--on-new-column add: a round's)
+        report.notes += [n for n in done.notes if NEW_COLUMN_FLAG in n
+                         and n not in report.notes]
 
 
 @contextmanager

@@ -13,10 +13,12 @@ from collections.abc import Iterator, Sequence
 from chload.errors import ChloadError, UsageError
 from chload.schema import display_table
 from chload.targets.base import Target
+from chload.targets.cluster.columns import other_replicas
 from chload.targets.cluster.layout import (
     Described,
     check_locals,
     describe,
+    endpoint,
     layout_from,
     open_shards,
     parse_shard_map,
@@ -81,6 +83,8 @@ def for_table(target: Target, table: str, shard_map: Sequence[tuple[str, str]] =
         by_file = shard_by == "file" or not dist.key or bool(_RANDOM.search(dist.key))
         cluster = ClusterTarget(target, table, dist, shards, by_file)
         cluster.columns_read = described.columns
+        cluster.replicas = other_replicas(layout, [s.replica for s in shards], lambda r: endpoint(
+            r, target.url, given, env or {}))
     except BaseException:
         for shard in shards:
             with contextlib.suppress(ChloadError):

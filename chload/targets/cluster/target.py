@@ -34,6 +34,7 @@ from chload.sources import identity
 from chload.sources.base import SourceFile
 from chload.targets.base import Loaded, LoadJob, Target
 from chload.targets.batching import group_small_files
+from chload.targets.cluster import columns as cluster_columns
 from chload.targets.cluster import shard_load
 from chload.targets.cluster.end import Ending
 from chload.targets.cluster.layout import Distributed, Shard, at_once, each_at_once
@@ -41,6 +42,7 @@ from chload.targets.cluster.layout import parse_distributed as parse_distributed
 from chload.targets.cluster.layout import plain_engine as plain_engine
 from chload.targets.cluster.ledger import LAYOUT, ClusterLedger, adding_up, file_shares, layout_of
 from chload.targets.cluster.round import Round, Unit
+from chload.targets.server.http import TargetURL
 from chload.targets.server.stages import seal
 from chload.targets.server.target import ServerTarget, _event
 
@@ -77,6 +79,7 @@ class ClusterTarget(Ending):
         self.ledger: Ledger = ClusterLedger(self)
         self.known = _Loaded()
         self.columns_read: list[Column] | None = None  # (cluster_open: table_columns)
+        self.replicas: list[tuple[str, TargetURL]] = []  # those no shard target is on
         self.read_ahead: dict[int, list] = {}  # shard -> its ledger's answers (_recover)
         self._round = Round()
         self._counters: list[shard_load.Counters | BaseException] = []  # at open_streams
@@ -146,6 +149,12 @@ class ClusterTarget(Ending):
         raise UsageError(f"table {display_table(table)}: chload does not create tables on "
                          f"cluster {self.dist.cluster}; create the local and Distributed "
                          "tables first")
+
+    def add_columns(self, table: str, columns: Sequence[Column]) -> list[str]:
+        """Every shard's local table, then the Distributed one (cluster/columns.py)."""
+        if table != self.table:
+            return self.entry.add_columns(table, columns)
+        return cluster_columns.add_columns(self, columns)
 
     # -- planning ----------------------------------------------------------------------
     def recover(self, table: str) -> int:

@@ -53,6 +53,7 @@ from chload.runtime.monitor import unit_costs
 from chload.schema import (
     AUDIT_COLUMNS,
     Column,
+    add_column_sql,
     create_table_sql,
     display_table,
     quote_ident,
@@ -153,6 +154,15 @@ class EmbeddedTarget:
                      partition_by: str | None) -> None:
         self.fresh, self._kept = False, True
         self.command(create_table_sql(table, columns, order_by, partition_by))
+
+    def add_columns(self, table: str, columns: Sequence[Column]) -> list[str]:
+        """One process holds the directory (engine.py's flock), and the planner adds a
+        run's columns before any unit loads: what it lacks now is ours to add."""
+        have = {c.name for c in self.table_columns(table) or []}
+        added = [c for c in columns if c.name not in have]
+        for column in added:
+            self.command(add_column_sql(table, column, if_not_exists=True))
+        return [c.name for c in added]
 
     @property
     def workdir(self) -> str:

@@ -88,7 +88,8 @@ class StageFilling:
             return PUSH
         known = all(name in self.caps.settings for name, _ in job.settings)
         if (not job.audit and f.local_path and known and self.caps.parses(f.format.name)
-                and self.caps.accepts(f.format.compression) and not self._empty_differs(job)):
+                and self.caps.accepts(f.format.compression) and not self._empty_differs(job)
+                and _header_fits(job)):
             return RAW
         return PUSH
 
@@ -321,6 +322,14 @@ def _raw_names(job: LoadJob) -> list[str]:
     the table's), else the run's."""
     fields = sniff.header_names(job.file) if job.file.format.has_header else None
     return header_columns(fields) if fields else [c.name for c in job.columns]
+
+
+def _header_fits(job: LoadJob) -> bool:
+    """Whether a posted file's header names only columns the run fills: a column it
+    names that the table lacks (--on-new-column ignore) is dropped by the loader's
+    engine, as a server reading a header by position (18.16) cannot."""
+    return not job.file.format.has_header or set(_raw_names(job)) <= {
+        c.name for c in job.columns}
 
 
 _WIDTHS = {"UInt8": 1, "Int8": 1, "Enum8": 1, "UInt16": 2, "Int16": 2, "Enum16": 2, "Date": 2,

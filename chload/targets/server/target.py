@@ -45,15 +45,18 @@ from chload.errors import (
     ChloadError,
     DataError,
     SchemaError,
+    TerminalError,
     TransientError,
     UsageError,
 )
 from chload.formats import JSON_LINES
 from chload.runtime.adaptive import Controller
 from chload.runtime.engine import Engine
+from chload.runtime.faults import crash_point
 from chload.runtime.monitor import unit_costs
 from chload.schema import (
     Column,
+    add_column_sql,
     create_table_sql,
     default_order_by,
     display_table,
@@ -201,6 +204,25 @@ class ServerTarget(StageFilling):
         stored = server_columns(columns, self.caps, f"table {display_table(table)}")
         self.command(create_table_sql(table, stored, order_by or default_order_by(columns),
                                       partition_by))
+
+    def add_columns(self, table: str, columns: Sequence[Column]) -> list[str]:
+        """Each column `table` lacks, added as this server stores its type. Another
+        loader may add the same column meanwhile: plain ADD COLUMN on every version (18.16
+        has no IF NOT EXISTS), and an error of a column now there (15 DUPLICATE_COLUMN;
+        44 on 18.16) means it did, so exactly one loader records adding it."""
+        stored = server_columns(columns, self.caps, f"table {display_table(table)}")
+        have = {c.name for c in self.table_columns(table) or []}
+        crash_point("add-columns")  # (tests: two loaders past this read at once)
+        added = []
+        for column in (c for c in stored if c.name not in have):
+            try:
+                self.command(add_column_sql(table, column))
+            except TerminalError:
+                if column.name not in {c.name for c in self.table_columns(table) or []}:
+                    raise
+                continue
+            added.append(column.name)
+        return added
 
     @property
     def workdir(self) -> str:
