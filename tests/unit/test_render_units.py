@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from chload.cli.render import ProgressView, print_summary
+from chload.cli.render import ProgressView, TimeLeft, print_summary
 from chload.core.report import LoadReport
 from chload.core.run import Event
 
@@ -27,3 +27,51 @@ def test_the_progress_bar_counts_the_plans_units() -> None:
     files = ProgressView()
     files.on_event(Event("plan", files_total=2))  # a plan that names no unit: files
     assert files._progress.tasks[0].fields["files"] == "0/2 files"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_eta_takes_the_rate_since_the_plan_not_of_one_burst() -> None:
+    """Units report their bytes when parsed, several at once: 2 of 10 units after 20 s,
+    then 2 more a moment later. rich's own estimate took the burst's bytes over the
+    moment between them and showed a second or two left; 60 s are left."""
+    clock = Clock()
+    eta = TimeLeft(clock)
+    eta.plan(1000)
+    for i in range(10):
+        eta.start(f"f{i}", 100)
+    clock.now += 20
+    eta.advance("f0", 100)
+    eta.advance("f1", 100)
+    clock.now += 0.5
+    eta.advance("f2", 100)
+    eta.advance("f3", 100)
+    assert eta.seconds() == pytest.approx(6 * 100 / (400 / 20.5))
+    clock.now += 10  # no news for 10 s: the time left counts down
+    assert eta.seconds() == pytest.approx(6 * 100 / (400 / 20.5) - 10)
+
+
+def test_a_unit_moves_the_bar_by_its_listed_size_at_most() -> None:
+    """The engine's count of bytes read (S3 objects through chDB) passed the listed size:
+    the bar was full, the ETA 0:00:00, with a fifth of the load left."""
+    view = ProgressView()
+    view.on_event(Event("plan", files_total=2, bytes_total=200))
+    view.on_event(Event("start", "a", bytes=100))
+    view.on_event(Event("progress", "a", rows=10, bytes=124))
+    view.on_event(Event("done", "a", rows=10, bytes=124))
+    task = view._progress.tasks[0]
+    assert task.completed == 100
+    view.on_event(Event("start", "b", bytes=100))
+    view.on_event(Event("progress", "b", rows=10, bytes=80))  # read less than listed
+    view.on_event(Event("progress", "b", rows=-10, bytes=-80))  # taken back: retried
+    assert task.completed == 100
+    view.on_event(Event("progress", "b", rows=10, bytes=80))
+    view.on_event(Event("done", "b", rows=10, bytes=80))  # ended: all of it is done
+    assert task.completed == 200
+    assert view.eta.seconds() == 0.0
