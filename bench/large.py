@@ -279,6 +279,9 @@ def _print_target(name: str, rows: int, out: dict) -> None:
           f"skipped): exact {kill['exact']}")
     if not kill["exact"]:
         print(kill["tail"])
+    if not kill["killed"] or kill["rows_committed_at_kill"] >= rows:
+        print("note: the kill came after every row was committed (the bar's rows reached "
+              "half only at the end): this run tested no kill mid-load")
 
 
 def estimate(result: dict) -> None:
