@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -90,16 +91,17 @@ class ProgressView:
 
 
 class TimeLeft:
-    """The bar's bytes and its ETA: the bytes left at the rate since the plan.
+    """The bar's bytes and its ETA: the bytes left at the rate of the later half of the
+    time since the plan (a load starts slower: its first units fill the pipeline, a
+    server's streams ramp up), over no less than the longest unit took.
 
     Units report their bytes when parsed, a whole file or group of files at once, so
     bytes arrive in bursts; rich's own estimate (the speed between its first and last
     samples of the last 30 s) took a burst's bytes over the moments between two bursts
-    and showed a fraction of the time left. Here the rate is the bytes credited so far
-    over the time since the plan, as of the last credit; between credits the time left
-    counts down. A unit announced with its listed size (a `start` event's bytes) is
-    credited at most that size, all of it once it ends (done, skipped or failed: no
-    work of it is left).
+    and showed a fraction of the time left. A window at least one unit long holds whole
+    units' work. Between credits the time left counts down. A unit announced with its
+    listed size (a `start` event's bytes) is credited at most that size, all of it once
+    it ends (done, skipped or failed: no work of it is left).
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -109,40 +111,58 @@ class TimeLeft:
         self._credited = 0
         self._rate = 0.0  # bytes per second, as of the last credit
         self._at = 0.0  # when that was
-        self._units: dict[str, list[int]] = {}  # uri: [listed size, reported, credited]
+        self._samples: deque[tuple[float, int]] = deque()  # (when, credited) per credit
+        self._longest = 0.0  # the longest a unit took from its start to its first credit
+        # uri: [listed size, reported, credited, started at]
+        self._units: dict[str, list[float]] = {}
 
     def plan(self, total: int) -> None:
         self._planned_at, self._total = self._clock(), total
 
     def start(self, uri: str, size: int) -> None:
-        if size > 0:
-            self._units[uri] = [size, 0, 0]
+        self._units[uri] = [size, 0, 0, self._clock()]
 
     def advance(self, uri: str, read: int) -> int:
         """Bytes to move the bar by for `read` bytes reported of `uri`."""
         unit = self._units.get(uri)
-        if unit is None:
-            return self._credit(read)
+        if unit is None or unit[0] <= 0:
+            return self._credit(read, unit)
         unit[1] += read
         return self._credit_unit(unit, min(unit[0], max(0, unit[1])))
 
     def finish(self, uri: str) -> int:
         """`uri` ended: the rest of its listed size (a unit of a batch: none)."""
         unit = self._units.pop(uri, None)
-        return self._credit_unit(unit, unit[0]) if unit else 0
+        return self._credit_unit(unit, unit[0]) if unit and unit[0] > 0 else 0
 
-    def _credit_unit(self, unit: list[int], credited: int) -> int:
-        moved = credited - unit[2]
+    def _credit_unit(self, unit: list[float], credited: float) -> int:
+        moved = int(credited - unit[2])
         unit[2] = credited
-        return self._credit(moved)
+        return self._credit(moved, unit)
 
-    def _credit(self, moved: int) -> int:
+    def _credit(self, moved: int, unit: list[float] | None) -> int:
         self._credited += moved
         if moved and self._planned_at is not None:
             self._at = self._clock()
-            spent = self._at - self._planned_at
-            self._rate = self._credited / spent if spent > 0 else 0.0
+            if unit is not None and moved > 0:
+                self._longest = max(self._longest, self._at - unit[3])
+            self._samples.append((self._at, self._credited))
+            self._rate = self._rate_now()
         return moved
+
+    def _rate_now(self) -> float:
+        """Bytes a second over the window ending at the last credit."""
+        assert self._planned_at is not None
+        spent = self._at - self._planned_at
+        if spent <= 0:
+            return 0.0
+        window = min(spent, max(spent / 2, self._longest))
+        since = self._at - window
+        while len(self._samples) > 1 and self._samples[1][0] <= since:
+            self._samples.popleft()  # (the window's start only moves on)
+        first = self._samples[0]
+        moved = self._credited - (first[1] if first[0] <= since else 0)
+        return moved / window if moved > 0 else max(0.0, self._credited / spent)
 
     def seconds(self) -> float | None:
         """The time left, or None before anything was credited (or without a total)."""

@@ -75,3 +75,20 @@ def test_a_unit_moves_the_bar_by_its_listed_size_at_most() -> None:
     view.on_event(Event("done", "b", rows=10, bytes=80))  # ended: all of it is done
     assert task.completed == 200
     assert view.eta.seconds() == 0.0
+
+
+def test_the_eta_leaves_out_a_slow_start() -> None:
+    """10 s before the first unit ends (stages made, streams ramping up), then a unit a
+    second: at 29 s, 20 of 100 done; the 80 left take about 80 s, not the 116 s the
+    whole run's rate says. The rate is of the later half of the run: 15 units (from
+    14.5 s, the 5th unit's credit before it) over 14.5 s."""
+    clock = Clock()
+    eta = TimeLeft(clock)
+    eta.plan(100)
+    clock.now += 9
+    for i in range(20):
+        eta.start(f"f{i}", 1)
+        clock.now += 1
+        eta.advance(f"f{i}", 1)
+        eta.finish(f"f{i}")
+    assert eta.seconds() == pytest.approx(80 / (15 / 14.5))
