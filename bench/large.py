@@ -80,7 +80,11 @@ def main() -> None:
               f"{data['bytes']:,} bytes in MinIO; made at {data['rows_per_s']:,.0f} rows/s "
               f"({data['seconds']:.0f} s); checksum ({CHECKSUM}) = {data['checksum']}")
         for name in args.targets.split(","):
+            load = os.getloadavg()[0]
             result["targets"][name] = run_target(args, name, minio, data, work)
+            result["targets"][name]["load_average"] = [load, os.getloadavg()[0]]
+            print(f"load average (1 min) at the start and the end: {load:.1f}, "
+                  f"{os.getloadavg()[0]:.1f}")
             _save(args, result)
     finally:
         minio.stop()
