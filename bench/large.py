@@ -235,7 +235,14 @@ def _measured(target: object, run: object, want: list[int], what: str) -> dict:
             "loader_cpu_s": watched.cpu_s, "engine_cpu_s": engine_cpu,
             "engine_written_bytes": engine_written,
             "stored_bytes": target.stored_bytes(),  # type: ignore[attr-defined]
-            "exact": got == want, "checksum": got, "eta": watched.eta_errors()}
+            "exact": got == want, "checksum": got, "eta": watched.eta_errors(),
+            "summary": _summary(watched.tail)}
+
+
+def _summary(drawn: str) -> list[str]:
+    """The summary chload printed after its bar (its saturation and streams lines)."""
+    lines = [line.strip() for line in drawn.replace("\r", "\n").splitlines()]
+    return [line for line in lines if line and "ETA" not in line][-8:]
 
 
 def _kill_rerun(args: argparse.Namespace, target: object, glob: str, env: dict[str, str],
@@ -263,10 +270,12 @@ def _print_target(name: str, rows: int, out: dict) -> None:
     hand, chload, kill = out["hand"], out["chload"], out["kill_rerun"]
     print(f"\n# {name}: {rows:,} rows")
     print(f"{'method':<10} {'seconds':>9} {'rows/s':>12} {'peak RSS MB':>12} "
-          f"{'engine CPU s':>13} {'written MB':>11} {'stored MB':>10} exact")
+          f"{'loader CPU s':>13} {'engine CPU s':>13} {'written MB':>11} {'stored MB':>10} "
+          "exact")
     for label, m in (("hand", hand), ("chload", chload)):
         print(f"{label:<10} {m['seconds']:>9.1f} {rows / m['seconds']:>12,.0f} "
-              f"{m['peak_rss_bytes'] / 1e6:>12,.0f} {m['engine_cpu_s']:>13.1f} "
+              f"{m['peak_rss_bytes'] / 1e6:>12,.0f} {m['loader_cpu_s']:>13.1f} "
+              f"{m['engine_cpu_s']:>13.1f} "
               f"{m['engine_written_bytes'] / 1e6:>11,.0f} {m['stored_bytes'] / 1e6:>10,.0f} "
               f"{m['exact']}")
     ratio = chload["seconds"] / hand["seconds"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -91,17 +90,18 @@ class ProgressView:
 
 
 class TimeLeft:
-    """The bar's bytes and its ETA: the bytes left at the rate of the later half of the
-    time since the plan (a load starts slower: its first units fill the pipeline, a
-    server's streams ramp up), over no less than the longest unit took.
+    """The bar's bytes and its ETA: the work left at the rate since the plan, the work
+    done counting the units under way.
 
-    Units report their bytes when parsed, a whole file or group of files at once, so
-    bytes arrive in bursts; rich's own estimate (the speed between its first and last
-    samples of the last 30 s) took a burst's bytes over the moments between two bursts
-    and showed a fraction of the time left. A window at least one unit long holds whole
-    units' work. Between credits the time left counts down. A unit announced with its
-    listed size (a `start` event's bytes) is credited at most that size, all of it once
-    it ends (done, skipped or failed: no work of it is left).
+    Units report their bytes when parsed, a whole file or group of files at once: into
+    a server 8 units of 10 s each are under way at once, and the bytes done lag the
+    work done by about half of them. rich's estimate (the speed between its first and
+    last samples of the last 30 s) took a burst of units' bytes over the moments between
+    two bursts. Here a unit under way counts the share of its listed size that its age
+    is of the time units have taken per byte so far (at most 95%), so the estimate moves
+    as the work does, between reports too. A unit announced with its listed size (a
+    `start` event's bytes) is credited at most that size, all of it once it ends (done,
+    skipped or failed: no work of it is left).
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -109,10 +109,7 @@ class TimeLeft:
         self._planned_at: float | None = None
         self._total = 0
         self._credited = 0
-        self._rate = 0.0  # bytes per second, as of the last credit
-        self._at = 0.0  # when that was
-        self._samples: deque[tuple[float, int]] = deque()  # (when, credited) per credit
-        self._longest = 0.0  # the longest a unit took from its start to its first credit
+        self._took = [0.0, 0]  # seconds and bytes of the units credited whole so far
         # uri: [listed size, reported, credited, started at]
         self._units: dict[str, list[float]] = {}
 
@@ -126,7 +123,7 @@ class TimeLeft:
         """Bytes to move the bar by for `read` bytes reported of `uri`."""
         unit = self._units.get(uri)
         if unit is None or unit[0] <= 0:
-            return self._credit(read, unit)
+            return self._credit(read)
         unit[1] += read
         return self._credit_unit(unit, min(unit[0], max(0, unit[1])))
 
@@ -137,39 +134,36 @@ class TimeLeft:
 
     def _credit_unit(self, unit: list[float], credited: float) -> int:
         moved = int(credited - unit[2])
+        if unit[2] <= 0 < moved and credited >= unit[0]:  # reported whole: its time
+            self._took[0] += self._clock() - unit[3]
+            self._took[1] += int(unit[0])
         unit[2] = credited
-        return self._credit(moved, unit)
+        return self._credit(moved)
 
-    def _credit(self, moved: int, unit: list[float] | None) -> int:
+    def _credit(self, moved: int) -> int:
         self._credited += moved
-        if moved and self._planned_at is not None:
-            self._at = self._clock()
-            if unit is not None and moved > 0:
-                self._longest = max(self._longest, self._at - unit[3])
-            self._samples.append((self._at, self._credited))
-            self._rate = self._rate_now()
         return moved
 
-    def _rate_now(self) -> float:
-        """Bytes a second over the window ending at the last credit."""
-        assert self._planned_at is not None
-        spent = self._at - self._planned_at
-        if spent <= 0:
+    def _under_way(self, now: float) -> float:
+        """The work done of units not yet credited: the share of each one's size that
+        its age is of its expected time (seconds per byte so far), at most 95%."""
+        seconds, size = self._took
+        if not size:
             return 0.0
-        window = min(spent, max(spent / 2, self._longest))
-        since = self._at - window
-        while len(self._samples) > 1 and self._samples[1][0] <= since:
-            self._samples.popleft()  # (the window's start only moves on)
-        first = self._samples[0]
-        moved = self._credited - (first[1] if first[0] <= since else 0)
-        return moved / window if moved > 0 else max(0.0, self._credited / spent)
+        per_byte = seconds / size
+        return sum(u[0] * min(0.95, (now - u[3]) / (u[0] * per_byte))
+                   for u in self._units.values() if u[0] > 0 and u[2] <= 0 < per_byte)
 
     def seconds(self) -> float | None:
         """The time left, or None before anything was credited (or without a total)."""
-        if not self._total or self._credited <= 0 or self._rate <= 0:
+        if not self._total or self._credited <= 0 or self._planned_at is None:
             return None
-        left = (self._total - self._credited) / self._rate - (self._clock() - self._at)
-        return max(0.0, left)
+        now = self._clock()
+        done = min(self._total, self._credited + self._under_way(now))
+        spent = now - self._planned_at
+        if spent <= 0 or done <= 0:
+            return None
+        return max(0.0, (self._total - done) * spent / done)
 
 
 def _left_column(view: ProgressView) -> Any:
