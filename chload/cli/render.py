@@ -98,8 +98,9 @@ class TimeLeft:
     work done by about half of them. rich's estimate (the speed between its first and
     last samples of the last 30 s) took a burst of units' bytes over the moments between
     two bursts. Here a unit under way counts the share of its listed size that its age
-    is of the time units have taken per byte so far (at most 95%), so the estimate moves
-    as the work does, between reports too. A unit announced with its listed size (a
+    is of the time units have taken per byte so far, at most half (as much as units under
+    way have done on average in a steady run; more let a slowed machine's units count
+    as nearly done: the ETA was half the time left). A unit announced with its listed size (a
     `start` event's bytes) is credited at most that size, all of it once it ends (done,
     skipped or failed: no work of it is left).
     """
@@ -146,12 +147,12 @@ class TimeLeft:
 
     def _under_way(self, now: float) -> float:
         """The work done of units not yet credited: the share of each one's size that
-        its age is of its expected time (seconds per byte so far), at most 95%."""
+        its age is of its expected time (seconds per byte so far), at most half."""
         seconds, size = self._took
         if not size:
             return 0.0
         per_byte = seconds / size
-        return sum(u[0] * min(0.95, (now - u[3]) / (u[0] * per_byte))
+        return sum(u[0] * min(0.5, (now - u[3]) / (u[0] * per_byte))
                    for u in self._units.values() if u[0] > 0 and u[2] <= 0 < per_byte)
 
     def seconds(self) -> float | None:
