@@ -94,13 +94,13 @@ class TimeLeft:
     done counting the units under way.
 
     Units report their bytes when parsed, a whole file or group of files at once: into
-    a server 8 units of 10 s each are under way at once, and the bytes done lag the
-    work done by about half of them. rich's estimate (the speed between its first and
+    a server several long units are under way at once, and the bytes done lag the work
+    done by about half of them. rich's estimate (the speed between its first and
     last samples of the last 30 s) took a burst of units' bytes over the moments between
     two bursts. Here a unit under way counts the share of its listed size that its age
     is of the time units have taken per byte so far, at most half (as much as units under
-    way have done on average in a steady run; more let a slowed machine's units count
-    as nearly done: the ETA was half the time left). A unit announced with its listed size (a
+    way have done on average in a steady run; more let units slowed by a busy machine
+    count as nearly done, and the ETA fell far short). A unit announced with its listed size (a
     `start` event's bytes) is credited at most that size, all of it once it ends (done,
     skipped or failed: no work of it is left).
     """
