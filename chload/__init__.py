@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 __all__ = ["load", "validate", "files", "sql", "history", "errors", "run_files", "LoadSpec",
            "LoadReport", "FileResult", "FileEvent", "FileCheck", "Event", "Saturation",
            "Concurrency", "StreamChange", "Costs", "ShardLoad", "ServerSaturation",
-           "ChloadError"]
+           "ChloadError", "Poll"]
 
 ChloadError = _errors_module.ChloadError
 
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         FileResult,
         LoadReport,
         LoadSpec,
+        Poll,
         Saturation,
         ServerSaturation,
         ShardLoad,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import MISSING, fields, replace
@@ -22,7 +23,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from chload import options
 from chload.commit.ledger import FileEvent
+from chload.core import follow as following
 from chload.core import load as steps
+from chload.core import metrics
 from chload.core import plan as planner
 from chload.core.finish import (
     UNWRITTEN_LOADED,
@@ -46,7 +49,7 @@ from chload.core.report import (
     StreamChange,
     TargetName,
 )
-from chload.core.run import Event, FileResult, Listener
+from chload.core.run import Event, FileResult, Listener, Poll
 from chload.errors import ChloadError, UsageError
 from chload.sources import registry
 from chload.sources.base import SourceContext, SourceFile, Stream
@@ -60,7 +63,7 @@ if TYPE_CHECKING:
 __all__ = ["load", "validate", "files", "sql", "history", "errors", "run_files", "LoadSpec",
            "LoadReport", "FileResult", "FileEvent", "FileCheck", "Event", "Listener",
            "Saturation", "Concurrency", "StreamChange", "Costs", "ShardLoad",
-           "ServerSaturation", "Sources", "TargetName", "Settings"]
+           "ServerSaturation", "Sources", "TargetName", "Settings", "Poll"]
 
 
 def __getattr__(name: str) -> Any:
@@ -110,13 +113,15 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
          batch_seconds: float | None = None, query: str | None = None,
          incremental_by: str | None = None, shards: Pairs = (),
          shard_by: ShardBy = "auto", after_last_key: bool = False,
-         listener: Listener | None = None) -> LoadReport:
+         poll: float | None = None, listener: Listener | None = None,
+         metrics_port: int | None = None) -> LoadReport:
     """Load files into a table, exactly once per file; the options are the CLI's flags
     (`--max-errors` is `max_errors`). A wrong value is a UsageError naming the option.
 
     :param sources: files, directories, globs, ``-`` (stdin) or URLs (s3://, hdfs://,
         http(s)://, kafka://, postgresql://, mysql://): a str or pathlib.Path, or a list of
-        them; or a LoadSpec, then with no other option (``listener`` aside).
+        them; or a LoadSpec, then with no other option (``listener`` and
+        ``metrics_port`` aside).
     :param table: the table, ``name`` or ``db.name``; created when missing.
     :param target: a directory of the embedded ClickHouse or http(s)://[user@]host:port[/db];
         default ``$CHLOAD_TARGET``, else ``./chload-data``.
@@ -138,7 +143,11 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
     :param max_error_ratio: bad rows / all rows a file may have, in [0, 1].
     :param kafka_options: librdkafka settings for kafka:// sources, a dict or pairs;
         a value ``${VAR}`` is read from the environment.
-    :param follow: kafka://: keep loading new messages until SIGINT/SIGTERM.
+    :param follow: keep loading what comes until SIGINT/SIGTERM: kafka://, new messages;
+        files (directories, globs, s3:// and hdfs:// prefixes), new files, listed again
+        every ``poll`` seconds (a local file once unchanged since the poll before).
+        Either signal ends the unit in flight (committed or not at all) and returns the
+        report; the signal handlers are set only when called on the main thread.
     :param batch_rows: kafka://: messages per commit at most (default 500,000).
     :param batch_seconds: kafka:// with follow: commit at least this often (default 5).
     :param query: a postgresql:// or mysql:// source: load the rows of this SELECT.
@@ -153,29 +162,106 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
         loaded under it (S3 StartAfter), for buckets whose keys grow in order (dates,
         sequence numbers); an object added or changed under an earlier key is then not
         seen. Default: the whole prefix is listed.
+    :param poll: files with follow: seconds between listings (default 30); each poll
+        is a ``poll`` Event (``event.poll``: files, rows, listing calls, changed files).
     :param listener: called with each progress `Event` (plan, start, progress, done,
-        skip, fail, lag).
+        skip, fail, lag, poll).
+    :param metrics_port: serve the load's metrics (OpenMetrics, for Prometheus) on
+        http://127.0.0.1:PORT/metrics while it runs (docs/metrics.md); loads of one
+        process given the same port share it.
     :return: what the load did; ``report.ok`` is False when a file failed.
 
-    A flag only some kinds of source read (query, incremental_by, follow, batch_rows,
-    batch_seconds, kafka_options, after_last_key) is refused when no source of the load
-    reads it.
+    A flag only some kinds of source read (query, incremental_by, follow, poll,
+    batch_rows, batch_seconds, kafka_options, after_last_key) is refused when no source
+    of the load reads it.
     """
     spec = _spec_of("load", sources, locals())
     steps.refuse_unread(spec, {name for pattern in spec.sources
                           for name in registry.source_for(pattern).options})
+    port = options.optional_whole("metrics_port", metrics_port)
+    with metrics.observed(port, spec.table, _source_label(spec), listener) as observed:
+        return _load(spec, observed)
+
+
+def planned(sources: Sources, table: str, given: dict[str, Any]) -> LoadSpec:
+    """The LoadSpec `load(sources, table=table, **given)` would run, checked as `load`
+    checks it (values; an option no source of the load reads), touching nothing: a
+    pipelines file's load (chload/pipelines). `given` holds LoadSpec fields only."""
+    spec = _spec("load", sources, table, given)
+    steps.refuse_unread(spec, {name for pattern in spec.sources
+                          for name in registry.source_for(pattern).options})
+    return spec
+
+
+def where(target: TargetName) -> tuple[str, str | None]:
+    """A target as shown (no password) and, for an embedded one, its directory made
+    absolute (None: a server): which loads share one engine in a process."""
+    spec = _target_spec(options.optional_path("target", target))
+    return spec.display, None if spec.url is not None else os.path.abspath(spec.where)
+
+
+@contextlib.contextmanager
+def shared_target(target: TargetName) -> Iterator[Target]:
+    """An embedded target opened once for loads that run at once in this process
+    (`load_on`): chDB holds one engine path a process, and the directory's lock one
+    opening of it."""
+    opened = open_target(_target_spec(options.optional_path("target", target)))
+    try:
+        yield opened
+    finally:
+        with contextlib.suppress(ChloadError):  # each load's report has its errors
+            opened.close()
+
+
+def load_on(opened: Target, spec: LoadSpec, *, listener: Listener | None = None,
+            metrics_port: int | None = None) -> LoadReport:
+    """`load(spec)` into a target already open (`shared_target`), left open."""
+    with metrics.observed(metrics_port, spec.table, _source_label(spec), listener) as observed:
+        early = _begin_early(spec)
+        try:
+            report = _load_into(spec, opened, observed)
+        finally:
+            early()
+    try:  # its `loaded` events now, not when the last load sharing the target ends
+        opened.flush()
+    except ChloadError as exc:
+        if not report.errors:
+            report.errors.append(f"{exc}: {UNWRITTEN_LOADED}")
+    return report
+
+
+def _source_label(spec: LoadSpec) -> str:
+    """The load's sources as a metrics label: as shown in its record, never a secret."""
+    return ",".join(metrics.without_secrets(registry.display(p)) for p in spec.sources)
+
+
+def _load(spec: LoadSpec, listener: Listener | None) -> LoadReport:
+    """`load` of a spec: the target opened, loaded into and closed."""
     early = _begin_early(spec)
     try:  # (a database's snapshot is taken while the target opens)
-        opened = open_target(_target_spec(spec.target))
-        try:
-            report = _load_into(spec, opened, listener)
-        except BaseException:
-            opened.close(failed=True)  # a directory made for it: removed
-            raise
-        _close_reported(opened, report)
-        return report
+        with _stopped_by_signals(spec) as stop:
+            opened = open_target(_target_spec(spec.target))
+            try:
+                report = _load_into(spec, opened, listener, stop)
+            except BaseException:
+                opened.close(failed=True)  # a directory made for it: removed
+                raise
+            _close_reported(opened, report)
+            return report
     finally:
         early()
+
+
+@contextlib.contextmanager
+def _stopped_by_signals(spec: LoadSpec) -> Iterator[threading.Event]:
+    """Files that follow: SIGINT and SIGTERM, from before the target opens, end the run
+    after the units in flight (core/follow.py `on_signals`). A Kafka stream sets its own."""
+    stop = threading.Event()
+    if not spec.follow or registry.stream_of(spec.sources) is not None:
+        yield stop
+        return
+    with following.on_signals(stop):
+        yield stop
 
 
 def _close_reported(target: Target, report: LoadReport) -> None:
@@ -234,9 +320,11 @@ def _target_spec(target: str | None, create: bool = True) -> TargetSpec:
     return TargetSpec.resolve(target, os.environ, create)
 
 
-def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None) -> LoadReport:
+def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None,
+               stop: threading.Event | None = None) -> LoadReport:
     """`load` into a target already open (kept open): any `targets.Target`, e.g. the
-    unit tests' in-memory one. `spec.target` is not looked at."""
+    unit tests' in-memory one. `spec.target` is not looked at. `stop`: ends a load that
+    follows files (None: it follows until the process ends)."""
     stream = registry.stream_of(spec.sources)
     if stream is not None:  # a stream: its units round by round
         return _load_stream(spec, target, listener or (lambda event: None), stream)
@@ -246,6 +334,10 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None)
                       rejects=spec.budget.allows_errors)
     sources = RunSources(context, registry)
     try:
+        if spec.follow:  # files listed again every --poll seconds
+            with _engine_credentials(context):
+                return following.follow(spec, target, sources,
+                                        listener or (lambda event: None), stop)
         listed = steps.stream_sources(spec, sources)
         with _engine_credentials(context):
             return steps.load_units(spec, target, sources, listed, listener or (lambda event: None))

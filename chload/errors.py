@@ -4,7 +4,8 @@
     ├── TerminalError                retrying cannot help: fail fast, say what to do
     │   ├── UsageError               a flag, setting or spec that makes no sense
     │   ├── SourceError              a file or object missing, unreadable, wrong format
-    │   │   └── VanishedFile         listed for loading, gone when read (targets/vanished.py)
+    │   │   ├── VanishedFile         listed for loading, gone when read (targets/vanished.py)
+    │   │   └── NothingMatched       a pattern that names no file now (--follow waits)
     │   ├── DataError                rows the engine could not parse or convert
     │   ├── SchemaError              table and data disagree (missing/unknown columns)
     │   │   └── ValuesRefused        values no column type holds, found by a check of the
@@ -78,6 +79,11 @@ class SourceError(TerminalError):
 
 class VanishedFile(SourceError):
     """A file listed for loading that was gone (or unreadable) when it was read."""
+
+
+class NothingMatched(SourceError):
+    """A pattern (a glob, a directory, a prefix) that names no file now: a load stops
+    on it; a load that follows (--follow) waits for files to come."""
 
 
 class DataError(TerminalError):

@@ -171,8 +171,8 @@ def top_block(target: str, table: str, database: str = "default") -> int:
 
 
 def stage_holds_rows(target: str, pid: int) -> bool:
-    """True once a stage table of process `pid` (chload.stage_<machine>_<pid>_<id>) holds
-    a part: that load is parsing rows it has not committed yet."""
+    """True once a stage table of process `pid` (chload.stage_<machine>_<pid>_<start>_<id>)
+    holds a part: that load is parsing rows it has not committed yet."""
     for sql in Path(target, "metadata", "chload").glob(f"stage_*_{pid}_*.sql"):
         found = re.search(r"UUID '([0-9a-f-]{36})'", sql.read_text(errors="replace"))
         if found and _part_blocks(Path(target, "store", found[1][:3], found[1])):

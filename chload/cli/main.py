@@ -23,7 +23,7 @@ from chload.errors import ChloadError, UsageError
 from chload.formats import COMPRESSION_NAMES
 
 if TYPE_CHECKING:
-    from chload.api import Listener
+    from chload.api import Event, Listener
 
 
 def run() -> None:
@@ -159,8 +159,11 @@ def _load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kafka-option", action="append", default=[], metavar="NAME=VALUE",
                    help="a librdkafka setting for kafka:// sources, e.g. security.protocol="
                    "SASL_SSL (repeatable; ${VAR} takes the value from the environment)")
-    p.add_argument("--follow", action="store_true", help="kafka://: keep loading new "
-                   "messages until SIGINT/SIGTERM (default: up to the end, then exit)")
+    p.add_argument("--follow", action="store_true", help="keep loading what comes until "
+                   "SIGINT/SIGTERM: new Kafka messages, or new files (directories, globs, "
+                   "s3://, hdfs://) listed every --poll seconds (default: load, then exit)")
+    p.add_argument("--poll", type=float, metavar="S", help="--follow of files: seconds "
+                   "between listings (default 30)")
     p.add_argument("--batch-rows", type=int, metavar="N",
                    help="kafka://: messages per commit at most (default 500000)")
     p.add_argument("--batch-seconds", type=float, metavar="S",
@@ -173,6 +176,8 @@ def _load_flags(p: argparse.ArgumentParser) -> None:
                    help="s3://: list each prefix only after the greatest key already loaded "
                    "(keys that grow in order: dates, sequence numbers); default: list all")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
+    p.add_argument("--metrics-port", type=int, metavar="N", help="serve the load's metrics "
+                   "for Prometheus on http://127.0.0.1:N/metrics while it runs")
     p.add_argument("--shard", action="append", default=[], metavar="HOST:TCP_PORT=URL",
                    help="a Distributed table's replica (as system.clusters names it) and "
                    "its HTTP URL (repeatable; default: its host, the target's port)")
@@ -200,6 +205,22 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the answer as JSON")
 
 
+def _run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", help="a pipelines file (TOML), e.g. chload.toml")
+    p.add_argument("--check", action="store_true",
+                   help="check the file and say what each load would do; load nothing")
+    p.add_argument("--follow", action="store_true", help="every load whose source can "
+                   "follow (Kafka) does, until SIGINT/SIGTERM; the loads run at once")
+    p.add_argument("--metrics-port", type=int, metavar="N",
+                   help="serve metrics on http://127.0.0.1:N/metrics for loads that name "
+                   "no metrics_port")
+    p.add_argument("--json", action="store_true", help="print a JSON list: each load's "
+                   "name and report (or error)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no summaries")
+    p.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    p.set_defaults(func=_run)
+
+
 # Each command: what its parser is made with, and the function adding its flags.
 _COMMANDS: dict[str, tuple[dict[str, Any], Callable[[argparse.ArgumentParser], None]]] = {
     "load": ({"help": "load files into a table, exactly once per file",
@@ -209,6 +230,9 @@ _COMMANDS: dict[str, tuple[dict[str, Any], Callable[[argparse.ArgumentParser], N
     "sql": ({"help": "run SQL against the target"}, _sql_flags),
     "history": ({"help": "one line per load run"}, _history_flags),
     "errors": ({"help": "rejected rows of a table: file, line, error, raw"}, _errors_flags),
+    "run": ({"help": "run the loads a pipelines file (TOML) declares",
+             "description": "Run the loads of a pipelines file: one after another, or all "
+                            "at once when one follows (docs/pipelines.md)."}, _run_flags),
     "validate": ({"help": "parse sources against a table's schema; writes nothing",
                   "description": "Parse every row of the sources as `load` with the same "
                                  "flags would; writes nothing."}, _validate_flags),
@@ -269,7 +293,8 @@ def _load_with(args: argparse.Namespace) -> int:
             follow=args.follow, batch_rows=args.batch_rows,
             batch_seconds=args.batch_seconds, query=args.query,
             incremental_by=args.incremental_by, shards=_shards(args.shard),
-            shard_by=args.shard_by, after_last_key=args.after_last_key, listener=listener)
+            shard_by=args.shard_by, after_last_key=args.after_last_key, poll=args.poll,
+            listener=_polls(args, listener), metrics_port=args.metrics_port)
     if args.json:
         data = report.to_dict()
         if len(data["files"]) > 1000:
@@ -285,6 +310,28 @@ def _load_with(args: argparse.Namespace) -> int:
 
         print_summary(report)
     return 0 if report.ok else 1
+
+
+def _polls(args: argparse.Namespace, inner: Listener | None) -> Listener | None:
+    """With --follow: each poll of files said as it ends, one line (render.poll_line),
+    or with --json one JSON object a line on stdout, before the report's; other events
+    to `inner` (the progress bar)."""
+    if not args.follow or (args.quiet and not args.json):
+        return inner
+
+    def on_event(event: Event) -> None:
+        if event.poll is None:
+            if inner is not None:
+                inner(event)
+        elif args.json:
+            from dataclasses import asdict
+
+            print(json.dumps({"event": "poll", **asdict(event.poll)}), flush=True)
+        else:
+            from chload.cli.render import poll_line
+
+            print(poll_line(event.poll), flush=True)
+    return on_event
 
 
 @contextlib.contextmanager
@@ -381,6 +428,44 @@ def _validate(args: argparse.Namespace) -> int:
 
         print_checks(checks)
     return 0 if all(c.within_budget and not c.failure for c in checks) else 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    """chload run FILE: the file checked (--check: and described), then its loads."""
+    from chload.pipelines import file, run
+
+    pipelines = file.read(args.file, os.environ, follow=args.follow,
+                          metrics_port=args.metrics_port)
+    at_once = run.together(pipelines)
+    if args.check:
+        n = len(pipelines.loads)
+        print(f"{args.file}: {n} load{'s' if n > 1 else ''}, "
+              f"{'at once (one follows)' if at_once else 'one after another'}; nothing loaded")
+        for load in pipelines.loads:
+            print(f"  {file.described(load)}")
+        return 0
+    outcomes = run.run(pipelines, lambda outcome: _ran(args, outcome))
+    if args.json:
+        print(json.dumps([{"load": o.name, "report": o.report.to_dict() if o.report else None,
+                           "error": o.error} for o in outcomes]))
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+def _ran(args: argparse.Namespace, outcome: Any) -> None:
+    """A load of a pipelines file has ended: its summary (its error on stderr)."""
+    if outcome.error:
+        print(f"chload: load {outcome.name}: {outcome.error}", file=sys.stderr)
+    elif args.json or args.quiet:
+        if not outcome.report.ok:
+            from chload.cli.render import print_failures
+
+            print_failures(outcome.report)
+    else:
+        from chload.cli.render import print_summary
+
+        print(f"{outcome.name}:", end=" ")
+        print_summary(outcome.report)
+    sys.stdout.flush()
 
 
 def _version() -> str:

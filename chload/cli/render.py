@@ -14,7 +14,7 @@ from typing import Any
 
 from chload.api import Concurrency, FileCheck, LoadReport, ShardLoad
 from chload.commit.ledger import FileEvent
-from chload.core.run import Event
+from chload.core.run import Event, Poll
 
 
 class ProgressView:
@@ -196,6 +196,9 @@ def print_summary(report: LoadReport) -> None:
     print(f"{report.table}: {_count(report.files_total, report.unit)}: {', '.join(parts)}; "
           f"{report.rows_loaded:,} rows, {_size(report.bytes_read)} in {report.seconds:.2f} s"
           f" ({report.rows_per_second:,.0f} rows/s)")
+    if report.listing_calls:
+        print(f"  listed in {report.listing_calls:,} request"
+              f"{'s' if report.listing_calls != 1 else ''}")
     if report.table_reset:
         print(f"  {report.table_reset}")
     for note in report.notes:
@@ -214,6 +217,33 @@ def print_summary(report: LoadReport) -> None:
         slowest = max(report.shards, key=lambda s: s["seconds"])
         print(f"  slowest shard: {slowest['shard']} ({slowest['seconds']:.2f} s committing)")
     print_failures(report)
+
+
+def poll_line(poll: Poll) -> str:
+    """One poll of a load that follows files, in one line: what it loaded and listed,
+    files left for the next poll, and each file found changed since it was loaded."""
+    calls = "1 listing call" if poll.listing_calls == 1 else \
+        f"{poll.listing_calls} listing calls"
+    parts = [f"{poll.files} new {'file' if poll.files == 1 else 'files'}",
+             f"{poll.rows:,} {'row' if poll.rows == 1 else 'rows'}", calls,
+             f"{poll.seconds:.2f} s"]
+    if poll.waiting:
+        parts.append(f"{poll.waiting} still being written (next poll)")
+    if poll.failed:
+        parts.append(f"{poll.failed} failed")
+    if poll.changed:
+        parts.append(f"changed since loaded, not loaded again (--force loads them): "
+                     f"{_few(poll.changed)}")
+    if poll.reloaded:
+        parts.append(f"changed since loaded, loaded again (--force): {_few(poll.reloaded)}")
+    if poll.error:
+        parts.append(f"error (next poll tries again): {poll.error}")
+    return f"poll {poll.number}: {', '.join(parts)}"
+
+
+def _few(uris: Sequence[str], shown: int = 3) -> str:
+    more = f" and {len(uris) - shown} more" if len(uris) > shown else ""
+    return ", ".join(uris[:shown]) + more
 
 
 def _count(n: int, unit: str) -> str:

@@ -49,7 +49,9 @@ _COVER_MOST = 1000
 
 
 def stage_name(holder: Holder) -> str:
-    return f"stage_{holder.machine}_{holder.pid}_{os.urandom(4).hex()}"
+    """A fresh stage's name: its process as a lock names it (machine, pid and the
+    process's start, so a pid used again by another process is told apart: orphans.py)."""
+    return f"stage_{holder.machine}_{holder.pid}_{holder.start}_{os.urandom(4).hex()}"
 
 
 @dataclass(slots=True)

@@ -6,6 +6,7 @@ here; nothing in this module names a kind of source or target.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, fields, replace
@@ -48,7 +49,8 @@ _UNSET: dict[str, object] = {f.name: f.default for f in fields(LoadSpec)
 # LoadSpec fields only some kinds of source read (Source.options): flag, who reads it.
 SOURCE_OPTIONS = {"query": ("--query", "a postgresql:// or mysql:// source"),
                    "incremental_by": ("--incremental-by", "a postgresql:// or mysql:// source"),
-                   "follow": ("--follow", "a kafka:// source"),
+                   "follow": ("--follow", "a kafka://, local, s3:// or hdfs:// source"),
+                   "poll": ("--poll", "--follow of local, s3:// or hdfs:// files"),
                    "batch_rows": ("--batch-rows", "a kafka:// source"),
                    "batch_seconds": ("--batch-seconds", "a kafka:// source"),
                    "kafka_options": ("--kafka-option", "a kafka:// source"),
@@ -77,10 +79,12 @@ def load_units(spec: LoadSpec, target: Target, sources: RunSources, listed: Iter
 
 def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources: RunSources,
                 listed: Iterable[SourceFile], listener: Listener, run_id: str = "",
-                record: bool = True, added: planner.AddColumns | None = None) -> LoadReport:
+                record: bool = True, added: planner.AddColumns | None = None,
+                halt: threading.Event | None = None) -> LoadReport:
     """One table's run. `listed` is consumed once, as it comes, against the ledger's
     keys (Ledger.known, planner.decide): only the units to load are kept, so a rerun
-    over a long history costs its listing, not its history."""
+    over a long history costs its listing, not its history. `halt`: once set, no
+    further unit starts (runner.run)."""
     started_ns, clock = time.time_ns(), time.monotonic()
     _check_settings(target, spec.settings)
     report = LoadReport(table.display, target.display, run_id or os.urandom(6).hex())
@@ -151,7 +155,7 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     try:
         results = runner.run(target, jobs, in_flight, listener,
                              abort_on_error=spec.on_error == "abort", changed=plan.changed,
-                             sources=sources)
+                             sources=sources, halt=halt)
         sources.settle()  # a check no commit waited for (every unit failed, or none ran)
     except ValuesRefused as exc:  # values no column type holds: nothing committed
         if not plan.created_table:
@@ -166,6 +170,7 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
                           for uri, why in plan.refused.items()]
     _summarize(report, results, plan, time.monotonic() - clock)
     report.unit = sources.unit(spec.sources)
+    report.listing_calls = sources.listing_calls()
     report.notes += sources.notes()
     if spec.incremental_by and report.rows_loaded:
         note = versions_note(target, table, spec.incremental_by,

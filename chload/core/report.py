@@ -59,6 +59,7 @@ class LoadSpec:
     shards: tuple[tuple[str, str], ...] = ()
     shard_by: str = "auto"
     after_last_key: bool = False
+    poll: float | None = None  # --follow of files: seconds between listings (None: 30)
 
     def __post_init__(self) -> None:
         for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
@@ -75,6 +76,12 @@ class LoadSpec:
             raise UsageError(f"--max-error-ratio {self.max_error_ratio}: must be in [0, 1]")
         if self.batch_rows is not None and self.batch_rows < 1:
             raise UsageError(f"--batch-rows {self.batch_rows}: must be 1 or more")
+        if self.poll is not None and not self.follow:
+            raise UsageError(f"--poll {self.poll:g}: only with --follow (how often a load "
+                             "that follows lists its sources again); add --follow")
+        if self.follow and "-" in self.sources:
+            raise UsageError("--follow -: standard input is read once; follow a directory, "
+                             "a glob or a prefix")
 
     @property
     def budget(self) -> ErrorBudget:
@@ -94,6 +101,7 @@ _SPEC_TYPES = {
     "batch_rows": options.optional_whole, "batch_seconds": options.optional_seconds,
     "query": options.optional_text, "incremental_by": options.optional_text,
     "shards": options.settings, "shard_by": options.text, "after_last_key": options.flag,
+    "poll": options.optional_seconds,
 }
 
 
@@ -227,6 +235,7 @@ class LoadReport:
     shards: list[ShardLoad] = field(default_factory=list)  # a Distributed table's
     notes: list[str] = field(default_factory=list)  # worth knowing, not errors (slow paths)
     unit: str = "file"  # what the summary calls a unit: a database's range, a Kafka batch
+    listing_calls: int = 0  # requests made to list the sources (S3: ListObjectsV2 pages)
     # what failed after units were committed, beside any one file (the ledger's last
     # writes to a server gone): what was committed stands (core/finish.py)
     errors: list[str] = field(default_factory=list)

@@ -32,8 +32,11 @@ class Event:
     batch's is announced by its first file's uri), progress (rows and bytes parsed, negative
     when taken back), done (a file committed), skip (another run committed the file
     meanwhile), fail, lag (a Kafka partition, uri its stream: rows = messages up to the
-    high watermark last read not yet committed). A plan's `unit` says what its units
-    are: file, a database's range, a Kafka batch (Source.unit)."""
+    high watermark last read not yet committed), poll (a load that follows files: one
+    poll done, `poll` says what it did). A plan's `unit` says what its units are: file,
+    a database's range, a Kafka batch (Source.unit). A done event's `rejected` counts
+    the unit's bad rows kept (an error budget), its `seconds` the time from the unit's
+    start to its commit (a batch: its share)."""
 
     kind: str
     uri: str = ""
@@ -43,6 +46,30 @@ class Event:
     bytes_total: int = 0
     error: str = ""
     unit: str = ""
+    rejected: int = 0
+    seconds: float = 0.0
+    poll: Poll | None = None  # kind `poll`: what one poll of a load that follows did
+
+
+@dataclass(frozen=True, slots=True)
+class Poll:
+    """One poll of a load that follows files (core/follow.py): its number (1: the first
+    pass), units it loaded and their rows, the listing requests it made, files not
+    taken because still being written, files that changed since they were loaded
+    (each said once: not loaded again, or with --force loaded again), failures, its
+    seconds, and the error that ended it early (a listing that failed: the next poll
+    tries again)."""
+
+    number: int
+    files: int = 0
+    rows: int = 0
+    listing_calls: int = 0
+    waiting: int = 0
+    changed: tuple[str, ...] = ()
+    reloaded: tuple[str, ...] = ()
+    failed: int = 0
+    seconds: float = 0.0
+    error: str = ""
 
 
 Listener = Callable[[Event], None]
@@ -63,6 +90,7 @@ class FileResult:
 
 
 LOADED_ELSEWHERE = "loaded by another run meanwhile"
+LOADED_IN_PART = "committed on some shards; the others had it from another run meanwhile"
 PATIENCE = 1800.0  # seconds a file waits out a server's "too many parts" (252), at most
 
 
@@ -123,11 +151,13 @@ class _Progress:
 def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listener,
         *, abort_on_error: bool = False, policy: RetryPolicy = DEFAULT_POLICY,
         changed: set[str] | None = None, sources: RunSources | None = None,
-        ) -> list[FileResult]:
+        halt: threading.Event | None = None) -> list[FileResult]:
     """Load every job; a failed file fails alone unless `abort_on_error`. `sources`:
     the run's, which fetch each unit before its load (None: every file is loaded as
-    listed)."""
+    listed). Once `halt` is set (a load that follows, stopped by a signal), no unit
+    starts: those in flight end committed or not at all, the others are `not-started`."""
     stop = threading.Event()
+    halted = halt or threading.Event()
     changed = changed or set()
 
     @contextlib.contextmanager
@@ -141,7 +171,7 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
             yield replace(job, file=files[0], batch=files if job.batch else ())
 
     def one(job: LoadJob) -> FileResult:
-        if stop.is_set():
+        if stop.is_set() or halted.is_set():
             return FileResult(job.file.uri, "not-started")
         listener(Event("start", job.file.uri, bytes=job.file.size))
         started = time.monotonic()
@@ -168,14 +198,17 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
             listener(Event("skip", job.file.uri))
             return FileResult(job.file.uri, "skipped", seconds=time.monotonic() - started,
                               note=LOADED_ELSEWHERE)
-        listener(Event("done", job.file.uri, done.rows, done.bytes))
-        return FileResult(job.file.uri, "loaded", done.rows, done.bytes,
-                          time.monotonic() - started, changed=job.file.uri in changed,
+        seconds = time.monotonic() - started
+        listener(Event("done", job.file.uri, done.rows, done.bytes, rejected=done.rejected,
+                       seconds=seconds))
+        return FileResult(job.file.uri, "loaded", done.rows, done.bytes, seconds,
+                          changed=job.file.uri in changed,
+                          note=LOADED_IN_PART if done.partly else "",
                           rejected=done.rejected)
 
     def batch(job: LoadJob) -> list[FileResult]:
         """Several small files in one commit; if that fails, each file on its own."""
-        if len(job.files) == 1 or stop.is_set():
+        if len(job.files) == 1 or stop.is_set() or halted.is_set():
             return [one(replace(job, batch=()))]
         listener(Event("start", job.file.uri, bytes=sum(f.size for f in job.files)))
         started = time.monotonic()
@@ -193,7 +226,8 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         seconds = (time.monotonic() - started) / len(job.files)
         results = []
         for f, done in zip(job.files, loaded, strict=True):
-            listener(Event("done", f.uri, done.rows, done.bytes))
+            listener(Event("done", f.uri, done.rows, done.bytes, rejected=done.rejected,
+                           seconds=seconds))
             results.append(FileResult(f.uri, "loaded", done.rows, done.bytes, seconds,
                                       changed=f.uri in changed))
         return results

@@ -162,6 +162,9 @@ class Source(Protocol):
     unit: str  # one unit, as the summary names it: file, range, batch
     reads_in_place: bool  # the engine reads its units where they are (files, objects):
     # DESCRIBE reads a typed file's own columns, and values are checked as the engine reads
+    grows: bool  # a unit may still be written when listed (a local file): a load that
+    # follows takes it once unchanged since the last poll (core/follow.py); an object,
+    # written whole, is taken when listed
 
     def open(self) -> Source:
         """The object that lists, fetches and releases this run's units: `self`, unless
@@ -256,6 +259,11 @@ class Source(Protocol):
         copy finished by an earlier run loads nothing now, and what would."""
         ...
 
+    def listing_calls(self) -> int:
+        """The requests this run's object made to list (S3's ListObjectsV2 pages); 0
+        where listing asks no service by pages."""
+        ...
+
     def settle(self) -> None:
         """Wait for what the source checks of every unit before any commits (a
         database's query beside the ranges, begun by `stored`); raise what it found
@@ -271,6 +279,7 @@ class InPlace:
     options: tuple[str, ...] = ()
     unit = "file"
     reads_in_place = True
+    grows = False
 
     def open(self) -> Source:
         return self  # type: ignore[return-value]  # the subclass is the Source
@@ -306,6 +315,9 @@ class InPlace:
 
     def notes(self) -> builtins.list[str]:
         return []
+
+    def listing_calls(self) -> int:
+        return 0
 
     def settle(self) -> None:
         return None

@@ -115,6 +115,12 @@ class RunSources:
             opened = list(self._open.values())
         return [note for source in opened for note in source.notes()]
 
+    def listing_calls(self) -> int:
+        """The listing requests this run's sources made (Source.listing_calls)."""
+        with self._guard:
+            opened = list(self._open.values())
+        return sum(source.listing_calls() for source in opened)
+
     def options(self) -> set[str]:
         """The LoadSpec fields some source of this run reads (Source.options)."""
         with self._guard:
@@ -131,6 +137,10 @@ class RunSources:
 
     def loads_alone(self, file: SourceFile) -> bool:
         return self.of(file).loads_alone(file)
+
+    def grows(self, file: SourceFile) -> bool:
+        """True when `file` may still be written when listed (Source.grows)."""
+        return self.of(file).grows
 
     def columns(self, files: Sequence[SourceFile]) -> builtins.list[Column] | None:
         """The data's columns as its source knows them; None (infer them) when it does

@@ -57,12 +57,15 @@ class LoadJob:
 
 class Loaded(NamedTuple):
     """What loading one file did. `elsewhere`: another run committed the same file
-    meanwhile, so this one attached nothing (the runner reports the file skipped)."""
+    meanwhile, so this one attached nothing (the runner reports the file skipped).
+    `partly`: a stream's unit into a cluster that this run committed on some shards
+    while the others had it from another run meanwhile; `rows` are this run's."""
 
     rows: int
     bytes: int
     rejected: int = 0
     elsewhere: bool = False
+    partly: bool = False
 
 
 class Target(Protocol):
@@ -162,6 +165,13 @@ class Target(Protocol):
 
     def flush(self) -> None:
         """Write any ledger events still buffered."""
+        ...
+
+    def begin_run(self) -> None:
+        """A new run begins on this open target: a unit committed from now on by anyone
+        else (or by this process before now) is another run's, which a commit of it
+        must not double (committer.py rule 5). A load that follows files begins each
+        poll so: a file its earlier poll loaded may be loaded again with --force."""
         ...
 
     def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,

@@ -10,7 +10,8 @@ real things itself, from the package registries it can reach:
 - HDFS 3.4.2 (NameNode + DataNode) from Maven Central jars;
 - for streams and databases (streams.py): Kafka 4.3.1 (KRaft), PostgreSQL 15, MariaDB 10.11;
 - for ClickHouse clusters (clusters.py): ZooKeeper 3.8, a weighted 3-shard cluster and a
-  2-shard x 2-replica ReplicatedMergeTree cluster.
+  2-shard x 2-replica ReplicatedMergeTree cluster;
+- for scraping a load's metrics (observe.py): Prometheus 2 (Debian's prometheus).
 
 Every service listens on 127.0.0.1 only, on ports picked free at start, keeps all its
 state under the ``base_dir`` given to it (a temp folder), and is stopped by PID:
@@ -33,6 +34,7 @@ and, for smoke, the two ZooKeeper-backed ClickHouse clusters)::
     python3 scripts/services/services.py smoke [clickhouse|minio|hdfs|all]
     python3 scripts/services/services.py smoke [kafka|postgres|mariadb|zookeeper|streams]
     python3 scripts/services/services.py smoke [weighted-cluster|replicated-cluster]
+    python3 scripts/services/services.py install|smoke prometheus
 """
 
 from __future__ import annotations
@@ -811,6 +813,7 @@ _ELSEWHERE = {
     "streams": ("install_kafka", "start_kafka", "kafka_create_topic", "kafka_api_versions",
                 "install_postgres", "start_postgres", "postgres_sql",
                 "install_mariadb", "start_mariadb", "mariadb_sql", "chdb_query"),
+    "observe": ("install_prometheus", "start_prometheus", "prometheus_query"),
     "clusters": ("install_zookeeper", "start_zookeeper", "zookeeper_command",
                  "start_weighted_cluster", "start_replicated_cluster",
                  "WEIGHTED_CLUSTER", "REPLICATED_CLUSTER"),
@@ -833,7 +836,7 @@ INSTALLERS: dict[str, Callable[[], Path]] = {
     "loadgen": install_loadgen}
 # What CI installs and smokes (``all``), and what the stream/cluster issues will need.
 GROUPS = {"all": ["clickhouse", "minio", "hdfs", "kafka", "postgres", "mariadb", "zookeeper",
-                  "loadgen"],
+                  "loadgen", "prometheus"],
           "streams": ["kafka", "postgres", "mariadb", "zookeeper"]}
 SMOKE_GROUPS = {**GROUPS, "streams": [*GROUPS["streams"], "weighted-cluster",
                                       "replicated-cluster"]}
@@ -843,6 +846,7 @@ def _registries() -> tuple[dict[str, Callable[[], Path]], dict[str, Callable[[Pa
                            dict[str, Callable[[], bool]]]:
     """Installers, smokes and installed-checks of every service, this module's and the others'."""
     import clusters  # noqa: PLC0415 - they import this module: load them once it is complete
+    import observe  # noqa: PLC0415
     import streams  # noqa: PLC0415
 
     installed: dict[str, Callable[[], bool]] = {
@@ -851,9 +855,9 @@ def _registries() -> tuple[dict[str, Callable[[], Path]], dict[str, Callable[[Pa
         "hdfs": lambda: (_hdfs_home() / "jars" / ".complete").exists(),
         "loadgen": lambda: bool(shutil.which("stress-ng") and shutil.which("fio")),
     }
-    return ({**INSTALLERS, **streams.INSTALLERS, **clusters.INSTALLERS},
-            {**SMOKES, **streams.SMOKES, **clusters.SMOKES},
-            {**installed, **streams.INSTALLED, **clusters.INSTALLED})
+    return ({**INSTALLERS, **streams.INSTALLERS, **clusters.INSTALLERS, **observe.INSTALLERS},
+            {**SMOKES, **streams.SMOKES, **clusters.SMOKES, **observe.SMOKES},
+            {**installed, **streams.INSTALLED, **clusters.INSTALLED, **observe.INSTALLED})
 
 
 def is_installed(service: str) -> bool:

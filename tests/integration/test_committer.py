@@ -12,12 +12,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import services
 from common import make_trips
 from conftest import kill_moments, kill_when, run_chload, top_block
+
+from chload.commit.locks import Holder, lock_name
 
 pytestmark = pytest.mark.integration
 
@@ -214,25 +218,73 @@ def test_a_medium_file_deleted_after_listing_fails_alone(tmp_path: Path,
 
 def test_a_crash_inside_a_group_commit_into_a_server_then_exactly_once(
         clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:
-    """Six stages commit as groups (the first commit pauses with the lock, the others
-    queue behind it); a kill after the second ATTACH leaves a group logged `committing`
-    with only its first stage attached. The next load settles each stage by its own
-    mark: every row exactly once (with one mark for the whole group, the stages after
-    the first would count as attached and their rows be lost)."""
+    """Six stages commit as one group: another loader (this test) holds the table's
+    commit lock until all six are filled, so they queue behind it and the first to get
+    the lock takes the others into its group; a kill after the group's second ATTACH
+    leaves six stages logged `committing`, two attached. The next load settles each
+    stage by its own mark: every row exactly once (with one mark for the whole group,
+    the stages after the second would count as attached and their rows be lost).
+
+    The lock makes the group: without it, stages commit in groups of those filled by
+    then (commit/batch.py), two when the machine is busy, and a kill after the second
+    ATTACH would leave nothing unattached to settle."""
     place = Place(_server_url(clickhouse), _server_env(clickhouse), table_name, clickhouse)
     _write_a(tmp_path / "a")
     glob = str(tmp_path / "a" / "*.csv")
-    crash = place.load(glob, "-t", table_name, "--workers", str(FILES_A),
-                       env={"CHLOAD_PAUSE_AT": "before-attach:0.5",
-                            "CHLOAD_CRASH_AT": "attach-partition:2"})
-    assert crash.returncode == -signal.SIGKILL, crash.stderr
+    lock = _hold_commit_lock(clickhouse, table_name)
+    crash = subprocess.Popen(
+        [sys.executable, "-m", "chload", "load", glob, "-t", table_name, "--workers",
+         str(FILES_A), "--target", place.target, "--quiet"],
+        env={**os.environ, **place.env, "CHLOAD_CRASH_AT": "attach-partition:2"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_while_running(crash, lambda: _filled_stages(clickhouse, crash.pid) == FILES_A,
+                            "all six stages filled behind the held lock")
+    finally:
+        services.clickhouse_query(clickhouse, f"DROP TABLE IF EXISTS chload.{lock}")
+    _, err = crash.communicate(timeout=120)
+    assert crash.returncode == -signal.SIGKILL, err
     pending = services.clickhouse_query(
         clickhouse, f"SELECT count() FROM (SELECT uri, argMax(state, seq) AS s FROM "
         f"chload.files WHERE target_table = 'default.{table_name}' GROUP BY uri) "
         "WHERE s = 'committing'")
-    assert int(pending) >= 3  # a group of several stages was logged, one attached
+    assert int(pending) >= 3  # a group of several stages was logged, two attached
     assert place.count(table_name) < FILES_A * ROWS_A
     again = place.load(glob, "-t", table_name)
     assert again.returncode == 0, again.stderr
     assert place.count(table_name) == FILES_A * ROWS_A
     assert set(place.ledger(table_name).values()) == {("loaded", ROWS_A)}
+
+
+def _hold_commit_lock(server: services.Service, table: str) -> str:
+    """Take `default.<table>`'s commit lock on the server as a live loader would (this
+    process is its holder, so no loader breaks it); its name, to drop it."""
+    lock = lock_name(f"`default`.`{table}`")
+    services.clickhouse_query(server, "CREATE DATABASE IF NOT EXISTS chload")
+    services.clickhouse_query(
+        server, f"CREATE TABLE chload.{lock} (holder String DEFAULT "
+        f"'{Holder.this_process().encode()}') ENGINE = Memory")
+    return lock
+
+
+def _filled_stages(server: services.Service, pid: int) -> int:
+    """How many stages of loader `pid` hold their rows (one part each, sealed)."""
+    return int(services.clickhouse_query(
+        server, "SELECT count() FROM (SELECT table FROM system.parts WHERE active AND "
+        "database = 'chload' AND startsWith(table, 'stage_') AND splitByChar('_', table)[3] "
+        f"= '{pid}' GROUP BY table HAVING count() = 1)"))
+
+
+def _wait_while_running(proc: subprocess.Popen, ready: Callable[[], bool], what: str,
+                        timeout: float = 120) -> None:
+    """Return once `ready()` holds; fail the test if `proc` ends first or it does not
+    hold within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            pytest.fail(f"the load ended (exit {proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"{what} did not happen within {timeout:.0f} s")
+        time.sleep(0.05)

@@ -14,14 +14,17 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 import services
 from conftest import kill_when
 from test_cluster import q, shard_args
-from test_kafka import _produce, _report, _topic, _uri
+from test_kafka import _produce, _report, _report_of, _topic, _uri
 from test_kafka_recreated import _re_create
+
+from chload.core.run import LOADED_IN_PART
 
 pytestmark = pytest.mark.integration
 
@@ -154,6 +157,49 @@ def test_two_loaders_in_a_consumer_group_load_each_message_once(kafka, weighted_
     assert _counts(weighted_cluster, table) == (40_000, 40_000)
     _produce(kafka, topic, range(40_000, 41_000))
     assert _loaded(_load(weighted_cluster, uri, table)) == 1_000
+
+
+def test_a_unit_another_loader_finished_on_a_later_shard_counts_the_rows_committed(
+        kafka, weighted_cluster):
+    """One unit: `first` commits it on shards 1 and 3, then waits before shard 2; `second`
+    finds it there on some shards only and commits it on shard 2; `first`'s shard 2 then
+    refuses it. Each report counts the rows its run committed (the first's: shards 1
+    and 3, not 0 as if all of it had been loaded elsewhere), so they add up to the
+    table's."""
+    table = _tables(weighted_cluster)
+    topic = _topic(kafka, partitions=1)
+    uri = _uri(kafka, topic)
+    _produce(kafka, topic, range(1_000), partitions=1)
+
+    def local(n: int) -> int:
+        return int(q(weighted_cluster.server(n), f"SELECT count() FROM default.{table}_local"))
+
+    args = _args(weighted_cluster, uri, table, "--batch-rows", "1000", "--kafka-option",
+                 f"group.id=first-{table}")
+    first = subprocess.Popen(
+        [sys.executable, "-m", "chload", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "CHLOAD_PAUSE_AT": "cluster-commit-shard-2:25"})
+    try:
+        deadline = time.monotonic() + 120
+        while not (local(1) and local(3)):
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline, "shards 1 and 3 not committed in 120 s"
+            time.sleep(0.2)
+        assert local(2) == 0
+        second = _report(_load(weighted_cluster, uri, table, "--kafka-option",
+                               f"group.id=second-{table}"))
+        out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    assert first.returncode == 0, err
+    report = _report_of(out)
+    assert second["rows_loaded"] == local(2) > 0, second
+    assert report["rows_loaded"] == local(1) + local(3), out
+    assert [f["note"] for f in report["files"]] == [LOADED_IN_PART], out
+    assert _counts(weighted_cluster, table) == (1_000, 1_000)
 
 
 def test_a_re_created_topic_is_refused_then_forced(kafka, weighted_cluster):

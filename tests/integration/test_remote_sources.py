@@ -146,6 +146,33 @@ def test_s3_after_last_key_lists_only_keys_after_the_last_loaded(
     assert local.returncode == 2 and "--after-last-key: only for an s3:// source" in local.stderr
 
 
+def put_many(client: object, bucket: str, keys: list[str]) -> None:
+    """Tiny CSV objects, 16 PUTs at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: client.put_object(  # type: ignore[attr-defined]
+            Bucket=bucket, Key=k, Body=f"id\n{len(k)}\n".encode()), keys))
+
+
+def test_s3_listing_calls_are_counted_and_after_last_key_asks_one_page(
+        minio: services.Service, tmp_path: Path) -> None:
+    name = f"many-{uuid.uuid4().hex[:8]}"
+    services.minio_create_bucket(minio, name)
+    client = services.minio_client(minio)
+    put_many(client, name, [f"k/{i:05d}.csv" for i in range(1500)])
+    target, env = str(tmp_path / "target"), s3_env(minio, tmp_path)
+    args = (f"s3://{name}/k/", "--table", "k", "--target", target)
+    out, report = load(*args, env=env)
+    assert (out.returncode, report["files_loaded"], report["listing_calls"]) == (0, 1500, 2)
+    again, report = load(*args, env=env)  # the whole prefix again: 1,000 keys a page
+    assert (report["files_skipped"], report["listing_calls"]) == (1500, 2)
+    assert "listed in 2 requests" in run_chload("load", *args, env=env).stdout
+    put_many(client, name, [f"k/{i:05d}.csv" for i in range(1500, 1505)])
+    newer, report = load(*args, "--after-last-key", env=env)  # only after k/01499.csv
+    assert (newer.returncode, report["files_loaded"], report["files_skipped"],
+            report["listing_calls"]) == (0, 5, 0, 1)
+
+
 def ledger_tables(target: str) -> str:
     """Every row of every table chload keeps for itself (ledger, runs, rejects), as text."""
     names = run_chload("sql", "SELECT name FROM system.tables WHERE database = 'chload'",

@@ -23,7 +23,12 @@ def test_reads_asked_ahead_are_the_loads_own(clickhouse: services.Service) -> No
     services.clickhouse_query(clickhouse, f"INSERT INTO default.{table} VALUES (1), (2)")
     url = f"http://loader@127.0.0.1:{clickhouse.ports['http']}/default"
     env = {"CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]}
-    ServerTarget(parse_target_url(url, env)).close()  # the ledger, as a first load makes it
+    sql_table = f"`default`.`{table}`"
+    first = ServerTarget(parse_target_url(url, env))  # the ledger, as a first load makes
+    try:  # it, and the stages of dead loaders other tests left dropped, as its start does
+        first.recover(sql_table)
+    finally:
+        first.close()
 
     server_early.begin(url, table, env)
     early = ServerTarget(parse_target_url(url, env))
@@ -32,7 +37,6 @@ def test_reads_asked_ahead_are_the_loads_own(clickhouse: services.Service) -> No
         assert len(asked) == 4  # columns, the commit survey, the table's state, the count
         # of its units loaded
         before = early.client.stats.calls
-        sql_table = f"`default`.`{table}`"
         assert [c.name for c in early.table_columns(sql_table) or []] == ["id"]
         state = early.ledger.table_state("default", table)
         assert state.exists and state.rows == 2

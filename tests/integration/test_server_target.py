@@ -20,6 +20,9 @@ import services
 from common import make_trips
 from conftest import run_chload
 
+from chload.commit.committer import stage_name
+from chload.commit.locks import Holder, _start_time, machine_id
+
 pytestmark = pytest.mark.integration
 
 FILES, ROWS = 10, 1_000_000  # the trips dataset: 10M rows in 10 gzip CSV files
@@ -145,9 +148,35 @@ def test_sigkills_and_a_server_restart_then_exactly_once(
     assert code == 0, report
     assert counts(clickhouse, table_name) == (TOTAL, TOTAL)
     assert report["files_loaded"] + report["files_skipped"] == FILES
-    leftovers = q(clickhouse, "SELECT count() FROM system.tables WHERE database = 'chload' "
+    leftovers = q(clickhouse, "SELECT name FROM system.tables WHERE database = 'chload' "
                               "AND match(name, '^(stage|lock|dirty)_')")
-    assert leftovers == "0"
+    assert leftovers == "", leftovers  # (named: a stage's name says its process)
+
+
+def test_a_dead_loaders_stage_is_dropped_though_its_pid_runs_again(
+        clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:
+    """A stage named for a process that is gone is dropped by the next load, though its
+    pid now names another live process (pids are given again, to processes and
+    threads); a stage of a live process is kept."""
+    (tmp_path / "a.csv").write_text("id\n1\n")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        machine, start = machine_id(), _start_time(other.pid)
+        dead = stage_name(Holder(machine, other.pid, start - 1))  # its pid, given again
+        alive = stage_name(Holder(machine, other.pid, start))
+        q(clickhouse, "CREATE DATABASE IF NOT EXISTS chload")
+        for stage in (dead, alive):
+            q(clickhouse, f"CREATE TABLE chload.{stage} (id UInt64) ENGINE = MergeTree "
+                          "ORDER BY id")
+        code, report = load(clickhouse, str(tmp_path / "a.csv"), "--table", table_name)
+        assert code == 0, report
+        stages = q(clickhouse, "SELECT name FROM system.tables WHERE database = 'chload' "
+                               f"AND name IN ('{dead}', '{alive}')").split()
+        assert stages == [alive]
+    finally:
+        other.kill()
+        other.wait()
+        q(clickhouse, f"DROP TABLE IF EXISTS chload.{alive}")
 
 
 def test_the_server_killed_after_a_commit_the_run_reports_it(

@@ -212,6 +212,9 @@ class FakeTarget:
     def flush(self) -> None:
         self.flushed = True
 
+    def begin_run(self) -> None:
+        return None
+
     def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
                   env: Mapping[str, str]) -> AbstractContextManager[Target]:
         return contextlib.nullcontext(self)

@@ -43,7 +43,7 @@ def _options(function: Callable[..., Any]) -> dict[str, inspect.Parameter]:
 def test_load_takes_each_loadspec_field_as_a_keyword_with_its_default() -> None:
     spec_fields = {f.name: f.default for f in fields(LoadSpec) if f.name != "sources"}
     options = _options(api.load)
-    assert set(options) - {"listener"} == set(spec_fields)
+    assert set(options) - {"listener", "metrics_port"} == set(spec_fields)
     for name, default in spec_fields.items():
         assert options[name].default == (None if default is MISSING else default), name
     assert set(_options(api.validate)) < set(spec_fields)
@@ -76,7 +76,9 @@ def test_a_typo_is_a_type_error_and_a_loadspec_takes_no_options_beside_it() -> N
 
 
 @pytest.mark.parametrize("source, options, said", [
-    ("a.csv", {"follow": True}, "--follow: only for a kafka:// source"),
+    ("http://127.0.0.1:9/a.csv", {"follow": True}, "--follow: only for a kafka://, local,"),
+    ("kafka://127.0.0.1:9/topic", {"follow": True, "poll": 1},
+     "--poll: only for --follow of local, s3:// or hdfs:// files"),
     ("a.csv", {"batch_rows": 10}, "--batch-rows: only for a kafka:// source"),
     ("a.csv", {"batch_seconds": 1}, "--batch-seconds: only for a kafka:// source"),
     ("a.csv", {"kafka_options": {"security.protocol": "SSL"}}, "--kafka-option: only for"),
@@ -96,8 +98,10 @@ def test_the_options_a_source_reads_are_taken() -> None:
     assert {"follow", "batch_rows", "batch_seconds", "kafka_options"} <= set(
         api.registry.source_for("kafka://h:9092/t").options)
     assert set(steps.SOURCE_OPTIONS) == {"query", "incremental_by", "follow", "batch_rows",
-                                        "batch_seconds", "kafka_options", "after_last_key"}
-    assert api.registry.source_for("s3://bucket/k").options == ("after_last_key",)
+                                        "batch_seconds", "kafka_options", "after_last_key",
+                                        "poll"}
+    assert api.registry.source_for("s3://bucket/k").options == ("after_last_key", "follow",
+                                                                "poll")
     spec = LoadSpec(sources=("kafka://h:9092/t",), table="t", follow=True, batch_rows=5,
                     kafka_options={"a": "1"})  # type: ignore[arg-type]
     steps.refuse_unread(spec, api.registry.source_for("kafka://h:9092/t").options)
@@ -128,3 +132,15 @@ def test_the_returned_types_are_exported() -> None:
         assert getattr(chload, name) is not None, name
     assert {"LoadReport", "FileResult", "FileEvent", "FileCheck", "Event", "Saturation",
             "Concurrency", "Costs", "ShardLoad"} <= set(chload.__all__)
+
+
+@pytest.mark.parametrize("sources, options, said", [
+    ("a.csv", {"poll": 5}, "--poll 5: only with --follow"),
+    ("-", {"follow": True}, "--follow -: standard input is read once"),
+    ("a.csv", {"follow": True, "poll": 0}, "poll=0: must be a positive number of seconds"),
+])
+def test_follow_of_files_refuses_what_cannot_follow(sources: str, options: dict[str, Any],
+                                                    said: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        chload.load(sources, table="t", target=NOWHERE, **options)
+    assert said in str(caught.value)

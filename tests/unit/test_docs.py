@@ -82,7 +82,7 @@ def test_the_help_lists_the_commands_and_their_flags() -> None:
 
 
 @pytest.mark.parametrize("command", [""] + ["load", "files", "sql", "history", "errors",
-                                            "validate"])
+                                            "validate", "run"])
 def test_every_flag_is_in_the_docs(command: str) -> None:
     docs = _docs_text()
     flags = _flags(_help(*([command] if command else [])))

@@ -471,10 +471,17 @@ def test_orphan_stages() -> None:
     def gone(name: str, age: int) -> bool:
         return orphan(name, age, False, me, 60.0)
 
-    assert not gone(f"stage_{me.machine}_{me.pid}_abcd1234", 10**6)  # ours, live
-    assert gone(f"stage_{me.machine}_{2**22 + 7}_abcd1234", 0)  # dead process here
-    assert not gone(f"stage_{'0' * 12}_42_abcd1234", 3600)  # elsewhere, recent
-    assert gone(f"stage_{'0' * 12}_42_abcd1234", 2 * 86400)  # elsewhere, a day old
+    assert not gone(stage_name(me), 10**6)  # ours, live
+    assert gone(stage_name(Holder(me.machine, 2**22 + 7, me.start)), 0)  # dead process here
+    assert gone(stage_name(Holder(me.machine, me.pid, me.start + 1)), 0)  # its pid reused
+    assert not gone(stage_name(Holder("0" * 12, 42, 1)), 3600)  # elsewhere, recent
+    assert gone(stage_name(Holder("0" * 12, 42, 1)), 2 * 86400)  # elsewhere, a day old
+    # named by an older chload (no start): its pid alone tells
+    assert not gone(f"stage_{me.machine}_{me.pid}_abcd1234", 10**6)
+    assert gone(f"stage_{me.machine}_{2**22 + 7}_abcd1234", 0)
+    assert not gone(f"stage_{'0' * 12}_42_abcd1234", 3600)
+    assert orphan(stage_name(Holder(me.machine, me.pid, me.start + 1)), 0, True, me, 60.0)
+    assert not orphan(stage_name(me), 0, True, me, 60.0)  # embedded: only ours are kept
     assert gone("lockbroken_x", 61) and not gone("lockbroken_x", 59)  # older than the lease
 
 

@@ -161,4 +161,5 @@ def test_load_and_validate_share_flags_and_their_mapping_to_a_loadspec(
         compression="gzip", schema="x Int8", max_errors=3, max_error_ratio=0.5,
         s3_endpoint="http://127.0.0.1:9000")
     assert calls["load"].pop("listener") is None  # --quiet: no progress bar
+    assert calls["load"].pop("metrics_port") is None
     assert LoadSpec(**calls["load"]) == replace(check, audit=True, settings=(("a", "1"),))

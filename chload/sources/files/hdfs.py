@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 
-from chload.errors import ChloadError, SourceError, UsageError
+from chload.errors import ChloadError, NothingMatched, SourceError, UsageError
 from chload.formats import detect
 from chload.schema import quote_str
 from chload.sources.base import Query, RemoteSource, SourceContext, SourceFile
@@ -51,8 +51,8 @@ def list_hdfs(pattern: str, fmt: str | None, compression: str | None,
         found, last = found + 1, row["path"]
         yield describe(root, row, fmt, compression)
     if not found:
-        raise SourceError(f"{pattern}: no file matches (an empty directory, or a pattern "
-                          "that matches nothing)")
+        raise NothingMatched(f"{pattern}: no file matches (an empty directory, or a "
+                             "pattern that matches nothing)")
 
 
 def _directory_or_file(query: Query, pattern: str, root: str, path: str) -> list[dict]:
@@ -108,6 +108,7 @@ class HdfsSource(RemoteSource):
 
     kind = "hdfs"
     schemes: tuple[str, ...] = ("hdfs",)
+    options: tuple[str, ...] = ("follow", "poll")
 
     def list(self, pattern: str, context: SourceContext) -> Iterator[SourceFile]:
         if context.query is None:

@@ -28,7 +28,7 @@ from dataclasses import replace
 from fnmatch import fnmatchcase
 from urllib.parse import unquote
 
-from chload.errors import SourceError, UsageError
+from chload.errors import NothingMatched, SourceError, UsageError
 from chload.formats import FileFormat, compressed_as, detect
 from chload.runtime.engine import LOCK_NAME
 from chload.schema import quote_str
@@ -74,7 +74,8 @@ def stream_local(pattern: str, fmt: str | None, compression: str | None,
             found += 1
             yield file
     if not found:
-        raise SourceError(f"{display(pattern)}: no such file, or the pattern matches nothing")
+        raise NothingMatched(f"{display(pattern)}: no such file, or the pattern matches "
+                             "nothing")
 
 
 def described(files: Sequence[SourceFile], compression: str | None) -> list[SourceFile]:
@@ -467,6 +468,8 @@ class LocalSource(InPlace):
 
     kind = "local"
     schemes: tuple[str, ...] = ("file",)
+    options: tuple[str, ...] = ("follow", "poll")
+    grows = True  # a file may still be written when listed: following waits (core/follow.py)
 
     def list(self, pattern: str, context: SourceContext) -> Iterator[SourceFile]:
         if pattern == "-":

@@ -20,17 +20,18 @@ import datetime as dt
 import http.client
 import re
 import ssl
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
 
-from chload.errors import SourceError, TransientError, UsageError
+from chload.errors import NothingMatched, SourceError, TransientError, UsageError
 from chload.formats import LINE_FORMATS, detect, magic
 from chload.runtime.retry import RetryPolicy, retry
 from chload.schema import quote_str
-from chload.sources.base import RemoteSource, SourceContext, SourceFile
+from chload.sources.base import RemoteSource, Source, SourceContext, SourceFile
 from chload.sources.files import aws
 from chload.sources.files.patterns import brace_list, expand_braces
 
@@ -61,16 +62,16 @@ def parse_uri(uri: str) -> tuple[str, str]:
 
 def list_s3(pattern: str, fmt: str | None, compression: str | None,
             config: aws.S3Settings, after: Callable[[str], str] | None = None,
-            ) -> Iterator[SourceFile]:
+            calls: Calls | None = None) -> Iterator[SourceFile]:
     """Every object the pattern names, in key order, each with its identity, page by
     page as the listing comes (a page of PAGE_SIZE keys at a time in memory).
     `config`: endpoint, region and credentials, resolved once by the caller (aws.py).
     `after` (--after-last-key): the greatest uri loaded under a prefix, '' if none; each
     prefix is listed from after it (StartAfter), and finding nothing new is no error.
-    Text objects whose names show no compression are sniffed later, for those the plan
-    loads (`described`)."""
+    `calls` counts the ListObjectsV2 requests. Text objects whose names show no
+    compression are sniffed later, for those the plan loads (`described`)."""
     bucket, key_pattern = parse_uri(pattern)
-    lister = Lister(config)  # its config follows a bucket's region redirect
+    lister = Lister(config, calls=calls)  # its config follows a bucket's region redirect
     found = 0
     for obj in find_objects(lister, bucket, key_pattern, after):
         found += 1
@@ -78,8 +79,8 @@ def list_s3(pattern: str, fmt: str | None, compression: str | None,
     if not found and after is None:
         what = "no object matches" if _GLOB.search(key_pattern) or "{" in key_pattern else \
             "no such object, nor objects under it"
-        raise SourceError(f"{pattern}: {what} at {config.endpoint}; check the bucket, "
-                          "key and pattern (or the endpoint: --s3-endpoint, AWS_ENDPOINT_URL)")
+        raise NothingMatched(f"{pattern}: {what} at {config.endpoint}; check the bucket, key "
+                             "and pattern (or the endpoint: --s3-endpoint, AWS_ENDPOINT_URL)")
 
 
 def described(files: Sequence[SourceFile], compression: str | None,
@@ -251,11 +252,25 @@ def table_function_many(files: Sequence[SourceFile], fmt: str,
     return table_function(one, fmt, structure), "concat('s3://', _path)"
 
 
+class Calls:
+    """Requests made to list, counted (a run's S3Source: LoadReport.listing_calls)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._guard = threading.Lock()
+
+    def add(self) -> None:
+        with self._guard:
+            self.count += 1
+
+
 class Lister:
     """ListObjectsV2 over one keep-alive connection, signed with SigV4 (aws.py)."""
 
-    def __init__(self, config: aws.S3Settings, timeout: float = 30.0) -> None:
+    def __init__(self, config: aws.S3Settings, timeout: float = 30.0,
+                 calls: Calls | None = None) -> None:
         self.config = config
+        self.calls = calls or Calls()
         self.ca_bundle = config.ca_bundle
         self.timeout = timeout
         self._conn: http.client.HTTPConnection | None = None
@@ -305,7 +320,9 @@ class Lister:
         return body[:SNIFF_BYTES] if status in (200, 206) else b""
 
     def _exchange(self, url: str, where: str) -> tuple[int, dict[str, str], bytes]:
-        """One request; a network failure is a TransientError (the connection closed)."""
+        """One listing request; a network failure is a TransientError (the connection
+        closed)."""
+        self.calls.add()
         try:
             return self._request(url)
         except (OSError, http.client.HTTPException) as exc:
@@ -396,14 +413,23 @@ class S3Source(RemoteSource):
 
     kind = "s3"
     schemes: tuple[str, ...] = ("s3",)
-    options: tuple[str, ...] = ("after_last_key",)
+    options: tuple[str, ...] = ("after_last_key", "follow", "poll")
+
+    def __init__(self) -> None:
+        self.calls = Calls()
+
+    def open(self) -> Source:
+        return type(self)()  # (this run's count of listing requests)
 
     def list(self, pattern: str, context: SourceContext) -> Iterator[SourceFile]:
         if context.s3 is None:
             raise UsageError(f"{pattern}: listing S3 needs its settings (SourceContext.s3: "
                              "aws.resolve)")
         return list_s3(pattern, context.format, context.compression, context.s3,
-                       context.last_loaded)
+                       context.last_loaded, self.calls)
+
+    def listing_calls(self) -> int:
+        return self.calls.count
 
     def described(self, files: Sequence[SourceFile],
                   context: SourceContext) -> builtins.list[SourceFile]:

@@ -26,9 +26,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from chload.core.run import LOADED_ELSEWHERE, Event, FileResult, Listener
+from chload.core.run import LOADED_ELSEWHERE, LOADED_IN_PART, Event, FileResult, Listener
 from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
+from chload.runtime import stopping
+from chload.runtime.faults import crash_point
 from chload.schema import Column, quote_str
 from chload.sources.base import RemoteSource, SourceContext, SourceFile, StreamPosition
 from chload.sources.kafka.group import Share, group_id, note, share
@@ -184,6 +186,7 @@ def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], s
     whose partition did not end where it begins is dropped unread by the engine)."""
     last_cut = time.monotonic()
     ahead: Future[list[Spool]] | None = None
+    crash_point("kafka-rounds")  # tests: another loader commits before the first round
     with ThreadPoolExecutor(1, thread_name_prefix="chload-kafka-read") as pool:
         try:
             while not options.stop.is_set():
@@ -192,6 +195,10 @@ def _rounds(reader: SpoolReader, fmt: FileFormat, partitions: list[Partition], s
                 if not due:
                     if not options.follow:
                         if share.finished(partitions):
+                            # the ledger counts `committing` units as loaded: one that a
+                            # member killed meanwhile left is settled (attached) before
+                            # the run ends, not by the next run
+                            report.recovered += target.recover(table.sql)
                             return
                         options.stop.wait(0.5)  # another member's partitions, in flight
                         continue
@@ -342,6 +349,7 @@ def _stream_round(reader: SpoolReader, fmt: FileFormat, due: list[Partition],
                                                             unit.first - 1)))
         # all at once: a unit waiting for a worker is a partition whose reader waits on
         # its full pipe
+        crash_point("kafka-round")  # tests: another loader commits these units first
         done = load_round(files, len(files), options.schema)
     finally:
         for f in files:
@@ -356,6 +364,7 @@ def _load_round(spools: list[Spool], load_round: LoadRound, report: LoadReport,
                 target: Target, table: Any) -> None:
     files = [s.file for s in spools]
     try:
+        crash_point("kafka-round")  # tests: another loader commits these units first
         done = load_round(files, None, None)
     finally:
         for f in files:
@@ -384,26 +393,48 @@ def _refresh(broker: Broker, partitions: list[Partition]) -> None:
 def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
              target: Target, table: Any) -> None:
     """Move each partition on after its unit: loaded, the next offset; refused (another
-    loader moved the partition), from the ledger's end again; failed, stop it."""
+    loader moved the partition), or committed on some shards of a cluster only (the
+    others had another loader's), from the ledger's end again; failed, stop it.
+
+    A unit the round's planning found loaded already (Ledger.known: another member of
+    the group committed the same offsets since this run planned them) has no result
+    from the round: it is reported skipped like one the commit refused, never taken for
+    a failure that stops its partition without a word (the run would then end, exit 0,
+    short of that partition's rows). A refused unit whose partition's end in the ledger
+    did not move stops its partition with a failure, so the run cannot end as if the
+    partition were loaded."""
     results = {r.uri: r for r in done.files}
     moved: list[Partition] = []
     for part, f in zip(due, files, strict=True):
         result = results.get(f.uri)
+        if result is None:
+            result = FileResult(f.uri, "skipped", note=LOADED_ELSEWHERE)
+            done.files.append(result)
         end = int(f.uri.rpartition("-")[2]) + 1
-        if result is not None and result.status == "loaded":
+        if result.status == "loaded" and result.note != LOADED_IN_PART:
             part.next = part.after = end
-        elif result is not None and (result.note == LOADED_ELSEWHERE
-                                     or result.status == "skipped"):
+        elif result.note in (LOADED_ELSEWHERE, LOADED_IN_PART) or result.status == "skipped":
             moved.append(part)  # the ledger has it: another loader's since the plan
         else:
             part.stopped = True
-            if result is not None and result.error:
+            if result.error:
                 result.error = _offset_error(result.error, f)
     if moved:
         found = committed(target, table.database, table.name, table.display)
         for part in due:
             if not follow(part, found) and any(part is m for m in moved):
-                part.stopped = True  # skipped, yet the ledger's end did not move: not again
+                done.files.append(_stuck(part))
+
+
+def _stuck(part: Partition) -> FileResult:
+    """A partition whose unit was refused as loaded elsewhere while the ledger's end did
+    not move past where its plan started: stopped (never the same unit again), as a
+    failure (the run must not end as if it were loaded)."""
+    part.stopped = True
+    return FileResult(part.stream, "failed", error=(
+        f"kafka {part.topic}/{part.partition}: a unit was refused as loaded by another "
+        f"run, yet the ledger's end of the partition is still {part.after}; nothing more "
+        "loaded from it: run the same command again to go on from the ledger's end"))
 
 
 def _offset_error(error: str, f: SourceFile) -> str:
@@ -438,9 +469,14 @@ def _add(report: LoadReport, results: Sequence[FileResult],
 
 @contextmanager
 def _stopping(options: Options) -> Iterator[None]:
-    """With --follow, SIGINT and SIGTERM end the run after the round in flight."""
-    if not options.follow or threading.current_thread() is not threading.main_thread():
+    """With --follow, SIGINT and SIGTERM end the run after the round in flight; on
+    another thread than the main one, runtime.stopping.stop_following does."""
+    if not options.follow:
         yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        with stopping.registered(options.stop):
+            yield
         return
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s in before:

@@ -316,9 +316,13 @@ class ClusterTarget(Ending):
         self._drop_stage(stage, [s for s in self.shards if s.number not in keep])
         if failed:
             raise next(iter(failed.values()))
-        if not committed or (job.follows and len(committed) < len(todo)):
-            # (a stream's unit some of whose shards took another loader's: theirs)
+        if not committed:
             return [Loaded(0, d.bytes, elsewhere=True) for d in done]
+        if job.follows and len(committed) < len(todo):
+            # (a stream's unit some of whose shards took another loader's: this run's
+            # rows are those of the shards that took its own)
+            return [Loaded(sum(shares[n][0] for n in committed), d.bytes, partly=True)
+                    for d in done]
         if not job.batch:  # one file: the rows of the shares committed now
             return [Loaded(sum(shares[n][0] for n in committed), done[0].bytes)]
         return done
@@ -474,6 +478,10 @@ class ClusterTarget(Ending):
                 busy[0] -= 1
                 if busy[0] == 0:
                     shard.seconds += time.monotonic() - busy[1]
+
+    def begin_run(self) -> None:
+        for shard in self.shards:
+            shard.target.begin_run()
 
     def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
                   env: Mapping[str, str]) -> AbstractContextManager[Target]:

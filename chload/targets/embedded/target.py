@@ -1,7 +1,7 @@
 """The embedded target: ClickHouse in this process (chDB), persistent in a directory.
 
 Exactly once per file, without a column of ours in the user's table: the engine fills a
-fresh stage `chload.stage_<machine>_<pid>_<id>` shaped like the table; the committer
+fresh stage `chload.stage_<machine>_<pid>_<start>_<id>` shaped like the table; the committer
 (committer.py, the same as a server's) logs `committing` with the mark and attaches its
 partitions (commit/attach.py); then `loaded` (in batches) and the stage is dropped.
 docs/target-embedded.md ("How a file is loaded") is the user's side.
@@ -354,6 +354,9 @@ class EmbeddedTarget:
     def flush(self) -> None:
         """Write the `loaded` events still waiting (ledger.LoadedEvents)."""
         self.loaded.flush()
+
+    def begin_run(self) -> None:
+        self._started_ns = time.time_ns()
 
     def for_table(self, table: str, shards: Sequence[tuple[str, str]], shard_by: str,
                   env: Mapping[str, str]) -> AbstractContextManager[Target]:

@@ -1,9 +1,10 @@
 """The server target: a ClickHouse server over HTTP(S), as old as 18.16, exactly once.
 
 At connect the server is asked what it can do (capabilities.py; early, server/early.py).
-Per unit, the fastest correct path into a fresh stage `chload.stage_<machine>_<pid>_<id>`
-(`CREATE TABLE ... AS <table>`): *raw*, the file's bytes posted as they are, or *push*,
-chDB in this process streaming `Native` (push.py). Filling is fill.py's, streams and
+Per unit, the fastest correct path into a fresh stage
+`chload.stage_<machine>_<pid>_<start>_<id>` (`CREATE TABLE ... AS <table>`): *raw*, the
+file's bytes posted as they are, or *push*, chDB in this process streaming `Native`
+(push.py). Filling is fill.py's, streams and
 sealing stages.py's; this module connects, runs SQL and drives each load.
 docs/target-server.md is the user's side and argues the exactly-once protocol.
 
@@ -417,6 +418,9 @@ class ServerTarget(StageFilling):
     def flush(self) -> None:
         """Write the `loaded` events still waiting (ledger.LoadedEvents)."""
         self.loaded.flush()
+
+    def begin_run(self) -> None:
+        self._started_ns = time.time_ns()
 
     def recover(self, table: str) -> int:
         return self.committer.start(table, display_table(table))
