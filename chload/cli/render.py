@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -20,8 +20,10 @@ from chload.core.run import Event, Poll
 class ProgressView:
     """A rich progress bar on stderr: files done/total, bytes, rows, rows/s, ETA.
 
-    The bar advances by bytes (as stored), so the ETA follows the work left even when
-    files differ in size.
+    The bar advances by bytes (as listed), so the ETA follows the work left even when
+    files differ in size. A unit's bytes count up to its listed size at most: the
+    engine's own count of what it read can be larger (chDB reading S3 objects), and a bar
+    past its total would show no time left while a fifth of the load remains.
     """
 
     def __init__(self) -> None:
@@ -32,7 +34,6 @@ class ProgressView:
             Progress,
             TextColumn,
             TimeElapsedColumn,
-            TimeRemainingColumn,
         )
 
         self._console = Console(stderr=True)
@@ -40,7 +41,7 @@ class ProgressView:
             TextColumn("[bold]loading"), BarColumn(), TextColumn("{task.fields[files]}"),
             DownloadColumn(), TextColumn("{task.fields[rows]} rows"),
             TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
-            TimeRemainingColumn(), console=self._console, transient=True,
+            _left_column(self), console=self._console, transient=True,
         )
         self._task = self._progress.add_task("load", total=None, files="0/? files", rows="0",
                                              rate="")
@@ -50,6 +51,7 @@ class ProgressView:
         self._rows = 0
         self._lag: dict[str, int] = {}  # a Kafka load: messages due per partition
         self._started = time.monotonic()
+        self.eta = TimeLeft()
 
     def __enter__(self) -> ProgressView:
         self._progress.start()
@@ -62,14 +64,19 @@ class ProgressView:
         if event.kind == "plan":
             self._files_total = event.files_total
             self._unit = event.unit or self._unit
+            self.eta.plan(event.bytes_total)
             self._progress.update(self._task, total=event.bytes_total or None)
+        elif event.kind == "start":
+            self.eta.start(event.uri, event.bytes)
         elif event.kind == "progress":  # parsed (not yet committed): moves the bar
             self._rows += event.rows
-            self._progress.advance(self._task, event.bytes)
+            self._progress.advance(self._task, self.eta.advance(event.uri, event.bytes))
         elif event.kind in ("done", "skip"):
             self._files_done += 1
+            self._progress.advance(self._task, self.eta.finish(event.uri))
         elif event.kind == "fail":
             self._files_done += 1
+            self._progress.advance(self._task, self.eta.finish(event.uri))
             self._console.print(f"[red]failed[/red] {event.error}", highlight=False)
         elif event.kind == "lag":
             self._lag[event.uri] = event.rows
@@ -80,6 +87,101 @@ class ProgressView:
         done = f"{self._files_done}/{_count(self._files_total, self._unit)}"
         self._progress.update(self._task, files=done,
                               rows=f"{self._rows:,}", rate=f"{rate:,.0f} rows/s{lag}")
+
+
+class TimeLeft:
+    """The bar's bytes and its ETA: the work left at the rate since the plan, the work
+    done counting the units under way.
+
+    Units report their bytes when parsed, a whole file or group of files at once: into
+    a server several long units are under way at once, and the bytes done lag the work
+    done by about half of them. rich's estimate (the speed between its first and
+    last samples of the last 30 s) took a burst of units' bytes over the moments between
+    two bursts. Here a unit under way counts the share of its listed size that its age
+    is of the time units have taken per byte so far, at most half (as much as units under
+    way have done on average in a steady run; more let units slowed by a busy machine
+    count as nearly done, and the ETA fell far short). A unit announced with its listed size (a
+    `start` event's bytes) is credited at most that size, all of it once it ends (done,
+    skipped or failed: no work of it is left).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._planned_at: float | None = None
+        self._total = 0
+        self._credited = 0
+        self._took = [0.0, 0]  # seconds and bytes of the units credited whole so far
+        # uri: [listed size, reported, credited, started at]
+        self._units: dict[str, list[float]] = {}
+
+    def plan(self, total: int) -> None:
+        self._planned_at, self._total = self._clock(), total
+
+    def start(self, uri: str, size: int) -> None:
+        self._units[uri] = [size, 0, 0, self._clock()]
+
+    def advance(self, uri: str, read: int) -> int:
+        """Bytes to move the bar by for `read` bytes reported of `uri`."""
+        unit = self._units.get(uri)
+        if unit is None or unit[0] <= 0:
+            return self._credit(read)
+        unit[1] += read
+        return self._credit_unit(unit, min(unit[0], max(0, unit[1])))
+
+    def finish(self, uri: str) -> int:
+        """`uri` ended: the rest of its listed size (a unit of a batch: none)."""
+        unit = self._units.pop(uri, None)
+        return self._credit_unit(unit, unit[0]) if unit and unit[0] > 0 else 0
+
+    def _credit_unit(self, unit: list[float], credited: float) -> int:
+        moved = int(credited - unit[2])
+        if unit[2] <= 0 < moved and credited >= unit[0]:  # reported whole: its time
+            self._took[0] += self._clock() - unit[3]
+            self._took[1] += int(unit[0])
+        unit[2] = credited
+        return self._credit(moved)
+
+    def _credit(self, moved: int) -> int:
+        self._credited += moved
+        return moved
+
+    def _under_way(self, now: float) -> float:
+        """The work done of units not yet credited: the share of each one's size that
+        its age is of its expected time (seconds per byte so far), at most half."""
+        seconds, size = self._took
+        if not size:
+            return 0.0
+        per_byte = seconds / size
+        return sum(u[0] * min(0.5, (now - u[3]) / (u[0] * per_byte))
+                   for u in self._units.values() if u[0] > 0 and u[2] <= 0 < per_byte)
+
+    def seconds(self) -> float | None:
+        """The time left, or None before anything was credited (or without a total)."""
+        if not self._total or self._credited <= 0 or self._planned_at is None:
+            return None
+        now = self._clock()
+        done = min(self._total, self._credited + self._under_way(now))
+        spent = now - self._planned_at
+        if spent <= 0 or done <= 0:
+            return None
+        return max(0.0, (self._total - done) * spent / done)
+
+
+def _left_column(view: ProgressView) -> Any:
+    """A rich column showing the view's ETA (h:mm:ss, or -:--:-- before any estimate)."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class TimeLeftColumn(ProgressColumn):
+        def render(self, task: Any) -> Text:
+            left = view.eta.seconds()
+            if left is None:
+                return Text("-:--:--", style="progress.remaining")
+            minutes, secs = divmod(int(left + 0.5), 60)
+            hours, minutes = divmod(minutes, 60)
+            return Text(f"{hours}:{minutes:02d}:{secs:02d}", style="progress.remaining")
+
+    return TimeLeftColumn()
 
 
 def print_summary(report: LoadReport) -> None:

@@ -28,7 +28,8 @@ from chload.targets.base import Loaded, LoadJob, Target
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """A progress event: kind is plan, start, progress (rows and bytes parsed, negative
+    """A progress event: kind is plan, start (a unit begun: bytes, its listed size; a
+    batch's is announced by its first file's uri), progress (rows and bytes parsed, negative
     when taken back), done (a file committed), skip (another run committed the file
     meanwhile), fail, lag (a Kafka partition, uri its stream: rows = messages up to the
     high watermark last read not yet committed), poll (a load that follows files: one
@@ -172,7 +173,7 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
     def one(job: LoadJob) -> FileResult:
         if stop.is_set() or halted.is_set():
             return FileResult(job.file.uri, "not-started")
-        listener(Event("start", job.file.uri))
+        listener(Event("start", job.file.uri, bytes=job.file.size))
         started = time.monotonic()
         progress = _Progress(listener, job.file.uri)
         try:
@@ -209,6 +210,7 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
         """Several small files in one commit; if that fails, each file on its own."""
         if len(job.files) == 1 or stop.is_set() or halted.is_set():
             return [one(replace(job, batch=()))]
+        listener(Event("start", job.file.uri, bytes=sum(f.size for f in job.files)))
         started = time.monotonic()
         progress = _Progress(listener, job.file.uri)
         try:

@@ -315,7 +315,9 @@ class ClusterTarget(Ending):
             self._drop(stage, route, self.shards)
             raise
         routed()
-        progress(sum(d.rows for d in done), sum(d.bytes for d in done))
+        # one file's rows are known only from the shards' stages (its Loaded says 0)
+        parsed = sum(d.rows for d in done) if job.batch else sum(n for n, _ in sealed)
+        progress(parsed, sum(d.bytes for d in done))
         crash_point("cluster-routed")  # every shard's stage filled, none committed
         self._layout_recorded()
         committed, failed = self._round.commit(
