@@ -17,11 +17,11 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import MISSING, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from chload import options
+from chload import options, queries
 from chload.commit.ledger import FileEvent
 from chload.core import follow as following
 from chload.core import load as steps
@@ -52,6 +52,7 @@ from chload.core.report import (
 )
 from chload.core.run import Event, FileResult, Listener, Poll
 from chload.errors import ChloadError, UsageError
+from chload.queries import errors, files, history, run_files, sql
 from chload.sources import registry
 from chload.sources.base import SourceContext, SourceFile, Stream
 from chload.sources.run import RunSources
@@ -204,7 +205,7 @@ def planned(sources: Sources, table: str, given: dict[str, Any]) -> LoadSpec:
 def where(target: TargetName) -> tuple[str, str | None]:
     """A target as shown (no password) and, for an embedded one, its directory made
     absolute (None: a server): which loads share one engine in a process."""
-    spec = _target_spec(options.optional_path("target", target))
+    spec = queries.target_spec(options.optional_path("target", target))
     return spec.display, None if spec.url is not None else os.path.abspath(spec.where)
 
 
@@ -213,7 +214,7 @@ def shared_target(target: TargetName) -> Iterator[Target]:
     """An embedded target opened once for loads that run at once in this process
     (`load_on`): chDB holds one engine path a process, and the directory's lock one
     opening of it."""
-    opened = open_target(_target_spec(options.optional_path("target", target)))
+    opened = open_target(queries.target_spec(options.optional_path("target", target)))
     try:
         yield opened
     finally:
@@ -248,7 +249,7 @@ def _load(spec: LoadSpec, listener: Listener | None) -> LoadReport:
     early = _begin_early(spec)
     try:  # (a database's snapshot is taken while the target opens)
         with _stopped_by_signals(spec) as stop:
-            opened = open_target(_target_spec(spec.target))
+            opened = open_target(queries.target_spec(spec.target))
             try:
                 report = _load_into(spec, opened, listener, stop)
             except BaseException:
@@ -320,12 +321,6 @@ def _begin_early(spec: LoadSpec) -> Callable[[], None]:
     begun = registry.source_for(pattern).begin_early(pattern, SourceContext(
         select=spec.query, incremental_by=spec.incremental_by, workers=spec.workers, pipes=True))
     return begun or (lambda: None)
-
-
-def _target_spec(target: str | None, create: bool = True) -> TargetSpec:
-    """--target (else $CHLOAD_TARGET, else the default) and the server password
-    ($CLICKHOUSE_PASSWORD, where the URL has none), read here once for the whole run."""
-    return TargetSpec.resolve(target, os.environ, create)
 
 
 def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None,
@@ -431,90 +426,6 @@ def _engine_credentials(context: SourceContext) -> contextlib.AbstractContextMan
     return registry.engine_credentials(context, os.environ)
 
 
-def files(table: str, *, target: TargetName = None,
-          shards: Pairs = ()) -> list[FileEvent]:
-    """The ledger: each file's latest state for a table.
-
-    :param table: ``name`` or ``db.name``.
-    :param target: as `load`'s; the target must exist.
-    :param shards: a Distributed table's replicas and URLs, as `load`'s; its ledger has
-        each file's state on each shard, `target_table` naming the shard.
-    """
-    name = options.text("table", table)
-    planner.parse_table(name)
-    with _opened(target) as t:
-        table_name = planner.parse_table(name, steps.default_database(t))
-        with t.for_table(table_name.sql, options.settings("shards", shards), "auto",
-                         os.environ) as c:
-            return c.ledger.latest(table_name.display)
-
-
-def sql(query: str, *, target: TargetName = None, format: str = "TSV") -> str:
-    """Run SQL against the target and return the engine's answer as text.
-
-    :param query: any SQL statement.
-    :param target: as `load`'s; the target must exist.
-    :param format: any ClickHouse output format: TSV, JSON, CSV, PrettyCompact ...
-    """
-    query, format = options.text("query", query), options.text("format", format)
-    with _opened(target) as t:
-        return t.text(query, format)
-
-
-def history(table: str | None = None, *, target: TargetName = None,
-            limit: int = 50) -> Sequence[dict[str, Any]]:
-    """One entry per run of `load`, newest first, as the ledger records it.
-
-    :param table: only the runs into this table; None: every table's.
-    :param target: as `load`'s; the target must exist.
-    :param limit: runs at most.
-    """
-    table, limit = options.optional_text("table", table), options.whole("limit", limit)
-    if table:
-        planner.parse_table(table)
-    with _opened(target) as t:
-        name = planner.parse_table(table, steps.default_database(t)).display if table else None
-        return t.ledger.runs(name, limit)
-
-
-def errors(table: str, *, target: TargetName = None,
-           limit: int = 10_000) -> list[dict[str, Any]]:
-    """Rejected rows of a table's current loads: file, line, error, raw.
-
-    :param table: ``name`` or ``db.name``.
-    :param target: as `load`'s; the target must exist.
-    :param limit: rows at most.
-    """
-    from chload.commit import rejects
-
-    name, limit = options.text("table", table), options.whole("limit", limit)
-    planner.parse_table(name)
-    with _opened(target) as t:
-        return rejects.listing(t, planner.parse_table(name, steps.default_database(t)).display,
-                               limit)
-
-
-def run_files(run_id: str, *, target: TargetName = None) -> list[FileEvent]:
-    """Per-file detail of one run: the final event of each file it touched.
-
-    :param run_id: a run's id, as `history` and LoadReport.run_id give it.
-    :param target: as `load`'s; the target must exist.
-    """
-    run_id = options.text("run_id", run_id)
-    with _opened(target) as t:
-        return t.ledger.of_run(run_id)
-
-
-@contextlib.contextmanager
-def _opened(target: object) -> Iterator[Target]:
-    """An existing target, for commands that only read; closed after."""
-    t = open_target(_target_spec(options.optional_path("target", target), create=False))
-    try:
-        yield t
-    finally:
-        t.close()
-
-
 def _validate(spec: LoadSpec) -> list[FileCheck]:
     """validate() of a spec: the target (or a scratch one), its sources listed, each
     file checked (core/validate.py)."""
@@ -541,9 +452,9 @@ def _validating(target: str | None) -> Iterator[Target]:
     import shutil
     import tempfile
 
-    spec = _target_spec(target, create=False)
+    spec = queries.target_spec(target, create=False)
     if spec.url is not None or os.path.isdir(spec.where):
-        with _opened(target) as t:
+        with queries.opened(target) as t:
             yield t
         return
     scratch = tempfile.mkdtemp(prefix="chload-validate-")
