@@ -15,7 +15,6 @@ sources.StreamPosition), and a streamed one only if its reader finished it.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import threading
@@ -50,6 +49,7 @@ from chload.sources.kafka.units import (
     drop_ahead,
     following,
     line_base,
+    offset_error,
     read_units,
     remove,
     spool_dir,
@@ -422,7 +422,7 @@ def _advance(due: list[Partition], files: list[SourceFile], done: LoadReport,
         else:
             part.stopped = True
             if result.error:
-                result.error = _offset_error(result.error, f)
+                result.error = offset_error(result.error, f)
     if moved:
         found = committed(target, table.database, table.name, table.display)
         for part in due:
@@ -439,20 +439,6 @@ def _stuck(part: Partition) -> FileResult:
         f"kafka {part.topic}/{part.partition}: a unit was refused as loaded by another "
         f"run, yet the ledger's end of the partition is still {part.after}; nothing more "
         "loaded from it: run the same command again to go on from the ledger's end"))
-
-
-def _offset_error(error: str, f: SourceFile) -> str:
-    """`<unit uri>: line N, ...` (a row of the spool; a streamed unit's engine error
-    says `(at row N)` instead) as the message's offset."""
-    base = f.position.line_base if f.position else 0
-    match = re.match(rf"^{re.escape(f.uri)}: line (\d+)", error)
-    if match and base:
-        return f"{f.uri}: offset {base + int(match.group(1))}{error[match.end():]}"
-    row = re.search(r" ?\(at row (\d+)\)", error)
-    if row and base and error.startswith(f"{f.uri}: "):
-        rest = (error[:row.start()] + error[row.end():])[len(f.uri) + 2:]
-        return f"{f.uri}: offset {base + int(row.group(1))}, {rest}"
-    return error
 
 
 def _add(report: LoadReport, results: Sequence[FileResult],

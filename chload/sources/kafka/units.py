@@ -8,6 +8,7 @@ the next round's units are read in a thread while one loads (`following`, `taken
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -113,3 +114,17 @@ def spool_dir(target: Target) -> Iterator[str]:
 def remove(path: str | None) -> None:
     if path and os.path.exists(path):
         os.remove(path)
+
+
+def offset_error(error: str, f: SourceFile) -> str:
+    """`<unit uri>: line N, ...` (a row of the spool; a streamed unit's engine error
+    says `(at row N)` instead) as the message's offset."""
+    base = f.position.line_base if f.position else 0
+    match = re.match(rf"^{re.escape(f.uri)}: line (\d+)", error)
+    if match and base:
+        return f"{f.uri}: offset {base + int(match.group(1))}{error[match.end():]}"
+    row = re.search(r" ?\(at row (\d+)\)", error)
+    if row and base and error.startswith(f"{f.uri}: "):
+        rest = (error[:row.start()] + error[row.end():])[len(f.uri) + 2:]
+        return f"{f.uri}: offset {base + int(row.group(1))}, {rest}"
+    return error
