@@ -217,10 +217,11 @@ def prepare_table(
     if existing is None:
         columns = data + ([Column(n, t) for n, t in AUDIT_COLUMNS.items()] if audit else [])
         target.command(f"CREATE DATABASE IF NOT EXISTS {quote_ident(table.database)}")
-        if upsert is not None:
+        if upsert is None:
+            target.create_table(table.sql, columns, order_by, partition_by)
+        else:
             upsert.check_data(table.display, data)
-        target.create_table(table.sql, columns, upsert.order_by if upsert else order_by,
-                            partition_by, upsert.engine if upsert else "MergeTree")
+            target.create_table(table.sql, columns, upsert.order_by, partition_by, upsert.engine)
         existing = target.table_columns(table.sql) or columns
         created = True
     matched = match_columns(table.display, existing, data, audit,

@@ -95,11 +95,11 @@ def _bare(name: str) -> str:
 def _describe(engine_full: str) -> tuple[tuple[str, ...], str | None] | tuple[None, None]:
     """(key columns, version column) of a [Replicated]ReplacingMergeTree clause; (None,
     None) for any other engine."""
-    match = re.match(r"^(Replicated)?ReplacingMergeTree\s*\((.*?)\)\s", engine_full + " ")
+    match = re.match(r"^(Replicated)?ReplacingMergeTree(?:\s*\((.*?)\))?\s", engine_full + " ")
     order = _ORDER.search(engine_full)
     if not match or not order:
         return None, None
-    args = [a.strip() for a in split_top_level(match.group(2)) if a.strip()]
+    args = [a.strip() for a in split_top_level(match.group(2) or "") if a.strip()]
     args = args[2:] if match.group(1) else args
     text = order.group(1).strip()
     if text.startswith("(") and text.endswith(")"):
