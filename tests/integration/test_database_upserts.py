@@ -93,3 +93,38 @@ def test_a_key_or_version_the_data_lacks_is_named(
     code, _, err = _load(pg, table_name, (target_dir, {}), *flags)
     assert code == 2, err
     assert err.count("\n") == 1 and named in err and "is not in the data" in err, err
+
+
+def test_into_a_cluster_each_shards_local_table_must_be_an_upsert_table(
+        pg: Source, weighted_cluster: services.ClickHouseCluster, table_name: str) -> None:
+    """A shard whose local table is a MergeTree stops the load in one line naming it;
+    once every local table is a ReplacingMergeTree, FINAL through the Distributed table
+    equals the source after an update."""
+    pg.sql(CREATE.format(t=table_name))
+    servers, local = weighted_cluster.servers, f"default.{table_name}_local"
+    schema = "id Int64, v Int32, updated_at DateTime"
+    for i, server in enumerate(servers):
+        engine = "MergeTree" if i == len(servers) - 1 else "ReplacingMergeTree(updated_at)"
+        services.clickhouse_query(server, f"CREATE TABLE {local} ({schema}) ENGINE = "
+                                          f"{engine} ORDER BY id")
+    services.clickhouse_query(servers[0], (
+        f"CREATE TABLE default.{table_name} AS {local} ENGINE = "
+        f"Distributed({weighted_cluster.name}, default, {table_name}_local, id)"))
+    into = (f"{servers[0].url}/default", {})
+    shards = [a for s in servers for a in ("--shard", f"{s.endpoint}={s.url}")]
+    code, _, err = _load(pg, table_name, into, *UPSERT, *shards)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"needs {local} on " in err and "but it is MergeTree ORDER BY id" in err, err
+    services.clickhouse_query(servers[-1], f"DROP TABLE {local}")
+    services.clickhouse_query(servers[-1], f"CREATE TABLE {local} ({schema}) ENGINE = "
+                                           "ReplacingMergeTree(updated_at) ORDER BY id")
+    for change in (CHANGE, ""):
+        code, out, err = _load(pg, table_name, into, *UPSERT, *shards)
+        assert code == 0, err
+        if change:
+            pg.sql(change.format(t=table_name))
+    assert "30 rows" in out, out
+    source = pg.sql(ROWS.format(t=table_name, final=""))
+    final = services.clickhouse_query(servers[0], ROWS.format(t=f"default.{table_name}",
+                                                              final="FINAL"))
+    assert final.strip() == source.strip()

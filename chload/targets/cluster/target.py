@@ -154,7 +154,7 @@ class ClusterTarget(Ending):
         """Each shard's local table (read as the cluster was opened: check_locals)."""
         if table != self.table:
             return self.entry.table_engines(table)
-        return [(f"{self.local} on {s.name}",
+        return [(f"{s.local_display} on {s.name}",
                  next((r["engine_full"] for r in s.local if r["k"] == "engine"), ""))
                 for s in self.shards]
 
