@@ -115,7 +115,8 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
          batch_seconds: float | None = None, query: str | None = None,
          incremental_by: str | None = None, shards: Pairs = (),
          shard_by: ShardBy = "auto", after_last_key: bool = False,
-         on_new_column: OnNewColumn = "fail",
+         on_new_column: OnNewColumn = "fail", upsert_key: str | None = None,
+         version: str | None = None,
          poll: float | None = None, listener: Listener | None = None,
          metrics_port: int | None = None) -> LoadReport:
     """Load files into a table, exactly once per file; the options are the CLI's flags
@@ -171,6 +172,12 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
         or "ignore" the column and load the others. With add or ignore a file may lack
         table columns (NULL or their default). Each added column is in
         ``report.schema_changes`` and the run's record in ``chload.runs``.
+    :param upsert_key: keep the latest row of each key: the key's columns (``"id"``,
+        ``"tenant,id"``); the table chload creates is a ``ReplacingMergeTree`` ordered by
+        them; an existing table (a cluster: each shard's local one) must be one. Read the
+        latest with ``SELECT ... FINAL``: older versions stay until a background merge.
+    :param version: with upsert_key: the column whose greatest value wins (default: the
+        row loaded last).
     :param poll: files with follow: seconds between listings (default 30); each poll
         is a ``poll`` Event (``event.poll``: files, rows, listing calls, changed files).
     :param listener: called with each progress `Event` (plan, start, progress, done,

@@ -147,6 +147,10 @@ def _load_flags(p: argparse.ArgumentParser) -> None:
     _spec_flags(p)
     p.add_argument("--order-by", help="ORDER BY of a table chload creates")
     p.add_argument("--partition-by", help="PARTITION BY of a table chload creates")
+    p.add_argument("--upsert-key", metavar="COLS", help="keep the latest row of each key: "
+                   "create the table as ReplacingMergeTree ORDER BY COLS (comma separated)")
+    p.add_argument("--version", metavar="COL", help="--upsert-key: the column whose "
+                   "greatest value wins (default: the row loaded last)")
     p.add_argument("--audit", action="store_true", help="add _source_file and _loaded_at")
     p.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                    help="a ClickHouse setting for the inserts (repeatable)")
@@ -298,7 +302,8 @@ def _load_with(args: argparse.Namespace) -> int:
             batch_seconds=args.batch_seconds, query=args.query,
             incremental_by=args.incremental_by, shards=_shards(args.shard),
             shard_by=args.shard_by, after_last_key=args.after_last_key, poll=args.poll,
-            on_new_column=args.on_new_column, listener=_polls(args, listener),
+            on_new_column=args.on_new_column, upsert_key=args.upsert_key,
+            version=args.version, listener=_polls(args, listener),
             metrics_port=args.metrics_port)
     if args.json:
         data = report.to_dict()

@@ -196,12 +196,15 @@ def versions_note(target: Target, table: planner.TableName, column: str,
         return ""
     columns = target.table_columns(where.sql) or []
     engine = _replacing(found, column, columns, target.engine_name)
+    versioned = f" --version {column}" if engine.endswith(f"{quote_ident(column)})") else ""
+    upsert = "" if shards else (f"load into a new table with --upsert-key "
+                                f"{re.sub(r'[`() ]', '', key)}{versioned}, or ")
     body = ", ".join(Column(c.name, bare_type(c.type) if c.name == column else c.type).sql
                      for c in columns)
     return (f"{where.display} is a {found[0]}, which keeps every row: a row updated at the "
             f"source is loaded again by --incremental-by {column}, and its older versions "
-            "stay. To keep the latest version only, drop the table (the next load loads "
-            "every row again; SELECT ... FINAL reads one version of each) and create it"
+            f"stay. To keep the latest version only, {upsert}drop this table (the next load "
+            "loads every row again; SELECT ... FINAL reads one version of each) and create it"
             f"{shards} as: CREATE TABLE {where.sql} ({body}) ENGINE = {engine} ORDER BY {key}")
 
 

@@ -110,6 +110,9 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     plan = replace(plan, to_load=files)
     refused = _refuse(target, table, untold, report.run_id, listener)
     settings = (*_job_settings(spec), *planner.csv_settings(files, spec.settings))
+    upsert = spec.upsert
+    if upsert is not None and existing is not None:
+        upsert.check_table(table.display, target.table_engines(table.sql))
     if plan.to_load:
         columns, read_columns, created, existing, evolution = _prepare(
             spec, target, table, plan.to_load, existing, described, sources, added)
@@ -129,6 +132,8 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
         if refused and spec.on_error == "abort":
             refused += [FileResult(f.uri, "not-started") for f in to_load]
             to_load = []
+        if upsert is not None:
+            upsert.check_data(table.display, read_columns)
         plan = replace(plan, to_load=to_load, columns=columns, read_columns=read_columns,
                        created_table=created)
         try:
@@ -204,6 +209,7 @@ def _prepare(spec: LoadSpec, target: Target, table: planner.TableName,
             order_by=spec.order_by or sources.sorting_key(files),
             partition_by=spec.partition_by, audit=spec.audit, budget=spec.budget,
             described=described, sources=sources, added=added, evolved=evolved,
+            upsert=spec.upsert,
             dates_told="date_time_input_format" in dict(spec.settings))
     if described is not None and existing and spec.on_new_column == "add" and not spec.schema:
         grown = evolve.evolve_described(target, table.sql, table.display, described,

@@ -26,6 +26,7 @@ from chload.core.dialect import (
 from chload.core.dialect import resolve_format as resolve_format
 from chload.core.run import on_threads
 from chload.core.sample import SampleMisfit, Tolerance, infer
+from chload.core.upsert import Upsert
 from chload.errors import KEEP_BAD_ROWS, ChloadError, SchemaError, SourceError, UsageError
 from chload.formats import LINE_FORMATS, check_compression
 from chload.schema import (
@@ -177,6 +178,7 @@ def prepare_table(
     budget: ErrorBudget | None = None, described: list[Column] | None = None,
     dates_told: bool = False, sources: RunSources | None = None,
     added: AddColumns | None = None, evolved: list[Column] | None = None,
+    upsert: Upsert | None = None,
 ) -> tuple[list[Column], list[Column], bool]:
     """Create the table if needed; return (table columns, read columns, created).
     `existing`: the table's columns (target.table_columns), None if it does not exist.
@@ -198,7 +200,8 @@ def prepare_table(
 
     `evolved` (--on-new-column add or ignore: core/evolve.py): the table's columns that
     the files name, read with the table's types; a table column no file names loads as
-    NULL or its default.
+    NULL or its default. `upsert` (--upsert-key): the table created is its engine,
+    ordered by its key, once the data is seen to hold the key and version.
     """
     tolerate = budget.allows if budget and budget.allows_errors else None
     given = parse_structure(schema) if schema else described
@@ -214,7 +217,11 @@ def prepare_table(
     if existing is None:
         columns = data + ([Column(n, t) for n, t in AUDIT_COLUMNS.items()] if audit else [])
         target.command(f"CREATE DATABASE IF NOT EXISTS {quote_ident(table.database)}")
-        target.create_table(table.sql, columns, order_by, partition_by)
+        if upsert is None:
+            target.create_table(table.sql, columns, order_by, partition_by)
+        else:
+            upsert.check_data(table.display, data)
+            target.create_table(table.sql, columns, upsert.order_by, partition_by, upsert.engine)
         existing = target.table_columns(table.sql) or columns
         created = True
     matched = match_columns(table.display, existing, data, audit,

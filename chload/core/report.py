@@ -18,6 +18,7 @@ from chload import options
 from chload.commit.rejects import ErrorBudget
 from chload.core import evolve
 from chload.core import plan as planner
+from chload.core import upsert as upserts
 from chload.core.run import FileResult
 from chload.errors import UsageError
 
@@ -63,6 +64,8 @@ class LoadSpec:
     after_last_key: bool = False
     poll: float | None = None  # --follow of files: seconds between listings (None: 30)
     on_new_column: str = "fail"
+    upsert_key: str | None = None  # --upsert-key: a ReplacingMergeTree ordered by these
+    version: str | None = None  # --version: its version column
 
     def __post_init__(self) -> None:
         for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
@@ -74,6 +77,7 @@ class LoadSpec:
         evolve.check_mode(self.on_new_column)
         planner.validate_options(self.compression, self.workers)
         planner.parse_table(self.table)
+        upserts.of(self.upsert_key, self.version, self.order_by)
         if self.max_errors is not None and self.max_errors < 0:
             raise UsageError(f"--max-errors {self.max_errors}: must be 0 or more")
         if self.max_error_ratio is not None and not 0 <= self.max_error_ratio <= 1:
@@ -86,6 +90,10 @@ class LoadSpec:
         if self.follow and "-" in self.sources:
             raise UsageError("--follow -: standard input is read once; follow a directory, "
                              "a glob or a prefix")
+
+    @property
+    def upsert(self) -> upserts.Upsert | None:
+        return upserts.of(self.upsert_key, self.version, self.order_by)
 
     @property
     def budget(self) -> ErrorBudget:
@@ -106,7 +114,8 @@ _SPEC_TYPES = {
     "query": options.optional_text, "incremental_by": options.optional_text,
     "shards": options.settings, "shard_by": options.text, "after_last_key": options.flag,
     "poll": options.optional_seconds,
-    "on_new_column": options.text,
+    "on_new_column": options.text, "upsert_key": options.optional_text,
+    "version": options.optional_text,
 }
 
 

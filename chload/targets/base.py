@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from chload.commit.ledger import Ledger
 from chload.commit.rejects import ErrorBudget
-from chload.schema import Column
+from chload.schema import Column, display_table, quote_str, split_table
 from chload.sources.base import SourceFile, StreamPosition
 
 if TYPE_CHECKING:
@@ -134,10 +134,16 @@ class Target(Protocol):
     def table_columns(self, table: str) -> list[Column] | None: ...
 
     def create_table(self, table: str, columns: Sequence[Column], order_by: str | None,
-                     partition_by: str | None) -> None:
+                     partition_by: str | None, engine: str = "MergeTree") -> None:
         """Create `table` (qualified and quoted: `db`.`t`) if it does not exist, with
         `columns` as this target can store them (a SchemaError names a column it
-        cannot)."""
+        cannot), of `engine` (a MergeTree-family engine clause: --upsert-key's
+        ReplacingMergeTree)."""
+        ...
+
+    def table_engines(self, table: str) -> list[tuple[str, str]]:
+        """Where `table`'s rows are kept and each one's engine clause (engine_full):
+        the table itself, or a Distributed table's local table on each shard."""
         ...
 
     def add_columns(self, table: str, columns: Sequence[Column]) -> list[str]:
@@ -205,3 +211,11 @@ class Target(Protocol):
         error; a target that made its place for that run and committed nothing there
         removes it (an embedded directory); the others ignore it."""
         ...
+
+
+def engines_of(rows: Callable[[str], list[dict]], table: str) -> list[tuple[str, str]]:
+    """Target.table_engines of a table kept where `rows` asks: its own engine clause."""
+    database, name = split_table(table)
+    found = rows(f"SELECT engine_full FROM system.tables WHERE database = "
+                 f"{quote_str(database)} AND name = {quote_str(name)}")
+    return [(display_table(table), r["engine_full"]) for r in found]

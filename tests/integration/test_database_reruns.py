@@ -119,6 +119,7 @@ def test_incremental_by_updated_at_into_a_merge_tree_says_versions_stay(
     first = _load(db, table_name, target_dir, "--incremental-by", "updated_at")
     note = _note(first)
     assert f"default.{table_name} is a MergeTree, which keeps every row" in note, first
+    assert "load into a new table with --upsert-key id --version updated_at" in note, note
     for round_ in (1, 2):
         _update(db, table_name, round_)
         again = _load(db, table_name, target_dir, "--incremental-by", "updated_at")

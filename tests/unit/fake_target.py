@@ -112,6 +112,7 @@ class FakeTarget:
         self.batch_size, self.workers = batch_size, workers
         self.ledger = FakeLedger(self)
         self.tables: dict[str, list[Column]] = {}
+        self.engines: dict[str, str] = {}
         self.attached: dict[str, list[str]] = {}
         self.rows_of: dict[str, int] = {}
         self.commands: list[str] = []
@@ -145,8 +146,12 @@ class FakeTarget:
         return self.tables.get(table)
 
     def create_table(self, table: str, columns: Sequence[Column], order_by: str | None,
-                     partition_by: str | None) -> None:
+                     partition_by: str | None, engine: str = "MergeTree") -> None:
         self.tables.setdefault(table, list(columns))
+        self.engines[table] = f"{engine} ORDER BY {order_by}"
+
+    def table_engines(self, table: str) -> list[tuple[str, str]]:
+        return [(table, self.engines[table])] if table in self.engines else []
 
     def add_columns(self, table: str, columns: Sequence[Column]) -> list[str]:
         have = self.tables.setdefault(table, [])

@@ -145,10 +145,18 @@ class ClusterTarget(Ending):
         return self.entry.table_columns(table)
 
     def create_table(self, table: str, columns: Sequence[Column], order_by: str | None,
-                     partition_by: str | None) -> None:
+                     partition_by: str | None, engine: str = "MergeTree") -> None:
         raise UsageError(f"table {display_table(table)}: chload does not create tables on "
                          f"cluster {self.dist.cluster}; create the local and Distributed "
                          "tables first")
+
+    def table_engines(self, table: str) -> list[tuple[str, str]]:
+        """Each shard's local table (read as the cluster was opened: check_locals)."""
+        if table != self.table:
+            return self.entry.table_engines(table)
+        return [(f"{s.local_display} on {s.name}",
+                 next((r["engine_full"] for r in s.local if r["k"] == "engine"), ""))
+                for s in self.shards]
 
     def add_columns(self, table: str, columns: Sequence[Column]) -> list[str]:
         """Every shard's local table, then the Distributed one (cluster/columns.py)."""

@@ -65,7 +65,7 @@ from chload.schema import (
 from chload.sources import identity
 from chload.sources.base import SourceFile
 from chload.sources.registry import source_for, table_function, table_function_many
-from chload.targets.base import Loaded, LoadJob, Target
+from chload.targets.base import Loaded, LoadJob, Target, engines_of
 from chload.targets.embedded.groups import plain_text, plan_groups
 from chload.targets.vanished import check_present, explain_gone, reading
 
@@ -151,9 +151,12 @@ class EmbeddedTarget:
         return [Column(r["name"], r["type"], r["default_kind"]) for r in rows] or None
 
     def create_table(self, table: str, columns: Sequence[Column], order_by: str | None,
-                     partition_by: str | None) -> None:
+                     partition_by: str | None, engine: str = "MergeTree") -> None:
         self.fresh, self._kept = False, True
-        self.command(create_table_sql(table, columns, order_by, partition_by))
+        self.command(create_table_sql(table, columns, order_by, partition_by, engine))
+
+    def table_engines(self, table: str) -> list[tuple[str, str]]:
+        return engines_of(self.rows, table)
 
     def add_columns(self, table: str, columns: Sequence[Column]) -> list[str]:
         """One process holds the directory (engine.py's flock), and the planner adds a

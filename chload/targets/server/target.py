@@ -67,7 +67,7 @@ from chload.schema import (
 from chload.sources import identity
 from chload.sources.base import SourceFile
 from chload.sources.registry import table_function
-from chload.targets.base import Loaded, LoadJob, Target
+from chload.targets.base import Loaded, LoadJob, Target, engines_of
 from chload.targets.server import early as server_early
 from chload.targets.server import groups as server_groups
 from chload.targets.server import peers
@@ -197,13 +197,16 @@ class ServerTarget(StageFilling):
         return columns or None
 
     def create_table(self, table: str, columns: Sequence[Column], order_by: str | None,
-                     partition_by: str | None) -> None:
+                     partition_by: str | None, engine: str = "MergeTree") -> None:
         """The table with each type as this server stores it (capabilities.server_type:
         e.g. LowCardinality(T) as T where it is experimental); a type it cannot store is
         a SchemaError naming the column and --schema."""
         stored = server_columns(columns, self.caps, f"table {display_table(table)}")
         self.command(create_table_sql(table, stored, order_by or default_order_by(columns),
-                                      partition_by))
+                                      partition_by, engine))
+
+    def table_engines(self, table: str) -> list[tuple[str, str]]:
+        return engines_of(self.rows, table)
 
     def add_columns(self, table: str, columns: Sequence[Column]) -> list[str]:
         """Each column `table` lacks, added as this server stores its type. Another
