@@ -15,6 +15,7 @@ from chload.commit.ledger import COMMITTING, FileEvent, own_history
 from chload.commit.rejects import ErrorBudget
 from chload.core import plan as planner
 from chload.core import run as runner
+from chload.core import sniff
 from chload.core.finish import (
     _check_settings,
     _finish_reported,
@@ -110,11 +111,12 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
         )
         if not state.exists:
             state = target.ledger.table_state(table.database, table.name)
-        checked = planner.check_headers(target, table, plan.to_load,
-                                        existing or columns, read_columns, spec.audit,
-                                        named=planner.reads_by_name(spec.schema,
-                                                                    spec.settings),
-                                        settings=spec.settings)
+        with sniff.kept_starts():  # each file's start read once for all its checks
+            checked = planner.check_headers(target, table, plan.to_load,
+                                            existing or columns, read_columns, spec.audit,
+                                            named=planner.reads_by_name(spec.schema,
+                                                                        spec.settings),
+                                            settings=spec.settings)
         to_load, settings = checked.files, (*checked.settings, *settings)
         refused += _refuse(target, table, checked.refused, report.run_id, listener)
         if refused and spec.on_error == "abort":

@@ -82,8 +82,12 @@ def described(files: Sequence[SourceFile], compression: str | None) -> list[Sour
     (a gzip export saved as `trips.csv`), unless --compression said it."""
     if compression not in (None, "auto"):
         return list(files)
-    return [f if f.is_stream or not f.local_path else
-            replace(f, format=compressed_as(f.local_path, f.format)) for f in files]
+    return [f if f.is_stream or not f.local_path else _as_stored(f) for f in files]
+
+
+def _as_stored(f: SourceFile) -> SourceFile:
+    fmt = compressed_as(f.local_path or f.uri, f.format)
+    return f if fmt == f.format else replace(f, format=fmt)
 
 
 def display(path: str) -> str:
