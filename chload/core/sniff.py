@@ -176,17 +176,20 @@ def kept_starts() -> Iterator[None]:
                 _kept[0] = 0
 
 
-_KEPT_BYTES = 16 << 20  # starts of files kept (start), oldest dropped first
+# Starts of files kept (start), oldest dropped first: a load's header pass and its checks
+# pass come one after the other, so this holds every small file of 100,000 or so.
+_KEPT_BYTES = 64 << 20
+_KEPT_EACH = 200  # bytes a kept start costs beside its data (key, entry)
 _STARTS: dict[tuple[str, str, int, int], bytes | None] = {}
 _STARTS_GUARD = threading.Lock()
 _kept = [0, 0]  # bytes kept, scopes open (kept_starts)
 
 
 def _keep(key: tuple[str, str, int, int], data: bytes | None) -> None:
-    size = len(data or b"") + 100
+    size = len(data or b"") + _KEPT_EACH
     with _STARTS_GUARD:
         while _STARTS and _kept[0] + size > _KEPT_BYTES:
-            _kept[0] -= len(_STARTS.pop(next(iter(_STARTS))) or b"") + 100
+            _kept[0] -= len(_STARTS.pop(next(iter(_STARTS))) or b"") + _KEPT_EACH
         if key not in _STARTS:
             _STARTS[key] = data
             _kept[0] += size
