@@ -299,7 +299,8 @@ class EmbeddedTarget:
         """Several files parsed by one INSERT, in one pass: into a Null table with two
         materialized views, one writing the rows into the stage, one counting them per
         file (so per-file row counts are exact). Either all files of the batch are
-        committed or none is; a batch that fails is retried file by file by the runner.
+        committed or none is; a batch that fails is halved by the runner until the bad
+        file is alone.
         The engine reads a file gone since listing as empty, so a file without rows is
         looked at again before the commit (vanished.py).
 
