@@ -355,15 +355,18 @@ def test_small_files_batch_and_a_bad_one_fails_alone(small_files: Path, target_d
         str(small_files / "s_0333.csv")]
 
 
+LONG_NAME = "a_name_long_enough_that_2500_of_them_exceed_the_engines_max_query_size_"
+
+
 @pytest.fixture
 def many_small(tmp_path: Path) -> Path:
-    """5,000 CSV files of 3 rows in 5 directories: two batches of 2,500 files (each read
+    """5,000 CSV files of 3 rows in 5 directories, of long names: a few batches (each read
     by one file() across directories), however many workers."""
     root = tmp_path / "many"
     for d in range(5):
         (root / f"d{d}").mkdir(parents=True)
         for i in range(d * 1000, d * 1000 + 1000):
-            (root / f"d{d}" / f"f{i:05d}.csv").write_text(
+            (root / f"d{d}" / f"{LONG_NAME}{i:05d}.csv").write_text(
                 "id,v\n" + "".join(f"{i * 3 + j},{j}\n" for j in range(3)))
     return root
 
@@ -376,12 +379,13 @@ def ledger_sql(target_dir: str, sql: str) -> str:
 
 def test_a_bad_file_in_a_large_batch_fails_alone_and_the_rest_commit_in_few_batches(
         many_small: Path, target_dir: str) -> None:
-    bad = many_small / "d3" / "f03217.csv"
+    bad = many_small / "d3" / f"{LONG_NAME}03217.csv"
     bad.write_text("id,v\n1,2\nnot,a,number\n")
     code, report = load_json(f"{many_small}/*/*.csv", "--table", "s", "--target", target_dir,
                              "--workers", "1")
     assert code == 1
     assert (report["files_loaded"], report["files_failed"]) == (4999, 1)
+    assert report["costs"]["data_requests"] < 2 * report["costs"]["units"]  # few failed
     failed = ledger_sql(target_dir, "SELECT uri, error FROM chload.files WHERE state = "
                                     "'failed'").split("\t")
     assert failed[0] == str(bad) and "line 3, column id" in failed[1] and "Int64" in failed[1]
@@ -411,6 +415,11 @@ def test_crash_inside_a_batch_commit(many_small: Path, target_dir: str, point: s
                                   "state = 'loaded'").split() == ["5000", "5000"]
     code, again = load_json(*args[1:])
     assert (code, again["files_loaded"], again["files_skipped"]) == (0, 0, 5000)
+    rm = subprocess.run(["rm", "-rf", target_dir], check=True)
+    assert rm.returncode == 0
+    code, clean = load_json(*args[1:])  # no batch too long for a statement: none halved
+    assert (code, clean["files_loaded"]) == (0, 5000)
+    assert clean["costs"]["data_requests"] == clean["costs"]["units"], clean["costs"]
     assert count(target_dir, "s") == (15_000, 15_000)
 
 
