@@ -21,7 +21,7 @@ import threading
 import time
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from operator import attrgetter
 from typing import Protocol
 
@@ -78,7 +78,9 @@ class FileEvent:
 
     def moved(self, state: str, error: str = "") -> FileEvent:
         """The same file in a later state (a new event, with its own sequence number)."""
-        return replace(self, state=state, error=error, seq=time.time_ns())
+        return FileEvent(self.target_table, self.uri, self.identity, self.size, self.mtime_ns,
+                         state, self.rows, self.bytes, error, self.run_id, self.stage,
+                         self.mark, time.time_ns(), self.table_uuid)
 
 
 @dataclass(slots=True)
