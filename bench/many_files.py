@@ -2,7 +2,7 @@
 """Many small files: what a rerun costs once a table holds a long history.
 
     python3 bench/many_files.py [--files 100000] [--new 10] [--repeat 3]
-        [--vs CHECKOUT] [--json OUT]
+        [--vs CHECKOUT] [--json OUT] [--first] [--server FILES]
 
 N files of 10 CSV rows each under `f/pNNNN/fNNNNNNN.csv` (1,000 a directory) are written
 once (cached under $CHLOAD_BENCH_CACHE/many_files/N) and loaded once into an embedded
@@ -15,6 +15,13 @@ this chload and, with `--vs`, another checkout (e.g. /work/main), alternately an
   command: they load, the rest is skipped.
 
 `--seed` writes the first load's ledger directly (seed_ledger), for a million files.
+
+`--first` measures the first load itself instead: `chload load` into a fresh embedded
+target against one chDB statement, `INSERT INTO t SELECT * FROM file('f/**/*.csv')`,
+alternately, each a process of its own; it prints both times, files/s and chload's speed
+against the statement (goal FIRST_GOAL). `--server N` does the same for the first N
+files into a ClickHouse 18.16 server of its own, against curl posting each file,
+POSTERS at a time: files/s of each and the speed ratio.
 
 Each is a whole `chload load` process: its wall time, its peak RSS (the kernel's,
 `wait4` ru_maxrss) and its CPU time (user and system: what busy neighbours move least).
@@ -34,12 +41,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from common import CACHE, compile_chload  # noqa: E402
+from common import CACHE, compile_chload, query  # noqa: E402
 
 PER_DIRECTORY = 1000
 # (files, case) -> (wall seconds, peak RSS MiB) a run must stay under
@@ -129,11 +137,24 @@ def main() -> int:
     p.add_argument("--seed", action="store_true", help="write the first load's ledger "
                    "directly, but for the first directory (seed_ledger)")
     p.add_argument("--only", choices=["rerun", "new"], help="measure one case only")
+    p.add_argument("--first", action="store_true", help="measure the first load against "
+                   "one chDB statement over the same files (first_load)")
+    p.add_argument("--server", type=int, metavar="FILES", help="measure the first load of "
+                   "this many files into an 18.16 server against curl (server_load)")
     args = p.parse_args()
     checkouts = {"this": str(ROOT)} | ({"vs": args.vs} if args.vs else {})
     for checkout in checkouts.values():
         compile_chload(os.path.join(checkout, "chload"))
     root = dataset(args.files)
+    if args.first or args.server:
+        result = {"benchmark": "many_files", "files": args.files}
+        if args.first:
+            result["first"] = first_load(root, args.files, args.repeat)
+        if args.server:
+            result["server"] = server_load(root, args.server, args.repeat)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        return 0
     target = root / "target"
     if not (root / "loaded").exists():
         print(f"first load of {args.files:,} files (once, untimed)", file=sys.stderr)
@@ -199,6 +220,135 @@ def report(files: int, figures: dict[str, dict[str, list]], versus: bool) -> dic
                                  "spread_seconds": [min(cell["seconds"]),
                                                     max(cell["seconds"])]}
     return result
+
+
+# ---------------------------------------------------------------- the first load
+FIRST_GOAL = 0.7  # chload's speed against one chDB statement over the same files, at least
+SCHEMA = "id Int64, name String, value Float64"  # what chDB infers from the files
+ONE_STATEMENT = ("import chdb.session, sys; s = chdb.session.Session(sys.argv[1]); "
+                 "s.query('CREATE TABLE t (" + SCHEMA + ") ENGINE = MergeTree ORDER BY "
+                 "tuple()'); s.query(\"INSERT INTO t SELECT * FROM file('\" + sys.argv[2] "
+                 "+ \"')\"); print(s.query('SELECT count() FROM t', 'TSV'))")
+
+
+def first_load(root: Path, files: int, repeat: int) -> dict:
+    """The first load of every file into a fresh embedded target, against one chDB
+    statement (`INSERT INTO t SELECT * FROM file('f/**/*.csv')`, a process of its own
+    too) into a fresh directory, alternately: its seconds, and the speed ratio."""
+    pattern = f"{root}/f/**/*.csv"
+    seconds: dict[str, list[float]] = {"chload": [], "chdb": []}
+    with tempfile.TemporaryDirectory(prefix="chload-first-") as work:
+        for round_ in range(repeat):
+            order = ["chload", "chdb"] if round_ % 2 == 0 else ["chdb", "chload"]
+            for method in order:
+                target = Path(work) / f"{method}{round_}"
+                if method == "chload":
+                    wall, _, summary = run(str(ROOT), root, target, pattern)
+                    if not summary.startswith(f"{files} loaded"):
+                        sys.exit(f"chload first load: expected {files} loaded, got {summary}")
+                else:
+                    wall = _one_statement(target, pattern, files * 10)
+                seconds[method].append(round(wall, 3))
+                subprocess.run(["rm", "-rf", str(target)], check=True)
+                print(f"round {round_ + 1} first {method:<6} {wall:7.2f} s", file=sys.stderr)
+    return speed_report(f"first load of {files:,} files into a fresh embedded target", seconds,
+                        "chdb", "one chDB statement over the same files", FIRST_GOAL, files)
+
+
+def _one_statement(target: Path, pattern: str, rows: int) -> float:
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", ONE_STATEMENT, str(target), pattern],
+                          capture_output=True, text=True, check=True)
+    wall = time.monotonic() - started
+    if int(done.stdout.strip()) != rows:
+        sys.exit(f"one chDB statement loaded {done.stdout.strip()} rows, not {rows}")
+    return wall
+
+
+def speed_report(title: str, seconds: dict[str, list[float]], base: str, what: str,
+                 goal: float | None, files: int) -> dict:
+    """Medians, files/s and the speed ratio (base seconds / chload seconds: higher is
+    faster), of the medians and per round (a round runs both back to back)."""
+    wall = {m: statistics.median(s) for m, s in seconds.items()}
+    rounds = sorted(b / c for b, c in zip(seconds[base], seconds["chload"], strict=True))
+    ratio, paired = wall[base] / wall["chload"], statistics.median(rounds)
+    print(f"# {title}: medians of {len(rounds)}")
+    for method, s in seconds.items():
+        print(f"{method:<8} {wall[method]:8.2f} s {files / wall[method]:10,.0f} files/s  "
+              f"({' '.join(f'{x:.2f}' for x in s)})")
+    verdict = "" if goal is None else (
+        f"; goal >= {goal}: {'met' if min(ratio, paired) >= goal else 'NOT met'}")
+    print(f"speed of chload vs {what}: {ratio:.2f}x, per round {paired:.2f}x "
+          f"({rounds[0]:.2f}-{rounds[-1]:.2f}){verdict}")
+    return {"title": title, "seconds": seconds, "median_seconds": wall,
+            "files_per_second": {m: files / w for m, w in wall.items()},
+            "speed_vs_baseline": ratio, "speed_vs_baseline_per_round": paired, "goal": goal}
+
+
+# ---------------------------------------------------------------- into an 18.16 server
+POSTERS = 4  # curl processes posting files at once, the baseline into a server
+
+
+def server_load(root: Path, files: int, repeat: int) -> dict:
+    """The first load of the first `files` files into a ClickHouse 18.16 server (one of
+    its own, scripts/services), a fresh table each time (none dropped: 18.16's DROP waits
+    for the merges of curl's part a file): chload against curl posting each file
+    (`INSERT ... FORMAT CSVWithNames`), POSTERS at a time."""
+    sys.path.insert(0, str(ROOT / "scripts" / "services"))
+    import services
+
+    directories = -(-files // PER_DIRECTORY)
+    pattern = f"{root}/f/p{{{0:04d}..{directories - 1:04d}}}/*.csv"
+    listed = sorted(str(p) for d in range(directories)
+                    for p in (root / "f" / f"p{d:04d}").glob("*.csv"))[:files]
+    if files % PER_DIRECTORY or len(listed) != files:
+        sys.exit(f"--server: a multiple of {PER_DIRECTORY} files, at most the data set's")
+    seconds: dict[str, list[float]] = {"chload": [], "curl": []}
+    with tempfile.TemporaryDirectory(prefix="chload-server-") as work:
+        server = services.start_clickhouse_server(Path(work))
+        try:
+            url = server.url
+            for round_ in range(repeat):
+                order = ["chload", "curl"] if round_ % 2 == 0 else ["curl", "chload"]
+                for method in order:
+                    table = f"t_{method}_{round_}"
+                    query(url, f"CREATE TABLE default.{table} ({SCHEMA}) ENGINE = MergeTree "
+                               "ORDER BY tuple()")
+                    started = time.monotonic()
+                    if method == "chload":
+                        _chload_server(url, table, pattern, files)
+                    else:
+                        _curl(url, table, listed)
+                    wall = time.monotonic() - started
+                    count = int(query(url, f"SELECT count() FROM default.{table}"))
+                    if count != files * 10:
+                        sys.exit(f"{method} into the server: {count} rows, not {files * 10}")
+                    seconds[method].append(round(wall, 3))
+                    print(f"round {round_ + 1} server {method:<6} {wall:7.2f} s",
+                          file=sys.stderr)
+        finally:
+            server.stop()
+    return speed_report(f"first load of {files:,} files into a ClickHouse 18.16 server",
+                        seconds, "curl", f"curl posting the files {POSTERS} at a time", None,
+                        files)
+
+
+def _chload_server(url: str, table: str, pattern: str, files: int) -> None:
+    done = subprocess.run([sys.executable, "-m", "chload", "load", pattern, "--table", table,
+                           "--target", url, "--json"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=str(ROOT))
+    if done.returncode != 0:
+        sys.exit(f"chload into the server failed: {done.stderr[-2000:]}")
+    loaded = json.loads(done.stdout.strip().splitlines()[-1])["files_loaded"]
+    if loaded != files:
+        sys.exit(f"chload into the server loaded {loaded} files, not {files}")
+
+
+def _curl(url: str, table: str, paths: list[str]) -> None:
+    insert = urllib.parse.quote_plus(f"INSERT INTO default.{table} FORMAT CSVWithNames")
+    subprocess.run(["xargs", "-0", f"-P{POSTERS}", "-I{}", "curl", "-sSf", "--data-binary",
+                    "@{}", f"{url}/?query={insert}"], input="\0".join(paths).encode(),
+                   check=True)
 
 
 if __name__ == "__main__":

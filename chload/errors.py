@@ -13,7 +13,7 @@
     │   ├── TargetInUse              another process holds the embedded target directory
     │   ├── AuthError                the server refused the user or password
     │   ├── CommitInterrupted        a commit whose outcome is unsettled (commit/committer.py)
-    │   ├── BatchOverlap             another load committed files of a batch: load one by one
+    │   ├── BatchOverlap             another load committed files of a batch: load in halves
     │   └── EngineError              any other error answered by ClickHouse
     └── TransientError               worth a retry with backoff: network, 5xx, too many parts
 
@@ -117,7 +117,7 @@ class CommitInterrupted(TerminalError):
 
 
 class BatchOverlap(TerminalError):
-    """Some files of a batch were committed by another load: load them one by one."""
+    """Some files of a batch were committed by another load: load each half again."""
 
 
 class EngineError(TerminalError):

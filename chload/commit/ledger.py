@@ -21,7 +21,8 @@ import threading
 import time
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
+from operator import attrgetter
 from typing import Protocol
 
 from chload.commit.known import KnownUnits
@@ -77,7 +78,9 @@ class FileEvent:
 
     def moved(self, state: str, error: str = "") -> FileEvent:
         """The same file in a later state (a new event, with its own sequence number)."""
-        return replace(self, state=state, error=error, seq=time.time_ns())
+        return FileEvent(self.target_table, self.uri, self.identity, self.size, self.mtime_ns,
+                         state, self.rows, self.bytes, error, self.run_id, self.stage,
+                         self.mark, time.time_ns(), self.table_uuid)
 
 
 @dataclass(slots=True)
@@ -219,21 +222,22 @@ class Ledger:
         read it in the statement that appends them, more read it first (_INLINE_EVENTS)."""
         if not events:
             return
-        events = [e if e.table_uuid else replace(e, table_uuid=self._uuids.get(
-            e.target_table, "")) for e in events]
+        rows = [self._own_row(e) for e in events]
         if mark_of is None:
-            self._insert(FILES, (asdict(e) for e in events))
+            self._insert(FILES, rows)
             return
         database, table = mark_of
-        rows = [asdict(e) for e in events]
-        tuples = ", ".join("(" + ", ".join(_literal(v) for v in r.values()) + ")" for r in rows)
+        tuples = "" if len(events) > _INLINE_EVENTS else ", ".join(
+            "(" + ", ".join(_literal(v) for v in r.values()) + ")" for r in rows)
         if len(events) > _INLINE_EVENTS or len(tuples) > _INLINE_BYTES:  # read the mark,
             # then append (the caller holds the commit lock)
-            top = self._sql.rows(f"SELECT (SELECT toUInt64(max(max_block_number)) FROM "
-                                 f"system.parts WHERE active AND database = "
-                                 f"{quote_str(database)} AND table = {quote_str(table)}) "
-                                 "AS mark")[0]["mark"]
-            self._insert(FILES, (asdict(replace(e, mark=int(top) + e.mark)) for e in events))
+            top = int(self._sql.rows(f"SELECT (SELECT toUInt64(max(max_block_number)) FROM "
+                                     f"system.parts WHERE active AND database = "
+                                     f"{quote_str(database)} AND table = "
+                                     f"{quote_str(table)}) AS mark")[0]["mark"])
+            for row in rows:
+                row["mark"] += top
+            self._insert(FILES, rows)
             return
         # One scan of system.parts for the whole group, the events ARRAY JOINed to it:
         # a UNION ALL of a SELECT per event, each with its own scalar subquery, costs
@@ -246,6 +250,13 @@ class Ledger:
             f"max_block_number)) AS m FROM system.parts WHERE active AND database = "
             f"{quote_str(database)} AND table = {quote_str(table)}) ARRAY JOIN [{tuples}] "
             "AS e")
+
+    def _own_row(self, event: FileEvent) -> dict:
+        """The event as a row, naming its table by the uuid stamped (unless it does)."""
+        row = _row(event)
+        if not row["table_uuid"]:
+            row["table_uuid"] = self._uuids.get(event.target_table, "")
+        return row
 
     def record_run(self, run: RunRecord) -> None:
         self._insert(RUNS, [asdict(run)])
@@ -412,6 +423,16 @@ def _slices(count: int) -> list[tuple[int, int]]:
     n = -(-count // _KNOWN_SLICE)
     step = (1 << 64) // n
     return [(k * step, (k + 1) * step - 1 if k < n - 1 else (1 << 64) - 1) for k in range(n)]
+
+
+_EVENT_FIELDS = tuple(f.name for f in fields(FileEvent))
+_event_values = attrgetter(*_EVENT_FIELDS)
+
+
+def _row(event: FileEvent) -> dict:
+    """An event as a row (asdict's copying of every value costs a batch of many small
+    files dearly: two events a file)."""
+    return dict(zip(_EVENT_FIELDS, _event_values(event), strict=True))
 
 
 def _literal(value: object) -> str:

@@ -34,15 +34,21 @@ def resolve_format(target: Target, files: Sequence[SourceFile],
     """
     csv = [f for f in files if f.format.name.startswith("CSV")]
     sep = _decide_delimiter(target, csv, delimiter) if csv else ""
-    files = [replace(f, format=_with_delimiter(f.format, sep))
+    files = [_with_format(f, _with_delimiter(f.format, sep))
              if f.format.name.startswith("CSV") else f for f in files]
     decided: dict[FileFormat, FileFormat] = {}
     for fmt in dict.fromkeys(f.format for f in files):
         decided[fmt] = fmt
         if not forced and fmt.name in HEADER_FORMATS:
             decided[fmt] = _decide_header(target, [f for f in files if f.format == fmt], names)
-    return [replace(f, format=_headless(decided[f.format]) if f.empty else decided[f.format])
+    return [_with_format(f, _headless(decided[f.format]) if f.empty else decided[f.format])
             for f in files]
+
+
+def _with_format(file: SourceFile, fmt: FileFormat) -> SourceFile:
+    """`file` read as `fmt` (itself when it is already: a copy of each of many small
+    files costs)."""
+    return file if fmt == file.format else replace(file, format=fmt)
 
 
 def _headless(fmt: FileFormat) -> FileFormat:

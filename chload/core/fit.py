@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import csv
 import json
-import lzma
 import re
-import zlib
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from chload.core.ranges import CHDB, bounds, wider
-from chload.core.sniff import _OPENERS, BOM, _unescape_tsv, delimiter, read_again
+from chload.core.sniff import BOM, _unescape_tsv, delimiter, start
 from chload.formats import JSON_LINES, FileFormat
 from chload.schema import Column, bare_type, quote_ident, quote_str
 from chload.sources.base import SourceFile
@@ -155,16 +153,13 @@ def _told(settings: Mapping[str, str], name: str) -> bool:
 
 def _start(file: SourceFile) -> bytes | None:
     """The first SAMPLE bytes of a local file, decompressed, cut after its last whole
-    line."""
-    opener = _OPENERS.get(file.format.compression)
-    if opener is None or not file.local_path or not read_again(file) \
-            or (delimiter(file.format) is None and file.format.name not in JSON_LINES):
+    line (read once for the header too: sniff.start)."""
+    if delimiter(file.format) is None and file.format.name not in JSON_LINES:
         return None
-    try:
-        with opener(file.local_path) as stream:
-            data = stream.read(SAMPLE)
-    except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError):
+    data = start(file)
+    if data is None:
         return None
+    data = data[:SAMPLE]
     end = data.rfind(b"\n")
     return data[:end + 1] if end >= 0 else None
 

@@ -14,7 +14,7 @@ from dataclasses import MISSING, fields, replace
 from chload import formats
 from chload.commit.ledger import COMMITTING, FileEvent, own_history
 from chload.commit.rejects import ErrorBudget
-from chload.core import evolve
+from chload.core import evolve, sniff
 from chload.core import plan as planner
 from chload.core import run as runner
 from chload.core.finish import (
@@ -123,10 +123,11 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
             report.schema_changes = [c.as_dict() for c in evolution.changes]
         if not state.exists:
             state = target.ledger.table_state(table.database, table.name)
-        checked = planner.check_headers(target, table, plan.to_load,
-                                        existing or columns, read_columns, spec.audit,
-                                        named=planner.reads_by_name(spec.schema, settings),
-                                        settings=spec.settings, new_columns=new_columns)
+        with sniff.kept_starts():  # each file's start read once for all its checks
+            checked = planner.check_headers(target, table, plan.to_load,
+                                            existing or columns, read_columns, spec.audit,
+                                            named=planner.reads_by_name(spec.schema, settings),
+                                            settings=spec.settings, new_columns=new_columns)
         to_load, settings = checked.files, (*checked.settings, *settings)
         refused += _refuse(target, table, checked.refused, report.run_id, listener)
         if refused and spec.on_error == "abort":

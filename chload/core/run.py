@@ -207,9 +207,13 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
                           rejected=done.rejected)
 
     def batch(job: LoadJob) -> list[FileResult]:
-        """Several small files in one commit; if that fails, each file on its own."""
-        if len(job.files) == 1 or stop.is_set() or halted.is_set():
-            return [one(replace(job, batch=()))]
+        """Several small files in one commit; if that fails, each half as a batch of its
+        own (halved again while it fails), so the good files commit and a bad file fails
+        alone, in its own message, at the cost of about two tries per halving."""
+        if stop.is_set() or halted.is_set():
+            return [FileResult(f.uri, "not-started") for f in job.files]
+        if len(job.files) == 1:
+            return [one(replace(job, file=job.files[0], batch=()))]
         listener(Event("start", job.file.uri, bytes=sum(f.size for f in job.files)))
         started = time.monotonic()
         progress = _Progress(listener, job.file.uri)
@@ -222,7 +226,7 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
             if isinstance(exc, ValuesRefused):
                 stop.set()
                 raise
-            return [one(replace(job, file=f, batch=())) for f in job.files]
+            return [r for half in halves(job) for r in batch(half)]
         seconds = (time.monotonic() - started) / len(job.files)
         results = []
         for f, done in zip(job.files, loaded, strict=True):
@@ -235,6 +239,13 @@ def run(target: Target, jobs: Sequence[LoadJob], workers: int, listener: Listene
     results = [r for done in on_threads(batch, jobs, workers) for r in done]
     order = {f.uri: i for i, f in enumerate(f for j in jobs for f in j.files)}
     return sorted(results, key=lambda r: order.get(r.uri, 0))
+
+
+def halves(job: LoadJob) -> list[LoadJob]:
+    """A batch's files in two batches (a batch of one is a file's own job)."""
+    middle = len(job.files) // 2
+    parts = (job.files[:middle], job.files[middle:])
+    return [replace(job, file=part[0], batch=part if len(part) > 1 else ()) for part in parts]
 
 
 def give_way(sources: RunSources | None, stop: threading.Event) -> None:

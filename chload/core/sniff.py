@@ -16,14 +16,16 @@ not differ between the first line and the rest) is decided by `looks_like_names`
 from __future__ import annotations
 
 import bz2
+import contextlib
 import csv
 import gzip
 import lzma
 import os
 import re
 import stat
+import threading
 import zlib
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 from chload.formats import FileFormat
@@ -133,16 +135,83 @@ def read_again(file: SourceFile) -> bool:
         return False
 
 
+def start(file: SourceFile) -> bytes | None:
+    """The first LIMIT bytes of a local file, decompressed, or None when they cannot be
+    read cheaply (a remote file, a pipe, a compression the standard library lacks, an
+    error: the engine then says). Read once: the header, its checks and the values'
+    fit (fit.py) each ask for it, so a load of many small files opens each one once:
+    kept within `kept_starts` (a file rewritten later is read anew), at most
+    _KEPT_BYTES of them."""
+    opener = _OPENERS.get(file.format.compression)
+    if opener is None or not file.local_path:
+        return None
+    key = (file.local_path, file.format.compression, file.size, file.mtime_ns)
+    with _STARTS_GUARD:
+        if key in _STARTS:
+            return _STARTS[key]
+    data: bytes | None = None
+    if read_again(file):
+        try:
+            with opener(file.local_path) as stream:
+                data = stream.read(LIMIT)
+        except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError):
+            data = None
+    if _kept[1]:
+        _keep(key, data)
+    return data
+
+
+@contextlib.contextmanager
+def kept_starts() -> Iterator[None]:
+    """Within it, `start` keeps what it read (planner.check_headers' reads of a run)."""
+    with _STARTS_GUARD:
+        _kept[1] += 1
+    try:
+        yield
+    finally:
+        with _STARTS_GUARD:
+            _kept[1] -= 1
+            if not _kept[1]:
+                _STARTS.clear()
+                _kept[0] = 0
+
+
+# Starts of files kept (start), oldest dropped first: a load's header pass and its checks
+# pass come one after the other, so this holds every small file of 100,000 or so.
+_KEPT_BYTES = 64 << 20
+_KEPT_EACH = 200  # bytes a kept start costs beside its data (key, entry)
+_STARTS: dict[tuple[str, str, int, int], bytes | None] = {}
+_STARTS_GUARD = threading.Lock()
+_kept = [0, 0]  # bytes kept, scopes open (kept_starts)
+
+
+def _keep(key: tuple[str, str, int, int], data: bytes | None) -> None:
+    size = len(data or b"") + _KEPT_EACH
+    with _STARTS_GUARD:
+        while _STARTS and _kept[0] + size > _KEPT_BYTES:
+            _kept[0] -= len(_STARTS.pop(next(iter(_STARTS))) or b"") + _KEPT_EACH
+        if key not in _STARTS:
+            _STARTS[key] = data
+            _kept[0] += size
+
+
+def _first_line(file: SourceFile) -> bytes | None:
+    """A local file's first line as its bytes (with its end), as readline(LIMIT)."""
+    data = start(file)
+    if data is None:
+        return None
+    end = data.find(b"\n")
+    return data if end < 0 else data[:end + 1]
+
+
 def first_text(file: SourceFile) -> str | None:
     """A local file's first line as text, or None when that cannot be read cheaply."""
-    opener = _OPENERS.get(file.format.compression)
-    if opener is None or not file.local_path or not read_again(file):
+    line = _first_line(file)
+    if line is None:
         return None
     try:
-        with opener(file.local_path) as stream:
-            line = stream.readline(LIMIT)
         text = line.decode("utf-8")
-    except (OSError, EOFError, UnicodeDecodeError, lzma.LZMAError, zlib.error, ValueError):
+    except UnicodeDecodeError:
         return None
     if len(line) >= LIMIT and not text.endswith("\n"):
         return None  # longer than the limit: let the engine say
@@ -155,14 +224,8 @@ def unreadable(file: SourceFile) -> str | None:
     "Unicode" text; the engine reads UTF-8 only, and said "Rows have different amount
     of values"), or Excel's delimiter hint as the first line (`sep=;`, which no engine
     skips: it became the header, and the real header a row)."""
-    opener = _OPENERS.get(file.format.compression)
-    if delimiter(file.format) is None or opener is None or not file.local_path \
-            or not read_again(file):
-        return None
-    try:
-        with opener(file.local_path) as stream:
-            line = stream.readline(LIMIT)
-    except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError):
+    line = _first_line(file) if delimiter(file.format) is not None else None
+    if line is None:
         return None
     if line[:2] in (b"\xff\xfe", b"\xfe\xff"):
         return ("the file is UTF-16 text (it begins with a UTF-16 byte order mark, as "

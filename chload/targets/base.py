@@ -176,8 +176,8 @@ class Target(Protocol):
         ...
 
     def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
-        """Load `job.files` with one commit, all or none; BatchOverlap (or any error)
-        and the runner loads them one by one."""
+        """Load `job.files` with one commit, all or none; on BatchOverlap (or any error)
+        the runner loads each half as a batch, halved again while it fails (run.py)."""
         ...
 
     def flush(self) -> None:

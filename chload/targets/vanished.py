@@ -6,7 +6,7 @@ there as if it were empty. So a file with no rows in a batch's result is looked 
 again before the batch commits: where its source can tell cheaply (a local file: still
 there and readable; `Source.still_there`) it is asked, any other is read once more,
 alone. One that is gone fails the batch, which the runner then
-loads file by file, where it fails alone with `VanishedFile`. A file that is there and
+halves until that file loads alone, where it fails with `VanishedFile`. A file that is there and
 holds no rows loads, with 0 rows. Only files with no rows pay for the look.
 """
 

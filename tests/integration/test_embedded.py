@@ -355,16 +355,72 @@ def test_small_files_batch_and_a_bad_one_fails_alone(small_files: Path, target_d
         str(small_files / "s_0333.csv")]
 
 
-def test_crash_inside_a_batch_commit(small_files: Path, target_dir: str) -> None:
-    (small_files / "s_0333.csv").unlink()
-    proc = subprocess.run([sys.executable, "-m", "chload", "load", str(small_files), "--table",
-                           "s", "--target", target_dir, "--quiet", "--workers", "1"],
-                          env={**os.environ, "CHLOAD_CRASH_AT": "after-attach:2"}, timeout=120)
+LONG_NAME = "a_name_long_enough_that_2500_of_them_exceed_the_engines_max_query_size_"
+
+
+@pytest.fixture
+def many_small(tmp_path: Path) -> Path:
+    """5,000 CSV files of 3 rows in 5 directories, of long names: a few batches (each read
+    by one file() across directories), however many workers."""
+    root = tmp_path / "many"
+    for d in range(5):
+        (root / f"d{d}").mkdir(parents=True)
+        for i in range(d * 1000, d * 1000 + 1000):
+            (root / f"d{d}" / f"{LONG_NAME}{i:05d}.csv").write_text(
+                "id,v\n" + "".join(f"{i * 3 + j},{j}\n" for j in range(3)))
+    return root
+
+
+def ledger_sql(target_dir: str, sql: str) -> str:
+    out = run_chload("sql", sql, "--target", target_dir, "--format", "TSV")
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_a_bad_file_in_a_large_batch_fails_alone_and_the_rest_commit_in_few_batches(
+        many_small: Path, target_dir: str) -> None:
+    bad = many_small / "d3" / f"{LONG_NAME}03217.csv"
+    bad.write_text("id,v\n1,2\nnot,a,number\n")
+    code, report = load_json(f"{many_small}/*/*.csv", "--table", "s", "--target", target_dir,
+                             "--workers", "1")
+    assert code == 1
+    assert (report["files_loaded"], report["files_failed"]) == (4999, 1)
+    assert report["costs"]["data_requests"] < 2 * report["costs"]["units"]  # few failed
+    failed = ledger_sql(target_dir, "SELECT uri, error FROM chload.files WHERE state = "
+                                    "'failed'").split("\t")
+    assert failed[0] == str(bad) and "line 3, column id" in failed[1] and "Int64" in failed[1]
+    assert count(target_dir, "s") == (4999 * 3, 4999 * 3)
+    # the failed batch was halved, not loaded file by file: a commit per halving
+    stages = int(ledger_sql(target_dir, "SELECT uniqExact(stage) FROM chload.files WHERE "
+                                        "state = 'committing'"))
+    assert stages <= 2 + 2 * 12, stages
+    assert ledger_sql(target_dir, "SELECT count(), uniqExact(uri) FROM chload.files WHERE "
+                                  "state = 'loaded'").split() == ["4999", "4999"]
+
+
+@pytest.mark.parametrize("point", ["before-attach:2", "after-attach:1"])
+def test_crash_inside_a_batch_commit(many_small: Path, target_dir: str, point: str) -> None:
+    """Killed between a batch's `committing` events and its attach (the second batch), or
+    between its attach and `loaded` (the first): the rerun ends with every file's rows
+    once, each file once in the ledger as loaded, and a third run loads nothing."""
+    args = ["load", f"{many_small}/*/*.csv", "--table", "s", "--target", target_dir,
+            "--workers", "1"]
+    proc = subprocess.run([sys.executable, "-m", "chload", *args, "--quiet"],
+                          env={**os.environ, "CHLOAD_CRASH_AT": point}, timeout=120)
     assert proc.returncode == -signal.SIGKILL
-    assert 0 < count(target_dir, "s")[0] < 599 * 50
-    assert run_chload("load", str(small_files), "--table", "s", "--target",
-                      target_dir).returncode == 0
-    assert count(target_dir, "s") == (599 * 50, 599 * 50)
+    assert 0 < count(target_dir, "s")[0] < 15_000  # the first batch's rows only
+    assert run_chload(*args).returncode == 0
+    assert count(target_dir, "s") == (15_000, 15_000)
+    assert ledger_sql(target_dir, "SELECT count(), uniqExact(uri) FROM chload.files WHERE "
+                                  "state = 'loaded'").split() == ["5000", "5000"]
+    code, again = load_json(*args[1:])
+    assert (code, again["files_loaded"], again["files_skipped"]) == (0, 0, 5000)
+    rm = subprocess.run(["rm", "-rf", target_dir], check=True)
+    assert rm.returncode == 0
+    code, clean = load_json(*args[1:])  # no batch too long for a statement: none halved
+    assert (code, clean["files_loaded"]) == (0, 5000)
+    assert clean["costs"]["data_requests"] == clean["costs"]["units"], clean["costs"]
+    assert count(target_dir, "s") == (15_000, 15_000)
 
 
 @pytest.mark.parametrize("point", ["attach-partition:2", "attach-partition:1", "after-attach:1"])

@@ -257,6 +257,28 @@ def test_small_files_batched_exactly_once_after_a_kill(
     assert (code, report["files_skipped"]) == (0, 40)
 
 
+def test_many_small_csv_files_go_in_a_request_a_batch_and_a_bad_one_fails_alone(
+        clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:
+    """300 small CSV files in 3 directories, which the server could parse a request each,
+    are read by the loader's engine a batch at a time (one request for all its files:
+    costs.data_requests); each file's rows are counted, and a bad file fails alone."""
+    for i in range(300):
+        directory = tmp_path / f"d{i // 100}"
+        directory.mkdir(exist_ok=True)
+        (directory / f"f{i:03d}.csv").write_text(
+            "id,v\n" + "".join(f"{i * 10 + j},{j}\n" for j in range(10)))
+    bad = tmp_path / "d1" / "f150.csv"
+    bad.write_text("id,v\n1,2\nnot,a,number\n")
+    code, report = load(clickhouse, str(tmp_path / "*" / "*.csv"), "--table", table_name)
+    assert (code, report["files_loaded"], report["files_failed"]) == (1, 299, 1), report
+    assert report["costs"]["data_requests"] < 100, report["costs"]  # not one a file
+    assert counts(clickhouse, table_name) == (2990, 2990)
+    ledger = json.loads(run_chload("files", "--table", table_name, "--target", url(clickhouse),
+                                   "--json", env=env(clickhouse)).stdout)
+    assert {r["rows"] for r in ledger if r["state"] == "loaded"} == {10}
+    assert [r["uri"] for r in ledger if r["state"] == "failed"] == [str(bad)]
+
+
 def test_small_json_files_gathered_by_the_loaders_engine(
         clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:
     """JSON lines with strings and dates go through one chDB read per batch: every file's

@@ -260,7 +260,7 @@ def test_small_files_batched_in_even_runs() -> None:
     assert [len(g) for g in batch_small(files(300, 40), 3)] == [100, 100, 100]
 
 
-def test_local_files_of_one_directory_read_as_one_list() -> None:
+def test_local_files_read_as_one_list() -> None:
     from chload.sources.registry import table_function_many
 
     def local(*paths: str) -> list[SourceFile]:
@@ -271,7 +271,9 @@ def test_local_files_of_one_directory_read_as_one_list() -> None:
                                    None) or ("", "")
     assert sql.startswith("file('/d/{a.jsonl.gz,b.jsonl.gz}', 'JSONEachRow'")
     assert uri == "concat('/d/', _file)"
-    assert table_function_many(local("/d/a.gz", "/d/e/b.gz"), "CSV", None) is None  # 2 dirs
+    sql, uri = table_function_many(local("/d/a.gz", "/d/e/b.gz"), "CSV", None) or ("", "")
+    assert sql.startswith("file('/d/{a.gz,e/b.gz}', 'CSV'")  # 2 directories: each row's
+    assert uri == "_path"  # own path names its file
     assert table_function_many(local("/d/a,1.gz", "/d/b.gz"), "CSV", None) is None  # a comma
 
 

@@ -97,17 +97,19 @@ def test_on_error_abort_starts_nothing_after_a_failure(tmp_path: Path) -> None:
     assert target.calls == [("load_file", files[0].uri)]  # terminal: no retry
 
 
-def test_a_failed_batch_loads_file_by_file_and_the_bad_file_fails_alone(
-        tmp_path: Path) -> None:
-    files = _files(tmp_path, 2, 3, 4)
-    target = FakeTarget(str(tmp_path), terminal={files[1].uri: "bad row"}, batch_size=3)
+def test_a_failed_batch_is_halved_until_the_bad_file_fails_alone(tmp_path: Path) -> None:
+    files = _files(tmp_path, 1, 2, 3, 4, 5, 6, 7, 8)
+    target = FakeTarget(str(tmp_path), terminal={files[5].uri: "bad row"}, batch_size=8)
     results, events = _run(target, files)
-    assert [results[f.uri].status for f in files] == ["loaded", "failed", "loaded"]
-    assert target.calls[0] == ("load_batch", tuple(f.uri for f in files))
-    assert target.calls[1:] == [("load_file", f.uri) for f in files]
-    assert target.attached == {TABLE: [files[0].uri, files[2].uri]}
-    progress = _progress(events)  # the batch's, taken back; then each file's own
-    assert [progress.get(f.uri, 0) for f in files] == [2, 0, 4]
+    assert [results[f.uri].status for f in files] == ["loaded"] * 5 + ["failed"] + ["loaded"] * 2
+    assert "bad row" in results[files[5].uri].error
+    uris = [f.uri for f in files]
+    assert target.calls == [("load_batch", tuple(uris)),  # fails: halves, the bad one halved
+                            ("load_batch", tuple(uris[:4])), ("load_batch", tuple(uris[4:])),
+                            ("load_batch", tuple(uris[4:6])), ("load_file", uris[4]),
+                            ("load_file", uris[5]), ("load_batch", tuple(uris[6:]))]
+    assert sorted(target.attached[TABLE]) == sorted(uris[:5] + uris[6:])
+    assert sum(_progress(events).values()) == 36 - 6  # the failed tries' taken back
 
 
 def test_a_batch_committed_in_part_elsewhere_skips_that_file(tmp_path: Path) -> None:

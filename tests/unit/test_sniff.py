@@ -55,3 +55,21 @@ def test_no_answer_when_in_doubt(tmp_path: Path) -> None:
     zstd = tmp_path / "z.csv.zst"
     zstd.write_bytes(b"\x28\xb5\x2f\xfd")
     assert header_names(source(zstd)) is None  # not in the standard library: the engine reads it
+
+
+def test_a_files_start_is_read_once_within_kept_starts_and_anew_after(tmp_path: Path) -> None:
+    from chload.core import fit, sniff
+    from chload.schema import Column
+
+    path = tmp_path / "a.csv"
+    path.write_text("id,v\n1,2\n")
+    f = source(path)
+    with sniff.kept_starts():
+        assert header_names(f) == ["id", "v"]
+        path.unlink()  # gone: its start, kept, still answers
+        assert sniff.unreadable(f) is None and header_names(f) == ["id", "v"]
+        assert fit.check(f, [Column("id", "UInt8"), Column("v", "UInt8")], ["id", "v"], {},
+                         "t") is None
+    assert header_names(f) is None  # outside: read again, and it is gone
+    path.write_text("id,w\n1,2\n")  # same size, maybe the same mtime: read anew
+    assert header_names(source(path)) == ["id", "w"]

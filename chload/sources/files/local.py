@@ -117,8 +117,12 @@ def described(files: Sequence[SourceFile], compression: str | None) -> list[Sour
     (a gzip export saved as `trips.csv`), unless --compression said it."""
     if compression not in (None, "auto"):
         return list(files)
-    return [f if f.is_stream or not f.local_path else
-            replace(f, format=compressed_as(f.local_path, f.format)) for f in files]
+    return [f if f.is_stream or not f.local_path else _as_stored(f) for f in files]
+
+
+def _as_stored(f: SourceFile) -> SourceFile:
+    fmt = compressed_as(f.local_path or f.uri, f.format)
+    return f if fmt == f.format else replace(f, format=fmt)
 
 
 def display(path: str) -> str:
@@ -483,18 +487,22 @@ def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
 
 def table_function_many(files: Sequence[SourceFile], fmt: str,
                         structure: str | None) -> tuple[str, str] | None:
-    """One file() over a `dir/{a,b,c}` list of one directory's files; each row's uri is
-    the directory's plus `_file`: one query plan for the batch, cheaper than a UNION
-    ALL of one file() each (docs/benchmarks.md). Files the engine reads through a link
-    (glob characters in the name) are read one by one."""
+    """One file() over a `dir/{a,b/c}` list of the files: one query plan for the batch,
+    cheaper than a UNION ALL of one file() each (docs/benchmarks.md). Each row's uri is
+    the directory's plus `_file` when the files share one directory, else its `_path`
+    (the engine reads a name with a `/` in the list as that path, without listing the
+    tree). Files the engine reads through a link (glob characters in the name) are read
+    one by one."""
     if any(f.is_stream or not f.local_path or f.local_path != f.uri for f in files):
         return None
     listed = brace_list(files)
-    directory = os.path.dirname(files[0].uri) + "/"
-    if listed is None or "/" in listed[len(directory):]:
-        return None  # the engine matches a list within one directory only
+    if listed is None:
+        return None
     one = SourceFile(listed, 0, 0, files[0].format, local_path=listed)
-    return table_function(one, fmt, structure), f"concat({quote_str(directory)}, _file)"
+    prefix = listed[:listed.index("{")]
+    if "/" in listed[len(prefix):]:
+        return table_function(one, fmt, structure), "_path"
+    return table_function(one, fmt, structure), f"concat({quote_str(prefix)}, _file)"
 
 
 class LocalSource(InPlace):

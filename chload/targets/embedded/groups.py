@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from chload.commit.rejects import ErrorBudget
 from chload.sources.base import SourceFile
-from chload.targets.batching import BATCH_BYTES, BATCH_FILES, spread_by_size
+from chload.targets.batching import BATCH_BYTES, spread_by_size
 
 # Files below this are batched: above it, a file's own stage and commit cost little
 # next to its parse (docs/benchmarks.md). A server target batches larger files: there
@@ -27,6 +27,14 @@ SHARED_FILES = 16
 SHARED_BYTES = 32 << 20
 # Small files holding this much in all are split into at least a batch per worker.
 SPLIT_BYTES = 1 << 20
+# Small files a batch holds at most: one file() reads them all, and the batch's fixed
+# cost (its stage and views, its commit and ledger statements) is paid once for them;
+# far more than a server target's (BATCH_FILES), whose files are each a request or a
+# part. A batch that fails is split in halves by the runner until the bad file is alone.
+SMALL_BATCH_FILES = 4096
+# ... and names in all at most this many bytes: the commit's survey lists a batch's
+# uris in one statement, which the engine parses up to max_query_size (256 KiB).
+BATCH_URI_BYTES = 160 << 10
 
 
 def plan_groups(files: Sequence[SourceFile], budget: ErrorBudget,
@@ -57,7 +65,9 @@ def batch_small(files: Sequence[SourceFile], workers: int) -> list[tuple[SourceF
     and two views, _load_flow) runs on one thread whatever max_threads says, so a single
     batch of every file would leave the other cores idle."""
     split = sum(f.size for f in files) >= SPLIT_BYTES
-    return balanced(files, workers, BATCH_FILES, BATCH_BYTES,
+    longest = max((len(f.uri.encode()) for f in files), default=0) + 4  # quotes, comma
+    most = max(1, min(SMALL_BATCH_FILES, BATCH_URI_BYTES // longest))
+    return balanced(files, workers, most, BATCH_BYTES,
                     min(workers, len(files)) if split else 1, runs=True)
 
 

@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from chload.commit import rejects
@@ -315,7 +314,8 @@ class EmbeddedTarget:
         """Several files parsed by one INSERT, in one pass: into a Null table with two
         materialized views, one writing the rows into the stage, one counting them per
         file (so per-file row counts are exact). Either all files of the batch are
-        committed or none is; a batch that fails is retried file by file by the runner.
+        committed or none is; a batch that fails is halved by the runner until the bad
+        file is alone.
         The engine reads a file gone since listing as empty, so a file without rows is
         looked at again before the commit (vanished.py).
 
@@ -354,7 +354,7 @@ class EmbeddedTarget:
         return done
 
     def _commit_group(self, job: LoadJob, stage: str, done: Sequence[Loaded]) -> None:
-        events = [_event(replace(job, file=f), "", rows=d.rows, read=d.bytes)
+        events = [_event(job, "", rows=d.rows, read=d.bytes, file=f)
                   for f, d in zip(job.files, done, strict=True)]
         if not self._commit(job, stage, events):
             raise BatchOverlap(f"{job.file.uri}: another load committed some files of this "
@@ -519,7 +519,8 @@ def _insert_sql(stage: str, job: LoadJob, reader: Callable[..., str],
 
 
 def _event(job: LoadJob, state: str, stage: str = "", rows: int = 0, read: int = 0,
-           error: str = "") -> FileEvent:
-    f = job.file
+           error: str = "", file: SourceFile | None = None) -> FileEvent:
+    """`file`'s event (job.file's by default)."""
+    f = file or job.file
     return FileEvent(job.table_display, f.uri, f.identity, f.size, f.mtime_ns, state,
                      rows, read, error, job.run_id, stage)

@@ -48,6 +48,7 @@ from chload.targets.server.stages import Streams
 from chload.targets.vanished import check_present, open_listed, reading
 
 RAW, PUSH = "raw", "push"
+GATHERED_FILES = 16  # a batch of this many small files is read by the loader's engine
 FLOW_DATABASE = "chload_flow"  # the loader's engine's tables of a streamed batch (_flow)
 PIPE_CHUNK = 1 << 20  # bytes read from a pipe per HTTP chunk
 _NUMERIC = re.compile(r"^(Nullable\()?(U?Int\d+|Float\d+|Decimal.*)\)?$")
@@ -157,8 +158,10 @@ class StageFilling:
     def _gathers(self, job: LoadJob) -> bool:
         """Read a batch in the loader's engine (`_flow`) when it would push anyway, and
         for JSON lines with other than numeric columns: 18.16 parses strings, dates and
-        arrays in JSON slowly, while numbers only are faster a request per file."""
-        if self.path_for(job) == PUSH:
+        arrays in JSON slowly, while numbers only are faster a request per file; and a
+        batch of GATHERED_FILES small files or more: one request for all of them, not
+        two a file (its post, and its rows counted)."""
+        if self.path_for(job) == PUSH or len(job.files) >= GATHERED_FILES:
             return True
         return (job.file.format.name in JSON_LINES
                 and not all(_NUMERIC.match(c.type) for c in job.columns))

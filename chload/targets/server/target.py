@@ -347,9 +347,10 @@ class ServerTarget(StageFilling):
 
     def load_batch(self, job: LoadJob, progress: Callable[[int, int], None]) -> list[Loaded]:
         """Several files through one stage and one commit, each file's rows counted
-        as it lands. Any failure before the commit raises, and the runner loads the files
-        one by one; after the commit begins nothing is retried (rule 5 of committer.py makes
-        a file-by-file retry of a batch that may have committed load nothing)."""
+        as it lands. Any failure before the commit raises, and the runner loads each half
+        as a batch (halved again while it fails); after the commit begins nothing is
+        retried (rule 5 of committer.py makes a retry of a batch that may have committed
+        load nothing)."""
         self._check_engine(job)
         with self.committer.expecting(job.table, [f.uri for f in job.files]):
             return self._load_batch(job, progress)
