@@ -33,9 +33,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from chload.core import sniff
-from chload.core.dialect import first_line
 from chload.core.plan import infer_file
+from chload.core.reading import sniff
+from chload.core.reading.dialect import first_line
 from chload.core.run import on_threads
 from chload.errors import ChloadError, UsageError
 from chload.formats import JSON_LINES
@@ -159,7 +159,7 @@ def _add(target: Target, table_sql: str, table_display: str, files: Sequence[Sou
 
 
 def _file_types(target: Target, f: SourceFile) -> list[Column]:
-    """A file's columns with the types the engine infers for them (core/sample.py's
+    """A file's columns with the types the engine infers for them (core/reading/sample.py's
     refinement for CSV/TSV, as a new table's columns get)."""
     try:
         return infer_file(target, f)

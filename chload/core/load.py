@@ -14,7 +14,7 @@ from dataclasses import MISSING, fields, replace
 from chload import formats
 from chload.commit.ledger import COMMITTING, FileEvent, own_history
 from chload.commit.rejects import ErrorBudget
-from chload.core import evolve, sniff
+from chload.core import evolve
 from chload.core import plan as planner
 from chload.core import run as runner
 from chload.core.finish import (
@@ -27,6 +27,7 @@ from chload.core.finish import (
     _threads_per_file,
     versions_note,
 )
+from chload.core.reading import sniff
 from chload.core.report import (
     LoadReport,
     LoadSpec,

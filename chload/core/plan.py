@@ -14,18 +14,18 @@ from dataclasses import dataclass, field
 from chload.commit.known import KnownUnits
 from chload.commit.ledger import FileEvent
 from chload.commit.rejects import ErrorBudget
-from chload.core import fit, sniff
-from chload.core.dialect import csv_settings as csv_settings
-from chload.core.dialect import (
+from chload.core.reading import fit, sniff
+from chload.core.reading.dialect import csv_settings as csv_settings
+from chload.core.reading.dialect import (
     first_line,
     just_a_header,
     rows_before_bad_json,
     rows_before_blank_tail,
     samples,
 )
-from chload.core.dialect import resolve_format as resolve_format
+from chload.core.reading.dialect import resolve_format as resolve_format
+from chload.core.reading.sample import SampleMisfit, Tolerance, infer
 from chload.core.run import on_threads
-from chload.core.sample import SampleMisfit, Tolerance, infer
 from chload.core.upsert import Upsert
 from chload.errors import KEEP_BAD_ROWS, ChloadError, SchemaError, SourceError, UsageError
 from chload.formats import LINE_FORMATS, check_compression

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from chload.core import fit
+from chload.core.reading import fit
 from chload.errors import KEEP_BAD_ROWS, ChloadError, DataError, ValuesRefused, backpressure
 from chload.runtime.retry import DEFAULT_POLICY, RetryPolicy, Sleep, call_with_retries
 from chload.sources.run import RunSources

@@ -84,7 +84,7 @@ def _check(t: Target, f: SourceFile, columns: Sequence[Column],
     import tempfile
 
     from chload.commit import rejects
-    from chload.core import fit
+    from chload.core.reading import fit
     from chload.schema import quote_ident
 
     check = FileCheck(f.uri)

@@ -100,7 +100,7 @@ class Target(Protocol):
     @property
     def engine_name(self) -> str:
         """Which ClickHouse parses and stores the rows: "chdb" (the embedded engine), a
-        server's version, or '' when not known (core/ranges.py bounds its date types)."""
+        server's version, or '' when not known (core/reading/ranges.py bounds its date types)."""
         ...
 
     def has_type(self, name: str) -> bool:

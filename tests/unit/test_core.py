@@ -208,7 +208,7 @@ def test_budget_allows_count_and_ratio() -> None:
 
 
 def test_text_column_of_numbers_but_a_few_is_numeric_under_a_budget() -> None:
-    from chload.core.sample import numeric_type
+    from chload.core.reading.sample import numeric_type
 
     def stats(values: int, not_int: int, not_float: int) -> dict[str, int]:
         return {"values:m": values, "not_Int64:m": not_int, "not_Float64:m": not_float}

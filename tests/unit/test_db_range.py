@@ -1,9 +1,9 @@
-"""Which database columns get a range check, against which bounds (core/ranges.py), and
+"""Which database columns get a range check, against which bounds (core/reading/ranges.py), and
 what the MariaDB C reader is told to check (mysql_native.checks_of)."""
 
 from __future__ import annotations
 
-from chload.core import ranges as db_range
+from chload.core.reading import ranges as db_range
 from chload.sources.databases.mysql_native import checks_of as _checks
 
 

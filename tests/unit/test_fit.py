@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from chload.core import fit
+from chload.core.reading import fit
 from chload.formats import FileFormat
 from chload.schema import Column
 from chload.sources.base import SourceFile

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from chload.core.plan import parse_table
-from chload.core.sniff import guess_delimiter, header_names, looks_like_names, split_line
+from chload.core.reading.sniff import guess_delimiter, header_names, looks_like_names, split_line
 from chload.errors import SchemaError, UsageError
 from chload.formats import FileFormat, detect
 from chload.schema import Column, create_table_sql, header_columns, parse_structure

@@ -6,7 +6,7 @@ import bz2
 import gzip
 from pathlib import Path
 
-from chload.core.sniff import header_names, starts_with_names
+from chload.core.reading.sniff import header_names, starts_with_names
 from chload.formats import detect
 from chload.sources.base import SourceFile
 
@@ -58,7 +58,7 @@ def test_no_answer_when_in_doubt(tmp_path: Path) -> None:
 
 
 def test_a_files_start_is_read_once_within_kept_starts_and_anew_after(tmp_path: Path) -> None:
-    from chload.core import fit, sniff
+    from chload.core.reading import fit, sniff
     from chload.schema import Column
 
     path = tmp_path / "a.csv"

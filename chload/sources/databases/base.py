@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from chload.core import ranges as db_range
+from chload.core.reading import ranges as db_range
 from chload.errors import SchemaError, SourceError, UsageError, ValuesRefused
 from chload.formats import FileFormat
 from chload.schema import Column, bare_type, quote_ident, quote_str, structure
@@ -186,7 +186,7 @@ class DatabaseSource(RemoteSource):
         the types the rows are read as (`read`), which ClickHouse parses them (`engine`,
         Target.engine) and whether an error budget rejects rows (`rejects`). The
         session then checks the date and time values those types cannot hold
-        (core/ranges.py) in every range it reads."""
+        (core/reading/ranges.py) in every range it reads."""
         session = self.session
         if session is None:
             return

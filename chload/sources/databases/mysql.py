@@ -22,7 +22,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from chload.core import ranges as db_range
+from chload.core.reading import ranges as db_range
 from chload.errors import ChloadError, SourceError, TransientError, UsageError
 from chload.sources.base import SourceContext
 from chload.sources.databases.base import DatabaseSource, workers_of
@@ -65,7 +65,7 @@ _SETUP = ("SET SESSION sql_mode = ''", "SET SESSION time_zone = '+00:00'",
 class MysqlSession:
     """One snapshot of one MySQL/MariaDB table (or query), read range by range."""
 
-    range_checks = NO_CHECKS  # set once the target's types are known (core/ranges.py)
+    range_checks = NO_CHECKS  # set once the target's types are known (core/reading/ranges.py)
     bounds_in_snapshot = True  # False where no lock could be taken (_take_snapshot)
 
     def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from chload.core import ranges as db_range
+from chload.core.reading import ranges as db_range
 from chload.schema import parse_structure
 from chload.sources.databases.table import DbColumn, cannot_carry, nullable
 

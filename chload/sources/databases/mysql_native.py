@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any
 from chload.runtime import native
 
 if TYPE_CHECKING:
-    from chload.core.ranges import Guard
+    from chload.core.reading.ranges import Guard
 
 SOURCE = Path(__file__).with_name("mysql_copy.c")
 CONNECT_TIMEOUT = 10
 WRITE_FAILED = -1
 ZERO_DATE = -2  # a zero date where the range may hold none (NativeError args: the
 # field's index and its value, tab-separated: mysql_copy.c put_row)
-OUT_OF_RANGE = -3  # a date or time the target's type cannot hold (core/ranges.py): the same
+OUT_OF_RANGE = -3  # a date or time the target's type cannot hold (core/reading/ranges.py): the same
 
 
 def libmariadb() -> str:
@@ -197,7 +197,7 @@ load = native.Once(_build)  # the compiled reader, or None and why not (one line
 
 def checks_of(zero: str, guards: dict[int, Guard], fields: int) -> str:
     """What the native reader checks in each field (mysql_copy.c parse_checks): zero dates
-    (`zero`: mysql.py's _zero_dates) and ranges (core/ranges.py); '' for nothing."""
+    (`zero`: mysql.py's _zero_dates) and ranges (core/reading/ranges.py); '' for nothing."""
     if not zero and not guards:
         return ""
     mode = "S" if any(g.rejects for g in guards.values()) else "F"

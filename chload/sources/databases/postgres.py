@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from typing import IO
 
-from chload.core import ranges as db_range
+from chload.core.reading import ranges as db_range
 from chload.errors import SourceError, UsageError
 from chload.sources import pipes as db_pipes
 from chload.sources.base import SourceContext
@@ -82,7 +82,7 @@ WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY
 class PostgresSession:
     """One snapshot of one PostgreSQL table (or query), read range by range."""
 
-    range_checks = NO_CHECKS  # set once the target's types are known (core/ranges.py)
+    range_checks = NO_CHECKS  # set once the target's types are known (core/reading/ranges.py)
     bounds_in_snapshot = True  # `bounds` reads the exported snapshot itself
     zero_checked = False  # (PostgreSQL has no zero dates)
     control: Control  # the controlling psql; made first, so `close` always has it
@@ -381,7 +381,7 @@ def _beyond(column: DbColumn, guard: db_range.Guard) -> str:
 
 
 def _refused(column: DbColumn, guard: db_range.Guard) -> str:
-    """The range check of a column (core/ranges.py), a condition of the COPY's WHERE (a
+    """The range check of a column (core/reading/ranges.py), a condition of the COPY's WHERE (a
     SELECT of plain columns needs no projection: a CASE there cost the database twice
     as much): a value outside [lo, hi] (infinity too) is cast, after a marker, to an
     integer, which PostgreSQL refuses with an error quoting it, and the range fails

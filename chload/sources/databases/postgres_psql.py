@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from typing import IO
 
-from chload.core import ranges as db_range
+from chload.core.reading import ranges as db_range
 from chload.errors import ChloadError, SourceError, TransientError, UsageError
 from chload.sources.databases.table import NO_CHECKS, DbUrl, RangeChecks
 

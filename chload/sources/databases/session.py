@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from chload.core.ranges import Guard
+from chload.core.reading.ranges import Guard
 from chload.sources import pipes as db_pipes
 from chload.sources.databases.table import DbUrl, RangeChecks, TableInfo
 from chload.sources.pipes import Reading

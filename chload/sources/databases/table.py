@@ -4,7 +4,7 @@
 the source's client prints a column and which ClickHouse type holds it; a column no
 type holds unchanged is `refused`, and a run without --schema stops before anything
 loads (`refusal`). `RangeChecks` turns a date or time value out of the target's range
-(core/ranges.py) into one line naming the --schema that loads it.
+(core/reading/ranges.py) into one line naming the --schema that loads it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from urllib.parse import unquote, urlsplit
 
-from chload.core import ranges as db_range
+from chload.core.reading import ranges as db_range
 from chload.errors import SchemaError, UsageError
 from chload.schema import schema_argument
 
@@ -151,7 +151,7 @@ def schema_hint(columns: Sequence[DbColumn]) -> str:
 # -- values out of the target's range ----------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class RangeChecks:
-    """A session's range checks (core/ranges.py): by column position, and the columns as
+    """A session's range checks (core/reading/ranges.py): by column position, and the columns as
     they are read (for the --schema a refusal suggests)."""
 
     url: DbUrl

@@ -37,8 +37,8 @@ from chload.commit.ledger import (
 )
 from chload.commit.locks import ProcessLock, Sql
 from chload.commit.rejects import ErrorBudget
-from chload.core import fit
-from chload.core.ranges import CHDB
+from chload.core.reading import fit
+from chload.core.reading.ranges import CHDB
 from chload.errors import (
     BatchOverlap,
     ChloadError,

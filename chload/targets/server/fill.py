@@ -18,7 +18,7 @@ from functools import partial
 from typing import TYPE_CHECKING, BinaryIO
 
 from chload.commit.ledger import DATABASE
-from chload.core import fit, sniff
+from chload.core.reading import fit, sniff
 from chload.errors import DataError
 from chload.formats import JSON_LINES
 from chload.runtime.engine import Engine

@@ -16,7 +16,7 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Mapping, Sequence
 
-from chload.core import fit
+from chload.core.reading import fit
 from chload.errors import ChloadError, from_push_message
 from chload.runtime.engine import Engine
 from chload.schema import (

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from itertools import chain
 
-from chload.core import sniff
+from chload.core.reading import sniff
 from chload.errors import ChloadError
 from chload.formats import HEADER_FORMATS, JSON_LINES, FileFormat
 from chload.schema import decide_header, header_columns

@@ -21,8 +21,8 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from chload.core.ranges import CHDB, bounds, wider
-from chload.core.sniff import BOM, _unescape_tsv, delimiter, start
+from chload.core.reading.ranges import CHDB, bounds, wider
+from chload.core.reading.sniff import BOM, _unescape_tsv, delimiter, start
 from chload.formats import JSON_LINES, FileFormat
 from chload.schema import Column, bare_type, quote_ident, quote_str
 from chload.sources.base import SourceFile
