@@ -18,33 +18,27 @@ import functools
 import glob
 import os
 import re
-import shutil
 import stat
-import sys
 import tempfile
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from fnmatch import fnmatchcase
 from typing import Any
 from urllib.parse import unquote
 
-from chload.errors import NothingMatched, SourceError, UsageError
+from chload.errors import NothingMatched, SourceError
 from chload.formats import FileFormat, compressed_as, detect
 from chload.runtime.engine import LOCK_NAME
 from chload.schema import quote_str
 from chload.sources.base import InPlace, KnownKeys, Skipped, SourceContext, SourceFile
 from chload.sources.files import walk
+from chload.sources.files.made import LINKS_PREFIX, release, remember, spool_stdin
 from chload.sources.files.patterns import brace_list, expand_braces, glob_regex
 
 _PATTERN_CHARS = set("*?[{")
 _ENGINE_GLOB = re.compile(r"[*?{}]")  # what the engine's file() expands in a path
 _NOT_PLAIN = re.compile(r"[^A-Za-z0-9._-]")
-_LINKS_PREFIX = "chload-links-"
-_PROC_FD = "/proc/self/fd/"
 
-_made: set[str] = set()  # spools and links this process made and has not released
-_made_lock = threading.Lock()
 
 
 def list_local(pattern: str, fmt: str | None, compression: str | None) -> list[SourceFile]:
@@ -368,12 +362,12 @@ class _Listing:
         if not _ENGINE_GLOB.search(real) and display(real) == real:
             return real
         if not self._directory:
-            self._directory = tempfile.mkdtemp(prefix=_LINKS_PREFIX)
+            self._directory = tempfile.mkdtemp(prefix=LINKS_PREFIX)
         name = _NOT_PLAIN.sub("_", display(os.path.basename(real)))
         self._links += 1
         link = os.path.join(self._directory, f"{self._links}-{name}")
         os.symlink(real, link)
-        _remember(link)
+        remember(link)
         return link
 
 
@@ -419,64 +413,6 @@ def _suffixes(name: str) -> str:
 @functools.lru_cache(maxsize=256)
 def _format_of(suffixes: str, fmt: str | None, compression: str | None) -> FileFormat:
     return detect(display(suffixes), fmt, compression, strict=False)
-
-
-def spool_stdin(fmt: str | None, compression: str | None, workdir: str) -> SourceFile:
-    """Standard input, copied in chunks to a file the engine can read more than once.
-
-    Schema inference reads the start of the data and the load reads all of it, so a
-    pipe is spooled (bytes only, bounded memory; no row is parsed in Python). The spool
-    is unlinked at once and read through `/proc/self/fd/N` where there is one, so no
-    copy outlives the process, even killed; `release()` closes it.
-    """
-    if not fmt:
-        raise UsageError("-: reading standard input needs --format (e.g. --format CSVWithNames)")
-    os.makedirs(workdir, exist_ok=True)
-    handle, path = tempfile.mkstemp(prefix="stdin-", dir=workdir)
-    try:
-        with open(handle, "wb", closefd=False) as out:
-            shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)
-        if os.path.exists(f"{_PROC_FD}{handle}"):
-            os.remove(path)
-            path = f"{_PROC_FD}{handle}"
-        else:
-            os.close(handle)
-    except BaseException:
-        os.close(handle)
-        if os.path.exists(path):
-            os.remove(path)
-        raise
-    _remember(path)
-    st = os.stat(path)
-    return SourceFile(
-        uri="stdin", size=st.st_size, mtime_ns=st.st_mtime_ns,
-        format=detect("stdin", fmt, compression or "none"), local_path=path, is_stream=True,
-    )
-
-
-def _remember(path: str) -> None:
-    with _made_lock:
-        _made.add(path)
-
-
-def release(files: Iterable[SourceFile]) -> None:
-    """Remove what listing made for the engine (stdin's spool, plain-named links) once
-    their load is over; only ever what this process made, never a source file."""
-    for f in files:
-        path = f.local_path or ""
-        with _made_lock:
-            if path not in _made:
-                continue
-            _made.discard(path)
-        if path.startswith(_PROC_FD):
-            os.close(int(path[len(_PROC_FD):]))
-            continue
-        os.remove(path)
-        if os.path.basename(os.path.dirname(path)).startswith(_LINKS_PREFIX):
-            try:
-                os.rmdir(os.path.dirname(path))
-            except OSError:
-                pass  # other links of the same listing are still in it
 
 
 def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
