@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -283,19 +282,5 @@ def _add(report: LoadReport, results: list[FileResult], done: LoadReport,
 def on_signals(stop: threading.Event) -> Iterator[None]:
     """SIGINT and SIGTERM set `stop` (on the main thread: where Python runs handlers);
     a second signal acts as it would have (the handlers before are back)."""
-    if threading.current_thread() is not threading.main_thread():
+    with stopping.on_signals(stop.set):
         yield
-        return
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def stopped(signum: int, frame: object) -> None:
-        stop.set()
-        for s, handler in before.items():
-            signal.signal(s, handler)
-    for s in before:
-        signal.signal(s, stopped)
-    try:
-        yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)

@@ -17,11 +17,9 @@ and every load of the file given one port shares it (core/metrics.py).
 from __future__ import annotations
 
 import contextlib
-import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from chload import api
 from chload.core import metrics
@@ -153,21 +151,6 @@ def _shared(path: str | None, loads: Sequence[Declared]) -> Iterator[Target | No
 def _signals_stop_following() -> Iterator[None]:
     """The first SIGINT/SIGTERM ends the following loads (after their round in flight);
     then the handlers are as before, so a second SIGINT interrupts."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     stopping.reset()
-    before: dict[int, Any] = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def stop(*_: object) -> None:
-        stopping.stop_following()
-        for s, handler in before.items():
-            signal.signal(s, handler)
-
-    for s in before:
-        signal.signal(s, stop)
-    try:
+    with stopping.on_signals(stopping.stop_following):
         yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)

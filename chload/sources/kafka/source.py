@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -471,14 +470,8 @@ def _stopping(options: Options) -> Iterator[None]:
         with stopping.registered(options.stop):
             yield
         return
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in before:
-        signal.signal(s, lambda *_: options.stop.set())
-    try:
+    with stopping.on_signals(options.stop.set, once=False):
         yield
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
 
 
 class KafkaStreamSource(RemoteSource):
