@@ -41,6 +41,16 @@ def test_a_file_is_known_by_its_resolved_location(tmp_path: Path) -> None:
     assert uris(f"file://{tmp_path}/a%20b.csv") == [str(spaced)]
 
 
+def test_relative_spellings_in_the_working_directory(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    a = csv(tmp_path / "a.csv")
+    b = csv(tmp_path / "sub" / "b.csv")
+    monkeypatch.chdir(tmp_path)
+    for spelling, expected in [("a.csv", [a]), ("./a.csv", [a]), ("sub/b.csv", [b]),
+                               ("*.csv", [a]), ("sub/../a.csv", [a]), (".", [a, b])]:
+        assert uris(spelling) == [str(p) for p in expected], spelling
+
+
 def test_symlink_loops_list_each_file_once(tmp_path: Path) -> None:
     a, b = csv(tmp_path / "a.csv"), csv(tmp_path / "sub" / "b.csv")
     (tmp_path / "sub" / "loop").symlink_to(tmp_path)  # two loops: see the integration test

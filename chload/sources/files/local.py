@@ -322,8 +322,8 @@ class _Listing:
         self.targets = _TargetDirs()
         self._directory = ""
         self._links = 0
-        self._at = ("", "", "", False)  # a directory as walked: its realpath, its
-        # abspath, whether it is inside a chload target
+        self._at = ("\0", "", "", False)  # a directory as walked (no path holds NUL;
+        # "" is the working directory's), its realpath, its abspath, inside a target
 
     def of(self, head: str) -> tuple[str, str, str, bool]:
         """A directory as walked: (itself, its realpath, its abspath, inside a target)."""
