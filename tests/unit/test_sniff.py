@@ -73,3 +73,17 @@ def test_a_files_start_is_read_once_within_kept_starts_and_anew_after(tmp_path: 
     assert header_names(f) is None  # outside: read again, and it is gone
     path.write_text("id,w\n1,2\n")  # same size, maybe the same mtime: read anew
     assert header_names(source(path)) == ["id", "w"]
+
+
+def test_a_truncated_gzip_still_gives_the_lines_before_its_cut(tmp_path: Path) -> None:
+    from chload.core.reading.sniff import first_text, start
+
+    path = tmp_path / "cut.csv.gz"
+    path.write_bytes(gzip.compress(b"id,miles\n1,2\n")[:-12])  # no end-of-stream marker
+    f = SourceFile(str(path), path.stat().st_size, 0, detect(str(path)), local_path=str(path))
+    assert first_text(f) == "id,miles\n"
+    assert (start(f) or b"").startswith(b"id,miles\n")  # what came before the cut
+    empty = tmp_path / "empty.csv"
+    empty.write_bytes(b"")
+    e = SourceFile(str(empty), 0, 0, detect(str(empty)), local_path=str(empty))
+    assert start(e) == b""

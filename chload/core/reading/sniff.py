@@ -60,6 +60,7 @@ class _Inflated:
     def __init__(self, path: str) -> None:
         with open(path, "rb") as raw:
             self.data = zlib.decompressobj().decompress(raw.read(LIMIT), LIMIT)
+        self.at = 0
 
     def __enter__(self) -> _Inflated:
         return self
@@ -68,11 +69,15 @@ class _Inflated:
         return None
 
     def read(self, limit: int) -> bytes:
-        return self.data[:limit]
+        out = self.data[self.at:self.at + limit]
+        self.at += len(out)
+        return out
 
     def readline(self, limit: int) -> bytes:
-        end = self.data.find(b"\n", 0, limit)
-        return self.data[:limit] if end < 0 else self.data[:end + 1]
+        end = self.data.find(b"\n", self.at, self.at + limit)
+        out = self.data[self.at:self.at + limit if end < 0 else end + 1]
+        self.at += len(out)
+        return out
 
 
 def delimiter(fmt: FileFormat) -> str | None:
@@ -149,16 +154,30 @@ def start(file: SourceFile) -> bytes | None:
     with _STARTS_GUARD:
         if key in _STARTS:
             return _STARTS[key]
-    data: bytes | None = None
-    if read_again(file):
-        try:
-            with opener(file.local_path) as stream:
-                data = stream.read(LIMIT)
-        except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError):
-            data = None
+    data = _read_start(opener, file.local_path) if read_again(file) else None
     if _kept[1]:
         _keep(key, data)
     return data
+
+
+def _read_start(opener: Callable[[str], Any], path: str) -> bytes | None:
+    """Up to LIMIT bytes from the start, decompressed, a line at a time: a stream cut
+    short (a truncated gzip) still gives the lines before the cut, as its first line is
+    all a header needs; None when not even one line could be read (b"": empty)."""
+    lines: list[bytes] = []
+    size = 0
+    try:
+        with opener(path) as stream:
+            while size < LIMIT:
+                line = stream.readline(LIMIT - size)
+                if not line:
+                    break
+                lines.append(line)
+                size += len(line)
+    except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError):
+        if not lines:
+            return None
+    return b"".join(lines)
 
 
 @contextlib.contextmanager
