@@ -180,10 +180,10 @@ def stage_holds_rows(target: str, pid: int) -> bool:
     return False
 
 
-def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str,
-              timeout: float = 120) -> None:
-    """SIGKILL `proc` as soon as `ready()` holds; fail the test if the process ends first
-    (the kill would have interrupted nothing) or `ready()` does not hold within `timeout`."""
+def wait_while_running(proc: subprocess.Popen, ready: Callable[[], bool], what: str,
+                       timeout: float = 120, poll: float = 0.01) -> None:
+    """Return once `ready()` holds; fail the test if `proc` ends first or `ready()` does
+    not hold within `timeout` (then `proc` is killed)."""
     deadline = time.monotonic() + timeout
     while not ready():
         if proc.poll() is not None:
@@ -192,7 +192,14 @@ def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str,
             proc.kill()
             proc.wait()
             pytest.fail(f"{what} did not happen within {timeout:.0f} s")
-        time.sleep(0.01)
+        time.sleep(poll)
+
+
+def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str,
+              timeout: float = 120) -> None:
+    """SIGKILL `proc` as soon as `ready()` holds; fail the test if the process ends first
+    (the kill would have interrupted nothing) or `ready()` does not hold within `timeout`."""
+    wait_while_running(proc, ready, what, timeout)
     proc.send_signal(signal.SIGKILL)
     assert proc.wait(timeout=60) == -signal.SIGKILL, f"the load ended before {what}"
 

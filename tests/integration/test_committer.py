@@ -12,14 +12,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import services
 from common import make_trips
-from conftest import kill_moments, kill_when, run_chload, top_block
+from conftest import kill_moments, kill_when, run_chload, top_block, wait_while_running
 
 from chload.commit.locks import Holder, lock_name
 
@@ -238,8 +236,8 @@ def test_a_crash_inside_a_group_commit_into_a_server_then_exactly_once(
         env={**os.environ, **place.env, "CHLOAD_CRASH_AT": "attach-partition:2"},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_while_running(crash, lambda: _filled_stages(clickhouse, crash.pid) == FILES_A,
-                            "all six stages filled behind the held lock")
+        wait_while_running(crash, lambda: _filled_stages(clickhouse, crash.pid) == FILES_A,
+                           "all six stages filled behind the held lock")
     finally:
         services.clickhouse_query(clickhouse, f"DROP TABLE IF EXISTS chload.{lock}")
     _, err = crash.communicate(timeout=120)
@@ -273,18 +271,3 @@ def _filled_stages(server: services.Service, pid: int) -> int:
         server, "SELECT count() FROM (SELECT table FROM system.parts WHERE active AND "
         "database = 'chload' AND startsWith(table, 'stage_') AND splitByChar('_', table)[3] "
         f"= '{pid}' GROUP BY table HAVING count() = 1)"))
-
-
-def _wait_while_running(proc: subprocess.Popen, ready: Callable[[], bool], what: str,
-                        timeout: float = 120) -> None:
-    """Return once `ready()` holds; fail the test if `proc` ends first or it does not
-    hold within `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if proc.poll() is not None:
-            pytest.fail(f"the load ended (exit {proc.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            pytest.fail(f"{what} did not happen within {timeout:.0f} s")
-        time.sleep(0.05)

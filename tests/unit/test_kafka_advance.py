@@ -8,8 +8,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from test_kafka_plan import _Ledger
+
 from chload.api import LoadReport
-from chload.commit.ledger import LOADED, FileEvent, TableState
+from chload.commit.ledger import LOADED, FileEvent
 from chload.core.run import LOADED_ELSEWHERE, LOADED_IN_PART, FileResult
 from chload.formats import FileFormat
 from chload.sources.base import SourceFile
@@ -18,17 +20,6 @@ from chload.sources.kafka import source as S
 
 STREAM = "kafka://b:9092/t/0"
 TABLE = SimpleNamespace(database="d", name="t", display="d.t")
-
-
-class _Ledger:
-    def __init__(self, events: list[FileEvent]) -> None:
-        self.events = events
-
-    def latest(self, display: str) -> list[FileEvent]:
-        return self.events
-
-    def table_state(self, database: str, name: str) -> TableState:
-        return TableState(True, "", 1)
 
 
 def _target(*ends: int) -> Any:
