@@ -38,6 +38,7 @@ from chload.core.report import (
     Costs,
     LoadReport,
     LoadSpec,
+    Mode,
     OnError,
     OnNewColumn,
     Pairs,
@@ -116,7 +117,7 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
          incremental_by: str | None = None, shards: Pairs = (),
          shard_by: ShardBy = "auto", after_last_key: bool = False,
          on_new_column: OnNewColumn = "fail", upsert_key: str | None = None,
-         version: str | None = None,
+         version: str | None = None, mode: Mode = "append",
          poll: float | None = None, listener: Listener | None = None,
          metrics_port: int | None = None) -> LoadReport:
     """Load files into a table, exactly once per file; the options are the CLI's flags
@@ -178,6 +179,13 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
         latest with ``SELECT ... FINAL``: older versions stay until a background merge.
     :param version: with upsert_key: the column whose greatest value wins (default: the
         row loaded last).
+    :param mode: "append" (the default): units add rows. "replace-partitions": each
+        unit's partitions replace the table's (REPLACE PARTITION under the commit lock,
+        with the ledger entry), so a re-exported day file replaces that day; a changed
+        file is loaded again rather than refused; the table must have a PARTITION BY
+        (or be created with ``partition_by``). "replace-table": every unit listed into a
+        new table, swapped in for the table at the end in one statement; the ledger's
+        earlier units of the table are superseded. docs/modes.md.
     :param poll: files with follow: seconds between listings (default 30); each poll
         is a ``poll`` Event (``event.poll``: files, rows, listing calls, changed files).
     :param listener: called with each progress `Event` (plan, start, progress, done,

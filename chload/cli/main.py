@@ -123,6 +123,9 @@ def _errors_flags(p: argparse.ArgumentParser) -> None:
 def _validate_flags(p: argparse.ArgumentParser) -> None:
     _common(p)
     _spec_flags(p)
+    p.add_argument("--mode", default="append",
+                   choices=["append", "replace-partitions", "replace-table"],
+                   help="say what a load with this --mode would do")
     p.set_defaults(func=_validate)
 
 
@@ -164,6 +167,12 @@ def _load_flags(p: argparse.ArgumentParser) -> None:
                    help="a file naming a column the table lacks: fail it (default), add the "
                    "column (Nullable; every shard of a cluster) and load, or load the other "
                    "columns")
+    p.add_argument("--mode", default="append",
+                   choices=["append", "replace-partitions", "replace-table"],
+                   help="append (default); replace-partitions: each unit's partitions "
+                   "replace the table's (a re-exported day replaces that day; the table "
+                   "needs PARTITION BY); replace-table: load a new table and swap it in "
+                   "at the end (docs/modes.md)")
     p.add_argument("--kafka-option", action="append", default=[], metavar="NAME=VALUE",
                    help="a librdkafka setting for kafka:// sources, e.g. security.protocol="
                    "SASL_SSL (repeatable; ${VAR} takes the value from the environment)")
@@ -303,7 +312,7 @@ def _load_with(args: argparse.Namespace) -> int:
             incremental_by=args.incremental_by, shards=_shards(args.shard),
             shard_by=args.shard_by, after_last_key=args.after_last_key, poll=args.poll,
             on_new_column=args.on_new_column, upsert_key=args.upsert_key,
-            version=args.version, listener=_polls(args, listener),
+            version=args.version, mode=args.mode, listener=_polls(args, listener),
             metrics_port=args.metrics_port)
     if args.json:
         data = report.to_dict()
@@ -434,9 +443,12 @@ def _validate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([asdict(c) for c in checks]))
     else:
+        from chload.api import MODE_EFFECT
         from chload.cli.render import print_checks
 
         print_checks(checks)
+        if args.mode != "append":
+            print(f"--mode {args.mode} into {args.table}: {MODE_EFFECT[args.mode]}")
     return 0 if all(c.within_budget and not c.failure for c in checks) else 1
 
 

@@ -5,7 +5,13 @@ server target with its own committer).
 
 - `log_committing` / `log_group`: the files' `committing` events, each with the mark
   (the table's highest block number before its attach), under the commit lock;
-- `attach`: ATTACH PARTITION ID ... FROM chload.<stage>, partition by partition;
+- `attach`: ATTACH PARTITION ID ... FROM chload.<stage>, partition by partition; under
+  --mode replace-partitions the partitions a commit replaces (its events' `replaced`:
+  those no earlier commit of this run replaced) are REPLACE PARTITION ... FROM the stage
+  instead, or DROP PARTITION where the stage holds none of it (a cluster's shard that
+  got no rows of a partition another shard did); both take the table's next block
+  numbers, so the mark rule settles them as it settles an attach, and a DROP done twice
+  drops nothing more;
 - `settle`: after a crash or a lost answer, attach each stage partition with no part
   above the logged mark (committer.py rules 1, 3, 4);
 - `drop_stage` / `drop_orphans`: stages no commit needs any more (rule 6).
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Sequence
 
 from chload.commit.ledger import COMMITTING, DATABASE, LOADED, FileEvent, Ledger
@@ -44,6 +51,45 @@ class Attacher:
                  sleep: Callable[[float], None]) -> None:
         self.sql, self.ledger, self.holder = sql, ledger, holder
         self.exclusive, self.sleep = exclusive, sleep
+        # --mode replace-partitions: table -> (run, the partitions that run replaced);
+        # a table absent appends. The first commit of a run holding rows of a partition
+        # replaces it, later ones of the run add to it: the partition ends as the union
+        # of the run's units holding it, however they were grouped (docs/modes.md)
+        self._replacing: dict[str, tuple[str, set[str]]] = {}
+        # stage -> the partitions a replace of it covers besides its own (a cluster's
+        # unit: every shard's, so a shard that got no rows of one drops it)
+        self.covers: dict[str, Sequence[str]] = {}
+        self._modes = threading.Lock()
+
+    # -- the load mode ---------------------------------------------------------------
+    def use_mode(self, table: str, replace_partitions: bool, run_id: str) -> None:
+        """The mode of the run `run_id` into `table`: append, or replace partitions (a
+        new run replaces each partition again)."""
+        with self._modes:
+            if not replace_partitions:
+                self._replacing.pop(table, None)
+            elif self._replacing.get(table, ("", set()))[0] != run_id or not run_id:
+                self._replacing[table] = (run_id, set())
+
+    def replaces(self, table: str) -> bool:
+        return table in self._replacing
+
+    def _to_replace(self, table: str, stage: str, partitions: Sequence[str]) -> str:
+        """The partitions a commit of `stage` replaces (the `replaced` it logs): those of
+        the stage (and its covers) no earlier commit of this run replaced."""
+        with self._modes:
+            done = self._replacing.get(table)
+            if done is None:
+                return ""
+            return ",".join(sorted((set(partitions) | set(self.covers.get(stage, ())))
+                                   - done[1]))
+
+    def replaced(self, table: str, replaced: str) -> None:
+        """A commit of this run logged (or settled) these partitions replaced."""
+        with self._modes:
+            done = self._replacing.get(table)
+            if done is not None and replaced:
+                done[1].update(replaced.split(","))
 
     # -- the commit ------------------------------------------------------------------
     def attach_new(self, table: str, stage: str, partitions: Sequence[str] | None,
@@ -52,19 +98,28 @@ class Attacher:
         partitions."""
         partitions = self.log_committing(table, stage, partitions, events)
         _crash_point("before-attach")
-        self.attach(table, stage, partitions)
+        self.attach(table, stage, partitions, events[0].replaced if events else "")
 
-    def attach(self, table: str, stage: str, partitions: Sequence[str]) -> None:
-        """Attach the partitions of chload.<stage> into `table`, in order."""
-        self._attach(table, f"{DATABASE}.{stage}", partitions, crash_points=True)
+    def attach(self, table: str, stage: str, partitions: Sequence[str],
+               replaced: str = "") -> None:
+        """Attach the partitions of chload.<stage> into `table`, in order; those in
+        `replaced` replace the table's (module docstring)."""
+        self._attach(table, f"{DATABASE}.{stage}", partitions, replaced, crash_points=True)
         _crash_point("after-attach")
 
-    def _attach(self, table: str, source: str, partitions: Sequence[str],
+    def _attach(self, table: str, source: str, partitions: Sequence[str], replaced: str = "",
                 crash_points: bool = False) -> None:
-        """The one ATTACH statement of chload (settling passes no crash point)."""
-        for partition in partitions:
-            self.run(f"ALTER TABLE {table} ATTACH PARTITION ID {quote_str(partition)} "
-                     f"FROM {source}", table)
+        """The one ATTACH (REPLACE, DROP) statement of chload (settling passes no crash
+        point)."""
+        replacing = set(replaced.split(",")) - {""}
+        for partition in sorted(set(partitions) | replacing):
+            named = f"PARTITION ID {quote_str(partition)}"
+            if partition not in replacing:
+                self.run(f"ALTER TABLE {table} ATTACH {named} FROM {source}", table)
+            elif partition in partitions:
+                self.run(f"ALTER TABLE {table} REPLACE {named} FROM {source}", table)
+            else:
+                self.run(f"ALTER TABLE {table} DROP {named}", table)
             if crash_points:
                 crash_point("attach-partition")
 
@@ -80,14 +135,25 @@ class Attacher:
             event.stage, event.state, event.mark = stage, COMMITTING, 0
         if not self.exclusive:
             partitions = partitions if partitions is not None else self.partitions(stage)
+            replaced = self._log_replaced(table, stage, partitions, events)
             self.ledger.record(list(events), mark_of=split_table(table))
-            return partitions
-        tops = block_tops(self.sql, [table, f"{DATABASE}.{stage}"])
+        else:
+            tops = block_tops(self.sql, [table, f"{DATABASE}.{stage}"])
+            for event in events:
+                event.mark = max(tops.get(table, {}).values(), default=0)
+            partitions = partitions if partitions is not None else sorted(
+                tops.get(f"{DATABASE}.{stage}", {}))
+            replaced = self._log_replaced(table, stage, partitions, events)
+            self.ledger.record(list(events))
+        self.replaced(table, replaced)
+        return partitions
+
+    def _log_replaced(self, table: str, stage: str, partitions: Sequence[str],
+                      events: Sequence[FileEvent]) -> str:
+        replaced = self._to_replace(table, stage, partitions)
         for event in events:
-            event.mark = max(tops.get(table, {}).values(), default=0)
-        self.ledger.record(list(events))
-        return partitions if partitions is not None else sorted(
-            tops.get(f"{DATABASE}.{stage}", {}))
+            event.replaced = replaced
+        return replaced
 
     def log_group(self, table: str, todo: Sequence[_Request]) -> None:
         """Log every request `committing`, in one INSERT that reads the table's mark M,
@@ -116,7 +182,8 @@ class Attacher:
         stage = f"{DATABASE}.{_bare(event.stage)}"
         tops = block_tops(self.sql, [table, stage])
         done = {p for p, top in tops.get(table, {}).items() if top > event.mark}
-        self._attach(table, stage, sorted(set(tops.get(stage, {})) - done))
+        replaced = ",".join(p for p in event.replaced.split(",") if p and p not in done)
+        self._attach(table, stage, sorted(set(tops.get(stage, {})) - done), replaced)
 
     def settle_all(self, table: str, display: str) -> int:
         """Settle every `committing` file of `table`, in the order of their marks: a
@@ -143,6 +210,7 @@ class Attacher:
                           if e.uri in uris and e.stage == stage and e.state == COMMITTING]
                 if logged:
                     self.settle(table, logged[0])
+                    self.replaced(table, logged[0].replaced)
                 else:
                     self.attach_new(table, stage, None, events)
                 return

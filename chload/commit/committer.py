@@ -134,6 +134,11 @@ class Committer:
         self._submit(table, display, requests)
         return [r.error if r.error is not None else bool(r.attached) for r in requests]
 
+    def use_mode(self, table: str, mode: str, run_id: str) -> None:
+        """The load mode of run `run_id` into `table` (LoadJob.mode): append, or
+        replace-partitions (attach.py says how each partition is replaced once a run)."""
+        self.attacher.use_mode(table, mode == "replace-partitions", run_id)
+
     @contextlib.contextmanager
     def expecting(self, table: str, uris: Sequence[str]) -> Iterator[None]:
         """Around a unit whose stage is filling and may commit into `table`: the survey of
@@ -174,7 +179,7 @@ class Committer:
                 deadline = time.monotonic() + self.lease / 2
                 todo = self._to_attach(table, display, group, turn)
                 todo += self._joining(turn, group)
-                if self._logs_together(todo):
+                if self._logs_together(table, todo):
                     turn.attaching = True
                     logged = todo
                     self.attacher.log_group(table, todo)
@@ -248,19 +253,22 @@ class Committer:
             todo.append(request)
         return todo
 
-    def _logs_together(self, todo: Sequence[_Request]) -> bool:
+    def _logs_together(self, table: str, todo: Sequence[_Request]) -> bool:
         """Log a group's stages in one statement (a server, several stages, each one's
         partitions known): one ledger round trip under the lock instead of one per
-        stage."""
+        stage. Not where partitions are replaced: each stage's mark is read just before
+        its own commit (a REPLACE takes more block numbers than the parts it adds)."""
         return (not self.lock.exclusive and len(todo) > 1
-                and all(r.partitions is not None for r in todo))
+                and all(r.partitions is not None for r in todo)
+                and not self.attacher.replaces(table))
 
     def _attach_logged(self, table: str, display: str, request: _Request,
                        deadline: float) -> None:
         """Attach a stage already logged by log_group; an error of unknown outcome is
         settled by the mark rule like any other (settle_own finds it logged)."""
         try:
-            self.attacher.attach(table, request.stage, request.partitions or ())
+            self.attacher.attach(table, request.stage, request.partitions or (),
+                                 request.events[0].replaced if request.events else "")
         except TransientError as exc:
             self.attacher.settle_own(table, display, request.stage, request.events, deadline, exc)
         except ChloadError as exc:

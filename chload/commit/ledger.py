@@ -34,6 +34,10 @@ FILES = f"{DATABASE}.files"
 RUNS = f"{DATABASE}.runs"
 
 LOADING, COMMITTING, LOADED, FAILED = "loading", "committing", "loaded", "failed"
+# --mode replace-table (commit/swap.py): a run's new table is about to be swapped in
+# (uri: the new table), and the swap done: every `loaded` event of the table before the
+# latest TABLE_REPLACED is another table's (superseded), so a later append loads them again
+SWAPPING, TABLE_REPLACED = "swapping", "table-replaced"
 # Events logged with their mark in one statement (INSERT ... SELECT, one arm per event),
 # at most: 18.16 plans a UNION ALL of many arms slowly, under the commit lock; more
 # are appended after reading the mark first. A raw load's groups (a file a stage, at
@@ -75,12 +79,15 @@ class FileEvent:
     mark: int = 0
     seq: int = field(default_factory=time.time_ns)
     table_uuid: str = ""  # the target table's uuid when the event was written ('' unknown)
+    # --mode replace-partitions: the partition ids this commit replaces (comma-separated;
+    # the stage's others are attached): commit/attach.py; a swap's marker: commit/swap.py
+    replaced: str = ""
 
     def moved(self, state: str, error: str = "") -> FileEvent:
         """The same file in a later state (a new event, with its own sequence number)."""
         return FileEvent(self.target_table, self.uri, self.identity, self.size, self.mtime_ns,
                          state, self.rows, self.bytes, error, self.run_id, self.stage,
-                         self.mark, time.time_ns(), self.table_uuid)
+                         self.mark, time.time_ns(), self.table_uuid, self.replaced)
 
 
 @dataclass(slots=True)
@@ -114,7 +121,7 @@ KEY_COLUMNS = {"uri_key": "UInt64 MATERIALIZED reinterpretAsUInt64(MD5(uri))",
 _FILES_DDL = f"""CREATE TABLE IF NOT EXISTS {FILES} (
     target_table String, uri String, identity String, size UInt64, mtime_ns UInt64,
     state String, rows UInt64, bytes UInt64, error String, run_id String,
-    stage String, mark UInt64, seq UInt64, table_uuid String,
+    stage String, mark UInt64, seq UInt64, table_uuid String, replaced String,
     at DateTime MATERIALIZED toDateTime(intDiv(seq, 1000000000)),
     {", ".join(f"{name} {kind}" for name, kind in KEY_COLUMNS.items())}
 ) ENGINE = MergeTree ORDER BY (target_table, uri, seq)"""
@@ -131,7 +138,7 @@ _RUNS_DDL = f"""CREATE TABLE IF NOT EXISTS {RUNS} (
 # Columns added after the first version: (table, column) -> type; ADDED_COLUMNS finds
 # them in system.columns (an older ledger gets them on first use: Ledger._add_columns)
 _ADDED = {("files", "table_uuid"): "String", ("runs", "concurrency"): "String",
-          ("runs", "schema_changes"): "String",
+          ("runs", "schema_changes"): "String", ("files", "replaced"): "String",
           **{("files", name): kind for name, kind in KEY_COLUMNS.items()}}
 # What a complete ledger has (`table.column`: the added columns)
 LEDGER_TABLES = frozenset({"files", "runs", "rejects", *(f"{t}.{c}" for t, c in _ADDED)})
@@ -289,7 +296,7 @@ class Ledger:
         whatever came after it: a `--force` reload that failed leaves the rows of the
         load before it in the table."""
         return {e.uri: e for e in self._latest(
-            f"target_table = {quote_str(target_table)} AND state = '{LOADED}'")}
+            f"{_loaded_where(target_table)}")}
 
     def known(self, target_table: str, table: TableState) -> tuple[KnownUnits, str]:
         """The units loaded into the table as it is now, as compact keys (known.py), and
@@ -298,7 +305,7 @@ class Ledger:
         come in slices of the key space, each at most _KNOWN_SLICE units, so the
         engine's memory for the grouping is bounded too (the embedded engine's is this
         process's)."""
-        where = f"target_table = {quote_str(target_table)} AND state = '{LOADED}'"
+        where = _loaded_where(target_table)
         count = self.loaded_count(target_table)
         if not count:
             return KnownUnits(), ""
@@ -338,8 +345,8 @@ class Ledger:
         if not table.exists or table.rows == 0:
             return ""
         rows = self._sql.rows(
-            f"SELECT max(uri) AS last FROM {FILES} WHERE target_table = "
-            f"{quote_str(target_table)} AND state = '{LOADED}' AND uri >= {quote_str(prefix)}"
+            f"SELECT max(uri) AS last FROM {FILES} WHERE {_loaded_where(target_table)} AND "
+            f"uri >= {quote_str(prefix)}"
             f" AND substring(uri, 1, {len(prefix.encode())}) = {quote_str(prefix)} AND "
             f"table_uuid IN ('', {quote_str(table.uuid)})")
         return str(rows[0]["last"] or "") if rows else ""
@@ -348,8 +355,7 @@ class Ledger:
         """How many `loaded` events the ledger holds for the table (Ledger.known's first
         question, asked ahead on a server: server/early.py)."""
         return int(self._sql.rows(
-            f"SELECT count() AS n FROM {FILES} WHERE target_table = {quote_str(target_table)}"
-            f" AND state = '{LOADED}'")[0]["n"])
+            f"SELECT count() AS n FROM {FILES} WHERE {_loaded_where(target_table)}")[0]["n"])
 
     def _loaded_of(self, target_table: str, uris: list[str]) -> dict[str, FileEvent]:
         """uri -> the latest `loaded` event of each of `uris` (as `loaded`), in
@@ -358,7 +364,7 @@ class Ledger:
         for i in range(0, len(uris), 500):
             listed = ", ".join(quote_str(u) for u in uris[i:i + 500])
             found.update((e.uri, e) for e in self._latest(
-                f"target_table = {quote_str(target_table)} AND state = '{LOADED}' AND "
+                f"{_loaded_where(target_table)} AND "
                 f"uri IN ({listed})"))
         return found
 
@@ -410,6 +416,15 @@ class LoadedEvents:
             raise
 
 
+def _loaded_where(target_table: str) -> str:
+    """The `loaded` events of the table's history: those after its latest swap
+    (TABLE_REPLACED: --mode replace-table), which supersedes the ones before."""
+    table = quote_str(target_table)
+    return (f"target_table = {table} AND state = '{LOADED}' AND seq > (SELECT "
+            f"toUInt64(max(seq)) FROM {FILES} WHERE target_table = {table} AND state = "
+            f"'{TABLE_REPLACED}')")
+
+
 _KNOWN_SLICE = 1 << 17  # `loaded` events grouped by one query of Ledger.known
 # A slice grouped on one thread in one hash table (not split in 256 past 100,000 keys):
 # the engine's memory for it stays a small multiple of the slice's keys
@@ -441,7 +456,7 @@ def _literal(value: object) -> str:
 
 
 _LATEST_FIELDS = ("identity", "size", "mtime_ns", "state", "rows", "bytes", "error", "run_id",
-                  "stage", "mark", "table_uuid")
+                  "stage", "mark", "table_uuid", "replaced")
 _STORE_UUID = re.compile(r"/store/[0-9a-f]{3}/([0-9a-f]{8}-[0-9a-f-]{27})/")
 _INTS = {"size", "mtime_ns", "rows", "bytes", "mark", "seq"}
 

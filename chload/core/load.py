@@ -14,6 +14,7 @@ from dataclasses import MISSING, fields, replace
 from chload import formats
 from chload.commit.ledger import COMMITTING, FileEvent, own_history
 from chload.commit.rejects import ErrorBudget
+from chload.commit.swap import TableSwap
 from chload.core import evolve
 from chload.core import plan as planner
 from chload.core import run as runner
@@ -74,10 +75,74 @@ def load_units(spec: LoadSpec, target: Target, sources: RunSources,
     """Into `target`, or into each shard of its Distributed table (targets/cluster/target.py)."""
     table = planner.parse_table(spec.table, default_database(target))
     with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
+        if spec.mode == "replace-table":
+            if t is not target:
+                raise UsageError(f"--mode replace-table: {table.display} is a Distributed "
+                                 "table, whose shards cannot be swapped at one instant; use "
+                                 "--mode replace-partitions, or load each shard's table")
+            return replace_table(spec, t, table, sources, listed, listener, run_id, record,
+                                 added)
+        if t is target:  # (a cluster is refused replace-table: nothing to settle)
+            _swap_of(t, table).settle()
         report = load_table(spec, t, table, sources, listed, listener, run_id, record,
                              added)
         report.shards = shards_of(t.shard_report())
         return report
+
+
+def _swap_of(target: Target, table: planner.TableName) -> TableSwap:
+    return TableSwap(target, target.ledger, table.database, table.name, table.display,
+                     exchange=target.engine_name == "chdb")
+
+
+def replace_table(spec: LoadSpec, target: Target, table: planner.TableName,
+                  sources: RunSources, listed: Iterable[SourceFile | Skipped],
+                  listener: Listener, run_id: str = "", record: bool = True,
+                  added: planner.AddColumns | None = None) -> LoadReport:
+    """--mode replace-table: every unit listed into a new table of the same columns,
+    swapped in for the table once all committed (commit/swap.py); any failure leaves the
+    table as it was and drops the new one."""
+    started_ns = time.time_ns()
+    swap = _swap_of(target, table)
+    swap.start_over()
+    existed = target.table_columns(table.sql) is not None
+    if existed:
+        target.command(f"CREATE TABLE {swap.new} AS {table.sql}")
+    new = planner.TableName(table.database, swap.new_name)
+    inner = replace(spec, table=new.display, force=True, mode="append")
+    report = load_table(inner, target, new, sources, listed, listener, run_id, False, added)
+    report.table = table.display
+    made = target.table_columns(new.sql) is not None
+    if report.files_failed or report.errors or not made:
+        swap.drop(swap.new_name)
+        report.errors += [f"--mode replace-table: {table.display} was left as it was (not "
+                          f"every unit loaded; the new table was dropped): fix what failed "
+                          "and run the same command again"] if made else []
+    else:
+        target.flush()  # (the run's units, as the swap's record reads them)
+        swap.swap(report.run_id, existed)
+        report.notes += [f"--mode replace-table: {table.display} now holds this run's "
+                         f"{report.files_loaded} units only, swapped in at once"]
+    if record:
+        _finish_reported(target, report, _run_record(spec, report, started_ns, sources))
+    return report
+
+
+def _check_partitioned(target: Target, table: planner.TableName,
+                       existing: list[Column] | None, partition_by: str | None) -> None:
+    """--mode replace-partitions replaces whole partitions: the table (each shard's) must
+    have a PARTITION BY, or be created with --partition-by."""
+    if existing is None:
+        if not partition_by:
+            raise UsageError(f"table {table.display}: --mode replace-partitions replaces "
+                             "whole partitions and the table does not exist yet: pass "
+                             "--partition-by EXPR (e.g. toYYYYMMDD(day)); nothing was loaded")
+        return
+    for where, engine in target.table_engines(table.sql):
+        if "PARTITION BY" not in engine:
+            raise UsageError(f"table {where} has no PARTITION BY: --mode replace-partitions "
+                             "replaces whole partitions; load into a table created with "
+                             "PARTITION BY, or use --mode replace-table; nothing was loaded")
 
 
 def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources: RunSources,
@@ -93,12 +158,15 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     report = LoadReport(table.display, target.display, run_id or os.urandom(6).hex())
     report.notes += target.notes
     existing = target.table_columns(table.sql)
+    if spec.mode == "replace-partitions":
+        _check_partitioned(target, table, existing, spec.partition_by)
     report.recovered = target.recover(table.sql)
     state = target.ledger.table_state(table.database, table.name)
     known, report.table_reset = target.ledger.known(table.display, state)
     sources.against(None if spec.force else known)  # (--force: every unit listed, loaded)
     try:
-        plan = planner.decide(listed, known, spec.force, sources.release)
+        plan = planner.decide(listed, known, spec.force, sources.release,
+                              reload_changed=spec.mode == "replace-partitions")
     finally:
         sources.against(None)
     del known
@@ -158,7 +226,7 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
                     columns=plan.columns, read_columns=plan.read_columns, audit=spec.audit,
                     settings=settings, run_id=report.run_id, budget=spec.budget,
                     batch=group if len(group) > 1 else (), threads=threads,
-                    settle=sources.settle)
+                    settle=sources.settle, mode=spec.mode)
             for group in groups]
     if spec.workers is None:
         adapt.bounded(MAX_STREAMS)  # the target bounds it by what it knows (its cores)

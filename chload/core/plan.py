@@ -113,7 +113,8 @@ class Plan:
 
 
 def decide(files: Iterable[SourceFile | Skipped], known: KnownUnits, force: bool,
-           release: Callable[[list[SourceFile]], None] = lambda files: None) -> Plan:
+           release: Callable[[list[SourceFile]], None] = lambda files: None,
+           reload_changed: bool = False) -> Plan:
     """Split files into load, skip and refuse by the ledger: exactly once per file.
 
     `files` is taken as it comes (a listing, streamed) and `known` holds the ledger's
@@ -125,7 +126,9 @@ def decide(files: Iterable[SourceFile | Skipped], known: KnownUnits, force: bool
 
     A file loaded before under another identity (a log that grew, a file rewritten) is
     refused, not loaded again: its earlier rows are still in the table, and loading it
-    whole would double them. `--force` loads it (and every file) again, as asked.
+    whole would double them. `--force` loads it (and every file) again, as asked;
+    `reload_changed` (--mode replace-partitions: its rows replace the earlier ones)
+    loads it again too.
     """
     to_load: dict[str, SourceFile] = {}
     changed: dict[str, SourceFile] = {}
@@ -157,7 +160,7 @@ def decide(files: Iterable[SourceFile | Skipped], known: KnownUnits, force: bool
         if event is None:  # another uri's key (a collision of hashes): a new file
             del changed[uri]
             to_load[uri] = f
-        elif force:
+        elif force or reload_changed:
             to_load[uri] = f
         else:
             refused[uri] = _changed_message(f, event)

@@ -30,6 +30,19 @@ Pairs = Mapping[str, str] | Iterable[tuple[str, str]]  # e.g. shards: replica ->
 OnError = Literal["continue", "abort"]
 OnNewColumn = Literal["fail", "add", "ignore"]
 ShardBy = Literal["auto", "file"]
+Mode = Literal["append", "replace-partitions", "replace-table"]
+MODES = ("append", "replace-partitions", "replace-table")
+# What each --mode does, as `chload validate` and `chload run --check` say it
+MODE_EFFECT = {
+    "append": "units add their rows to the table; a unit loaded before is skipped",
+    "replace-partitions": "each unit's partitions replace the table's (REPLACE PARTITION "
+                          "under the commit lock; the first unit of the run holding a "
+                          "partition replaces it, later ones add to it); a changed file "
+                          "is loaded again; the table needs a PARTITION BY",
+    "replace-table": "every unit listed loads into a new table, swapped in for the table "
+                     "once all committed (the table as it was until then; kept if any "
+                     "unit fails); the table's earlier units are superseded in the ledger",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +79,7 @@ class LoadSpec:
     on_new_column: str = "fail"
     upsert_key: str | None = None  # --upsert-key: a ReplacingMergeTree ordered by these
     version: str | None = None  # --version: its version column
+    mode: str = "append"  # --mode: append, replace-partitions or replace-table (docs/modes.md)
 
     def __post_init__(self) -> None:
         for name, convert in _SPEC_TYPES.items():  # a Path, a dict of settings, ...
@@ -75,6 +89,7 @@ class LoadSpec:
         if self.on_error not in ("continue", "abort"):
             raise UsageError(f"--on-error {self.on_error}: use continue or abort")
         evolve.check_mode(self.on_new_column)
+        self._check_mode()
         planner.validate_options(self.compression, self.workers)
         planner.parse_table(self.table)
         upserts.of(self.upsert_key, self.version, self.order_by)
@@ -90,6 +105,18 @@ class LoadSpec:
         if self.follow and "-" in self.sources:
             raise UsageError("--follow -: standard input is read once; follow a directory, "
                              "a glob or a prefix")
+
+    def _check_mode(self) -> None:
+        if self.mode not in MODES:
+            raise UsageError(f"--mode {self.mode}: use {', '.join(MODES)}")
+        if self.mode == "append":
+            return
+        clash = [flag for flag, given in (("--follow", self.follow), ("--upsert-key",
+                 self.upsert_key is not None), ("--incremental-by",
+                 self.incremental_by is not None)) if given]
+        if clash:
+            raise UsageError(f"--mode {self.mode} with {clash[0]}: a replace needs every "
+                             "unit of a run listed at its start; load with --mode append")
 
     @property
     def upsert(self) -> upserts.Upsert | None:
@@ -115,7 +142,7 @@ _SPEC_TYPES = {
     "shards": options.settings, "shard_by": options.text, "after_last_key": options.flag,
     "poll": options.optional_seconds,
     "on_new_column": options.text, "upsert_key": options.optional_text,
-    "version": options.optional_text,
+    "version": options.optional_text, "mode": options.text,
 }
 
 

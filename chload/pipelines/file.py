@@ -233,6 +233,8 @@ def described(load: Declared) -> str:
         mode += f", rows above the last {load.spec.incremental_by} loaded"
     if load.spec.force:
         mode += ", forced (loaded units again)"
+    if load.spec.mode != "append":
+        mode += f", --mode {load.spec.mode}: {api.MODE_EFFECT[load.spec.mode]}"
     port = f", metrics on 127.0.0.1:{load.metrics_port}" if load.metrics_port else ""
     return (f"{load.name}: {'/'.join(kinds)} {sources} -> {written['table']} in "
             f"{target}: {mode}{port}")

@@ -36,6 +36,7 @@ class LoadJob:
     budget: ErrorBudget = ErrorBudget()
     batch: tuple[SourceFile, ...] = ()  # several small files loaded as one (file = first)
     threads: int = 0  # engine threads for this file's query (0: the engine's default)
+    mode: str = "append"  # --mode: append or replace-partitions (the committer's)
     settle: Callable[[], None] | None = None  # asked right before any of its files commits
     # (identity.check_read): raises what the run's sources found that stops the run
     # (RunSources.settle: a database's check of the rows to load, run beside the ranges)

@@ -36,7 +36,7 @@ def _cluster(asked: list[tuple[int, list[str], list]], refusing: set[int]) -> An
 
 def _unit(c: Any, stage: str, todo: list[int], stream: bool = True) -> Unit:
     follows = (StreamPosition(f"kafka://b/t/{stage}", 0),) if stream else ()
-    return Unit(SimpleNamespace(follows=follows), stage,  # type: ignore[arg-type]
+    return Unit(SimpleNamespace(follows=follows, mode="append"), stage,  # type: ignore[arg-type]
                 [s for s in c.shards if s.number in todo],
                 {s.number: (1, []) for s in c.shards}, [], None)
 

@@ -423,6 +423,12 @@ class ClusterTarget(Ending):
                    held: bool) -> None:
         """`mine` (index, unit) committed on `shard` as one group; each outcome noted."""
         events = {i: self._events(u, shard) for i, u in mine}
+        committer = shard.target.committer
+        for _, u in mine:  # a replaced partition: on every shard, also where it got none
+            if u.job.mode == "replace-partitions":  # (the shards' targets are this run's)
+                committer.use_mode(self.local, u.job.mode, u.job.run_id)
+                committer.attacher.covers[u.stage] = sorted(
+                    {p for _, parts in u.shares.values() for p in parts})
         crash_point(f"cluster-commit-shard-{shard.number}")  # (tests: one shard late)
         with self._busy(shard):
             results = shard.target.committer.commit_group(
@@ -430,6 +436,9 @@ class ClusterTarget(Ending):
                 [(u.stage, u.shares[shard.number][1], events[i], shard.target._started_ns)
                  for i, u in mine], [u.job.follows for _, u in mine])
         loaded: list[FileEvent] = []
+        for _, u in mine:
+            if u.job.mode == "replace-partitions":
+                committer.attacher.covers.pop(u.stage, None)
         for (i, u), result in zip(mine, results, strict=True):
             if isinstance(result, BaseException):
                 outcomes[i][1][shard.number] = result

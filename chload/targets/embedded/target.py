@@ -221,6 +221,7 @@ class EmbeddedTarget:
         stage for the committer to settle (some partitions may be attached already).
         """
         self._kept = True
+        self.committer.use_mode(job.table, job.mode, job.run_id)
         try:
             done = self.committer.commit(job.table, job.table_display, stage, None, events,
                                          self._started_ns, job.follows)

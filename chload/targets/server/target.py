@@ -400,6 +400,7 @@ class ServerTarget(StageFilling):
                 events: Sequence[FileEvent]) -> bool:
         """Commit a filled stage: with others, in fewer groups (batch.py); a unit
         of a stream at once, in its order."""
+        self.committer.use_mode(job.table, job.mode, job.run_id)
         if job.follows:
             return self.committer.commit(job.table, job.table_display, stage, partitions,
                                          events, self._started_ns, job.follows)
