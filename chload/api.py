@@ -34,6 +34,7 @@ from chload.core.finish import (
     _run_record,
 )
 from chload.core.report import (
+    MODE_EFFECT,
     Concurrency,
     Costs,
     LoadReport,
@@ -66,7 +67,7 @@ if TYPE_CHECKING:
 __all__ = ["load", "validate", "files", "sql", "history", "errors", "run_files", "LoadSpec",
            "LoadReport", "FileResult", "FileEvent", "FileCheck", "Event", "Listener",
            "Saturation", "Concurrency", "StreamChange", "Costs", "ShardLoad",
-           "ServerSaturation", "Sources", "TargetName", "Settings", "Poll"]
+           "ServerSaturation", "Sources", "TargetName", "Settings", "Poll", "MODE_EFFECT"]
 
 
 def __getattr__(name: str) -> Any:
