@@ -68,7 +68,7 @@ class Attacher:
         with self._modes:
             if not replace_partitions:
                 self._replacing.pop(table, None)
-            elif self._replacing.get(table, ("", set()))[0] != run_id or not run_id:
+            elif self._replacing.get(table, ("", set()))[0] != run_id:
                 self._replacing[table] = (run_id, set())
 
     def replaces(self, table: str) -> bool:

@@ -106,7 +106,8 @@ def replace_table(spec: LoadSpec, target: Target, table: planner.TableName,
     swap = _swap_of(target, table)
     swap.start_over()
     existed = target.table_columns(table.sql) is not None
-    if existed:
+    if existed:  # (a commit an earlier run left is settled into the old table, not the new)
+        target.recover(table.sql)
         target.command(f"CREATE TABLE {swap.new} AS {table.sql}")
     new = planner.TableName(table.database, swap.new_name)
     inner = replace(spec, table=new.display, force=True, mode="append")
