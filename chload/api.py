@@ -426,7 +426,7 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
                          workdir=os.path.join(target.workdir, "tmp"),
                          s3=s3, query=target.infer_rows, patterns=spec.sources,
                          select=spec.query, incremental_by=spec.incremental_by,
-                         force=spec.force, workers=spec.workers,
+                         force=spec.force or spec.mode != "append", workers=spec.workers,
                          key_order=target.wants_key_order, schema=spec.schema,
                          has_type=target.has_type, engine=target.engine_name,
                          committed=lambda: steps.committed(spec, target),

@@ -117,6 +117,9 @@ class LoadSpec:
         if clash:
             raise UsageError(f"--mode {self.mode} with {clash[0]}: a replace needs every "
                              "unit of a run listed at its start; load with --mode append")
+        if any(s.lower().startswith("kafka://") for s in self.sources):
+            raise UsageError(f"--mode {self.mode}: a Kafka topic's messages are appended "
+                             "(each exactly once); load it with --mode append")
 
     @property
     def upsert(self) -> upserts.Upsert | None:
