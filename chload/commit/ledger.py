@@ -37,7 +37,8 @@ LOADING, COMMITTING, LOADED, FAILED = "loading", "committing", "loaded", "failed
 # --mode replace-table (commit/swap.py): a run's new table is about to be swapped in
 # (uri: the new table), and the swap done: every `loaded` event of the table before the
 # latest TABLE_REPLACED is another table's (superseded), so a later append loads them again
-SWAPPING, TABLE_REPLACED = "swapping", "table-replaced"
+SWAPPING, TABLE_REPLACED, SWAP_ABANDONED = "swapping", "table-replaced", "swap-abandoned"
+_NO_UNIT = f"state NOT IN ('{SWAPPING}', '{TABLE_REPLACED}', '{SWAP_ABANDONED}')"  # (a swap's)
 # Events logged with their mark in one statement (INSERT ... SELECT, one arm per event),
 # at most: 18.16 plans a UNION ALL of many arms slowly, under the commit lock; more
 # are appended after reading the mark first. A raw load's groups (a file a stage, at
@@ -277,11 +278,12 @@ class Ledger:
         having = ""
         if states:
             having = f"HAVING last_state IN ({', '.join(quote_str(s) for s in states)})"
-        return self._latest(f"target_table = {quote_str(target_table)}", having)
+        return self._latest(f"target_table = {quote_str(target_table)} AND {_NO_UNIT}",
+                            having)
 
     def of_run(self, run_id: str) -> list[FileEvent]:
         """The last event of each file that one run touched."""
-        return self._latest(f"run_id = {quote_str(run_id)}")
+        return self._latest(f"run_id = {quote_str(run_id)} AND {_NO_UNIT}")
 
     def _latest(self, where: str, having: str = "") -> list[FileEvent]:
         fields = ", ".join(f"argMax({f}, seq) AS last_{f}" for f in _LATEST_FIELDS)

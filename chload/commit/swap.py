@@ -32,6 +32,7 @@ from chload.commit.ledger import (
     FAILED,
     FILES,
     LOADED,
+    SWAP_ABANDONED,
     SWAPPING,
     TABLE_REPLACED,
     FileEvent,
@@ -43,7 +44,7 @@ from chload.runtime.faults import crash_point
 from chload.schema import quote_ident, quote_str
 
 NEW, OLD = "__chload_new", "__chload_old"
-ABANDONED = "swap-abandoned"  # a SWAPPING whose swap did not happen (settle)
+ABANDONED = SWAP_ABANDONED  # a SWAPPING whose swap did not happen (settle)
 
 
 class TableSwap:

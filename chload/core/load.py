@@ -122,8 +122,9 @@ def replace_table(spec: LoadSpec, target: Target, table: planner.TableName,
     else:
         target.flush()  # (the run's units, as the swap's record reads them)
         swap.swap(report.run_id, existed)
+        n = report.files_loaded
         report.notes += [f"--mode replace-table: {table.display} now holds this run's "
-                         f"{report.files_loaded} units only, swapped in at once"]
+                         f"{n} unit{'s' if n != 1 else ''} only, swapped in at once"]
     if record:
         _finish_reported(target, report, _run_record(spec, report, started_ns, sources))
     return report

@@ -99,3 +99,19 @@ def test_settling_replaces_only_the_partitions_not_done_by_the_mark() -> None:
     attacher.settle(TABLE, event)
     assert sql.statements == ["ALTER TABLE t REPLACE PARTITION ID 'p5'",
                               "ALTER TABLE t DROP PARTITION ID 'p7'"]
+
+
+def test_a_mode_is_checked_when_the_load_is_asked() -> None:
+    import pytest
+
+    from chload.api import LoadSpec
+    from chload.errors import UsageError
+
+    with pytest.raises(UsageError, match="--mode merge: use append, replace-partitions, "
+                                         "replace-table"):
+        LoadSpec(("a.csv",), "t", mode="merge")
+    with pytest.raises(UsageError, match="--mode replace-table with --follow"):
+        LoadSpec(("dir/",), "t", mode="replace-table", follow=True)
+    with pytest.raises(UsageError, match="Kafka topic"):
+        LoadSpec(("kafka://127.0.0.1:9092/topic",), "t", mode="replace-partitions")
+    assert LoadSpec(("a.csv",), "t", mode="replace-partitions").mode == "replace-partitions"
