@@ -415,7 +415,9 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
     s3 = registry.s3_settings(spec.sources, os.environ, spec.s3_endpoint)
     return SourceContext(format=spec.format, compression=spec.compression,
                          workdir=os.path.join(target.workdir, "tmp"),
-                         s3=s3, query=target.infer_rows, patterns=spec.sources,
+                         s3=s3, azure=registry.azure_settings(spec.sources, os.environ),
+                         gcs=registry.gcs_settings(spec.sources, os.environ),
+                         query=target.infer_rows, patterns=spec.sources,
                          select=spec.query, incremental_by=spec.incremental_by,
                          force=spec.force, workers=spec.workers,
                          key_order=target.wants_key_order, schema=spec.schema,
