@@ -104,8 +104,8 @@ def test_azure_exact_rerun_and_secret_nowhere(azurite: services.Service,
 
 def test_azure_changed_blob_loads_again_and_after_last_key(
         azurite: services.Service, tmp_path: Path) -> None:
-    """A blob rewritten (new ETag) loads again; --after-last-key passes over names up to
-    the last loaded; a brace list names exact blobs."""
+    """A brace list names exact blobs; --after-last-key passes over names up to the last
+    loaded; a blob rewritten (a new ETag) is refused as changed, as any file is."""
     name = f"keys-{uuid.uuid4().hex[:8]}"
     client = services.azure_create_container(azurite, name)
     for i in range(5):
@@ -121,10 +121,11 @@ def test_azure_changed_blob_loads_again_and_after_last_key(
     after, report = load(f"az://{name}/k/", *args, "--after-last-key", env=env)
     assert (after.returncode, report["files_loaded"]) == (0, 1)  # 005 only: after 004
     whole, report = load(f"az://{name}/k/", *args, env=env)
-    assert (whole.returncode, report["files_loaded"], report["files_changed"]) == (0, 1, 1)
+    assert (whole.returncode, report["files_loaded"], report["files_changed"]) == (1, 0, 1)
+    assert f"az://{name}/k/001.csv" in whole.stdout + whole.stderr
     out = run_chload("sql", "SELECT count(), sum(id) FROM k", "--target", target,
                      "--format", "TSV")
-    assert out.stdout.split() == ["6", "15"]  # 001 replaced, not added twice
+    assert out.stdout.split() == ["6", "15"]  # 001 once, 005 added
 
 
 def test_azure_refusals_are_one_line_without_the_key(azurite: services.Service,
