@@ -10,6 +10,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -272,3 +274,46 @@ def test_gcs_exact_rerun_after_last_key_and_secret_nowhere(minio: services.Servi
     mixed = run_chload("load", f"gs://{bucket}/trips/", "s3://other/x.csv", "--table", "t",
                        "--target", target, env=env)
     assert mixed.returncode == 2 and "separate runs" in mixed.stderr, mixed.stderr
+
+
+def test_azure_follow_sigterm_and_restart_every_row_once(azurite: services.Service,
+                                                         tmp_path: Path) -> None:
+    """A writer adds a blob a second for 8 s while `--follow --poll 1` runs; SIGTERM at two
+    instants, each followed by a restart: every row once, each process exiting 0."""
+    from test_follow import Follower
+
+    name, rows, seconds = f"follow-{uuid.uuid4().hex[:8]}", 200, 8
+    client = services.azure_create_container(azurite, name)
+    target, env = str(tmp_path / "target"), az_env(azurite)
+    args = (f"az://{name}/in/", "--table", "events", "--target", target, "--json",
+            "--after-last-key")
+
+    def write() -> None:
+        for i in range(seconds):
+            body = "id\n" + "".join(f"{i * rows + r}\n" for r in range(rows))
+            client.upload_blob(f"in/obj-{i:04d}.csv", body.encode())  # type: ignore[attr-defined]
+            time.sleep(1)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    reports = []
+    for pause in (1.5, 0.5):
+        follower = Follower(*args, env=env)
+        follower.wait_for(lambda line: '"event": "poll"' in line)
+        time.sleep(pause)
+        code, rest, err = follower.stop()
+        assert code == 0 and "Traceback" not in err, err
+        assert azurite.credentials["key"] not in err + "".join(rest + follower.seen)
+        reports.append(json.loads(rest[-1]))
+    writer.join(timeout=60)
+    last = Follower(*args, env=env)  # catches up, then one empty poll
+    last.wait_for(lambda line: '"event": "poll"' in line and '"files": 0' in line)
+    code, rest, err = last.stop()
+    assert code == 0, err
+    reports.append(json.loads(rest[-1]))
+    total = seconds * rows
+    out = run_chload("sql", "SELECT count(), uniqExact(id), sum(id) FROM events", "--target",
+                     target, "--format", "TSV")
+    assert out.stdout.split() == [str(total), str(total), str(total * (total - 1) // 2)]
+    assert sum(r["files_loaded"] for r in reports) == seconds
+    assert all(r["files_failed"] == 0 and not r["errors"] for r in reports)
