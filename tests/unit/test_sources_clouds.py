@@ -103,3 +103,10 @@ def test_gcs_objects_read_with_gcs() -> None:
                      location="https://storage.googleapis.com/b/x.csv")
     assert table_function(one, "CSV", None).startswith(
         "gcs('https://storage.googleapis.com/b/x.csv', 'CSV'")
+
+
+def test_an_abfs_uri_of_another_account_is_refused() -> None:
+    settings = azure.from_connection_string(CONNECTION)
+    with pytest.raises(UsageError, match="names account other, but .* account acct"):
+        list(azure.list_azure("abfss://raw@other.dfs.core.windows.net/x.csv", None, None,
+                              settings))

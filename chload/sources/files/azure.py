@@ -147,6 +147,10 @@ def list_azure(pattern: str, fmt: str | None, compression: str | None, config: A
     `after` (--after-last-key): the greatest uri loaded under a prefix; names up to it
     are passed over, and finding nothing new is no error."""
     container, key_pattern = parse_uri(pattern)
+    abfs = _ABFS.fullmatch(pattern)
+    if abfs and abfs.group(2) != config.account:
+        raise UsageError(f"{pattern}: names account {abfs.group(2)}, but {config.source} is "
+                         f"for account {config.account}; set the credentials of that account")
     lister = Lister(config, calls=calls)
     found = 0
     patterns = sorted(set(expand_braces(key_pattern)))
