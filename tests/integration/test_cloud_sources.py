@@ -317,3 +317,55 @@ def test_azure_follow_sigterm_and_restart_every_row_once(azurite: services.Servi
     assert out.stdout.split() == [str(total), str(total), str(total * (total - 1) // 2)]
     assert sum(r["files_loaded"] for r in reports) == seconds
     assert all(r["files_failed"] == 0 and not r["errors"] for r in reports)
+
+
+def test_gcs_into_the_18_16_server(minio: services.Service, clickhouse: services.Service,
+                                   trips: Path, tmp_path: Path, table_name: str) -> None:
+    """gs:// read by the loader's engine (gcs()) and pushed: exact, a rerun skips, the
+    HMAC secret in nothing the server keeps."""
+    bucket = f"gs18-{uuid.uuid4().hex[:8]}"
+    services.minio_create_bucket(minio, bucket)
+    client = services.minio_client(minio)
+    for path in sorted(trips.iterdir())[:3]:
+        client.upload_file(str(path), bucket, path.name)  # type: ignore[attr-defined]
+    server = f"http://loader@127.0.0.1:{clickhouse.ports['http']}/default"
+    env = {**gs_env(minio, tmp_path), "CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]}
+    for expect_loaded in (3, 0):
+        out, report = load(f"gs://{bucket}/*.csv.gz", "--table", table_name, "--target",
+                           server, env=env)
+        assert out.returncode == 0, out.stderr
+        assert (report["files_loaded"], report["files_skipped"]) == (expect_loaded,
+                                                                     3 - expect_loaded)
+        assert minio.credentials["secret_key"] not in out.stdout + out.stderr
+    got = services.clickhouse_query(clickhouse, f"SELECT count(), uniqExact(id) FROM "
+                                                f"{table_name}").split()
+    assert got == [str(3 * ROWS), str(3 * ROWS)]
+    secret = minio.credentials["secret_key"].encode()
+    assert files_everywhere_without(str(clickhouse.data_dir), secret) == []
+
+
+def test_azure_sas_token_lists_and_reads(azurite: services.Service,
+                                         container: tuple[str, object],
+                                         tmp_path: Path) -> None:
+    """A connection string with a SAS token (read and list only) instead of the key:
+    listing and the engine's reads use it; the token's signature is never shown."""
+    import datetime as dt
+
+    from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
+
+    name, _ = container
+    sas = generate_account_sas(
+        azurite.credentials["account"], azurite.credentials["key"],
+        ResourceTypes(service=True, container=True, object=True),
+        AccountSasPermissions(read=True, list=True),
+        expiry=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+    env = az_env(azurite, AZURE_STORAGE_CONNECTION_STRING=f"BlobEndpoint={azurite.url};"
+                                                          f"SharedAccessSignature={sas}")
+    target = str(tmp_path / "target")
+    out, report = load(f"az://{name}/trips/*.csv.gz", "--table", "trips", "--target", target,
+                       env=env)
+    assert out.returncode == 0, out.stderr
+    assert (report["files_loaded"], report["rows_loaded"]) == (FILES, TOTAL)
+    signature = dict(p.split("=", 1) for p in sas.split("&"))["sig"]
+    assert signature not in out.stdout + out.stderr
+    assert files_everywhere_without(target, signature.encode()) == []
