@@ -369,3 +369,22 @@ def test_azure_sas_token_lists_and_reads(azurite: services.Service,
     signature = dict(p.split("=", 1) for p in sas.split("&"))["sig"]
     assert signature not in out.stdout + out.stderr
     assert files_everywhere_without(target, signature.encode()) == []
+
+
+def test_azure_gzip_blob_without_gz_in_its_name(azurite: services.Service,
+                                                tmp_path: Path) -> None:
+    """A gzip export saved as `x.csv` is read as gzip (its first bytes, one ranged GET),
+    a plain one beside it as text."""
+    import gzip
+
+    name = f"sniff-{uuid.uuid4().hex[:8]}"
+    client = services.azure_create_container(azurite, name)
+    client.upload_blob("in/a.csv", gzip.compress(b"id\n1\n2\n"))  # type: ignore[attr-defined]
+    client.upload_blob("in/b.csv", b"id\n3\n")  # type: ignore[attr-defined]
+    target = str(tmp_path / "target")
+    out, report = load(f"az://{name}/in/*.csv", "--table", "t", "--target", target,
+                       env=az_env(azurite))
+    assert out.returncode == 0, out.stderr
+    assert (report["files_loaded"], report["rows_loaded"]) == (2, 3)
+    got = run_chload("sql", "SELECT sum(id) FROM t", "--target", target, "--format", "TSV")
+    assert got.stdout.strip() == "6"
