@@ -124,8 +124,8 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
     """Load files into a table, exactly once per file; the options are the CLI's flags
     (`--max-errors` is `max_errors`). A wrong value is a UsageError naming the option.
 
-    :param sources: files, directories, globs, ``-`` (stdin) or URLs (s3://, hdfs://,
-        http(s)://, kafka://, postgresql://, mysql://): a str or pathlib.Path, or a list of
+    :param sources: files, directories, globs, ``-`` (stdin) or URLs (s3://, az://, gs://,
+        hdfs://, http(s)://, kafka://, postgresql://, mysql://): a str or pathlib.Path, or a list of
         them; or a LoadSpec, then with no other option (``listener`` and
         ``metrics_port`` aside).
     :param table: the table, ``name`` or ``db.name``; created when missing.
@@ -150,8 +150,8 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
     :param kafka_options: librdkafka settings for kafka:// sources, a dict or pairs;
         a value ``${VAR}`` is read from the environment.
     :param follow: keep loading what comes until SIGINT/SIGTERM: kafka://, new messages;
-        files (directories, globs, s3:// and hdfs:// prefixes), new files, listed again
-        every ``poll`` seconds (a local file once unchanged since the poll before).
+        files (directories, globs, s3://, az://, gs:// and hdfs:// prefixes), new files,
+        listed again every ``poll`` seconds (a local file once unchanged since the poll before).
         Either signal ends the unit in flight (committed or not at all) and returns the
         report; the signal handlers are set only when called on the main thread.
     :param batch_rows: kafka://: messages per commit at most (default 500,000).
@@ -164,8 +164,8 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
         target's port.
     :param shard_by: a Distributed table: "auto" (rows by its sharding key) or "file"
         (whole files by weight).
-    :param after_last_key: s3://: list each prefix only after the greatest key already
-        loaded under it (S3 StartAfter), for buckets whose keys grow in order (dates,
+    :param after_last_key: s3://, gs://, az://: list each prefix only after the greatest key
+        already loaded under it (S3 StartAfter), for buckets whose keys grow in order (dates,
         sequence numbers); an object added or changed under an earlier key is then not
         seen. Default: the whole prefix is listed.
     :param on_new_column: a file naming a column the table lacks (a CSV/TSV header,
@@ -424,7 +424,9 @@ def _source_context(spec: LoadSpec, target: Target) -> SourceContext:
     s3 = registry.s3_settings(spec.sources, os.environ, spec.s3_endpoint)
     return SourceContext(format=spec.format, compression=spec.compression,
                          workdir=os.path.join(target.workdir, "tmp"),
-                         s3=s3, query=target.infer_rows, patterns=spec.sources,
+                         s3=s3, azure=registry.azure_settings(spec.sources, os.environ),
+                         gcs=registry.gcs_settings(spec.sources, os.environ),
+                         query=target.infer_rows, patterns=spec.sources,
                          select=spec.query, incremental_by=spec.incremental_by,
                          force=spec.force or spec.mode != "append", workers=spec.workers,
                          key_order=target.wants_key_order, schema=spec.schema,

@@ -58,6 +58,15 @@ def minio(services_dir: Path) -> Iterator[services.Service]:
 
 
 @pytest.fixture(scope="session")
+def azurite(services_dir: Path) -> Iterator[services.Service]:
+    """Azurite's blob service: an account of its own, credentials["connection_string"]."""
+    _require("azurite")
+    server = services.start_azurite(services_dir)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def hdfs(services_dir: Path) -> Iterator[services.Service]:
     _require("hdfs")
     server = services.start_hdfs(services_dir)

@@ -178,7 +178,8 @@ def _load_flags(p: argparse.ArgumentParser) -> None:
                    "SASL_SSL (repeatable; ${VAR} takes the value from the environment)")
     p.add_argument("--follow", action="store_true", help="keep loading what comes until "
                    "SIGINT/SIGTERM: new Kafka messages, or new files (directories, globs, "
-                   "s3://, hdfs://) listed every --poll seconds (default: load, then exit)")
+                   "s3://, az://, gs://, hdfs://) listed every --poll seconds (default: load, "
+                   "then exit)")
     p.add_argument("--poll", type=float, metavar="S", help="--follow of files: seconds "
                    "between listings (default 30)")
     p.add_argument("--batch-rows", type=int, metavar="N",
@@ -190,8 +191,9 @@ def _load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--incremental-by", metavar="COLUMN", help="a database source: load the "
                    "rows whose COLUMN (one that only grows) is above what was loaded")
     p.add_argument("--after-last-key", action="store_true",
-                   help="s3://: list each prefix only after the greatest key already loaded "
-                   "(keys that grow in order: dates, sequence numbers); default: list all")
+                   help="s3://, gs://, az://: list each prefix only after the greatest key "
+                   "already loaded (keys that grow in order: dates, sequence numbers); "
+                   "default: list all")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress, no summary")
     p.add_argument("--metrics-port", type=int, metavar="N", help="serve the load's metrics "
                    "for Prometheus on http://127.0.0.1:N/metrics while it runs")

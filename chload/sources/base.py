@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from chload.core.run import Listener
     from chload.schema import Column
     from chload.sources.files.aws import S3Settings
+    from chload.sources.files.azure import AzureSettings
     from chload.targets.base import Target
 
 
@@ -116,13 +117,16 @@ class SourceContext:
     `query` runs SQL in the engine that will read the data: HDFS is listed through the
     engine's own hdfs() (the client that reads it, hdfs.py), and chDB allows one engine
     path per process, so that engine is the target's (given by api, never taken).
-    `s3` is None unless a source is s3:// (resolving reads ~/.aws and may import botocore).
+    `s3` is None unless a source is s3:// (resolving reads ~/.aws and may import botocore);
+    `azure` and `gcs` likewise, for az:// and gs:// sources.
     """
 
     format: str | None = None
     compression: str | None = None
     workdir: str = "."  # where standard input is spooled (the target's tmp directory)
     s3: S3Settings | None = None
+    azure: AzureSettings | None = None
+    gcs: S3Settings | None = None  # gs://: GCS's S3-interoperable API (files/gcs.py)
     query: Query | None = None
     patterns: tuple[str, ...] = ()  # every source the run names (one that loads alone checks)
     select: str | None = None  # --query: a database source loads this SELECT's rows

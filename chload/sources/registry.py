@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING
 
 from chload.errors import UsageError
@@ -21,10 +21,13 @@ from chload.sources.base import Source, SourceContext, SourceFile, Stream
 
 if TYPE_CHECKING:
     from chload.sources.files.aws import S3Settings
+    from chload.sources.files.azure import AzureSettings
 
 if TYPE_CHECKING:  # every kind's SOURCE is a Source: mypy checks every member
     from chload.sources.databases.mysql import MysqlSource
     from chload.sources.databases.postgres import PostgresSource
+    from chload.sources.files.azure import AzureSource
+    from chload.sources.files.gcs import GcsSource
     from chload.sources.files.hdfs import HdfsSource
     from chload.sources.files.http import HttpSource
     from chload.sources.files.local import LocalSource
@@ -32,14 +35,17 @@ if TYPE_CHECKING:  # every kind's SOURCE is a Source: mypy checks every member
     from chload.sources.kafka.source import KafkaStreamSource
 
     def _conforms(a: LocalSource, b: S3Source, c: HdfsSource, d: HttpSource,
-                  e: PostgresSource, f: MysqlSource, g: KafkaStreamSource) -> list[Source]:
-        return [a, b, c, d, e, f, g]
+                  e: PostgresSource, f: MysqlSource, g: KafkaStreamSource,
+                  h: AzureSource, i: GcsSource) -> list[Source]:
+        return [a, b, c, d, e, f, g, h, i]
 
 
 # kind -> the module whose `SOURCE` lists and reads it
 KINDS: dict[str, str] = {
     "local": "chload.sources.files.local",
     "s3": "chload.sources.files.s3",
+    "azure": "chload.sources.files.azure",
+    "gcs": "chload.sources.files.gcs",
     "hdfs": "chload.sources.files.hdfs",
     "http": "chload.sources.files.http",
     "postgres": "chload.sources.databases.postgres",
@@ -51,6 +57,11 @@ KINDS: dict[str, str] = {
 SCHEMES: dict[str, str] = {
     "file": "local",
     "s3": "s3",
+    "az": "azure",
+    "azure": "azure",
+    "abfs": "azure",
+    "abfss": "azure",
+    "gs": "gcs",
     "hdfs": "hdfs",
     "http": "http",
     "https": "http",
@@ -83,8 +94,8 @@ def kind_of(pattern: str) -> str:
     scheme = pattern.split("://")[0].lower()
     if scheme not in SCHEMES:
         raise UsageError(f"{pattern.split('@')[-1]}: {scheme}:// is not a source chload "
-                         "reads; use a path, s3://, hdfs://, http(s)://, kafka://, postgresql:// "
-                         "or mysql://")
+                         "reads; use a path, s3://, az://, gs://, hdfs://, http(s)://, kafka://, "
+                         "postgresql:// or mysql://")
     return SCHEMES[scheme]
 
 
@@ -144,11 +155,42 @@ def s3_settings(patterns: Sequence[str], env: Mapping[str, str],
     return aws.resolve(env, endpoint)
 
 
-def engine_credentials(context: SourceContext, env: MutableMapping[str, str],
-                       ) -> contextlib.AbstractContextManager[None]:
-    """The S3 credentials handed to the engine while it reads (aws.hand_to_engine)."""
-    if context.s3 is None:
-        return contextlib.nullcontext()
-    from chload.sources.files import aws
+def azure_settings(patterns: Sequence[str], env: Mapping[str, str]) -> AzureSettings | None:
+    """The Azure account of a run when a pattern is az:// (azure.resolve); None otherwise."""
+    if not any(kind_of(p) == "azure" for p in patterns):
+        return None
+    from chload.sources.files import azure
 
-    return aws.hand_to_engine(context.s3.credentials, env)
+    return azure.resolve(env)
+
+
+def gcs_settings(patterns: Sequence[str], env: Mapping[str, str]) -> S3Settings | None:
+    """The GCS settings of a run when a pattern is gs:// (gcs.resolve); None otherwise.
+    The engine takes GCS's key where it takes S3's: a run reads one of them with keys."""
+    kinds = {kind_of(p) for p in patterns}
+    if "gcs" not in kinds:
+        return None
+    from chload.sources.files import gcs
+
+    settings = gcs.resolve(env)
+    if "s3" in kinds and settings.credentials is not None:
+        raise UsageError("gs:// and s3:// sources: load them in separate runs (the engine "
+                         "takes one HMAC or AWS key at a time)")
+    return settings
+
+
+@contextlib.contextmanager
+def engine_credentials(context: SourceContext, env: MutableMapping[str, str]) -> Iterator[None]:
+    """The credentials handed to the engine while it reads: S3's or GCS's keys
+    (aws.hand_to_engine), an Azure account (azure.hand_to_engine)."""
+    with contextlib.ExitStack() as stack:
+        settings = context.s3 or context.gcs
+        if settings is not None:
+            from chload.sources.files import aws
+
+            stack.enter_context(aws.hand_to_engine(settings.credentials, env))
+        if context.azure is not None:
+            from chload.sources.files import azure
+
+            stack.enter_context(azure.hand_to_engine(context.azure))
+        yield

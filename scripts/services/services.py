@@ -11,7 +11,8 @@ real things itself, from the package registries it can reach:
 - for streams and databases (streams.py): Kafka 4.3.1 (KRaft), PostgreSQL 15, MariaDB 10.11;
 - for ClickHouse clusters (clusters.py): ZooKeeper 3.8, a weighted 3-shard cluster and a
   2-shard x 2-replica ReplicatedMergeTree cluster;
-- for scraping a load's metrics (observe.py): Prometheus 2 (Debian's prometheus).
+- for scraping a load's metrics (observe.py): Prometheus 2 (Debian's prometheus);
+- for the az:// source (clouds.py): Azurite, Azure Blob Storage's emulator (npm).
 
 Every service listens on 127.0.0.1 only, on ports picked free at start, keeps all its
 state under the ``base_dir`` given to it (a temp folder), and is stopped by PID:
@@ -35,6 +36,7 @@ and, for smoke, the two ZooKeeper-backed ClickHouse clusters)::
     python3 scripts/services/services.py smoke [kafka|postgres|mariadb|zookeeper|streams]
     python3 scripts/services/services.py smoke [weighted-cluster|replicated-cluster]
     python3 scripts/services/services.py install|smoke prometheus
+    python3 scripts/services/services.py install|smoke azurite
 """
 
 from __future__ import annotations
@@ -814,6 +816,7 @@ _ELSEWHERE = {
                 "install_postgres", "start_postgres", "postgres_sql",
                 "install_mariadb", "start_mariadb", "mariadb_sql", "chdb_query"),
     "observe": ("install_prometheus", "start_prometheus", "prometheus_query"),
+    "clouds": ("install_azurite", "start_azurite", "azure_client", "azure_create_container"),
     "clusters": ("install_zookeeper", "start_zookeeper", "zookeeper_command",
                  "start_weighted_cluster", "start_replicated_cluster",
                  "WEIGHTED_CLUSTER", "REPLICATED_CLUSTER"),
@@ -836,7 +839,7 @@ INSTALLERS: dict[str, Callable[[], Path]] = {
     "loadgen": install_loadgen}
 # What CI installs and smokes (``all``), and what the stream/cluster issues will need.
 GROUPS = {"all": ["clickhouse", "minio", "hdfs", "kafka", "postgres", "mariadb", "zookeeper",
-                  "loadgen", "prometheus"],
+                  "loadgen", "prometheus", "azurite"],
           "streams": ["kafka", "postgres", "mariadb", "zookeeper"]}
 SMOKE_GROUPS = {**GROUPS, "streams": [*GROUPS["streams"], "weighted-cluster",
                                       "replicated-cluster"]}
@@ -845,7 +848,8 @@ SMOKE_GROUPS = {**GROUPS, "streams": [*GROUPS["streams"], "weighted-cluster",
 def _registries() -> tuple[dict[str, Callable[[], Path]], dict[str, Callable[[Path], str]],
                            dict[str, Callable[[], bool]]]:
     """Installers, smokes and installed-checks of every service, this module's and the others'."""
-    import clusters  # noqa: PLC0415 - they import this module: load them once it is complete
+    import clouds  # noqa: PLC0415 - they import this module: load them once it is complete
+    import clusters  # noqa: PLC0415
     import observe  # noqa: PLC0415
     import streams  # noqa: PLC0415
 
@@ -855,9 +859,11 @@ def _registries() -> tuple[dict[str, Callable[[], Path]], dict[str, Callable[[Pa
         "hdfs": lambda: (_hdfs_home() / "jars" / ".complete").exists(),
         "loadgen": lambda: bool(shutil.which("stress-ng") and shutil.which("fio")),
     }
-    return ({**INSTALLERS, **streams.INSTALLERS, **clusters.INSTALLERS, **observe.INSTALLERS},
-            {**SMOKES, **streams.SMOKES, **clusters.SMOKES, **observe.SMOKES},
-            {**installed, **streams.INSTALLED, **clusters.INSTALLED, **observe.INSTALLED})
+    return ({**INSTALLERS, **streams.INSTALLERS, **clusters.INSTALLERS, **observe.INSTALLERS,
+             **clouds.INSTALLERS},
+            {**SMOKES, **streams.SMOKES, **clusters.SMOKES, **observe.SMOKES, **clouds.SMOKES},
+            {**installed, **streams.INSTALLED, **clusters.INSTALLED, **observe.INSTALLED,
+             **clouds.INSTALLED})
 
 
 def is_installed(service: str) -> bool:

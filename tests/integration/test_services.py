@@ -51,7 +51,8 @@ def _processes(started: services.Service | services.ClickHouseCluster,
 
 
 @pytest.mark.parametrize("fixture", ["clickhouse", "minio", "hdfs", "kafka", "postgres",
-                                     "mariadb", "weighted_cluster", "replicated_cluster"])
+                                     "mariadb", "weighted_cluster", "replicated_cluster",
+                                     "azurite"])
 def test_every_service_listens_on_loopback_only(request: pytest.FixtureRequest,
                                                 fixture: str) -> None:
     for service in _processes(request.getfixturevalue(fixture)):

@@ -53,6 +53,19 @@ class S3Settings:
     credentials: Credentials | None
     custom_endpoint: bool  # True: path-style URLs on this endpoint (MinIO, Ceph, ...)
     ca_bundle: str | None = None  # AWS_CA_BUNDLE, as the AWS tools honour it
+    scheme: str = "s3"  # the URI scheme of what it reaches: s3, or gs (gcs.py: GCS's
+    # S3-interoperable API, with HMAC keys)
+
+    @property
+    def endpoint_hint(self) -> str:
+        """Where the endpoint comes from, for messages."""
+        return "GCS_ENDPOINT_URL" if self.scheme == "gs" else "--s3-endpoint, AWS_ENDPOINT_URL"
+
+    @property
+    def keys_hint(self) -> str:
+        """Where the keys come from, for messages."""
+        return ("GCS_ACCESS_KEY_ID/GCS_SECRET_ACCESS_KEY (an HMAC key)" if self.scheme == "gs"
+                else "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE")
 
     @property
     def anonymous(self) -> bool:

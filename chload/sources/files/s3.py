@@ -40,6 +40,7 @@ _HIDDEN = (".", "_")
 PAGE_SIZE = 1000
 SNIFF_BYTES = 6  # enough for every compression's magic (formats.MAGIC)
 SNIFF_PARALLEL = 16
+KINDS = {"s3": "s3", "gs": "gcs"}  # URI scheme -> SourceFile.kind (gcs.py lists gs://)
 RETRY = RetryPolicy(attempts=3, base_seconds=0.5, jitter=False)  # 0.5 s, then 1 s
 
 
@@ -52,10 +53,11 @@ class S3Object:
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
-    """`s3://bucket/key/pattern` -> (bucket, key pattern)."""
-    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    """`s3://bucket/key/pattern` (or gs://) -> (bucket, key pattern)."""
+    scheme, _, rest = uri.partition("://")
+    bucket, _, key = rest.partition("/")
     if not re.fullmatch(r"[a-z0-9][a-z0-9.\-_]{1,254}", bucket):
-        raise UsageError(f"{uri}: write S3 sources as s3://bucket/prefix/pattern "
+        raise UsageError(f"{uri}: write these sources as {scheme}://bucket/prefix/pattern "
                          "(bucket names are 3+ lowercase letters, digits, '.', '-')")
     return bucket, key
 
@@ -73,14 +75,14 @@ def list_s3(pattern: str, fmt: str | None, compression: str | None,
     bucket, key_pattern = parse_uri(pattern)
     lister = Lister(config, calls=calls)  # its config follows a bucket's region redirect
     found = 0
-    for obj in find_objects(lister, bucket, key_pattern, after):
+    for obj in find_objects(lister, bucket, key_pattern, after, config.scheme):
         found += 1
         yield describe(config, bucket, obj, fmt, compression)
     if not found and after is None:
         what = "no object matches" if _GLOB.search(key_pattern) or "{" in key_pattern else \
             "no such object, nor objects under it"
         raise NothingMatched(f"{pattern}: {what} at {config.endpoint}; check the bucket, key "
-                             "and pattern (or the endpoint: --s3-endpoint, AWS_ENDPOINT_URL)")
+                             f"and pattern (or the endpoint: {config.endpoint_hint})")
 
 
 def described(files: Sequence[SourceFile], compression: str | None,
@@ -123,7 +125,8 @@ def sniffed(lister: Lister, bucket: str, files: list[SourceFile]) -> list[Source
 
 
 def find_objects(lister: Lister, bucket: str, key_pattern: str,
-                 after: Callable[[str], str] | None = None) -> Iterator[S3Object]:
+                 after: Callable[[str], str] | None = None,
+                 scheme: str = "s3") -> Iterator[S3Object]:
     """List the pattern's prefixes once each (from after the last key loaded under
     each, with `after`); yield the keys that match it. The prefixes are sorted and none
     begins another, and a listing comes in key order: the keys come sorted, each once."""
@@ -132,7 +135,8 @@ def find_objects(lister: Lister, bucket: str, key_pattern: str,
     for prefix in listing_prefixes(patterns):
         start = ""
         if after is not None:
-            start = after(f"s3://{bucket}/{prefix}").removeprefix(f"s3://{bucket}/")
+            root = f"{scheme}://{bucket}/"
+            start = after(f"{root}{prefix}").removeprefix(root)
         for obj in lister.list(bucket, prefix, start):
             if any(m.matches(obj.key) for m in matchers):
                 yield obj
@@ -196,9 +200,9 @@ class KeyMatcher:
 def describe(config: aws.S3Settings, bucket: str, obj: S3Object, fmt: str | None,
              compression: str | None) -> SourceFile:
     return SourceFile(
-        uri=f"s3://{bucket}/{obj.key}", size=obj.size, mtime_ns=obj.modified_ns,
+        uri=f"{config.scheme}://{bucket}/{obj.key}", size=obj.size, mtime_ns=obj.modified_ns,
         format=detect(obj.key, fmt, compression, strict=False),
-        etag=f"{obj.etag}:{obj.size}", kind="s3",
+        etag=f"{obj.etag}:{obj.size}", kind=KINDS[config.scheme],
         location=config.object_url(bucket, obj.key), anonymous=config.anonymous,
     )
 
@@ -212,7 +216,7 @@ def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
     if file.anonymous:
         args.append("NOSIGN")
     args += [quote_str(a) for a in (fmt, structure or "auto", file.format.compression)]
-    return f"s3({', '.join(args)})"
+    return f"{'gcs' if file.kind == 'gcs' else 's3'}({', '.join(args)})"
 
 
 def table_function_many(files: Sequence[SourceFile], fmt: str,
@@ -223,9 +227,10 @@ def table_function_many(files: Sequence[SourceFile], fmt: str,
     listed = brace_list(files)
     if listed is None:
         return None
-    one = SourceFile(files[0].uri, 0, 0, files[0].format, kind="s3", location=listed,
-                     anonymous=files[0].anonymous)
-    return table_function(one, fmt, structure), "concat('s3://', _path)"
+    one = SourceFile(files[0].uri, 0, 0, files[0].format, kind=files[0].kind,
+                     location=listed, anonymous=files[0].anonymous)
+    scheme = files[0].uri.split("://", 1)[0]
+    return table_function(one, fmt, structure), f"concat('{scheme}://', _path)"
 
 
 class Calls:
@@ -270,16 +275,15 @@ class Lister:
     def _get(self, bucket: str, prefix: str, params: dict[str, str]) -> ElementTree.Element:
         """One page of the listing, asked again (RETRY) after a network error or a 5xx."""
         url = f"{self.config.bucket_url(bucket)}/?{aws.canonical_query(params)}"
-        where = f"s3://{bucket}/{prefix}"
+        where = f"{self.config.scheme}://{bucket}/{prefix}"
         status, headers, body = retry(lambda: self._exchange(url, where), RETRY,
                                       again_if=lambda answer: answer[0] >= 500)
         if status == 200:
             return ElementTree.fromstring(body)
         region = headers.get("x-amz-bucket-region")
         if region and region != self.config.region and status in (301, 400):
-            self.config = aws.S3Config(self.config.endpoint.replace(
-                self.config.region, region), region, self.config.credentials,
-                self.config.custom_endpoint)
+            self.config = replace(self.config, endpoint=self.config.endpoint.replace(
+                self.config.region, region), region=region)
             return self._get(bucket, prefix, params)
         raise listing_error(where, self.config, status, body)
 
@@ -305,7 +309,7 @@ class Lister:
             self._close()
             raise TransientError(
                 f"{where}: cannot reach {self.config.endpoint} ({_reason(exc)}); "
-                "check --s3-endpoint or AWS_ENDPOINT_URL") from None
+                f"check {self.config.endpoint_hint}") from None
 
     def _request(self, url: str, extra: dict[str, str] | None = None,
                  ) -> tuple[int, dict[str, str], bytes]:
@@ -352,11 +356,11 @@ def listing_error(where: str, config: aws.S3Settings, status: int, body: bytes) 
            else "no credentials (anonymous)")
     if code == "NoSuchBucket" or (status == 404 and not code):
         return SourceError(f"{where}: no such bucket at {config.endpoint}; check the name "
-                           "and the endpoint (--s3-endpoint, AWS_ENDPOINT_URL)")
+                           f"and the endpoint ({config.endpoint_hint})")
     if status in (401, 403):
         return SourceError(
             f"{where}: access denied ({code or status}) with {who}; check "
-            "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE, and the bucket policy")
+            f"{config.keys_hint}, and the bucket policy")
     return SourceError(f"{where}: listing failed at {config.endpoint} "
                        f"(HTTP {status}{', ' + code if code else ''})")
 
@@ -396,11 +400,16 @@ class S3Source(RemoteSource):
     def open(self) -> Source:
         return type(self)()  # (this run's count of listing requests)
 
+    def settings(self, context: SourceContext) -> aws.S3Settings | None:
+        """The run's settings for this kind (gcs.py: the context's `gcs`)."""
+        return context.s3
+
     def list(self, pattern: str, context: SourceContext) -> Iterator[SourceFile]:
-        if context.s3 is None:
-            raise UsageError(f"{pattern}: listing S3 needs its settings (SourceContext.s3: "
-                             "aws.resolve)")
-        return list_s3(pattern, context.format, context.compression, context.s3,
+        settings = self.settings(context)
+        if settings is None:
+            raise UsageError(f"{pattern}: listing needs its settings (SourceContext."
+                             f"{self.kind}: resolved by the API)")
+        return list_s3(pattern, context.format, context.compression, settings,
                        context.last_loaded, self.calls)
 
     def listing_calls(self) -> int:
@@ -408,7 +417,7 @@ class S3Source(RemoteSource):
 
     def described(self, files: Sequence[SourceFile],
                   context: SourceContext) -> builtins.list[SourceFile]:
-        return described(files, context.compression, context.s3)
+        return described(files, context.compression, self.settings(context))
 
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
         return table_function(file, fmt, structure)
