@@ -165,6 +165,7 @@ class MysqlChanges(RemoteSource):
         server = Server(url)
         try:
             server.check_binlog()
+            report.recovered += target.recover(table.sql)  # a unit a kill left committing
             source, key = server.columns()
             stream = stream_of(url)
             after = committed_end(target, table, stream)
@@ -242,12 +243,14 @@ class MysqlChanges(RemoteSource):
     def _ddl(self, target: Target, table: Any, server: Server, ddl: str) -> Layout:
         """A column added at the source is added to the table; other DDL stops."""
         source, _ = server.columns()
-        existing = {c.name for c in target.table_columns(table.sql) or []}
-        names = [n for n, _, _ in source]
-        gone = sorted(existing - set(names) - {mysql_table.VERSION, mysql_table.DELETED})
+        kept = {c.name: c.type for c in target.table_columns(table.sql) or []}
+        wanted = target_columns(target, source)
+        names = {c.name for c in wanted}
+        gone = set(kept) - names - {mysql_table.VERSION, mysql_table.DELETED}
+        changed = [c for c in wanted if c.name in kept and c.type != kept[c.name]]
         words = ddl.split()[:2]
-        if words and words[0].upper() == "ALTER" and not gone:
-            added = [c for c in target_columns(target, source) if c.name not in existing]
+        if words and words[0].upper() == "ALTER" and not gone and not changed:
+            added = [c for c in wanted if c.name not in kept]
             if added:
                 target.add_columns(table.sql, added)
             return self._layout(target, table, server)
