@@ -9,6 +9,7 @@ MariaDB 10.11, into embedded chDB and an 18.16 server."""
 from __future__ import annotations
 
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -113,7 +114,13 @@ def _source_rows(db: services.Service, table: str) -> list[tuple[str, ...]]:
 
 def _target_rows(target: tuple[str, dict[str, str]], table: str) -> list[tuple[str, ...]]:
     text = _ch(target, TARGET_ROWS.format(t=table))
-    return [tuple(line.split("\t")) for line in text.splitlines()]
+    return [tuple(_unescaped(f) for f in line.split("\t")) for line in text.splitlines()]
+
+
+def _unescaped(field: str) -> str:
+    """A TSV field as the value it escapes (a tab, a newline, a backslash)."""
+    return re.sub(r"\\(.)", lambda m: {"t": "\t", "n": "\n"}.get(m.group(1), m.group(1)),
+                  field)
 
 
 def _orders(db: services.Service, table: str) -> None:

@@ -130,13 +130,14 @@ class BinlogReader:
         pending: list[bytes] = []
         started = time.monotonic()
         while True:
-            if end is not None and cut.end >= end:
-                cut.exhausted = True
-                return cut
-            if cut.rows and (cut.rows >= rows or time.monotonic() - started >= seconds):
-                return cut
-            if stop.is_set() and not pending:
-                return cut
+            if not pending:  # between transactions: where a unit may end
+                if end is not None and cut.end >= end:
+                    cut.exhausted = True
+                    return cut
+                if cut.rows and (cut.rows >= rows or time.monotonic() - started >= seconds):
+                    return cut
+                if stop.is_set():
+                    return cut
             try:
                 e = next(self._events)
             except StopIteration:
