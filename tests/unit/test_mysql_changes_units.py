@@ -5,7 +5,6 @@ of the binlog may end (between transactions only)."""
 from __future__ import annotations
 
 import io
-import threading
 from datetime import datetime
 from decimal import Decimal
 from types import SimpleNamespace
@@ -90,11 +89,11 @@ def test_a_unit_ends_between_transactions_never_inside_one() -> None:
     reader = _reader(events)
     layout = Layout(["id"], ["id"])
     first = io.BytesIO()
-    cut = reader.unit(first, layout, 2, 60.0, None, threading.Event())
+    cut = reader.unit(first, layout, 2, 60.0, None, lambda: False)
     assert (cut.end, cut.rows) == (_at(320), 3)  # the limit is met at a transaction's end
     assert first.getvalue().count(b"\n") == 3
     second = io.BytesIO()
-    cut = reader.unit(second, layout, 2, 60.0, None, threading.Event())
+    cut = reader.unit(second, layout, 2, 60.0, None, lambda: False)
     assert (cut.end, cut.rows, cut.exhausted) == (_at(420), 1, True)
     assert second.getvalue() == line({"id": 4}, layout, _at(400), 0)
 
@@ -106,7 +105,7 @@ def test_a_unit_out_of_time_still_ends_its_transaction(monkeypatch: pytest.Monke
               _event(ev.XidEvent, 320)]
     out = io.BytesIO()
     cut = _reader(events).unit(out, Layout(["id"], ["id"]), 1000, 25.0, None,
-                               threading.Event())
+                               lambda: False)
     # the time is up while the second transaction is read: it is read to its end
     assert (cut.end, cut.rows) == (_at(320), 3)
     assert out.getvalue().count(b"\n") == 3
@@ -118,7 +117,7 @@ def test_a_unit_stops_before_ddl_of_its_table() -> None:
               _insert(300, 2), _event(ev.XidEvent, 320)]
     reader = _reader(events)
     cut = reader.unit(io.BytesIO(), Layout(["id"], ["id"]), 1000, 60.0, None,
-                      threading.Event())
+                      lambda: False)
     assert (cut.end, cut.rows, cut.ddl) == (_at(120), 1, "ALTER TABLE orders ADD c INT")
 
 

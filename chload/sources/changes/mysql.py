@@ -19,9 +19,11 @@ unit that ends at its position). docs/sources-databases.md "Change capture".
 from __future__ import annotations
 
 import builtins
+import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +34,7 @@ from chload.formats import FileFormat
 from chload.schema import Column, structure
 from chload.sources.base import RemoteSource, SourceContext, SourceFile, StreamPosition
 from chload.sources.changes import mysql_table
-from chload.sources.changes.mysql_binlog import BinlogReader, Layout, layout_of
+from chload.sources.changes.mysql_binlog import BinlogReader, Cut, Layout, layout_of
 from chload.sources.databases.base import storable
 from chload.sources.databases.mysql_columns import column_of
 from chload.sources.databases.table import DbUrl, parse_url
@@ -204,33 +206,49 @@ class MysqlChanges(RemoteSource):
     def _changes(self, spec: LoadSpec, target: Target, server: Server, after: int,
                  end: int | None, table: Any, report: LoadReport, load_round: LoadRound,
                  stream: str) -> None:
+        """Unit after unit from `after`; the next unit is read (decoded, spooled) while
+        one commits. A unit is taken only in order, so a commit that fails stops the
+        reads: nothing past the ledger's end counts."""
         basename = server.master()[0]
         log_file, log_pos = mysql_table.log_of(after, basename)
         reader = BinlogReader(server.settings, log_file, log_pos, server.url.schema,
                               server.url.table, spec.follow)
+        halt = threading.Event()
+        spools = iter(range(1 << 62))
+
+        def read(layout: Layout) -> tuple[str, Cut]:
+            path = os.path.join(target.workdir, "tmp",
+                                f"mysql-changes-{os.getpid()}-{next(spools)}.tsv")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as out:
+                return path, reader.unit(out, layout, spec.batch_rows or BATCH_ROWS,
+                                         spec.batch_seconds or BATCH_SECONDS, end,
+                                         lambda: self.stop.is_set() or halt.is_set())
+
+        ahead: Future[tuple[str, Cut]] | None = None
         try:
-            layout = self._layout(target, table, server)
-            while True:
-                path = os.path.join(target.workdir, "tmp",
-                                    f"mysql-changes-{os.getpid()}-{after}.tsv")
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                try:
-                    with open(path, "wb") as out:
-                        cut = reader.unit(out, layout, spec.batch_rows or BATCH_ROWS,
-                                          spec.batch_seconds or BATCH_SECONDS, end, self.stop)
-                    if cut.rows:
-                        self._commit(load_round, target, table, stream, after, cut.end - 1,
-                                     path, report)
-                        after = cut.end
-                finally:
-                    if os.path.exists(path):
-                        os.remove(path)
-                if cut.ddl is not None:
-                    layout = self._ddl(target, table, server, cut.ddl)
-                    continue
-                if cut.exhausted or self.stop.is_set():
-                    return
+            with ThreadPoolExecutor(1, thread_name_prefix="chload-binlog") as pool:
+                layout = self._layout(target, table, server)
+                ahead = pool.submit(read, layout)
+                while ahead is not None:
+                    path, cut = ahead.result()
+                    last = cut.ddl is not None or cut.exhausted or self.stop.is_set()
+                    ahead = None if last else pool.submit(read, layout)
+                    try:
+                        if cut.rows:
+                            self._commit(load_round, target, table, stream, after,
+                                         cut.end - 1, path, report)
+                            after = cut.end
+                    finally:
+                        _remove(path)
+                    if cut.ddl is not None:
+                        layout = self._ddl(target, table, server, cut.ddl)
+                        ahead = pool.submit(read, layout)
         finally:
+            halt.set()
+            if ahead is not None:
+                with contextlib.suppress(Exception):
+                    _remove(ahead.result()[0])
             reader.close()
 
     def _layout(self, target: Target, table: Any, server: Server) -> Layout:
@@ -298,6 +316,11 @@ class MysqlChanges(RemoteSource):
 
     def loads_alone(self, file: SourceFile) -> bool:
         return True
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
 
 
 def _merge(report: LoadReport, done: LoadReport) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -121,7 +121,7 @@ class BinlogReader:
         self.stream.close()
 
     def unit(self, out: IO[bytes], layout: Layout, rows: int, seconds: float,
-             end: int | None, stop: threading.Event) -> Cut:
+             end: int | None, stop: Callable[[], bool]) -> Cut:
         """Read whole transactions into `out` (see the module docstring)."""
         from pymysqlreplication import event as ev
         from pymysqlreplication import row_event as rev
@@ -136,7 +136,7 @@ class BinlogReader:
                     return cut
                 if cut.rows and (cut.rows >= rows or time.monotonic() - started >= seconds):
                     return cut
-                if stop.is_set():
+                if stop():
                     return cut
             try:
                 e = next(self._events)
