@@ -5,7 +5,7 @@ of the binlog may end (between transactions only)."""
 from __future__ import annotations
 
 import io
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from types import SimpleNamespace
 from typing import Any
@@ -39,6 +39,12 @@ def test_a_row_is_the_servers_text_escaped_for_tsv() -> None:
     assert line(row, layout, 42, 1) == (
         b"18446744073709551615\t1.500\t2024-01-02 03:04:05.000001\t2024-01-02 03:04:05\t"
         b"\\0\xff\\t\\\\\ta\\tb\\nc \xf0\x9f\x98\x80\t\\N\t42\t1\n")
+
+
+def test_a_time_is_hours_minutes_seconds_past_a_day() -> None:
+    layout = layout_of([("t", "time(3)"), ("u", "time")], ["t"])
+    row = {"t": timedelta(hours=30, microseconds=5000), "u": -timedelta(seconds=61)}
+    assert line(row, layout, 1, 0) == b"30:00:00.005\t-00:01:01\t1\t0\n"
 
 
 def test_ddl_of_the_followed_table_only() -> None:

@@ -64,37 +64,56 @@ def layout_of(columns: Sequence[tuple[str, str]], key: Sequence[str]) -> Layout:
     return Layout([n for n, _ in columns], list(key), scales)
 
 
-def _text(value: Any, scale: int) -> bytes:
-    if isinstance(value, bytes):
-        raw = value
-    elif isinstance(value, str):
-        raw = value.encode("utf-8", "surrogateescape")
-    elif isinstance(value, bool):
-        raw = b"1" if value else b"0"
-    elif isinstance(value, Decimal):
-        raw = format(value, "f").encode()
-    elif isinstance(value, datetime):
-        raw = value.strftime("%Y-%m-%d %H:%M:%S").encode()
-        if scale:
-            raw += b"." + f"{value.microsecond:06d}"[:scale].encode()
-    elif isinstance(value, date):
-        raw = value.isoformat().encode()
-    elif isinstance(value, timedelta):
-        raw = str(value).encode()
-    elif isinstance(value, (set, frozenset)):
-        raw = ",".join(sorted(value)).encode()
-    else:
-        raw = str(value).encode()
+def _escaped(raw: bytes) -> bytes:
     for a, b in _ESCAPES:
         if a in raw:
             raw = raw.replace(a, b)
     return raw
 
 
+def _datetime(value: datetime, scale: int) -> bytes:
+    raw = value.strftime("%Y-%m-%d %H:%M:%S").encode()
+    return raw + b"." + f"{value.microsecond:06d}"[:scale].encode() if scale else raw
+
+
+def _time(value: timedelta, scale: int) -> bytes:
+    """A TIME as the server prints it: [-]H:MM:SS[.fraction], hours past 24."""
+    micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+    sign, micros = ("-" if micros < 0 else ""), abs(micros)
+    seconds, fraction = divmod(micros, 1_000_000)
+    hours, rest = divmod(seconds, 3600)
+    text = f"{sign}{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
+    return (text + f".{fraction:06d}"[:scale + 1] if scale else text).encode()
+
+
+# a value's text by its exact type: the common ones need no escaping (numbers, times)
+_PLAIN: dict[type, Callable[[Any, int], bytes]] = {
+    int: lambda v, _: b"%d" % v,
+    float: lambda v, _: repr(v).encode(),
+    Decimal: lambda v, _: format(v, "f").encode(),
+    datetime: _datetime,
+    date: lambda v, _: v.isoformat().encode(),
+    timedelta: _time,
+    bool: lambda v, _: b"1" if v else b"0",
+    str: lambda v, _: _escaped(v.encode("utf-8", "surrogateescape")),
+    bytes: lambda v, _: _escaped(v),
+}
+
+
+def _text(value: Any, scale: int) -> bytes:
+    plain = _PLAIN.get(type(value))
+    if plain is not None:
+        return plain(value, scale)
+    if isinstance(value, (set, frozenset)):
+        return _escaped(",".join(sorted(value)).encode())
+    return _escaped(str(value).encode())
+
+
 def line(values: dict[str, Any], layout: Layout, version: int, deleted: int) -> bytes:
-    fields = [b"\\N" if values.get(n) is None else _text(values[n], layout.scales.get(n, 0))
+    scales = layout.scales
+    fields = [b"\\N" if (v := values.get(n)) is None else _text(v, scales.get(n, 0))
               for n in layout.names]
-    fields.append(str(version).encode())
+    fields.append(b"%d" % version)
     fields.append(b"1" if deleted else b"0")
     return b"\t".join(fields) + b"\n"
 
