@@ -175,8 +175,11 @@ class MysqlChanges(RemoteSource):
                 after = self._snapshot(spec, target, server, source, key, table, report,
                                        load_round, stream)
             end = None if spec.follow else mysql_table.position(*server.master())
-            self._changes(spec, target, server, after, end, table, report, load_round,
-                          stream)
+            report.unit = self.unit
+            done = self._changes(spec, target, server, after, end, table, report,
+                                 load_round, stream)
+            report.notes.append("changes applied up to binlog {}:{}".format(
+                *mysql_table.log_of(done, server.master()[0])))
         finally:
             server.close()
 
@@ -201,14 +204,16 @@ class MysqlChanges(RemoteSource):
             raise SourceError(f"{table.display}: the copy of {server.url.display} failed; "
                               "run the same command again to take it again")
         self._commit(load_round, target, table, stream, 0, start - 1, b"", report)
+        report.notes.append(f"copied {copied.rows_loaded:,} rows in {copied.files_loaded} "
+                            f"ranges; changes from binlog {log_file}:{log_pos} on")
         return start
 
     def _changes(self, spec: LoadSpec, target: Target, server: Server, after: int,
                  end: int | None, table: Any, report: LoadReport, load_round: LoadRound,
-                 stream: str) -> None:
+                 stream: str) -> int:
         """Unit after unit from `after`; the next unit is read (decoded, spooled) while
         one commits. A unit is taken only in order, so a commit that fails stops the
-        reads: nothing past the ledger's end counts."""
+        reads: nothing past the ledger's end counts. Returns the end committed."""
         basename = server.master()[0]
         log_file, log_pos = mysql_table.log_of(after, basename)
         reader = BinlogReader(server.settings, log_file, log_pos, server.url.schema,
@@ -244,6 +249,7 @@ class MysqlChanges(RemoteSource):
                     if cut.ddl is not None:
                         layout = self._ddl(target, table, server, cut.ddl)
                         ahead = pool.submit(read, layout)
+            return after
         finally:
             halt.set()
             if ahead is not None:
