@@ -204,6 +204,35 @@ def test_copy_changes_and_kills_end_with_the_source_rows(
     assert int(versions[1]) > 0 and int(versions[2]) > 0, versions  # changes, deletes applied
 
 
+@pytest.mark.parametrize("point", ["mysql-changes-copied", "before-attach", "after-attach"])
+def test_a_kill_at_a_commits_edge_neither_loses_nor_doubles(
+        mariadb: services.Service, tmp_path: Path, table_name: str, point: str) -> None:
+    """Killed between the copy and the unit that ends it (the copy is taken again, the
+    table truncated first), or inside a change unit's commit (the next run settles it)."""
+    target = (str(tmp_path / "target"), {})
+    _orders(mariadb, table_name)
+    env = {**ENV, "CHLOAD_CRASH_AT": point}
+    if point == "mysql-changes-copied":
+        killed = run_chload("load", _url(mariadb, table_name), "--table", table_name,
+                            "--target", target[0], "--follow", env=env)
+    else:
+        _started(mariadb, table_name, target)
+    _sql(mariadb, f"DELETE FROM {table_name} WHERE id <= 100")
+    _sql(mariadb, f"UPDATE {table_name} SET qty = qty + 1000 WHERE id BETWEEN 101 AND 300")
+    _sql(mariadb, f"INSERT INTO {table_name} VALUES (99999, 1, 1.5, 'late', NOW(6))")
+    if point == "mysql-changes-copied":
+        _started(mariadb, table_name, target)
+    else:
+        killed = run_chload("load", _url(mariadb, table_name), "--table", table_name,
+                            "--target", target[0], env=env)
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    _catch_up(mariadb, table_name, target)
+    assert _target_rows(target, table_name) == _source_rows(mariadb, table_name)
+    rows = _ch(target, f"SELECT count() FROM {table_name} FINAL WHERE NOT _is_deleted "
+                       "FORMAT TSV")
+    assert int(rows) == SEED_ROWS - 100 + 1, rows
+
+
 TYPES = ("CREATE TABLE {t} (id INT PRIMARY KEY, d DECIMAL(30,10), ts DATETIME(6), "
          "u BIGINT UNSIGNED, j JSON, b BLOB, e ENUM('small','large'), s TEXT, n INT NULL) "
          "CHARSET utf8mb4")

@@ -31,6 +31,7 @@ from chload.commit.ledger import COMMITTING, LOADED, own_history
 from chload.core.run import FileResult, Listener
 from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
+from chload.runtime.faults import crash_point
 from chload.schema import Column, structure
 from chload.sources.base import RemoteSource, SourceContext, SourceFile, StreamPosition
 from chload.sources.changes import mysql_table
@@ -203,6 +204,7 @@ class MysqlChanges(RemoteSource):
         if copied.files_failed or copied.errors:
             raise SourceError(f"{table.display}: the copy of {server.url.display} failed; "
                               "run the same command again to take it again")
+        crash_point("mysql-changes-copied")  # tests: the copy committed, its end not
         self._commit(load_round, target, table, stream, 0, start - 1, b"", report)
         report.notes.append(f"copied {copied.rows_loaded:,} rows in {copied.files_loaded} "
                             f"ranges; changes from binlog {log_file}:{log_pos} on")
