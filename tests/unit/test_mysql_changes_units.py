@@ -134,3 +134,15 @@ def test_an_update_that_moves_the_key_deletes_the_old_one() -> None:
         {"before_values": {"id": 3, "v": "a"}, "after_values": {"id": 3, "v": "b"}}])
     assert mysql_binlog._lines(moved, layout, 9) == [b"1\ta\t9\t1\n", b"2\ta\t9\t0\n",
                                                      b"3\tb\t9\t0\n"]
+
+
+@pytest.mark.parametrize("awaited, expected", [(True, (120, 1)), (False, (220, 2))])
+def test_a_unit_past_its_time_grows_while_the_commit_before_it_runs(
+        monkeypatch: pytest.MonkeyPatch, awaited: bool, expected: tuple[int, int]) -> None:
+    clock = iter(range(0, 1000, 10))
+    monkeypatch.setattr(mysql_binlog.time, "monotonic", lambda: float(next(clock)))
+    events = [_insert(100, 1), _event(ev.XidEvent, 120), _insert(200, 2),
+              _event(ev.XidEvent, 220)]
+    cut = _reader(events).unit(io.BytesIO(), Layout(["id"], ["id"]), 1000, 5.0, None,
+                               lambda: False, lambda: awaited)
+    assert (cut.end, cut.rows) == (_at(expected[0]), expected[1])

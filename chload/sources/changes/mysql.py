@@ -221,6 +221,7 @@ class MysqlChanges(RemoteSource):
         reader = BinlogReader(server.settings, log_file, log_pos, server.url.schema,
                               server.url.table, spec.follow)
         halt = threading.Event()
+        waiting = threading.Event()  # the commits wait for the unit being read
         spools = iter(range(1 << 62))
 
         def read(layout: Layout) -> tuple[str, Cut]:
@@ -230,7 +231,8 @@ class MysqlChanges(RemoteSource):
             with open(path, "wb") as out:
                 return path, reader.unit(out, layout, spec.batch_rows or BATCH_ROWS,
                                          spec.batch_seconds or BATCH_SECONDS, end,
-                                         lambda: self.stop.is_set() or halt.is_set())
+                                         lambda: self.stop.is_set() or halt.is_set(),
+                                         waiting.is_set)
 
         ahead: Future[tuple[str, Cut]] | None = None
         try:
@@ -238,7 +240,9 @@ class MysqlChanges(RemoteSource):
                 layout = self._layout(target, table, server)
                 ahead = pool.submit(read, layout)
                 while ahead is not None:
+                    waiting.set()
                     path, cut = ahead.result()
+                    waiting.clear()
                     last = cut.ddl is not None or cut.exhausted or self.stop.is_set()
                     ahead = None if last else pool.submit(read, layout)
                     try:

@@ -140,8 +140,11 @@ class BinlogReader:
         self.stream.close()
 
     def unit(self, out: IO[bytes], layout: Layout, rows: int, seconds: float,
-             end: int | None, stop: Callable[[], bool]) -> Cut:
-        """Read whole transactions into `out` (see the module docstring)."""
+             end: int | None, stop: Callable[[], bool],
+             awaited: Callable[[], bool] = lambda: True) -> Cut:
+        """Read whole transactions into `out` (see the module docstring). Past `seconds`
+        a unit ends only once `awaited()` (the unit before it committed): while a commit
+        takes longer, the unit grows instead of queueing behind it."""
         from pymysqlreplication import event as ev
         from pymysqlreplication import row_event as rev
 
@@ -153,7 +156,8 @@ class BinlogReader:
                 if end is not None and cut.end >= end:
                     cut.exhausted = True
                     return cut
-                if cut.rows and (cut.rows >= rows or time.monotonic() - started >= seconds):
+                if cut.rows and (cut.rows >= rows or (
+                        time.monotonic() - started >= seconds and awaited())):
                     return cut
                 if stop():
                     return cut
