@@ -308,3 +308,13 @@ def test_a_server_without_a_row_binlog_is_one_line(services_dir: Path, tmp_path:
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert len(lines) == 1 and "binlog_format=STATEMENT" in lines[0], lines
     assert "binlog_format=ROW" in lines[0], lines
+
+
+def test_a_table_without_a_primary_key_is_refused_in_one_line(
+        mariadb: services.Service, tmp_path: Path, table_name: str) -> None:
+    _sql(mariadb, f"CREATE TABLE {table_name} (id INT, note TEXT)")
+    done = run_chload("load", _url(mariadb, table_name), "--table", table_name,
+                      "--target", str(tmp_path / "t"), "--follow", env=ENV)
+    assert done.returncode != 0
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert len(lines) == 1 and "no primary key" in lines[0], lines
