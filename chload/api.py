@@ -347,6 +347,12 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None,
     stream = registry.stream_of(spec.sources)
     if stream is not None:  # a stream: its units round by round
         return _load_stream(spec, target, listener or (lambda event: None), stream)
+    changes = registry.changes_of(spec, target, planner.parse_table(
+        spec.table, steps.default_database(target)))
+    if changes is not None:  # a MySQL table followed: its copy, then its binlog
+        changes.begin(stop or threading.Event(),
+                      lambda copy: _load_into(copy, target, listener, stop))
+        return _load_stream(spec, target, listener or (lambda event: None), changes)
     # A pipe is read once: not where rejected rows are read again (an error budget)
     pipes = target.reads_pipes and not spec.budget.allows_errors
     context = replace(_source_context(spec, target), pipes=pipes,

@@ -14,14 +14,16 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from chload.errors import UsageError
 from chload.sources.base import Source, SourceContext, SourceFile, Stream
 
 if TYPE_CHECKING:
+    from chload.core.report import LoadSpec
     from chload.sources.files.aws import S3Settings
     from chload.sources.files.azure import AzureSettings
+    from chload.targets.base import Target
 
 if TYPE_CHECKING:  # every kind's SOURCE is a Source: mypy checks every member
     from chload.sources.databases.mysql import MysqlSource
@@ -51,6 +53,7 @@ KINDS: dict[str, str] = {
     "postgres": "chload.sources.databases.postgres",
     "mysql": "chload.sources.databases.mysql",
     "kafka": "chload.sources.kafka.source",
+    "mysql-changes": "chload.sources.changes.mysql",
 }
 
 # URI scheme -> kind. A path without a scheme (and `-`, standard input) is `local`.
@@ -85,6 +88,16 @@ def stream_of(patterns: Sequence[str]) -> Stream | None:
         return None
     source: Stream = importlib.import_module(KINDS[stream]).SOURCE
     return source
+
+
+def changes_of(spec: LoadSpec, target: Target, table: Any) -> Any:
+    """The change stream that follows a MySQL table (--follow, or a table whose ledger
+    holds its stream), or None: a plain copy. Imported only for a mysql:// source."""
+    if len(spec.sources) != 1 or kind_of(spec.sources[0]) != "mysql" or spec.query \
+            or spec.incremental_by:
+        return None
+    source = importlib.import_module(KINDS["mysql-changes"]).SOURCE
+    return source if source.follows(spec, target, table) else None
 
 
 def kind_of(pattern: str) -> str:

@@ -349,8 +349,11 @@ def mariadb_sql(service: Service, sql: str, *, admin: bool = False) -> str:
 
 
 def start_mariadb(base_dir: Path, password: str = DEFAULT_LOADER_PASSWORD,
-                  name: str = "mariadb") -> Service:
+                  name: str = "mariadb", binlog_format: str | None = "ROW") -> Service:
     """MariaDB 10.11 under ``base_dir/name`` (run as user mysql), TCP on 127.0.0.1 only.
+
+    The binary log is on in ``binlog_format`` (ROW, full row images and column metadata:
+    what change capture reads; None: off), and ``loader`` may read it.
 
     User ``loader``@'%' (``password``) has all rights on database ``shop``; root logs in
     only over the Unix socket (extra['socket'], see mariadb_admin_sql). endpoint is
@@ -375,7 +378,8 @@ def start_mariadb(base_dir: Path, password: str = DEFAULT_LOADER_PASSWORD,
         argv=[install_mariadb().as_posix(), "--no-defaults", "--user=mysql",
               f"--datadir={datadir}", f"--port={port}", f"--bind-address={HOST}",
               f"--socket={sock}", f"--pid-file={data / 'mariadb.pid'}",
-              f"--log-error={data / 'error.log'}", "--skip-name-resolve", "--skip-log-bin",
+              f"--log-error={data / 'error.log'}", "--skip-name-resolve",
+              *_binlog(data, binlog_format),
               "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=16M",
               "--innodb-flush-log-at-trx-commit=2", "--max-connections=50"],
         credentials={"user": "loader", "password": password, "database": DATABASE},
@@ -385,8 +389,18 @@ def start_mariadb(base_dir: Path, password: str = DEFAULT_LOADER_PASSWORD,
         mariadb_sql(service, f"CREATE DATABASE IF NOT EXISTS {DATABASE}; "
                                    f"CREATE USER IF NOT EXISTS 'loader'@'%' "
                                    f"IDENTIFIED BY '{password}'; "
-                                   f"GRANT ALL ON {DATABASE}.* TO 'loader'@'%'", admin=True)
+                                   f"GRANT ALL ON {DATABASE}.* TO 'loader'@'%'; "
+                                   "GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* "
+                                   "TO 'loader'@'%'", admin=True)
     return service
+
+
+def _binlog(data: Path, binlog_format: str | None) -> list[str]:
+    """The server's binary log settings: off, or on in that format (server id 1)."""
+    if binlog_format is None:
+        return ["--skip-log-bin"]
+    return [f"--log-bin={data / 'binlog'}", f"--binlog-format={binlog_format}",
+            "--binlog-row-image=FULL", "--binlog-row-metadata=FULL", "--server-id=1"]
 
 
 

@@ -443,6 +443,9 @@ class MysqlSource(DatabaseSource):
 
     kind = "mysql"
     schemes: tuple[str, ...] = ("mysql", "mariadb")
+    # --follow and its batches: change capture (sources/changes/mysql.py)
+    options: tuple[str, ...] = ("query", "incremental_by", "follow", "batch_rows",
+                                "batch_seconds")
 
     def _session(self, url: DbUrl, context: SourceContext) -> MysqlSession:
         return MysqlSession(url, context.select, context.incremental_by, workers_of(context),

@@ -1,0 +1,1 @@
+"""Change capture: source tables followed from their change streams."""

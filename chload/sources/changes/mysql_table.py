@@ -1,0 +1,96 @@
+"""The table a MySQL change stream is applied to, and where a change stands in the binlog.
+
+The table holds the source's columns plus `_version` (the change's binlog position,
+`position`: a snapshot's rows have 0, older than any change) and `_is_deleted` (1 for
+a deleted row), as ReplacingMergeTree(_version[, _is_deleted]) ordered by the source's
+primary key: the current rows are `FINAL WHERE NOT _is_deleted` (where the engine takes
+`is_deleted`, FINAL alone leaves deleted rows out).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from chload.errors import UsageError
+from chload.schema import Column, quote_ident
+
+if TYPE_CHECKING:
+    from chload.targets.base import Target
+
+VERSION = "_version"
+DELETED = "_is_deleted"
+CHANGE_COLUMNS = (Column(VERSION, "UInt64"), Column(DELETED, "UInt8"))
+# as created: the copy's rows carry neither (version 0, not deleted)
+_CREATED = (Column(VERSION, "UInt64 DEFAULT 0"), Column(DELETED, "UInt8 DEFAULT 0"))
+_POS_BITS = 32  # a binlog file is at most 1 GiB (max_binlog_size): its offsets fit
+
+
+def position(log_file: str, pos: int) -> int:
+    """A binlog position as one number that grows along the log: the file's sequence
+    number (binlog.000012: 12) above its offset."""
+    found = re.search(r"\.(\d+)$", log_file)
+    if found is None:
+        raise UsageError(f"binlog file {log_file}: no sequence number in its name")
+    return (int(found.group(1)) << _POS_BITS) | pos
+
+
+def log_of(value: int, basename: str) -> tuple[str, int]:
+    """The (file, offset) of a `position`, the file named after `basename`
+    (binlog.000003: the server's naming, six digits at least)."""
+    stem = basename.rpartition(".")[0] or basename
+    return f"{stem}.{value >> _POS_BITS:06d}", value & ((1 << _POS_BITS) - 1)
+
+
+def takes_is_deleted(target: Target) -> bool:
+    """Whether the target's ReplacingMergeTree takes an is_deleted column (23.2 on)."""
+    name = target.engine_name
+    if name == "chdb":
+        return True
+    parts = [int(p) for p in re.findall(r"\d+", name)[:2]]
+    return len(parts) == 2 and tuple(parts) >= (23, 2)
+
+
+def engine(target: Target) -> str:
+    if takes_is_deleted(target):
+        return f"ReplacingMergeTree({VERSION}, {DELETED})"
+    return f"ReplacingMergeTree({VERSION})"
+
+
+def create(target: Target, table_sql: str, columns: Sequence[Column],
+           key: Sequence[str], display: str) -> None:
+    """The followed table (if it does not exist): the source's columns and the change
+    columns, ordered by the primary key. A table without one cannot be followed."""
+    if not key:
+        raise UsageError(f"{display}: no primary key; change capture keeps one row per key "
+                         "(add a primary key to the source table)")
+    order = ", ".join(quote_ident(k) for k in key)
+    target.create_table(table_sql, [*columns, *_CREATED], order, None,
+                        engine=engine(target))
+
+
+def check_existing(existing: Sequence[Column] | None, display: str) -> None:
+    """A table that exists must carry the change columns (one made by a plain copy does
+    not: it cannot tell a deleted row from a current one)."""
+    if existing is None:
+        return
+    names = {c.name for c in existing}
+    if VERSION not in names or DELETED not in names:
+        raise UsageError(f"{display}: exists without {VERSION} and {DELETED}; change capture "
+                         "needs a table of its own: name another --table or drop this one")
+
+
+def data_columns(existing: Sequence[Column]) -> list[Column]:
+    return [c for c in existing if c.name not in (VERSION, DELETED)]
+
+
+def unit_columns(existing: Sequence[Column]) -> list[Column]:
+    """What a change unit's lines hold: the table's columns, then the change columns."""
+    return [Column(c.name, c.type) for c in data_columns(existing)] + list(CHANGE_COLUMNS)
+
+
+def current_rows(table_sql: str, columns: Callable[[], str] | None = None) -> str:
+    """The SQL of the table's current rows (docs/sources-databases.md)."""
+    cols = columns() if columns else "*"
+    return f"SELECT {cols} FROM {table_sql} FINAL WHERE NOT {DELETED}"
