@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, fields, replace
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from chload import options, queries
@@ -331,13 +332,18 @@ def _begin_early(spec: LoadSpec) -> Callable[[], None]:
 
 
 def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None,
-               stop: threading.Event | None = None) -> LoadReport:
+               stop: threading.Event | None = None, copy: bool = False) -> LoadReport:
     """`load` into a target already open (kept open): any `targets.Target`, e.g. the
     unit tests' in-memory one. `spec.target` is not looked at. `stop`: ends a load that
-    follows files (None: it follows until the process ends)."""
+    follows files (None: it follows until the process ends). `copy`: a database table
+    copied, never followed (the first copy of a followed table)."""
     stream = registry.stream_of(spec.sources)
     if stream is not None:  # a stream: its units round by round
         return _load_stream(spec, target, listener or (lambda event: None), stream)
+    changes = None if copy else registry.changes_of(spec.sources, spec.follow)
+    if changes is not None and (spec.follow or changes.followed(spec, target)):
+        return _load_changes(spec, target, listener or (lambda event: None), changes,
+                             stop or threading.Event())
     # A pipe is read once: not where rejected rows are read again (an error budget)
     pipes = target.reads_pipes and not spec.budget.allows_errors
     context = replace(_source_context(spec, target), pipes=pipes,
@@ -377,6 +383,31 @@ def _load_stream(spec: LoadSpec, target: Target, listener: Listener,
         report.errors.append(f"{exc}: {UNWRITTEN_LOADED}")
     finally:
         sources.close()
+    return report
+
+
+def _load_changes(spec: LoadSpec, target: Target, listener: Listener, changes: ModuleType,
+                  stop: threading.Event) -> LoadReport:
+    """A followed table (sources/changes/): its table and slot made, the table copied
+    while the ledger has no unit of its changes, then its changes round by round."""
+    table = planner.parse_table(spec.table, steps.default_database(target))
+    follow = changes.Follow(spec, target, table)
+    try:
+        copy_first = follow.begin()
+    finally:
+        follow.close()
+    if copy_first:
+        copied = _load_into(replace(spec, follow=False, upsert_key=None, on_new_column="fail"),
+                            target, listener, stop, copy=True)
+        if copied.files_failed or copied.errors or stop.is_set():
+            return copied
+    report = _load_stream(spec, target, listener, changes.Changes(stop))
+    if copy_first:
+        report.files = copied.files + report.files
+        for name in ("files_total", "files_loaded", "files_skipped", "rows_loaded",
+                     "bytes_read"):
+            setattr(report, name, getattr(report, name) + getattr(copied, name))
+        report.created_table = True
     return report
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from chload.errors import UsageError
@@ -62,6 +63,9 @@ SCHEMES: dict[str, str] = {
 }
 
 
+# kind -> the module that follows a table's changes (its units are spooled local files)
+CHANGES: dict[str, str] = {"postgres": "chload.sources.changes.postgres"}
+
 STREAMS = ("kafka",)  # kinds loaded round by round: their SOURCE is also a `Stream`
 
 
@@ -74,6 +78,17 @@ def stream_of(patterns: Sequence[str]) -> Stream | None:
         return None
     source: Stream = importlib.import_module(KINDS[stream]).SOURCE
     return source
+
+
+def changes_of(patterns: Sequence[str], follow: bool) -> ModuleType | None:
+    """The module that follows a database table's changes (sources/changes/), when the
+    load names one table of such a database and follows it; None otherwise. Without
+    --follow the API asks `followed` of it: a table followed before applies its changes
+    up to now."""
+    if len(patterns) != 1 or kind_of(patterns[0]) != "postgres" or "://" not in patterns[0]:
+        return None
+    del follow
+    return importlib.import_module(CHANGES["postgres"])
 
 
 def kind_of(pattern: str) -> str:

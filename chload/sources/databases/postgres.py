@@ -442,6 +442,8 @@ class PostgresSource(DatabaseSource):
 
     kind = "postgres"
     schemes: tuple[str, ...] = ("postgresql", "postgres")
+    # --follow: its changes after a copy (sources/changes/postgres.py)
+    options: tuple[str, ...] = ("query", "incremental_by", "follow")
 
     def begin_early(self, pattern: str, context: SourceContext) -> Callable[[], None] | None:
         """The snapshot's session begun while the target opens (early.py says why)."""
