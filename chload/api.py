@@ -326,6 +326,8 @@ def _begin_early(spec: LoadSpec) -> Callable[[], None]:
     pattern = spec.sources[0] if len(spec.sources) == 1 else ""
     if "://" not in pattern or pattern.split("://")[0].lower() not in registry.SCHEMES:
         return lambda: None  # (an unknown scheme is refused when the run lists)
+    if spec.follow and registry.changes_of(spec.sources, spec.follow) is not None:
+        return lambda: None  # its copy's snapshot must come after its slot is made
     begun = registry.source_for(pattern).begin_early(pattern, SourceContext(
         select=spec.query, incremental_by=spec.incremental_by, workers=spec.workers, pipes=True))
     return begun or (lambda: None)

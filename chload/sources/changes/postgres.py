@@ -316,14 +316,17 @@ class Changes:
 
 
 def followed(spec: LoadSpec, target: Target) -> bool:
-    """Whether the ledger holds changes of this table into spec.table (a run without
-    --follow then applies its changes up to now rather than copying it)."""
+    """Whether spec.table follows the source (its change columns, or changes of it in
+    the ledger): a run without --follow then applies its changes up to now."""
     if spec.query:
         return False
     from chload.core.load import default_database
     from chload.core.plan import parse_table
 
     table = parse_table(spec.table, default_database(target))
+    names = {c.name for c in target.table_columns(table.sql) or []}
+    if {changes_table.VERSION, changes_table.DELETED} <= names:
+        return True  # a followed table (whose first copy may not be complete)
     url = parse_url(spec.sources[0], None)
     name = slot_name(target.display, table.display, url.with_user)
     return changes_table.committed_end(target, table.display, stream_name(url, name)) is not None

@@ -1,0 +1,172 @@
+"""A PostgreSQL table followed (--follow): copied while a writer inserts, updates and
+deletes, then its changes streamed, the loader killed -9 at random instants and run
+again; at the end the current rows (FINAL, not deleted) equal the source, value for
+value, and equal a plain copy of it (the stream and the copy print every type alike).
+A column added at the source arrives; a dropped one stops the follow in one line. The
+real `chload` against PostgreSQL 15, into embedded chDB and an 18.16 server."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import services
+from conftest import run_chload
+from test_databases import Source
+
+pytestmark = pytest.mark.integration
+
+ROWS = 20_000
+COLUMNS = "id, amount, at, u, doc, tags, hex(raw), note, n"  # (bytea: as hex)
+CREATE = """CREATE TABLE {t} (id bigint PRIMARY KEY, amount numeric(14,3), at timestamptz,
+    u uuid, doc jsonb, tags int[], raw bytea, note text, n int NOT NULL);
+INSERT INTO {t} SELECT g, g * 1.125, timestamptz '2024-01-01 00:00:00.123456+02'
+    + g * interval '1 second', md5(g::text)::uuid, jsonb_build_object('g', g, 's', 'a\tb'),
+    CASE WHEN g % 3 = 0 THEN ARRAY[g, NULL, 2] ELSE '{{}}' END, decode(md5(g::text), 'hex'),
+    CASE WHEN g % 5 = 0 THEN NULL ELSE E'tab\\there\\nline 😀 ' || g END, g % 7
+    FROM generate_series(1, {rows}) g"""
+# one transaction of the writer: an insert, an update, a delete, a key moved
+WRITE = """BEGIN;
+INSERT INTO {t} VALUES ({new}, {new} * 0.5, now(), gen_random_uuid(), '{{"w": [1, null]}}',
+    ARRAY[NULL, {new}], '\\x00ff0a09', E'w\\t\\n😀 {new}', 1) ON CONFLICT DO NOTHING;
+UPDATE {t} SET amount = amount + 1, note = E'upd\\t' || id, tags = ARRAY[NULL, 1], n = n + 1
+    WHERE id % 997 = {k};
+DELETE FROM {t} WHERE id = {gone};
+UPDATE {t} SET id = id + 1000000 WHERE id = {moved};
+COMMIT;"""
+
+
+@pytest.fixture
+def pg(postgres: services.Service) -> Source:
+    return Source("postgresql", postgres)
+
+
+@pytest.fixture(params=["embedded", "server"])
+def into(request: pytest.FixtureRequest, target_dir: str) -> tuple[str, dict[str, str]]:
+    if request.param == "embedded":
+        return target_dir, {}
+    server = request.getfixturevalue("clickhouse")
+    return (f"http://loader@127.0.0.1:{server.ports['http']}/default",
+            {"CLICKHOUSE_PASSWORD": server.credentials["password"]})
+
+
+def _argv(pg: Source, source: str, table: str, into: tuple[str, dict[str, str]],
+          *args: str) -> list[str]:
+    return [sys.executable, "-m", "chload", "load", pg.url(source), "--table", table,
+            "--target", into[0], *args]
+
+
+def _run(pg: Source, source: str, table: str, into: tuple[str, dict[str, str]],
+         *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_argv(pg, source, table, into, *args), capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **pg.env, **into[1]})
+
+
+def _ch(into: tuple[str, dict[str, str]], sql: str) -> str:
+    done = run_chload("sql", sql, "--target", into[0], "--format", "TSV", env=into[1],
+                      timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def _current(into: tuple[str, dict[str, str]], table: str) -> str:
+    return _ch(into, f"SELECT {COLUMNS} FROM {table} FINAL WHERE NOT _is_deleted ORDER BY id")
+
+
+class Writer:
+    """Transactions at the source on a thread, a bounded number, until stopped."""
+
+    def __init__(self, pg: Source, table: str, count: int) -> None:
+        self.pg, self.table, self.count, self.done = pg, table, count, 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        rng = random.Random(7)
+        for i in range(self.count):
+            if self.stop.is_set():
+                return
+            self.pg.sql(WRITE.format(t=self.table, new=ROWS + 1 + i, k=rng.randrange(997),
+                                     gone=rng.randrange(1, ROWS), moved=rng.randrange(1, ROWS)))
+            self.done += 1
+
+    def join(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=120)
+
+
+def test_a_followed_table_killed_three_times_equals_the_source(
+        pg: Source, into: tuple[str, dict[str, str]], table_name: str) -> None:
+    pg.sql(CREATE.format(t=table_name, rows=ROWS))
+    writer = Writer(pg, table_name, 400)
+    env = {**os.environ, **pg.env, **into[1]}
+    rng = random.Random()
+    try:
+        for _ in range(3):  # killed -9 at a random instant: copying, streaming, committing
+            proc = subprocess.Popen(_argv(pg, table_name, table_name, into, "--follow"),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            time.sleep(rng.uniform(2.0, 8.0))
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+    finally:
+        writer.join()
+    assert writer.done > 0
+    done = _run(pg, table_name, table_name, into)  # without --follow: up to now, then exit
+    assert done.returncode == 0, done.stderr
+    copy = f"{table_name}_copy"
+    done = _run(pg, table_name, copy, into)  # a plain copy of the source as it is now
+    assert done.returncode == 0, done.stderr
+    source = pg.sql(f"SELECT count(*), sum(id), sum(n) FROM {table_name}").strip()
+    followed = _ch(into, f"SELECT count(), sum(id), sum(n) FROM {table_name} FINAL "
+                         "WHERE NOT _is_deleted")
+    assert followed == source
+    assert _current(into, table_name) == _ch(into, f"SELECT {COLUMNS} FROM {copy} ORDER BY id")
+
+
+def test_a_follow_without_follow_applies_changes_and_exits(
+        pg: Source, target_dir: str, table_name: str) -> None:
+    into = (target_dir, {})
+    pg.sql(CREATE.format(t=table_name, rows=100))
+    proc = subprocess.Popen(_argv(pg, table_name, table_name, into, "--follow"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **pg.env})
+    time.sleep(6)
+    pg.sql(WRITE.format(t=table_name, new=500, k=1, gone=5, moved=6))
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    pg.sql(f"UPDATE {table_name} SET n = 100 WHERE id = 7; DELETE FROM {table_name} "
+           "WHERE id = 8")
+    done = _run(pg, table_name, table_name, into)
+    assert done.returncode == 0, done.stderr
+    assert _ch(into, f"SELECT n FROM {table_name} FINAL WHERE id = 7") == "100"
+    assert _ch(into, f"SELECT count() FROM {table_name} FINAL WHERE id IN (5, 6, 8) AND "
+                     "NOT _is_deleted") == "0"
+    # a column added at the source arrives; a dropped one stops the follow in one line
+    pg.sql(f"ALTER TABLE {table_name} ADD COLUMN extra text; UPDATE {table_name} "
+           "SET extra = 'x' || id WHERE id = 9")
+    done = _run(pg, table_name, table_name, into, "--on-new-column", "add")
+    assert done.returncode == 0, done.stderr
+    assert _ch(into, f"SELECT extra FROM {table_name} FINAL WHERE id = 9") == "x9"
+    pg.sql(f"ALTER TABLE {table_name} DROP COLUMN note; UPDATE {table_name} SET n = 1")
+    done = _run(pg, table_name, table_name, into, "--on-new-column", "add")
+    assert done.returncode != 0
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "column note was dropped or renamed at the source" in done.stderr
+
+
+def test_following_a_table_without_a_primary_key_is_refused_in_one_line(
+        pg: Source, target_dir: str, table_name: str) -> None:
+    pg.sql(f"CREATE TABLE {table_name} (a int, b text)")
+    done = _run(pg, table_name, table_name, (target_dir, {}), "--follow")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "--follow needs a primary key" in done.stderr
