@@ -403,7 +403,10 @@ def _load_changes(spec: LoadSpec, target: Target, listener: Listener, changes: M
                             target, listener, stop, copy=True)
         if copied.files_failed or copied.errors or stop.is_set():
             return copied
-    report = _load_stream(spec, target, listener, changes.Changes(stop))
+    # new columns are added by the stream before a unit loads, the units read as Native
+    # in the table's own columns
+    report = _load_stream(replace(spec, on_new_column="fail"), target, listener,
+                          changes.Changes(stop, spec.on_new_column))
     if copy_first:
         report.files = copied.files + report.files
         for name in ("files_total", "files_loaded", "files_skipped", "rows_loaded",

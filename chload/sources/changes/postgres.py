@@ -34,6 +34,7 @@ import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from chload.core.evolve import evolve_described
@@ -233,32 +234,34 @@ def _unit(follow: Follow, after: int, upto: int, path: str) -> SourceFile:
 
 
 def _check_columns(spec: LoadSpec, follow: Follow, report: LoadReport) -> None:
-    """The source's columns as they are now against those followed: new ones added
-    (--on-new-column add), any other change stops the follow in one line."""
+    """The source's columns as they are now against those followed (this run's, and
+    the table's): new ones added (--on-new-column add), any other change stops the
+    follow in one line."""
     now = follow.slot.describe()
     before = {c.name: c.pg_type for c in follow.described.columns}
     after = {c.name: c.pg_type for c in now.columns}
+    existing = follow.target.table_columns(follow.table.sql) or []
+    kept = [c.name for c in existing if c.name not in (changes_table.VERSION,
+                                                         changes_table.DELETED)]
     where = follow.url.display
-    for name, typ in before.items():
+    for name in [*before, *(k for k in kept if k not in before)]:
         if name not in after:
             raise SchemaError(f"{where}: column {name} was dropped or renamed at the source; "
                               "the follow stopped with nothing lost: drop the follow (chload "
                               "sources --drop) and load the table again")
-        if after[name] != typ:
-            raise SchemaError(f"{where}: column {name} changed type from {typ} to "
+        if name in before and after[name] != before[name]:
+            raise SchemaError(f"{where}: column {name} changed type from {before[name]} to "
                               f"{after[name]}; the follow stopped with nothing lost: drop "
                               "the follow (chload sources --drop) and load the table again")
-    new = [c for c in now.db_columns if c.name not in before]
-    if not new:
-        return
-    if spec.on_new_column != "add":
+    new = [c for c in now.db_columns if c.name not in kept]
+    if new and spec.on_new_column != "add":
         raise SchemaError(f"{where}: column {new[0].name} was added at the source; follow with "
                           "--on-new-column add to add it to the table (nothing was lost)")
-    existing = follow.target.table_columns(follow.table.sql) or []
-    evolution = evolve_described(follow.target, follow.table.sql, follow.table.display,
-                                 [Column(c.name, c.type) for c in now.db_columns], existing,
-                                 follow.stream)
-    report.schema_changes += [c.as_dict() for c in evolution.changes]
+    if new:
+        evolution = evolve_described(follow.target, follow.table.sql, follow.table.display,
+                                     [Column(c.name, c.type) for c in now.db_columns],
+                                     existing, follow.stream)
+        report.schema_changes += [c.as_dict() for c in evolution.changes]
     follow.described = now
 
 
@@ -301,11 +304,12 @@ def _stopping(follow: bool, stop: threading.Event) -> Iterator[None]:
 class Changes:
     """The `Stream` (sources/base.py) of a followed table, for the API's rounds."""
 
-    def __init__(self, stop: threading.Event) -> None:
-        self.stop = stop
+    def __init__(self, stop: threading.Event, on_new_column: str = "fail") -> None:
+        self.stop, self.on_new_column = stop, on_new_column
 
     def rounds(self, spec: LoadSpec, target: Target, listener: Listener,
                load_round: LoadRound, table: Any, report: LoadReport) -> None:
+        spec = replace(spec, on_new_column=self.on_new_column)
         rounds(spec, target, listener, load_round, table, report, self.stop)
 
     def audit_columns(self, target: Target, data: list[Column], fmt: str,
