@@ -292,6 +292,21 @@ def _close_reported(target: Target, report: LoadReport) -> None:
             report.errors.append(f"{exc}: {UNWRITTEN_LOADED}")
 
 
+def sources(*, target: TargetName = None, max_retained: int | None = None,
+            drop: str | None = None) -> list[dict[str, Any]]:
+    """Each table the target follows (--follow of a database table): its source, slot,
+    position, lag in bytes and seconds, the WAL its slot retains, and a warning above
+    `max_retained` bytes (default 10 GB).
+
+    :param target: as `load`'s; the target must exist.
+    :param max_retained: bytes of WAL a slot may retain before the warning.
+    :param drop: a followed table (``name`` or ``db.name``): drop its replication slot
+        at the source (the table keeps its rows; follow into a new table to start again).
+    """
+    with queries.opened(target) as t:
+        return registry.follows(t, os.environ, max_retained, drop)
+
+
 def validate(sources: Sources | LoadSpec, *, table: str | None = None,
              target: TargetName = None, format: str | None = None,
              compression: str | None = None, schema: str | None = None,

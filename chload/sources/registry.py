@@ -15,7 +15,7 @@ import contextlib
 import importlib
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from chload.errors import UsageError
 from chload.sources.base import Source, SourceContext, SourceFile, Stream
@@ -89,6 +89,15 @@ def changes_of(patterns: Sequence[str], follow: bool) -> ModuleType | None:
         return None
     del follow
     return importlib.import_module(CHANGES["postgres"])
+
+
+def follows(target: Any, env: Mapping[str, str], max_retained: int | None,
+            drop: str | None) -> list[dict[str, Any]]:
+    """`chload sources`: the target's followed tables (sources/changes/status.py)."""
+    status = importlib.import_module("chload.sources.changes.status")
+    found: list[dict[str, Any]] = status.follows(
+        target, env, status.MAX_RETAINED if max_retained is None else max_retained, drop)
+    return found
 
 
 def kind_of(pattern: str) -> str:

@@ -23,6 +23,9 @@ from test_databases import Source
 pytestmark = pytest.mark.integration
 
 ROWS = 20_000
+SCHEMA = ("id Int64, amount Nullable(Decimal(14, 3)), at Nullable(String), u Nullable(UUID), "
+          "doc Nullable(String), tags Array(Nullable(Int32)), raw Nullable(String), "
+          "note Nullable(String), n Int32")
 COLUMNS = "id, amount, at, u, doc, tags, hex(raw), note, n"  # (bytea: as hex)
 CREATE = """CREATE TABLE {t} (id bigint PRIMARY KEY, amount numeric(14,3), at timestamptz,
     u uuid, doc jsonb, tags int[], raw bytea, note text, n int NOT NULL);
@@ -51,15 +54,16 @@ def pg(postgres: services.Service) -> Source:
 def into(request: pytest.FixtureRequest, target_dir: str) -> tuple[str, dict[str, str]]:
     if request.param == "embedded":
         return target_dir, {}
-    server = request.getfixturevalue("clickhouse")
+    server = request.getfixturevalue("clickhouse")  # (--schema: 18.16 has no DateTime64)
     return (f"http://loader@127.0.0.1:{server.ports['http']}/default",
             {"CLICKHOUSE_PASSWORD": server.credentials["password"]})
 
 
 def _argv(pg: Source, source: str, table: str, into: tuple[str, dict[str, str]],
           *args: str) -> list[str]:
+    schema = ["--schema", SCHEMA] if "://" in into[0] else []
     return [sys.executable, "-m", "chload", "load", pg.url(source), "--table", table,
-            "--target", into[0], *args]
+            "--target", into[0], *schema, *args]
 
 
 def _run(pg: Source, source: str, table: str, into: tuple[str, dict[str, str]],
@@ -170,3 +174,35 @@ def test_following_a_table_without_a_primary_key_is_refused_in_one_line(
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
     assert "--follow needs a primary key" in done.stderr
+
+
+def test_sources_lists_a_follow_warns_above_the_limit_and_drops_its_slot(
+        pg: Source, target_dir: str, table_name: str) -> None:
+    into = (target_dir, {})
+    pg.sql(CREATE.format(t=table_name, rows=10))
+    proc = subprocess.Popen(_argv(pg, table_name, table_name, into, "--follow"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **pg.env})
+    time.sleep(5)
+    pg.sql(f"UPDATE {table_name} SET n = 5 WHERE id = 1")
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    pg.sql(f"UPDATE {table_name} SET n = 6 WHERE id = 2")
+    done = _run(pg, table_name, table_name, into)  # (a unit of changes in the ledger)
+    assert done.returncode == 0, done.stderr
+    slots = "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'chload_%'"
+    before = int(services.postgres_sql(pg.server, slots, admin=True).strip())
+    listed = run_chload("sources", "--target", target_dir, env=pg.env, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert f"default.{table_name}  postgresql://loader@" in listed.stdout
+    assert "WAL retained" in listed.stdout and "warning" not in listed.stderr
+    warned = run_chload("sources", "--target", target_dir, "--max-retained", "0.000000001",
+                        env=pg.env, timeout=60)
+    assert "warning: slot chload_" in warned.stderr and "bytes of WAL" in warned.stderr
+    dropped = run_chload("sources", "--target", target_dir, "--drop", table_name,
+                         env=pg.env, timeout=60)
+    assert dropped.returncode == 0, dropped.stderr
+    assert "dropped" in dropped.stdout
+    assert int(services.postgres_sql(pg.server, slots, admin=True).strip()) == before - 1

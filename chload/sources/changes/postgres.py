@@ -43,7 +43,7 @@ from chload.errors import SchemaError, SourceError, UsageError
 from chload.formats import FileFormat
 from chload.runtime import stopping
 from chload.runtime.faults import crash_point
-from chload.schema import Column, quote_ident, quote_str, structure
+from chload.schema import Column, bare_type, parse_structure, quote_ident, quote_str, structure
 from chload.sources.base import SourceFile, StreamPosition
 from chload.sources.changes import table as changes_table
 from chload.sources.changes.postgres_slot import (
@@ -83,7 +83,7 @@ class Follow:
         self.slot = Slot(self.url, slot_name(target.display, table.display,
                                              self.url.with_user))
         self.stream = stream_name(self.url, self.slot.name)
-        self.target, self.table = target, table
+        self.target, self.table, self.schema = target, table, spec.schema
         try:
             self.described: Described = self.slot.describe()
             self.key = changes_table.key_of(self.described.key, spec.upsert_key,
@@ -103,9 +103,11 @@ class Follow:
         """The table and the slot made if missing; whether the table is to be copied
         first (no unit of changes in the ledger yet)."""
         self.target.recover(self.table.sql)
+        given = {c.name: c.type for c in parse_structure(self.schema)} if self.schema else {}
         created = changes_table.ensure_table(
             self.target, self.table.sql, self.table.display,
-            [Column(c.name, c.type) for c in self.described.db_columns], self.key)
+            [Column(c.name, given.get(c.name, c.type)) for c in self.described.db_columns],
+            self.key)
         end = changes_table.committed_end(self.target, self.table.display, self.stream)
         if end is not None and not self.slot.exists():
             raise SourceError(f"{self.url.display}: the replication slot {self.slot.name} this "
@@ -217,7 +219,9 @@ def _unit(follow: Follow, after: int, upto: int, path: str) -> SourceFile:
     target, table = follow.target, follow.table
     stored = {c.name: c.type for c in target.table_columns(table.sql) or []}
     own = follow.described.db_columns
-    read = [Column(c.name, c.spool_type) for c in own] + [
+    # a column the table keeps as String (--schema) is the source's text, as copied
+    read = [Column(c.name, "Nullable(String)" if not c.expr and bare_type(
+        stored.get(c.name, c.type)) == "String" else c.spool_type) for c in own] + [
         Column(changes_table.VERSION, "UInt64"), Column(changes_table.DELETED, "UInt8")]
     exprs = [f"CAST({c.expr or quote_ident(c.name)} AS {stored.get(c.name, c.type)}) AS "
              f"{quote_ident(c.name)}" for c in own] + [
