@@ -60,15 +60,16 @@ def into(request: pytest.FixtureRequest, target_dir: str) -> tuple[str, dict[str
 
 
 def _argv(pg: Source, source: str, table: str, into: tuple[str, dict[str, str]],
-          *args: str) -> list[str]:
-    schema = ["--schema", SCHEMA] if "://" in into[0] else []
+          *args: str, server_schema: str = "") -> list[str]:
+    schema = ["--schema", server_schema or SCHEMA] if "://" in into[0] else []
     return [sys.executable, "-m", "chload", "load", pg.url(source), "--table", table,
             "--target", into[0], *schema, *args]
 
 
 def _run(pg: Source, source: str, table: str, into: tuple[str, dict[str, str]],
-         *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(_argv(pg, source, table, into, *args), capture_output=True,
+         *args: str, server_schema: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(_argv(pg, source, table, into, *args, server_schema=server_schema),
+                          capture_output=True,
                           text=True, timeout=300, env={**os.environ, **pg.env, **into[1]})
 
 
@@ -206,3 +207,52 @@ def test_sources_lists_a_follow_warns_above_the_limit_and_drops_its_slot(
     assert dropped.returncode == 0, dropped.stderr
     assert "dropped" in dropped.stdout
     assert int(services.postgres_sql(pg.server, slots, admin=True).strip()) == before - 1
+
+
+TYPES = """CREATE TYPE {t}_mood AS ENUM ('sad', 'ok', 'happy');
+CREATE TABLE {t} (id int PRIMARY KEY, n5 numeric(5,0), n38 numeric(38,10), n76 numeric(76,20),
+    r real, d double precision, b boolean, ts timestamp(3), tz timestamptz, day date,
+    u uuid, j jsonb, ints int[], texts text[], raw bytea, t text, mood {t}_mood,
+    big bigint)"""
+VALUES = """INSERT INTO {t} VALUES ({id}, -99999, 1234567890123456789012345678.0123456789,
+    -12345678901234567890123456789012345678901234567890123456.01234567890123456789,
+    1.5, 2.718281828459045, true, '1969-07-20 20:17:40.123', '2024-02-29 23:59:59.999999-08',
+    '1900-01-01', 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{{"k": [1, null, "t\\tn\\n😀"]}}',
+    ARRAY[1, NULL, -3], ARRAY['a\tb', NULL, 'c\nd', '😀', ''], '\\x00010aff5c',
+    E'tab\\there\\nnew\\\\line \\'q\\' 😀', 'happy', 9223372036854775807)"""
+
+# what 18.16 stores them as: no Decimal past 38 digits, no Date before 1970, no DateTime64
+TYPES_18 = ("id Int32, n5 Nullable(Decimal(5, 0)), n38 Nullable(Decimal(38, 10)), "
+            "n76 Nullable(String), r Nullable(Float32), d Nullable(Float64), b Nullable(UInt8), "
+            "ts Nullable(String), tz Nullable(String), day Nullable(String), u Nullable(UUID), "
+            "j Nullable(String), ints Array(Nullable(Int32)), texts Array(Nullable(String)), "
+            "raw Nullable(String), t Nullable(String), mood Nullable(String), "
+            "big Nullable(Int64)")
+
+
+def test_a_copied_row_and_a_streamed_row_hold_the_same_values(
+        pg: Source, into: tuple[str, dict[str, str]], table_name: str) -> None:
+    """The same values inserted before the follow (copied) and after (streamed)."""
+    pg.sql(TYPES.format(t=table_name))
+    pg.sql(VALUES.format(t=table_name, id=1))
+    proc = subprocess.Popen(_argv(pg, table_name, table_name, into, "--follow",
+                                  server_schema=TYPES_18), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **pg.env, **into[1]})
+    time.sleep(6)
+    pg.sql(VALUES.format(t=table_name, id=2))
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    done = _run(pg, table_name, table_name, into, server_schema=TYPES_18)
+    assert done.returncode == 0, done.stderr
+    columns = ("n5, n38, n76, r, d, b, ts, tz, day, u, j, ints, texts, hex(raw), t, mood, big")
+    rows = _ch(into, f"SELECT id, _version > 0, {columns} FROM {table_name} FINAL "
+                     "ORDER BY id").splitlines()
+    assert len(rows) == 2, rows
+    copied, streamed = (r.split("\t", 2) for r in rows)
+    assert copied[:2] == ["1", "0"] and streamed[:2] == ["2", "1"]
+    assert copied[2] == streamed[2]
+    assert "1234567890123456789012345678.0123456789" in copied[2]
+    assert "😀" in copied[2] and "00010AFF5C" in copied[2]
