@@ -50,19 +50,30 @@ def options(schema: str, table: str) -> str:
     return ", ".join(f"{text(k)}, {text(v)}" for k, v in pairs)
 
 
-def _value(column: SourceColumn, row: str) -> str:
-    """The column's value in the change's JSON object `row`, in its own type."""
-    got = f"({row} ->> {text(column.name)})"
+def _cast(column: SourceColumn, raw: str) -> str:
+    """A value (a jsonb scalar) as the column's own type."""
+    got = f"({raw} #>> '{{}}')"
     base = column.pg_type.split("(")[0].strip()
     if base == "bytea":  # wal2json prints bytea as bare hex
         return f"decode({got}, 'hex')"
     return f"{got}::{column.pg_type}"
 
 
-def _object(field: str) -> str:
-    """A change's name/value list (`columns` or `identity`) as one JSON object."""
-    return (f"(SELECT jsonb_object_agg(x ->> 'name', x -> 'value') FROM "
-            f"jsonb_array_elements(j -> '{field}') x)")
+def _found(field: str, name: str) -> str:
+    """The value of column `name` in a change's `columns` or `identity` list, searched
+    by name (jsonb_path, in C); NULL if absent."""
+    return (f"jsonb_path_query_first(j, '$.{field}[*] ? (@.name == $n).value', "
+            f"jsonb_build_object('n', {text(name)}))")
+
+
+def _new(position: int, name: str) -> str:
+    """A column's new value: at its position in `columns` when the name there is its
+    (every change of a table whose columns have not changed: no search), else searched
+    by name in `columns`, then `identity` (REPLICA IDENTITY FULL: an unchanged TOASTed
+    value is there)."""
+    at = f"j -> 'columns' -> {position}"
+    return (f"CASE WHEN {at} ->> 'name' = {text(name)} THEN {at} -> 'value' ELSE "
+            f"coalesce({_found('columns', name)}, {_found('identity', name)}) END")
 
 
 def _stop(why: str) -> str:
@@ -74,38 +85,37 @@ def _stop(why: str) -> str:
 def changes_query(slot: str, upto: str, relation: tuple[str, str], display: str,
                   columns: Sequence[SourceColumn], key: Sequence[str]) -> str:
     """The COPY of the changes of `slot` committed before `upto` (an LSN), as the
-    followed table's rows: the snapshot's columns, `_version`, `_is_deleted`."""
-    names = [c.name for c in columns]
-    new, old = _object("columns"), _object("identity")
-    key_new = "jsonb_build_object(" + ", ".join(f"{text(k)}, o -> {text(k)}" for k in key) + ")"
-    key_old = "jsonb_build_object(" + ", ".join(f"{text(k)}, i -> {text(k)}" for k in key) + ")"
-    every = "ARRAY[" + ", ".join(text(n) for n in names) + "]::text[]"
+    followed table's rows: the snapshot's columns, `_version`, `_is_deleted`. Each
+    change is decoded once and gives one row (`d` 0: its new values) or two (`d` 1: the
+    old key deleted, where an update changed it)."""
+    index = {c.name: i for i, c in enumerate(columns)}
     truncated = _stop(f"{display} was truncated at the source; the follow stopped: "
                       "truncate the ClickHouse table too, then drop the follow "
                       "(chload sources --drop) and load again")
-    toast = _stop(f"{display}: an update left a column out (an unchanged TOASTed value); "
-                  "run ALTER TABLE ... REPLICA IDENTITY FULL at the source, then follow again")
+    toast = _stop(f"{display}: an update left a column out (an unchanged TOASTed value, or a "
+                  "column added since the change); run ALTER TABLE ... REPLICA IDENTITY FULL "
+                  "at the source, drop the follow (chload sources --drop) and follow again")
+    every = " AND ".join(f"({_new(i, c.name)}) IS NOT NULL" for i, c in enumerate(columns))
+    moved = " OR ".join(f"{_found('identity', k)} IS DISTINCT FROM ({_new(index[k], k)})"
+                        for k in key)
+    # OFFSET 0: a fence, so each change's text is parsed once (inlined, `j` was parsed
+    # again at every use)
     changes = (
-        f"SELECT (c.lsn - '0/0'::pg_lsn)::numeric(20, 0) AS v, c.data::jsonb AS j "
-        f"FROM pg_logical_slot_peek_changes({text(slot)}, {text(upto)}::pg_lsn, NULL, "
-        f"{options(*relation)}) c")
-    shaped = (
-        f"SELECT v, j ->> 'action' AS a, coalesce({old}, '{{}}'::jsonb) AS i, "
-        f"coalesce({old}, '{{}}'::jsonb) || coalesce({new}, '{{}}'::jsonb) AS o "
-        f"FROM ({changes}) c WHERE j ->> 'action' IN ('I', 'U', 'D', 'T')")
-    # one decoding: the CTE is read three times, materialized once
-    rows = (
-        f"SELECT v, 0 AS d, o FROM s WHERE a IN ('I', 'U') AND "
-        f"(a = 'I' OR o ?& {every} OR {toast} IS NULL) "
-        f"UNION ALL SELECT v, 1, i FROM s WHERE a = 'D' OR (a = 'U' AND "
-        f"{key_old} IS DISTINCT FROM {key_new}) "
-        f"UNION ALL SELECT v, 1, '{{}}'::jsonb FROM s WHERE a = 'T' AND "
-        f"{truncated} IS NULL")
-    typed = ", ".join(f"{_value(c, 'r.o')} AS {ident(c.name)}" for c in columns)
+        f"SELECT v, j, j ->> 'action' AS a FROM (SELECT (c.lsn - '0/0'::pg_lsn)::numeric(20, 0)"
+        f" AS v, c.data::jsonb AS j FROM pg_logical_slot_peek_changes({text(slot)}, "
+        f"{text(upto)}::pg_lsn, NULL, {options(*relation)}) c OFFSET 0) c OFFSET 0")
+    keep = (f"CASE WHEN d = 0 THEN a = 'I' OR (a = 'U' AND (jsonb_array_length(j -> "
+            f"'columns') = {len(columns)} OR ({every}) OR {toast} IS NULL)) "
+            f"ELSE a = 'D' OR (a = 'U' AND ({moved})) OR (a = 'T' AND {truncated} IS NULL) END")
+    typed = ", ".join(
+        f"CASE WHEN d = 0 THEN {_cast(c, _new(i, c.name))} ELSE "
+        f"{_cast(c, _found('identity', c.name))} END AS {ident(c.name)}"
+        for i, c in enumerate(columns))
     selects = ", ".join(c.select for c in columns)
-    return (f"COPY (WITH s AS MATERIALIZED ({shaped}) SELECT {selects}, _version, "
-            f"_is_deleted FROM (SELECT {typed}, r.v AS _version, r.d AS _is_deleted FROM "
-            f"({rows}) r) AS chload_changes) TO STDOUT")
+    return (f"COPY (SELECT {selects}, _version, _is_deleted FROM (SELECT {typed}, v AS "
+            f"_version, d AS _is_deleted FROM ({changes}) c CROSS JOIN (VALUES (0), (1)) k(d) "
+            f"WHERE {keep}) AS "
+            "chload_changes) TO STDOUT")
 
 
 def stopped(error: str) -> str | None:
