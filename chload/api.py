@@ -349,7 +349,8 @@ def _begin_early(spec: LoadSpec) -> Callable[[], None]:
 
 
 def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None,
-               stop: threading.Event | None = None, copy: bool = False) -> LoadReport:
+               stop: threading.Event | None = None, copy: bool = False,
+               snapshot: str | None = None) -> LoadReport:
     """`load` into a target already open (kept open): any `targets.Target`, e.g. the
     unit tests' in-memory one. `spec.target` is not looked at. `stop`: ends a load that
     follows files (None: it follows until the process ends). `copy`: a database table
@@ -364,7 +365,7 @@ def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None,
     # A pipe is read once: not where rejected rows are read again (an error budget)
     pipes = target.reads_pipes and not spec.budget.allows_errors
     context = replace(_source_context(spec, target), pipes=pipes,
-                      rejects=spec.budget.allows_errors)
+                      rejects=spec.budget.allows_errors, snapshot=snapshot)
     sources = RunSources(context, registry)
     try:
         if spec.follow:  # files listed again every --poll seconds
@@ -409,15 +410,16 @@ def _load_changes(spec: LoadSpec, target: Target, listener: Listener, changes: M
     while the ledger has no unit of its changes, then its changes round by round."""
     table = planner.parse_table(spec.table, steps.default_database(target))
     follow = changes.Follow(spec, target, table)
-    try:
-        copy_first = follow.begin()
+    try:  # (the copy of a new slot reads its exported snapshot while the slot's
+        copy_first = follow.begin()  # connection is open)
+        if copy_first:
+            copied = _load_into(replace(spec, follow=False, upsert_key=None,
+                                        on_new_column="fail"), target, listener, stop,
+                                copy=True, snapshot=follow.snapshot)
+            if copied.files_failed or copied.errors or stop.is_set():
+                return copied
     finally:
         follow.close()
-    if copy_first:
-        copied = _load_into(replace(spec, follow=False, upsert_key=None, on_new_column="fail"),
-                            target, listener, stop, copy=True)
-        if copied.files_failed or copied.errors or stop.is_set():
-            return copied
     # new columns are added by the stream before a unit loads, the units read as Native
     # in the table's own columns
     report = _load_stream(replace(spec, on_new_column="fail"), target, listener,

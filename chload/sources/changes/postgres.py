@@ -6,10 +6,11 @@
    source's columns, `_version`, `_is_deleted`, a ReplacingMergeTree by the primary
    key) and the table's logical replication slot (wal2json) is made if missing. Until
    the ledger holds a unit of changes, the API copies the table first (the database
-   source's parallel ranges of one snapshot, taken after the slot was made; a copy cut
-   short is finished by the next run at a new snapshot). Every change after the slot's
-   start is applied over the copy, and a copied row has `_version` 0, below every
-   change: whatever snapshot a range was read at, the table ends as the source is.
+   source's parallel ranges of the snapshot the new slot exported; a copy cut short is
+   finished by the next run at a new snapshot, taken after the slot was made). Every
+   change after the slot's start is applied over the copy, and a copied row has
+   `_version` 0, below every change: whatever snapshot a range was read at, the table
+   ends as the source is.
 2. `rounds`: per round, the changes committed in `(after, upto]` (after: the ledger's
    end; upto: the server's WAL position now, at most UNIT_BYTES on) are read by one
    `psql` COPY into a spool (postgres_sql.py: no row in Python), converted by the
@@ -54,7 +55,12 @@ from chload.sources.changes.postgres_slot import (
     stream_name,
 )
 from chload.sources.changes.postgres_sql import changes_query, stopped
-from chload.sources.databases.postgres_psql import client_env, connection_args, find_psql
+from chload.sources.databases.postgres_psql import (
+    Control,
+    client_env,
+    connection_args,
+    find_psql,
+)
 from chload.sources.databases.table import DbUrl, parse_url
 
 if TYPE_CHECKING:
@@ -84,6 +90,8 @@ class Follow:
                                              self.url.with_user))
         self.stream = stream_name(self.url, self.slot.name)
         self.target, self.table, self.schema = target, table, spec.schema
+        self.exported: Control | None = None  # a new slot's connection, while copying
+        self.snapshot: str | None = None  # the snapshot it exported
         try:
             self.described: Described = self.slot.describe()
             self.key = changes_table.key_of(self.described.key, spec.upsert_key,
@@ -97,6 +105,8 @@ class Follow:
             raise
 
     def close(self) -> None:
+        if self.exported is not None:
+            self.exported.stop()
         self.slot.close()
 
     def begin(self) -> bool:
@@ -116,7 +126,7 @@ class Follow:
         if end is None and created and self.slot.exists():
             self.slot.drop()  # a slot left by a follow whose table was dropped since
         if not self.slot.exists():
-            self.slot.create()
+            self.exported, self.snapshot = self.slot.create()
         return end is None
 
 

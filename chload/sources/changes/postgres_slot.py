@@ -8,7 +8,7 @@ two targets following one table each have their own. Positions are LSNs as integ
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from chload.errors import SourceError, UsageError
 from chload.sources.changes.postgres_sql import PLUGIN, SourceColumn, ident, text
@@ -83,17 +83,23 @@ class Slot:
         return bool(self.control.rows(f"SELECT 1 FROM pg_replication_slots WHERE slot_name = "
                                       f"{text(self.name)}"))
 
-    def create(self) -> int:
-        """The slot, new: its first position (changes after it are streamed)."""
+    def create(self) -> tuple[Control, str]:
+        """The slot, new, made on a replication connection: that connection (the snapshot
+        it exported stays valid while it is open and idle: close it after the copy's
+        session took it) and the snapshot, in which the slot's first change is the
+        first one not seen."""
+        url = replace(self.url, database=f"dbname={self.url.database} replication=database")
+        control = Control(url, find_psql())
         try:
-            found = self.one(f"SELECT lsn FROM pg_create_logical_replication_slot("
-                             f"{text(self.name)}, {text(PLUGIN)})")
+            found = control.rows(f"CREATE_REPLICATION_SLOT {ident(self.name)} LOGICAL "
+                                 f"{PLUGIN} (SNAPSHOT 'export')")
         except Exception as exc:
+            control.stop()
             raise SourceError(f"{self.url.display}: could not create replication slot "
                               f"{self.name}: {exc}; the role needs REPLICATION, the server "
                               "wal_level=logical and the wal2json plugin "
                               "(postgresql-15-wal2json)") from None
-        return lsn_int(str(found[0]))
+        return control, str(found[0][2])
 
     def confirmed(self) -> int:
         found = self.one(f"SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE "
