@@ -292,7 +292,7 @@ def _close_reported(target: Target, report: LoadReport) -> None:
             report.errors.append(f"{exc}: {UNWRITTEN_LOADED}")
 
 
-def sources(*, target: TargetName = None, max_retained: int | None = None,
+def follows(*, target: TargetName = None, max_retained: int | None = None,
             drop: str | None = None) -> list[dict[str, Any]]:
     """Each table the target follows (--follow of a database table): its source, slot,
     position, lag in bytes and seconds, the WAL its slot retains, and a warning above

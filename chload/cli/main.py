@@ -123,9 +123,9 @@ def _sources_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _sources(args: argparse.Namespace) -> int:
-    from chload.api import sources
+    from chload.api import follows
 
-    found = sources(target=args.target, max_retained=int(args.max_retained * 1024**3),
+    found = follows(target=args.target, max_retained=int(args.max_retained * 1024**3),
                     drop=args.drop)
     if args.json:
         print(json.dumps(found))
