@@ -40,11 +40,12 @@ from typing import TYPE_CHECKING, Any
 
 from chload.core.evolve import evolve_described
 from chload.core.run import Event, Listener
-from chload.errors import SchemaError, SourceError, UsageError
+from chload.errors import ChloadError, SchemaError, SourceError, UsageError
 from chload.formats import FileFormat
 from chload.runtime import stopping
 from chload.runtime.faults import crash_point
 from chload.schema import Column, bare_type, parse_structure, quote_ident, quote_str, structure
+from chload.sources import pipes as db_pipes
 from chload.sources.base import SourceFile, StreamPosition
 from chload.sources.changes import table as changes_table
 from chload.sources.changes.postgres_slot import (
@@ -166,7 +167,7 @@ def _rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: Load
                 stop.wait(POLL_SECONDS)
                 continue
             _check_columns(spec, follow, report)
-            path = os.path.join(spool, f"{after}-{upto}.tsv")
+            path = os.path.join(spool, f"{after}-{upto}.native")
             try:
                 if _read(follow, upto, path) == 0:  # nothing of this table: the slot
                     slot.advance(upto)  # moves on, the ledger does not
@@ -178,7 +179,7 @@ def _rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: Load
                 crash_point("changes-round")
                 done = load_round([unit], 1, None)
             finally:
-                _remove(path, path + ".native")
+                _remove(path)
             _add(report, done)
             result = next((r for r in done.files if r.uri == unit.uri), None)
             if result is None or result.status != "loaded":
@@ -197,19 +198,38 @@ def _rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: Load
         shutil.rmtree(spool, ignore_errors=True)
 
 
-def _read(follow: Follow, upto: int, path: str) -> int:
-    """The changes up to `upto` the slot has not confirmed, as rows of the table, by
-    psql into `path`; the number of lines (a newline ends each row: COPY escapes
-    those in values)."""
+def _read(follow: Follow, upto: int, native: str) -> int:
+    """The changes up to `upto` the slot has not confirmed, as rows of the table: psql
+    writes them (postgres_sql.py) into a pipe that the engine converts into the table's
+    types as it reads (`_convert`), into the Native spool `native`; its rows."""
     sql = changes_query(follow.slot.name, lsn_text(upto), (follow.url.schema, follow.url.table),
                         follow.url.display, follow.described.columns, follow.key)
     psql = find_psql()
-    with open(path, "wb") as out, tempfile.TemporaryFile() as errors:
-        code = subprocess.run([psql, "-X", "-q", "-v", "ON_ERROR_STOP=1",
-                               *connection_args(follow.url)],
-                              input=(_SESSION + sql + ";\n").encode(), stdout=out,
-                              stderr=errors, env=client_env(follow.url, psql),
-                              check=False).returncode
+    read_end, write_end = db_pipes.make()
+    with tempfile.TemporaryFile() as errors:
+        try:
+            proc = subprocess.Popen([psql, "-X", "-q", "-v", "ON_ERROR_STOP=1",
+                                     *connection_args(follow.url)], stdin=subprocess.PIPE,
+                                    stdout=write_end, stderr=errors,
+                                    env=client_env(follow.url, psql))
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        failed: ChloadError | None = None
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write((_SESSION + sql + ";\n").encode())
+            proc.stdin.close()
+            _convert(follow, f"/dev/fd/{read_end}", native)
+        except ChloadError as exc:
+            failed = exc
+        finally:
+            if failed is not None or proc.poll() is None and not _drained(read_end):
+                proc.kill()  # (the engine stopped reading: psql would wait on the pipe)
+            code = proc.wait()
+            os.close(read_end)
         errors.seek(0)
         said = errors.read().decode(errors="replace")
     if code:
@@ -219,13 +239,26 @@ def _read(follow: Follow, upto: int, path: str) -> int:
         first = next((x for x in said.splitlines() if "ERROR" in x or "FATAL" in x),
                      said.strip().splitlines()[0] if said.strip() else f"psql exit {code}")
         raise SourceError(f"{follow.url.display}: reading changes: {first.strip()}")
-    with open(path, "rb") as f:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    if failed is not None:
+        raise failed
+    if not os.path.exists(native) or os.path.getsize(native) == 0:
+        return 0
+    found = follow.target.infer_rows(f"SELECT count() AS n FROM file({quote_str(native)}, "
+                                     "'Native')")
+    return int(found[0]["n"]) if found else 0
 
 
-def _unit(follow: Follow, after: int, upto: int, path: str) -> SourceFile:
-    """The spool converted by the engine into the table's types (Native: what both
-    targets read), as the unit of `(after, upto]`."""
+def _drained(fd: int) -> bool:
+    """Whether the pipe's writer has closed it and nothing is left to read."""
+    import select
+
+    ready, _, _ = select.select([fd], [], [], 0)
+    return bool(ready) and not os.read(fd, 1)
+
+
+def _convert(follow: Follow, path: str, native: str) -> None:
+    """The TSV at `path` (as the copy's COPY prints it) converted by the engine into the
+    table's types, as Native: what both targets read."""
     target, table = follow.target, follow.table
     stored = {c.name: c.type for c in target.table_columns(table.sql) or []}
     own = follow.described.db_columns
@@ -236,11 +269,14 @@ def _unit(follow: Follow, after: int, upto: int, path: str) -> SourceFile:
     exprs = [f"CAST({c.expr or quote_ident(c.name)} AS {stored.get(c.name, c.type)}) AS "
              f"{quote_ident(c.name)}" for c in own] + [
         quote_ident(changes_table.VERSION), quote_ident(changes_table.DELETED)]
-    native = path + ".native"
     target.infer_rows(
         f"INSERT INTO FUNCTION file({quote_str(native)}, 'Native') SELECT {', '.join(exprs)} "
         f"FROM file({quote_str(path)}, 'TSV', {quote_str(structure(read))}) "
         "SETTINGS input_format_null_as_default = 1")
+
+
+def _unit(follow: Follow, after: int, upto: int, native: str) -> SourceFile:
+    """The Native spool as the unit of `(after, upto]`."""
     uri = changes_table.unit_uri(follow.stream, after, upto)
     return SourceFile(uri, os.path.getsize(native), 0, NATIVE,
                       etag=f"{follow.slot.name}:{after}-{upto}", local_path=native,
