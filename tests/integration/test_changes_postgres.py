@@ -67,10 +67,11 @@ def _argv(pg: Source, source: str, table: str, into: tuple[str, dict[str, str]],
 
 
 def _run(pg: Source, source: str, table: str, into: tuple[str, dict[str, str]],
-         *args: str, server_schema: str = "") -> subprocess.CompletedProcess[str]:
+         *args: str, server_schema: str = "", env: dict[str, str] | None = None,
+         ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(_argv(pg, source, table, into, *args, server_schema=server_schema),
-                          capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **pg.env, **into[1]})
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **pg.env, **into[1], **(env or {})})
 
 
 def _ch(into: tuple[str, dict[str, str]], sql: str) -> str:
@@ -256,3 +257,34 @@ def test_a_copied_row_and_a_streamed_row_hold_the_same_values(
     assert copied[2] == streamed[2]
     assert "1234567890123456789012345678.0123456789" in copied[2]
     assert "😀" in copied[2] and "00010AFF5C" in copied[2]
+
+
+@pytest.mark.parametrize("point", ["changes-round", "before-attach", "after-attach",
+                                   "changes-committed"])
+def test_a_kill_at_each_step_of_a_unit_neither_loses_nor_doubles_a_change(
+        pg: Source, target_dir: str, table_name: str, point: str) -> None:
+    """Killed before the unit loads, after its commit but before the slot moved, and
+    inside the commit: the next run applies every change once."""
+    into = (target_dir, {})
+    pg.sql(CREATE.format(t=table_name, rows=50))
+    proc = subprocess.Popen(_argv(pg, table_name, table_name, into, "--follow"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **pg.env})
+    time.sleep(6)
+    pg.sql(f"UPDATE {table_name} SET n = 0")
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    for i in range(3):
+        pg.sql(WRITE.format(t=table_name, new=1000 + i, k=i + 1, gone=10 + i, moved=20 + i))
+    crashed = _run(pg, table_name, table_name, into, env={"CHLOAD_CRASH_AT": point})
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    done = _run(pg, table_name, table_name, into)
+    assert done.returncode == 0, done.stderr
+    source = pg.sql(f"SELECT count(*), sum(id), sum(n) FROM {table_name}").strip()
+    assert _ch(into, f"SELECT count(), sum(id), sum(n) FROM {table_name} FINAL "
+                     "WHERE NOT _is_deleted") == source
+    versions = _ch(into, f"SELECT count(), uniqExact(id, _version) FROM {table_name} "
+                         "WHERE _version > 0").split("\t")
+    assert versions[0] == versions[1]  # no change applied twice
