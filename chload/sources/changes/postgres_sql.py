@@ -42,10 +42,12 @@ def text(value: str) -> str:
 
 def options(schema: str, table: str) -> str:
     """wal2json's options: format 2, this table only (its name's special characters
-    escaped by a backslash, as wal2json reads them), each change's LSN."""
+    escaped by a backslash, as wal2json reads them), each change's LSN, no type names
+    (less to parse)."""
     def bare(name: str) -> str:
         return "".join("\\" + ch if ch in " ',.*\\" else ch for ch in name)
     pairs = [("format-version", "2"), ("include-lsn", "1"), ("include-transaction", "0"),
+             ("include-types", "0"),
              ("add-tables", f"{bare(schema)}.{bare(table)}")]
     return ", ".join(f"{text(k)}, {text(v)}" for k, v in pairs)
 
@@ -71,9 +73,17 @@ def _new(position: int, name: str) -> str:
     (every change of a table whose columns have not changed: no search), else searched
     by name in `columns`, then `identity` (REPLICA IDENTITY FULL: an unchanged TOASTed
     value is there)."""
-    at = f"j -> 'columns' -> {position}"
+    at = f"cols -> {position}"
     return (f"CASE WHEN {at} ->> 'name' = {text(name)} THEN {at} -> 'value' ELSE "
             f"coalesce({_found('columns', name)}, {_found('identity', name)}) END")
+
+
+def _old(position: int, name: str) -> str:
+    """A key column's old value: at its position in `identity` when the name there is
+    its, else searched by name."""
+    at = f"j -> 'identity' -> {position}"
+    return (f"CASE WHEN {at} ->> 'name' = {text(name)} THEN {at} -> 'value' ELSE "
+            f"{_found('identity', name)} END")
 
 
 def _stop(why: str) -> str:
@@ -96,16 +106,18 @@ def changes_query(slot: str, upto: str, relation: tuple[str, str], display: str,
                   "column added since the change); run ALTER TABLE ... REPLICA IDENTITY FULL "
                   "at the source, drop the follow (chload sources --drop) and follow again")
     every = " AND ".join(f"({_new(i, c.name)}) IS NOT NULL" for i, c in enumerate(columns))
-    moved = " OR ".join(f"{_found('identity', k)} IS DISTINCT FROM ({_new(index[k], k)})"
+    ranked = sorted(key, key=lambda k: index[k])  # identity lists the key in table order
+    moved = " OR ".join(f"({_old(ranked.index(k), k)}) IS DISTINCT FROM ({_new(index[k], k)})"
                         for k in key)
     # OFFSET 0: a fence, so each change's text is parsed once (inlined, `j` was parsed
     # again at every use)
     changes = (
-        f"SELECT v, j, j ->> 'action' AS a FROM (SELECT (c.lsn - '0/0'::pg_lsn)::numeric(20, 0)"
+        f"SELECT v, j, j ->> 'action' AS a, j -> 'columns' AS cols FROM (SELECT "
+        f"(c.lsn - '0/0'::pg_lsn)::numeric(20, 0)"
         f" AS v, c.data::jsonb AS j FROM pg_logical_slot_peek_changes({text(slot)}, "
         f"{text(upto)}::pg_lsn, NULL, {options(*relation)}) c OFFSET 0) c OFFSET 0")
-    keep = (f"CASE WHEN d = 0 THEN a = 'I' OR (a = 'U' AND (jsonb_array_length(j -> "
-            f"'columns') = {len(columns)} OR ({every}) OR {toast} IS NULL)) "
+    keep = (f"CASE WHEN d = 0 THEN a = 'I' OR (a = 'U' AND (jsonb_array_length(cols) = "
+            f"{len(columns)} OR ({every}) OR {toast} IS NULL)) "
             f"ELSE a = 'D' OR (a = 'U' AND ({moved})) OR (a = 'T' AND {truncated} IS NULL) END")
     typed = ", ".join(
         f"CASE WHEN d = 0 THEN {_cast(c, _new(i, c.name))} ELSE "
