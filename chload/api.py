@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING, fields, replace
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from chload import options, queries
@@ -300,6 +301,21 @@ def _close_reported(target: Target, report: LoadReport) -> None:
             report.errors.append(f"{exc}: {UNWRITTEN_LOADED}")
 
 
+def follows(*, target: TargetName = None, max_retained: int | None = None,
+            drop: str | None = None) -> list[dict[str, Any]]:
+    """Each table the target follows (--follow of a database table): its source, slot,
+    position, lag in bytes and seconds, the WAL its slot retains, and a warning above
+    `max_retained` bytes (default 10 GB).
+
+    :param target: as `load`'s; the target must exist.
+    :param max_retained: bytes of WAL a slot may retain before the warning.
+    :param drop: a followed table (``name`` or ``db.name``): drop its replication slot
+        at the source (the table keeps its rows; follow into a new table to start again).
+    """
+    with queries.opened(target) as t:
+        return registry.follows(t, os.environ, max_retained, drop)
+
+
 def validate(sources: Sources | LoadSpec, *, table: str | None = None,
              target: TargetName = None, format: str | None = None,
              compression: str | None = None, schema: str | None = None,
@@ -334,29 +350,37 @@ def _begin_early(spec: LoadSpec) -> Callable[[], None]:
     pattern = spec.sources[0] if len(spec.sources) == 1 else ""
     if "://" not in pattern or pattern.split("://")[0].lower() not in registry.SCHEMES:
         return lambda: None  # (an unknown scheme is refused when the run lists)
+    if spec.follow and registry.changes_of(spec.sources) is not None:
+        return lambda: None  # its copy's snapshot must come after its slot is made
     begun = registry.source_for(pattern).begin_early(pattern, SourceContext(
         select=spec.query, incremental_by=spec.incremental_by, workers=spec.workers, pipes=True))
     return begun or (lambda: None)
 
 
 def _load_into(spec: LoadSpec, target: Target, listener: Listener | None = None,
-               stop: threading.Event | None = None) -> LoadReport:
+               stop: threading.Event | None = None, copy: bool = False,
+               snapshot: str | None = None) -> LoadReport:
     """`load` into a target already open (kept open): any `targets.Target`, e.g. the
     unit tests' in-memory one. `spec.target` is not looked at. `stop`: ends a load that
-    follows files (None: it follows until the process ends)."""
+    follows files (None: it follows until the process ends). `copy`: a database table
+    copied, never followed (the first copy of a followed table)."""
     stream = registry.stream_of(spec.sources)
     if stream is not None:  # a stream: its units round by round
         return _load_stream(spec, target, listener or (lambda event: None), stream)
-    changes = registry.changes_of(spec, target, planner.parse_table(
+    changes = None if copy else registry.changes_of(spec.sources)
+    if changes is not None and (spec.follow or changes.followed(spec, target)):
+        return _load_changes(spec, target, listener or (lambda event: None), changes,
+                             stop or threading.Event())
+    binlog = None if copy else registry.binlog_of(spec, target, planner.parse_table(
         spec.table, steps.default_database(target)))
-    if changes is not None:  # a MySQL table followed: its copy, then its binlog
-        changes.begin(stop or threading.Event(),
-                      lambda copy: _load_into(copy, target, listener, stop))
-        return _load_stream(spec, target, listener or (lambda event: None), changes)
+    if binlog is not None:  # a MySQL table followed: its copy, then its binlog
+        binlog.begin(stop or threading.Event(),
+                     lambda copy: _load_into(copy, target, listener, stop))
+        return _load_stream(spec, target, listener or (lambda event: None), binlog)
     # A pipe is read once: not where rejected rows are read again (an error budget)
     pipes = target.reads_pipes and not spec.budget.allows_errors
     context = replace(_source_context(spec, target), pipes=pipes,
-                      rejects=spec.budget.allows_errors)
+                      rejects=spec.budget.allows_errors, snapshot=snapshot)
     sources = RunSources(context, registry)
     try:
         if spec.follow:  # files listed again every --poll seconds
@@ -392,6 +416,35 @@ def _load_stream(spec: LoadSpec, target: Target, listener: Listener,
         report.errors.append(f"{exc}: {UNWRITTEN_LOADED}")
     finally:
         sources.close()
+    return report
+
+
+def _load_changes(spec: LoadSpec, target: Target, listener: Listener, changes: ModuleType,
+                  stop: threading.Event) -> LoadReport:
+    """A followed table (sources/changes/): its table and slot made, the table copied
+    while the ledger has no unit of its changes, then its changes round by round."""
+    table = planner.parse_table(spec.table, steps.default_database(target))
+    follow = changes.Follow(spec, target, table)
+    try:  # (the copy of a new slot reads its exported snapshot while the slot's
+        copy_first = follow.begin()  # connection is open)
+        if copy_first:
+            copied = _load_into(replace(spec, follow=False, upsert_key=None,
+                                        on_new_column="fail"), target, listener, stop,
+                                copy=True, snapshot=follow.snapshot)
+            if copied.files_failed or copied.errors or stop.is_set():
+                return copied
+    finally:
+        follow.close()
+    # new columns are added by the stream before a unit loads, the units read as Native
+    # in the table's own columns
+    report = _load_stream(replace(spec, on_new_column="fail"), target, listener,
+                          changes.Changes(stop, spec.on_new_column))
+    if copy_first:
+        report.files = copied.files + report.files
+        for name in ("files_total", "files_loaded", "files_skipped", "rows_loaded",
+                     "bytes_read"):
+            setattr(report, name, getattr(report, name) + getattr(copied, name))
+        report.created_table = True
     return report
 
 

@@ -112,6 +112,40 @@ def _history_flags(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=_history)
 
 
+def _sources_flags(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--max-retained", type=float, default=10.0, metavar="GB",
+                   help="warn when a slot retains more WAL than this (default 10 GB)")
+    p.add_argument("--drop", metavar="TABLE",
+                   help="stop following TABLE: drop its replication slot at the source")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_sources)
+
+
+def _sources(args: argparse.Namespace) -> int:
+    from chload.api import follows
+
+    found = follows(target=args.target, max_retained=int(args.max_retained * 1024**3),
+                    drop=args.drop)
+    if args.json:
+        print(json.dumps(found))
+        return 0
+    for f in found:
+        if "dropped" in f:
+            print(f"{f['table']}: follow of {f['source']} dropped"
+                  + (f" (slot {f['slot']} dropped)" if f["dropped"] else " (no slot left)"))
+            continue
+        said = f.get("error") or (
+            f"lag {f['lag_bytes']:,} B, {f['lag_seconds']:g} s; WAL retained "
+            f"{f['retained_bytes']:,} B")
+        print(f"{f['table']}  {f['source']}  slot {f['slot']}  position {f['position']}  {said}")
+        if f.get("warning"):
+            print(f"warning: {f['warning']}", file=sys.stderr)
+    if not found:
+        print("no followed tables")
+    return 0
+
+
 def _errors_flags(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--table", "-t", required=True)
@@ -249,6 +283,8 @@ _COMMANDS: dict[str, tuple[dict[str, Any], Callable[[argparse.ArgumentParser], N
     "sql": ({"help": "run SQL against the target"}, _sql_flags),
     "history": ({"help": "one line per load run"}, _history_flags),
     "errors": ({"help": "rejected rows of a table: file, line, error, raw"}, _errors_flags),
+    "sources": ({"help": "followed tables: position, lag, WAL retained; --drop one"},
+                _sources_flags),
     "run": ({"help": "run the loads a pipelines file (TOML) declares",
              "description": "Run the loads of a pipelines file: one after another, or all "
                             "at once when one follows (docs/pipelines.md)."}, _run_flags),

@@ -53,8 +53,8 @@ _UNSET: dict[str, object] = {f.name: f.default for f in fields(LoadSpec)
 # LoadSpec fields only some kinds of source read (Source.options): flag, who reads it.
 SOURCE_OPTIONS = {"query": ("--query", "a postgresql:// or mysql:// source"),
                    "incremental_by": ("--incremental-by", "a postgresql:// or mysql:// source"),
-                   "follow": ("--follow", "a kafka://, mysql://, local, s3://, az://, gs://"
-                              " or hdfs:// source"),
+                   "follow": ("--follow", "a kafka://, postgresql://, mysql://, local, s3://,"
+                              " az://, gs:// or hdfs:// source"),
                    "poll": ("--poll", "--follow of local, s3://, az://, gs:// or hdfs:// files"),
                    "batch_rows": ("--batch-rows", "a kafka:// or followed mysql:// source"),
                    "batch_seconds": ("--batch-seconds", "a kafka:// or followed mysql:// source"),

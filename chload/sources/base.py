@@ -131,6 +131,8 @@ class SourceContext:
     patterns: tuple[str, ...] = ()  # every source the run names (one that loads alone checks)
     select: str | None = None  # --query: a database source loads this SELECT's rows
     incremental_by: str | None = None  # --incremental-by: a column that only grows
+    snapshot: str | None = None  # a database source's copy reads this exported snapshot
+    # (a followed PostgreSQL table's: its slot's, sources/changes/postgres.py)
     force: bool = False  # --force: a source of ranges lists every range, committed or not
     workers: int | None = None  # --workers (None: automatic): a source cutting ranges cuts
     # enough for them

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from chload.errors import UsageError
@@ -76,6 +77,9 @@ SCHEMES: dict[str, str] = {
 }
 
 
+# kind -> the module that follows a table's changes (its units are spooled local files)
+CHANGES: dict[str, str] = {"postgres": "chload.sources.changes.postgres"}
+
 STREAMS = ("kafka",)  # kinds loaded round by round: their SOURCE is also a `Stream`
 
 
@@ -90,7 +94,7 @@ def stream_of(patterns: Sequence[str]) -> Stream | None:
     return source
 
 
-def changes_of(spec: LoadSpec, target: Target, table: Any) -> Any:
+def binlog_of(spec: LoadSpec, target: Target, table: Any) -> Any:
     """The change stream that follows a MySQL table (--follow, or a table whose ledger
     holds its stream), or None: a plain copy. Imported only for a mysql:// source."""
     if len(spec.sources) != 1 or kind_of(spec.sources[0]) != "mysql" or spec.query \
@@ -98,6 +102,25 @@ def changes_of(spec: LoadSpec, target: Target, table: Any) -> Any:
         return None
     source = importlib.import_module(KINDS["mysql-changes"]).SOURCE
     return source if source.follows(spec, target, table) else None
+
+
+def changes_of(patterns: Sequence[str]) -> ModuleType | None:
+    """The module that follows a database table's changes (sources/changes/), when the
+    load names one table of such a database and follows it; None otherwise. Without
+    --follow the API asks `followed` of it: a table followed before applies its changes
+    up to now."""
+    if len(patterns) != 1 or kind_of(patterns[0]) != "postgres" or "://" not in patterns[0]:
+        return None
+    return importlib.import_module(CHANGES["postgres"])
+
+
+def follows(target: Any, env: Mapping[str, str], max_retained: int | None,
+            drop: str | None) -> list[dict[str, Any]]:
+    """`chload sources`: the target's followed tables (sources/changes/status.py)."""
+    status = importlib.import_module("chload.sources.changes.status")
+    found: list[dict[str, Any]] = status.follows(
+        target, env, status.MAX_RETAINED if max_retained is None else max_retained, drop)
+    return found
 
 
 def kind_of(pattern: str) -> str:

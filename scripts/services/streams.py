@@ -47,6 +47,7 @@ from services import (
 KAFKA_VERSION = "4.3.1"
 LOG4J_VERSION = "2.25.4"
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
+WAL2JSON = Path("/usr/lib/postgresql/15/lib/wal2json.so")
 DATABASE = "shop"
 
 
@@ -204,9 +205,12 @@ def kafka_create_topic(service: Service, topic: str, partitions: int = 1,
 
 
 def install_postgres() -> Path:
-    """PostgreSQL 15 comes with the machine image; install Debian's if it is missing."""
+    """PostgreSQL 15 comes with the machine image; install Debian's if it is missing, and
+    Debian's wal2json (the logical decoding plugin change capture reads) with it."""
     if not (PG_BIN / "postgres").exists():
         apt_install("postgresql-15")
+    if not WAL2JSON.exists():
+        apt_install("postgresql-15-wal2json")
     return PG_BIN / "postgres"
 
 
@@ -265,13 +269,14 @@ def start_postgres(base_dir: Path, password: str = DEFAULT_LOADER_PASSWORD,
               "-c", "logging_collector=off", "-c", "fsync=off", "-c", "full_page_writes=off",
               "-c", "shared_buffers=64MB", "-c", "max_connections=50",
               "-c", "wal_level=logical", "-c", "max_wal_senders=4",
-              "-c", "max_replication_slots=4", "-c", "log_min_messages=warning"],
+              "-c", "max_replication_slots=10", "-c", "log_min_messages=warning"],
         credentials={"user": "loader", "password": password, "database": DATABASE,
                      "admin_password": admin_password},
         ready=_postgres_ready,
     ).start()
     if fresh:
-        postgres_sql(service, f"CREATE ROLE loader LOGIN PASSWORD '{password}'", admin=True)
+        postgres_sql(service, f"CREATE ROLE loader LOGIN REPLICATION PASSWORD '{password}'",
+                     admin=True)
         postgres_sql(service, f"CREATE DATABASE {DATABASE} OWNER loader", admin=True)
     return service
 
@@ -496,7 +501,7 @@ INSTALLERS: dict[str, Callable[[], Path]] = {
     "kafka": install_kafka, "postgres": install_postgres, "mariadb": install_mariadb}
 INSTALLED: dict[str, Callable[[], bool]] = {
     "kafka": lambda: (_kafka_home() / "jars" / ".complete").exists(),
-    "postgres": lambda: (PG_BIN / "postgres").exists(),
+    "postgres": lambda: (PG_BIN / "postgres").exists() and WAL2JSON.exists(),
     "mariadb": lambda: shutil.which("mariadbd") is not None,
 }
 SMOKES: dict[str, Callable[[Path], str]] = {

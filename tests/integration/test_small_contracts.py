@@ -422,9 +422,9 @@ def test_a_suggested_schema_keeps_the_leading_zeros_the_sample_saw(
 
 @pytest.mark.parametrize("source, flags, said", [
     # port 9 (discard) answers nothing: the flag is refused before any connection
-    ("postgresql://loader@127.0.0.1:9/shop/public.orders", ["--follow"], "--follow: only "
-     "for a kafka://, local, s3://, az://, gs:// or hdfs:// source; no source of this load "
-     "reads it"),
+    ("http://127.0.0.1:9/orders.csv", ["--follow"], "--follow: only for a kafka://, "
+     "postgresql://, mysql://, local, s3://, az://, gs:// or hdfs:// source; no source of "
+     "this load reads it"),
     ("good.csv", ["--batch-rows", "10"], "--batch-rows: only for a kafka:// source; no "
      "source of this load reads it"),
 ])

@@ -76,13 +76,12 @@ def test_a_typo_is_a_type_error_and_a_loadspec_takes_no_options_beside_it() -> N
 
 
 @pytest.mark.parametrize("source, options, said", [
-    ("http://127.0.0.1:9/a.csv", {"follow": True}, "--follow: only for a kafka://, mysql://,"),
+    ("http://127.0.0.1:9/a.csv", {"follow": True}, "--follow: only for a kafka://, postgresql://, mysql://,"),
     ("kafka://127.0.0.1:9/topic", {"follow": True, "poll": 1},
      "--poll: only for --follow of local, s3://, az://, gs:// or hdfs:// files"),
     ("a.csv", {"batch_rows": 10}, "--batch-rows: only for a kafka:// or followed mysql://"),
     ("a.csv", {"batch_seconds": 1}, "--batch-seconds: only for a kafka:// or followed mysql://"),
     ("a.csv", {"kafka_options": {"security.protocol": "SSL"}}, "--kafka-option: only for"),
-    ("postgresql://u@127.0.0.1:9/db?table=t", {"follow": True}, "--follow: only for a kafka"),
     ("kafka://127.0.0.1:9/topic", {"query": "SELECT 1"}, "--query: only for a postgresql"),
     ("a.csv", {"incremental_by": "id"}, "--incremental-by: only for a postgresql:// or"),
 ])

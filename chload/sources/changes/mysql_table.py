@@ -1,4 +1,4 @@
-"""The table a MySQL change stream is applied to, and where a change stands in the binlog.
+"""Where a MySQL change stands in the binlog, and its followed table (table.py's shape).
 
 The table holds the source's columns plus `_version` (the change's binlog position,
 `position`: a snapshot's rows have 0, older than any change) and `_is_deleted` (1 for
@@ -14,16 +14,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from chload.errors import UsageError
-from chload.schema import Column, quote_ident
+from chload.schema import Column
+from chload.sources.changes import table
 
 if TYPE_CHECKING:
     from chload.targets.base import Target
 
-VERSION = "_version"
-DELETED = "_is_deleted"
+VERSION, DELETED = table.VERSION, table.DELETED
 CHANGE_COLUMNS = (Column(VERSION, "UInt64"), Column(DELETED, "UInt8"))
-# as created: the copy's rows carry neither (version 0, not deleted)
-_CREATED = (Column(VERSION, "UInt64 DEFAULT 0"), Column(DELETED, "UInt8 DEFAULT 0"))
 _POS_BITS = 32  # a binlog file is at most 1 GiB (max_binlog_size): its offsets fit
 
 
@@ -43,31 +41,12 @@ def log_of(value: int, basename: str) -> tuple[str, int]:
     return f"{stem}.{value >> _POS_BITS:06d}", value & ((1 << _POS_BITS) - 1)
 
 
-def takes_is_deleted(target: Target) -> bool:
-    """Whether the target's ReplacingMergeTree takes an is_deleted column (23.2 on)."""
-    name = target.engine_name
-    if name == "chdb":
-        return True
-    parts = [int(p) for p in re.findall(r"\d+", name)[:2]]
-    return len(parts) == 2 and tuple(parts) >= (23, 2)
-
-
-def engine(target: Target) -> str:
-    if takes_is_deleted(target):
-        return f"ReplacingMergeTree({VERSION}, {DELETED})"
-    return f"ReplacingMergeTree({VERSION})"
-
-
 def create(target: Target, table_sql: str, columns: Sequence[Column],
            key: Sequence[str], display: str) -> None:
-    """The followed table (if it does not exist): the source's columns and the change
-    columns, ordered by the primary key. A table without one cannot be followed."""
-    if not key:
-        raise UsageError(f"{display}: no primary key; change capture keeps one row per key "
-                         "(add a primary key to the source table)")
-    order = ", ".join(quote_ident(k) for k in key)
-    target.create_table(table_sql, [*columns, *_CREATED], order, None,
-                        engine=engine(target))
+    """The followed table (table.py's shape), ordered by the primary key: a table
+    without one cannot be followed."""
+    table.ensure_table(target, table_sql, display, columns,
+                       table.key_of(key, None, display, or_else=""))
 
 
 def check_existing(existing: Sequence[Column] | None, display: str) -> None:

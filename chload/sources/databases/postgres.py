@@ -88,7 +88,7 @@ class PostgresSession:
     control: Control  # the controlling psql; made first, so `close` always has it
 
     def __init__(self, url: DbUrl, query: str | None, incremental_by: str | None,
-                 pipes: bool = False) -> None:
+                 pipes: bool = False, snapshot: str | None = None) -> None:
         self.url, self.query = url, query
         self.psql = find_psql()
         self.reader = buffered(self.psql)  # a range's psql (the control's is plain)
@@ -103,6 +103,8 @@ class PostgresSession:
             self.info = self._describe(incremental_by)
             self.order = ""  # ranges read in key order: read_in_key_order
             self._all("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            if snapshot:  # a slot's (exported while its connection stays open): taken
+                self._all(f"SET TRANSACTION SNAPSHOT {_text(snapshot)}")  # and exported again
             self.snapshot = str(self._one("SELECT pg_export_snapshot()")[0])
         except BaseException:
             self.close()  # a table refused (no such table, a type not carried)
@@ -442,13 +444,16 @@ class PostgresSource(DatabaseSource):
 
     kind = "postgres"
     schemes: tuple[str, ...] = ("postgresql", "postgres")
+    # --follow: its changes after a copy (sources/changes/postgres.py)
+    options: tuple[str, ...] = ("query", "incremental_by", "follow")
 
     def begin_early(self, pattern: str, context: SourceContext) -> Callable[[], None] | None:
         """The snapshot's session begun while the target opens (early.py says why)."""
         return early.begin(pattern, self, context)
 
     def _session(self, url: DbUrl, context: SourceContext) -> PostgresSession:
-        return PostgresSession(url, context.select, context.incremental_by, context.pipes)
+        return PostgresSession(url, context.select, context.incremental_by, context.pipes,
+                               context.snapshot)
 
 
 SOURCE = PostgresSource()

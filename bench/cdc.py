@@ -1,0 +1,126 @@
+"""Change capture from PostgreSQL: changes applied per second by `chload load` of a
+followed table against the decode rate of the same changes read with nothing else to do
+(`pg_recvlogical` of a wal2json slot to /dev/null).
+
+Same run, same changes: a table is followed into an embedded target (copy, then a first
+unit), a second slot (the baseline's) is made beside the follow's, then each round writes
+--changes changes (updates, inserts and deletes in transactions of 1,000) and times
+- `pg_recvlogical --start --endpos <now> -f /dev/null` on the baseline slot, with the
+  options chload gives wal2json (format 2, this table, each change's LSN);
+- `chload load <table> --table T` (no --follow: every change up to now, then exit): a
+  whole process, Python start, chDB import and the commit counted.
+The rows changed are counted from the source (every change is one row of the unit).
+
+    python bench/cdc.py [--rows 100000] [--changes 200000] [--repeats 3] [--json OUT]
+
+Prints per round both rates and their ratio (chload / pg_recvlogical: 1.0 is as fast as
+decoding alone), and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts" / "services"))
+
+import services  # noqa: E402
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+CREATE = """CREATE TABLE orders (id bigint PRIMARY KEY, amount numeric(12,2), at timestamptz,
+    note text, n int NOT NULL);
+INSERT INTO orders SELECT g, g * 0.25, now(), 'note ' || g, g % 10
+    FROM generate_series(1, {rows}) g"""
+# one round's changes: `count` of them, a transaction per 1,000 (an update of 800 rows,
+# 150 inserts, 50 deletes), by a PL/pgSQL loop at the source
+CHANGES = """DO $$ DECLARE base bigint := {base}; BEGIN
+FOR i IN 0 .. {batches} - 1 LOOP
+  UPDATE orders SET amount = amount + 1, n = n + 1 WHERE id > (base + i * 800) % {rows}
+      AND id <= (base + i * 800) % {rows} + 800;
+  INSERT INTO orders SELECT g, 1, now(), 'new', 0
+      FROM generate_series({top} + i * 150 + 1, {top} + (i + 1) * 150) g;
+  DELETE FROM orders WHERE id > {top} + i * 150 AND id <= {top} + i * 150 + 50;
+  COMMIT;
+END LOOP; END $$"""
+
+
+def _chload(url: str, target: str, env: dict[str, str], *args: str) -> tuple[float, int]:
+    """Seconds of a whole `chload load` process, and the rows (changes) it applied."""
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "chload", "load", url, "--table", "orders",
+                           "--target", target, "--json", *args], capture_output=True,
+                          text=True, env=env, timeout=1800)
+    if done.returncode:
+        raise SystemExit(f"chload failed: {done.stderr}")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return time.monotonic() - start, int(report.get("rows_loaded", 0))
+
+
+def _recvlogical(server: services.Service, slot: str, endpos: str) -> float:
+    argv = [str(PG_BIN / "pg_recvlogical"), "-h", "127.0.0.1", "-p", str(server.ports["pg"]),
+            "-U", "loader", "-d", "shop", "-S", slot, "--start", "-f", "/dev/null",
+            "-E", endpos, "--no-loop", "-o", "format-version=2", "-o", "include-lsn=1",
+            "-o", "include-transaction=0", "-o", "add-tables=public.orders"]
+    env = {**os.environ, "PGPASSWORD": server.credentials["password"]}
+    start = time.monotonic()
+    subprocess.run(argv, check=True, env=env, timeout=1800, capture_output=True)
+    return time.monotonic() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--changes", type=int, default=200_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="bench-cdc-"))
+    server = services.start_postgres(base)
+    try:
+        sql = lambda text: services.postgres_sql(server, text)  # noqa: E731
+        url = f"postgresql://loader@{server.endpoint}/shop/public.orders"
+        env = {**os.environ, "PGPASSWORD": server.credentials["password"],
+               "PYTHONPATH": str(ROOT)}
+        target = str(base / "target")
+        sql(CREATE.format(rows=args.rows))
+        follow = subprocess.Popen([sys.executable, "-m", "chload", "load", url, "--table",
+                                   "orders", "--target", target, "--follow"], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(8)  # the copy, then a round
+        follow.send_signal(signal.SIGTERM)
+        follow.wait(timeout=120)
+        _chload(url, target, env)  # the follow's first unit of changes
+        sql("SELECT pg_create_logical_replication_slot('bench_base', 'wal2json')")
+        rounds, top = [], args.rows
+        batches = max(1, args.changes // 1000)
+        for r in range(args.repeats):
+            sql(CHANGES.format(base=(r * batches * 800) % max(1, args.rows), batches=batches,
+                               rows=args.rows, top=top))
+            top += batches * 150
+            endpos = sql("SELECT pg_current_wal_lsn()").strip()
+            decode = _recvlogical(server, "bench_base", endpos)
+            applied, changes = _chload(url, target, env)
+            rounds.append({"changes": changes, "recvlogical_s": decode, "chload_s": applied,
+                           "ratio": decode / applied})
+            print(f"round {r + 1}: {changes:,} changes; pg_recvlogical {changes / decode:,.0f}"
+                  f"/s ({decode:.2f} s), chload {changes / applied:,.0f}/s ({applied:.2f} s),"
+                  f" ratio {decode / applied:.2f}x", flush=True)
+        ratio = statistics.median(r["ratio"] for r in rounds)
+        print(f"median ratio chload / pg_recvlogical: {ratio:.2f}x")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"rounds": rounds, "ratio": ratio}))
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
