@@ -30,10 +30,13 @@ if TYPE_CHECKING:  # every kind's SOURCE is a Source: mypy checks every member
     from chload.sources.files.local import LocalSource
     from chload.sources.files.s3 import S3Source
     from chload.sources.kafka.source import KafkaStreamSource
+    from chload.sources.lake.delta import DeltaSource
+    from chload.sources.lake.iceberg import IcebergSource
 
     def _conforms(a: LocalSource, b: S3Source, c: HdfsSource, d: HttpSource,
-                  e: PostgresSource, f: MysqlSource, g: KafkaStreamSource) -> list[Source]:
-        return [a, b, c, d, e, f, g]
+                  e: PostgresSource, f: MysqlSource, g: KafkaStreamSource,
+                  h: IcebergSource, i: DeltaSource) -> list[Source]:
+        return [a, b, c, d, e, f, g, h, i]
 
 
 # kind -> the module whose `SOURCE` lists and reads it
@@ -45,6 +48,8 @@ KINDS: dict[str, str] = {
     "postgres": "chload.sources.databases.postgres",
     "mysql": "chload.sources.databases.mysql",
     "kafka": "chload.sources.kafka.source",
+    "iceberg": "chload.sources.lake.iceberg",
+    "delta": "chload.sources.lake.delta",
 }
 
 # URI scheme -> kind. A path without a scheme (and `-`, standard input) is `local`.
@@ -59,6 +64,10 @@ SCHEMES: dict[str, str] = {
     "mysql": "mysql",
     "mariadb": "mysql",
     "kafka": "kafka",
+    "iceberg+s3": "iceberg",
+    "iceberg+file": "iceberg",
+    "delta+s3": "delta",
+    "delta+file": "delta",
 }
 
 
@@ -83,8 +92,8 @@ def kind_of(pattern: str) -> str:
     scheme = pattern.split("://")[0].lower()
     if scheme not in SCHEMES:
         raise UsageError(f"{pattern.split('@')[-1]}: {scheme}:// is not a source chload "
-                         "reads; use a path, s3://, hdfs://, http(s)://, kafka://, postgresql:// "
-                         "or mysql://")
+                         "reads; use a path, s3://, hdfs://, http(s)://, kafka://, postgresql://, "
+                         "mysql://, or a table: iceberg+s3://, delta+s3:// (+file:// on disk)")
     return SCHEMES[scheme]
 
 
@@ -136,8 +145,9 @@ def display(pattern: str) -> str:
 def s3_settings(patterns: Sequence[str], env: Mapping[str, str],
                 endpoint: str | None) -> S3Settings | None:
     """The S3 settings of a run (credentials, endpoint) when a pattern is s3://; None
-    otherwise (resolving reads ~/.aws and may import botocore, so only then)."""
-    if not any(kind_of(p) == "s3" for p in patterns):
+    otherwise (an Iceberg or Delta table on S3 is s3 too; resolving reads ~/.aws and may import botocore, so only then)."""
+    if not any(kind_of(p) == "s3" or p.split("://")[0].lower().endswith("+s3")
+               for p in patterns):
         return None
     from chload.sources.files import aws
 
