@@ -117,8 +117,12 @@ def check_appends(table: TableUri, snap: Snapshot, committed: Mapping[str, str])
     gone = sum(1 for uri in committed if uri.startswith(under) and uri not in live)
     if not gone:
         return
-    what = (f"{table.format} {_named(table)} {snap.removals[-1][0]} was a "
-            f"{snap.removals[-1][1]}") if snap.removals else "its history rewrote data"
+    if not snap.removals:
+        what = "its history rewrote data"
+    elif snap.removals[-1][0] == snap.id:
+        what = f"it was a {snap.removals[-1][1]}"
+    else:
+        what = f"{_named(table)} {snap.removals[-1][0]} was a {snap.removals[-1][1]}"
     raise SourceError(
         f"{table.pattern}: {gone:,} data file(s) loaded earlier into this table are no "
         f"longer in {_named(table)} {snap.id} ({what}); chload loads a table's appends "

@@ -1,0 +1,223 @@
+"""Iceberg and Delta Lake tables (written by pyiceberg and delta-rs, on local disk and on
+MinIO) loaded as their snapshots' data files: exactly once, appends only.
+
+Each test writes its own tables (bench/lake_tables.py: both formats, the same rows), so
+what a table holds is known: ids [lo, hi) give count, sum(id) and sum(amount) exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import kill_moments, kill_when, run_chload, top_block
+from lake_tables import LakeTables, S3Access
+
+import services
+
+pytestmark = pytest.mark.integration
+
+FORMATS = ["iceberg", "delta"]
+ROWS = 20_000  # rows an append adds in the small tables
+
+
+@pytest.fixture(scope="module")
+def lake_bucket(minio: services.Service) -> str:
+    name = f"lake-{uuid.uuid4().hex[:8]}"
+    services.minio_create_bucket(minio, name)
+    return name
+
+
+def s3_access(minio: services.Service) -> S3Access:
+    return S3Access(minio.url, minio.credentials["access_key"], minio.credentials["secret_key"])
+
+
+def s3_env(minio: services.Service, tmp_path: Path) -> dict[str, str]:
+    """Endpoint and keys only through the AWS environment variables; no profile files."""
+    return {
+        "AWS_ENDPOINT_URL": minio.url, "AWS_ACCESS_KEY_ID": minio.credentials["access_key"],
+        "AWS_SECRET_ACCESS_KEY": minio.credentials["secret_key"], "AWS_SESSION_TOKEN": "",
+        "AWS_PROFILE": "", "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
+        "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
+    }
+
+
+def load(uri: str, table: str, target: str, *extra: str, env: dict[str, str] | None = None,
+         ) -> tuple[int, dict, str]:
+    out = run_chload("load", uri, "--table", table, "--target", target, "--json", *extra,
+                     env=env, timeout=240)
+    assert "Traceback" not in out.stderr, out.stderr
+    return out.returncode, json.loads(out.stdout) if out.stdout.strip() else {}, out.stderr
+
+
+def totals(target: str, table: str, env: dict[str, str] | None = None) -> tuple[int, ...]:
+    """count(), uniqExact(id), sum(id), and sum(amount) in hundredths."""
+    out = run_chload("sql", f"SELECT count(), uniqExact(id), sum(id), "
+                     f"toInt64(sum(amount) * 100) FROM {table}", "--target", target,
+                     "--format", "TSV", env=env)
+    assert out.returncode == 0, out.stderr
+    return tuple(int(v) for v in out.stdout.split())
+
+
+def expected(*ranges: tuple[int, int]) -> tuple[int, ...]:
+    """totals() of a table holding the ids of `ranges` (amount = id / 100)."""
+    ids = [i for lo, hi in ranges for i in range(lo, hi)]
+    return len(ids), len(set(ids)), sum(ids), sum(ids)
+
+
+def appended(tables: LakeTables, count: int, rows: int = ROWS) -> list[tuple[int, int]]:
+    ranges = [(i * rows, (i + 1) * rows) for i in range(count)]
+    for lo, hi in ranges:
+        tables.append(lo, hi)
+    return ranges
+
+
+@pytest.mark.parametrize("where", ["file", "s3"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_three_appends_exact_a_rerun_skips_a_new_append_loads_only_its_rows(
+        fmt: str, where: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    env: dict[str, str] | None = None
+    if where == "s3":
+        minio = request.getfixturevalue("minio")
+        bucket = request.getfixturevalue("lake_bucket")
+        tables = LakeTables(f"s3://{bucket}/{uuid.uuid4().hex[:8]}", s3=s3_access(minio))
+        env = s3_env(minio, tmp_path)
+    else:
+        tables = LakeTables(str(tmp_path / "lake"))
+    ranges = appended(tables, 3)
+    target = str(tmp_path / "target")
+    code, report, err = load(tables.uri(fmt), "t", target, env=env)
+    assert code == 0, err
+    assert (report["files_loaded"], report["rows_loaded"]) == (3, 3 * ROWS)
+    assert totals(target, "t") == expected(*ranges)
+    code, report, err = load(tables.uri(fmt), "t", target, env=env)
+    assert code == 0, err
+    assert (report["files_loaded"], report["files_skipped"]) == (0, 3)
+    tables.append(3 * ROWS, 3 * ROWS + 777)
+    code, report, err = load(tables.uri(fmt), "t", target, env=env)
+    assert code == 0, err
+    assert (report["files_loaded"], report["rows_loaded"]) == (1, 777)
+    assert totals(target, "t") == expected(*ranges, (3 * ROWS, 3 * ROWS + 777))
+    if env is not None:
+        secret = env["AWS_SECRET_ACCESS_KEY"]
+        ledger = run_chload("files", "--table", "t", "--target", target, "--json")
+        assert secret not in json.dumps(report) + err + ledger.stdout + ledger.stderr
+        assert {r["uri"][:5] for r in json.loads(ledger.stdout)} == {"s3://"}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_types_arrive_as_the_table_defines_them(fmt: str, tmp_path: Path) -> None:
+    tables = LakeTables(str(tmp_path / "lake"))
+    appended(tables, 1, 1000)
+    target = str(tmp_path / "target")
+    assert load(tables.uri(fmt), "t", target)[0] == 0
+    out = run_chload("sql", "SELECT toTypeName(amount), toTypeName(at), toString(max(at)), "
+                     "toString(max(amount)) FROM t GROUP BY 1, 2", "--target", target,
+                     "--format", "TSV")
+    types = out.stdout.strip().split("\t")
+    assert types[0].removeprefix("Nullable(").startswith("Decimal(18, 2)"), types
+    assert types[1].removeprefix("Nullable(").startswith("DateTime64(6"), types  # micros
+    assert types[2:] == ["2026-01-01 00:16:39.000000", "9.99"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_overwrite_or_a_delete_is_refused_never_appended(fmt: str, tmp_path: Path) -> None:
+    tables = LakeTables(str(tmp_path / "lake"))
+    ranges = appended(tables, 2)
+    target = str(tmp_path / "target")
+    assert load(tables.uri(fmt), "t", target)[0] == 0
+    tables.overwrite(100_000, 100_500)
+    code, report, err = load(tables.uri(fmt), "t", target)
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert "overwrite" in err and "appends only" in err and "nothing was loaded" in err, err
+    assert totals(target, "t") == expected(*ranges)
+    # a table loaded after the overwrite holds what the table holds now; then a delete
+    assert load(tables.uri(fmt), "now", target)[0] == 0
+    assert totals(target, "now") == expected((100_000, 100_500))
+    tables.delete_below(100_100)
+    code, report, err = load(tables.uri(fmt), "now", target)
+    assert code != 0 and "delete" in err and "appends only" in err, err
+    assert totals(target, "now") == expected((100_000, 100_500))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_pinned_snapshot_loads_then_the_current_one_adds_the_rest(
+        fmt: str, tmp_path: Path) -> None:
+    tables = LakeTables(str(tmp_path / "lake"))
+    ranges = appended(tables, 3, 1000)
+    target = str(tmp_path / "target")
+    if fmt == "delta":
+        first = tables.uri(fmt) + "?version=0"
+    else:
+        snaps = tables.catalog.load_table("db.events").metadata.snapshots
+        first = tables.uri(fmt) + f"?snapshot={snaps[0].snapshot_id}"
+    code, report, err = load(first, "t", target)
+    assert code == 0 and report["files_loaded"] == 1, err
+    assert totals(target, "t") == expected(ranges[0])
+    code, report, err = load(tables.uri(fmt), "t", target)
+    assert code == 0 and report["files_loaded"] == 2, err
+    assert totals(target, "t") == expected(*ranges)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_new_column_is_added_when_asked(fmt: str, tmp_path: Path) -> None:
+    tables = LakeTables(str(tmp_path / "lake"))
+    ranges = appended(tables, 2, 1000)
+    target = str(tmp_path / "target")
+    assert load(tables.uri(fmt), "t", target)[0] == 0
+    tables.append(5000, 5100, extra=True)
+    code, _, err = load(tables.uri(fmt), "t", target)
+    assert code != 0 and "score" in err and "--on-new-column add" in err, err
+    code, report, err = load(tables.uri(fmt), "t", target, "--on-new-column", "add")
+    assert code == 0 and report["files_loaded"] == 1, err
+    assert totals(target, "t") == expected(*ranges, (5000, 5100))
+    out = run_chload("sql", "SELECT count(score), sum(score) FROM t", "--target", target,
+                     "--format", "TSV")
+    assert [float(v) for v in out.stdout.split()] == [100, sum(i * 0.5 for i in range(5000, 5100))]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kill_9_mid_load_then_a_rerun_is_exact(fmt: str, tmp_path: Path) -> None:
+    """Three data files each big enough to commit alone; the load killed at three moments
+    (first stage filling, right after its first commit, a rerun's stage filling), then
+    finished: every row once."""
+    tables = LakeTables(str(tmp_path / "lake"))
+    ranges = appended(tables, 3, 600_000)
+    target = str(tmp_path / "target")
+    argv = [sys.executable, "-m", "chload", "load", tables.uri(fmt), "--table", "t",
+            "--target", target, "--workers", "1"]
+    for what, ready in kill_moments(target, "t"):
+        before = top_block(target, "t")
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        kill_when(proc, functools.partial(ready, proc.pid, before), what)
+    assert subprocess.run(argv, capture_output=True, timeout=240).returncode == 0
+    assert totals(target, "t") == expected(*ranges)
+    assert load(tables.uri(fmt), "t", target)[1]["files_loaded"] == 0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_into_18_16_the_loaders_chdb_reads_and_pushes(
+        fmt: str, clickhouse: services.Service, minio: services.Service, lake_bucket: str,
+        table_name: str, tmp_path: Path) -> None:
+    tables = LakeTables(f"s3://{lake_bucket}/{uuid.uuid4().hex[:8]}", s3=s3_access(minio))
+    ranges = appended(tables, 3)
+    target = f"http://loader@127.0.0.1:{clickhouse.ports['http']}/default"
+    env = {**s3_env(minio, tmp_path), "CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]}
+    code, report, err = load(tables.uri(fmt), table_name, target, env=env)
+    assert code == 0 and report["files_loaded"] == 3, err
+    assert totals(target, table_name, env) == expected(*ranges)
+    assert load(tables.uri(fmt), table_name, target, env=env)[1]["files_skipped"] == 3
+    tables.append(90_000, 90_100)
+    code, report, err = load(tables.uri(fmt), table_name, target, env=env)
+    assert code == 0 and (report["files_loaded"], report["rows_loaded"]) == (1, 100), err
+    assert totals(target, table_name, env) == expected(*ranges, (90_000, 90_100))
+    tables.overwrite(0, 10)
+    code, _, err = load(tables.uri(fmt), table_name, target, env=env)
+    assert code != 0 and "appends only" in err, err
+    assert totals(target, table_name, env) == expected(*ranges, (90_000, 90_100))
+    assert env["AWS_SECRET_ACCESS_KEY"] not in err + json.dumps(report)
