@@ -144,8 +144,9 @@ def display(pattern: str) -> str:
 
 def s3_settings(patterns: Sequence[str], env: Mapping[str, str],
                 endpoint: str | None) -> S3Settings | None:
-    """The S3 settings of a run (credentials, endpoint) when a pattern is s3://; None
-    otherwise (an Iceberg or Delta table on S3 is s3 too; resolving reads ~/.aws and may import botocore, so only then)."""
+    """The S3 settings of a run (credentials, endpoint) when a pattern is s3:// (an
+    Iceberg or Delta table's too); None otherwise (resolving reads ~/.aws and may import
+    botocore, so only then)."""
     if not any(kind_of(p) == "s3" or p.split("://")[0].lower().endswith("+s3")
                for p in patterns):
         return None
