@@ -69,6 +69,7 @@ class LakeTables:
     root: str
     name: str = "events"
     s3: S3Access | None = None
+    formats: tuple[str, ...] = ("iceberg", "delta")  # the tables kept (both by default)
     catalog_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="lake-catalog-"))
     _iceberg: Any = None
 
@@ -110,22 +111,28 @@ class LakeTables:
     def append(self, lo: int, hi: int, extra: bool = False) -> None:
         """Append rows lo..hi-1 to both tables (one snapshot, one version)."""
         data = rows(lo, hi, extra)
-        table = self._table()
-        if extra and "score" not in table.schema().column_names:
-            with table.update_schema() as update:
-                update.union_by_name(data.schema)
-        table.append(data)
-        self._delta(data, "append", **({"schema_mode": "merge"} if extra else {}))
+        if "iceberg" in self.formats:
+            table = self._table()
+            if extra and "score" not in table.schema().column_names:
+                with table.update_schema() as update:
+                    update.union_by_name(data.schema)
+            table.append(data)
+        if "delta" in self.formats:
+            self._delta(data, "append", **({"schema_mode": "merge"} if extra else {}))
 
     def overwrite(self, lo: int, hi: int) -> None:
         """Both tables become rows lo..hi-1."""
-        self._table().overwrite(rows(lo, hi))
-        self._delta(rows(lo, hi), "overwrite", schema_mode="overwrite")
+        if "iceberg" in self.formats:
+            self._table().overwrite(rows(lo, hi))
+        if "delta" in self.formats:
+            self._delta(rows(lo, hi), "overwrite", schema_mode="overwrite")
 
     def delete_below(self, bound: int) -> None:
         """Delete rows with id < bound from both (copy-on-write: files rewritten)."""
         from deltalake import DeltaTable
 
-        self._table().delete(f"id < {bound}")
-        DeltaTable(self.delta_location,
-                   storage_options=self.s3.delta() if self.s3 else None).delete(f"id < {bound}")
+        if "iceberg" in self.formats:
+            self._table().delete(f"id < {bound}")
+        if "delta" in self.formats:
+            DeltaTable(self.delta_location, storage_options=self.s3.delta() if self.s3 else None,
+                       ).delete(f"id < {bound}")

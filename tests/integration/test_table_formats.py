@@ -87,10 +87,11 @@ def test_three_appends_exact_a_rerun_skips_a_new_append_loads_only_its_rows(
     if where == "s3":
         minio = request.getfixturevalue("minio")
         bucket = request.getfixturevalue("lake_bucket")
-        tables = LakeTables(f"s3://{bucket}/{uuid.uuid4().hex[:8]}", s3=s3_access(minio))
+        tables = LakeTables(f"s3://{bucket}/{uuid.uuid4().hex[:8]}", s3=s3_access(minio),
+                        formats=(fmt,))
         env = s3_env(minio, tmp_path)
     else:
-        tables = LakeTables(str(tmp_path / "lake"))
+        tables = LakeTables(str(tmp_path / "lake"), formats=(fmt,))
     ranges = appended(tables, 3)
     target = str(tmp_path / "target")
     code, report, err = load(tables.uri(fmt), "t", target, env=env)
@@ -114,7 +115,7 @@ def test_three_appends_exact_a_rerun_skips_a_new_append_loads_only_its_rows(
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_types_arrive_as_the_table_defines_them(fmt: str, tmp_path: Path) -> None:
-    tables = LakeTables(str(tmp_path / "lake"))
+    tables = LakeTables(str(tmp_path / "lake"), formats=(fmt,))
     appended(tables, 1, 1000)
     target = str(tmp_path / "target")
     assert load(tables.uri(fmt), "t", target)[0] == 0
@@ -129,7 +130,7 @@ def test_types_arrive_as_the_table_defines_them(fmt: str, tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_an_overwrite_or_a_delete_is_refused_never_appended(fmt: str, tmp_path: Path) -> None:
-    tables = LakeTables(str(tmp_path / "lake"))
+    tables = LakeTables(str(tmp_path / "lake"), formats=(fmt,))
     ranges = appended(tables, 2)
     target = str(tmp_path / "target")
     assert load(tables.uri(fmt), "t", target)[0] == 0
@@ -150,7 +151,7 @@ def test_an_overwrite_or_a_delete_is_refused_never_appended(fmt: str, tmp_path: 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_pinned_snapshot_loads_then_the_current_one_adds_the_rest(
         fmt: str, tmp_path: Path) -> None:
-    tables = LakeTables(str(tmp_path / "lake"))
+    tables = LakeTables(str(tmp_path / "lake"), formats=(fmt,))
     ranges = appended(tables, 3, 1000)
     target = str(tmp_path / "target")
     if fmt == "delta":
@@ -168,7 +169,7 @@ def test_a_pinned_snapshot_loads_then_the_current_one_adds_the_rest(
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_new_column_is_added_when_asked(fmt: str, tmp_path: Path) -> None:
-    tables = LakeTables(str(tmp_path / "lake"))
+    tables = LakeTables(str(tmp_path / "lake"), formats=(fmt,))
     ranges = appended(tables, 2, 1000)
     target = str(tmp_path / "target")
     assert load(tables.uri(fmt), "t", target)[0] == 0
@@ -189,7 +190,7 @@ def test_kill_9_mid_load_then_a_rerun_is_exact(fmt: str, tmp_path: Path) -> None
     """Three data files each big enough to commit alone; the load killed at three moments
     (first stage filling, right after its first commit, a rerun's stage filling), then
     finished: every row once."""
-    tables = LakeTables(str(tmp_path / "lake"))
+    tables = LakeTables(str(tmp_path / "lake"), formats=(fmt,))
     ranges = appended(tables, 3, 1_500_000)  # more than a block: a stage fills in parts
     target = str(tmp_path / "target")
     argv = [sys.executable, "-m", "chload", "load", tables.uri(fmt), "--table", "t",
@@ -207,7 +208,8 @@ def test_kill_9_mid_load_then_a_rerun_is_exact(fmt: str, tmp_path: Path) -> None
 def test_into_18_16_the_loaders_chdb_reads_and_pushes(
         fmt: str, clickhouse: services.Service, minio: services.Service, lake_bucket: str,
         table_name: str, tmp_path: Path) -> None:
-    tables = LakeTables(f"s3://{lake_bucket}/{uuid.uuid4().hex[:8]}", s3=s3_access(minio))
+    tables = LakeTables(f"s3://{lake_bucket}/{uuid.uuid4().hex[:8]}", s3=s3_access(minio),
+                        formats=(fmt,))
     ranges = appended(tables, 3)
     target = f"http://loader@127.0.0.1:{clickhouse.ports['http']}/default"
     env = {**s3_env(minio, tmp_path), "CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]}
@@ -224,3 +226,31 @@ def test_into_18_16_the_loaders_chdb_reads_and_pushes(
     assert code != 0 and "appends only" in err, err
     assert totals(target, table_name, env) == expected(*ranges, (90_000, 90_100))
     assert env["AWS_SECRET_ACCESS_KEY"] not in err + json.dumps(report)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_following_loads_each_new_append_once_and_stops_at_an_overwrite(
+        fmt: str, minio: services.Service, lake_bucket: str, tmp_path: Path) -> None:
+    """`--follow --poll 1` on a table on S3: each append a poll finds loads once; an
+    overwrite ends the run with its one line, the appends loaded before it intact."""
+    from test_follow import Follower
+
+    tables = LakeTables(f"s3://{lake_bucket}/{uuid.uuid4().hex[:8]}", s3=s3_access(minio),
+                        formats=(fmt,))
+    ranges = appended(tables, 1, 1000)
+    target, env = str(tmp_path / "target"), s3_env(minio, tmp_path)
+    follower = Follower(tables.uri(fmt), "--table", "t", "--target", target, "--json",
+                        env=env)
+    follower.wait_for(lambda line: '"event": "poll"' in line and '"files": 1' in line)
+    for lo in (1000, 2000):
+        tables.append(lo, lo + 1000)
+        ranges.append((lo, lo + 1000))
+        follower.wait_for(lambda line: '"event": "poll"' in line and '"files": 1' in line)
+    tables.overwrite(0, 10)
+    follower.proc.wait(timeout=60)
+    rest = follower.stop_reading()
+    err = "".join(follower.err)
+    assert follower.proc.returncode != 0 and "appends only" in err, err
+    report = json.loads(rest[-1])  # the run's report: what it committed stands
+    assert report["files_loaded"] == 3 and "appends only" in " ".join(report["errors"]), rest
+    assert totals(target, "t") == expected(*ranges)
