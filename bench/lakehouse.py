@@ -39,7 +39,8 @@ from common import interleave, print_ratios, time_process  # noqa: E402
 from lake_tables import LakeTables, S3Access  # noqa: E402
 
 BASELINE = r"""
-import sys, chdb.session
+import os, sys, chdb.session
+os.chdir("/")  # the engine's local table functions read only below the working directory
 s = chdb.session.Session(sys.argv[1])
 source = sys.argv[2]
 s.query(f"CREATE TABLE t ENGINE = MergeTree ORDER BY tuple() EMPTY AS SELECT * FROM {source}")

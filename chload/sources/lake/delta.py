@@ -77,10 +77,8 @@ def read(table: TableUri, context: SourceContext) -> Snapshot:
 
 
 def _snapshot(table: TableUri, dt: Any) -> Snapshot:
-    import pyarrow as pa
-
     out = Snapshot(id=str(dt.version()), removals=_removals(dt), unreadable=_unreadable(dt))
-    actions = pa.table(dt.get_add_actions(flatten=True))
+    actions = dt.get_add_actions(flatten=True)  # arro3's table: no pyarrow import needed
     for path, size in zip(actions.column("path").to_pylist(),
                           actions.column("size_bytes").to_pylist(), strict=True):
         out.files.append(DataFile(_located(table, path), int(size)))

@@ -2,33 +2,30 @@
 `iceberg+file:///path/table` (the table's location, the folder holding `metadata/`),
 optionally `?snapshot=<id>`.
 
-The metadata is read with pyiceberg (the `iceberg` extra), imported only here: the
-table's latest `metadata/*.metadata.json` (by its version number, as the engine's
-iceberg() finds it; `version-hint.text` is not needed), then the snapshot's manifests
-for its data files. A catalog is not needed to read a table whose location is known;
-the files are read by the engine (table.py).
+The metadata is read here, as the Iceberg spec writes it: the table's latest
+`metadata/*.metadata.json` (by its version number, as the engine's iceberg() finds it;
+`version-hint.text` is not needed), the snapshot's manifest list and its manifests
+(Avro: avro.py) for its live data files. No catalog is needed to read a table whose
+location is known, and no library (pyiceberg's import alone costs more than listing a
+table). The files are read by the engine (table.py).
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import re
+from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote
 
-from chload.errors import NothingMatched, SourceError
+from chload.errors import NothingMatched, SourceError, TransientError
 from chload.sources.base import SourceContext
 from chload.sources.files import aws
 from chload.sources.files.s3 import Lister, parse_uri
-from chload.sources.lake.table import (
-    DataFile,
-    Snapshot,
-    TableSource,
-    TableUri,
-    local_path,
-    needs_library,
-    s3_uri,
-    unreachable,
-)
+from chload.sources.lake import avro
+from chload.sources.lake.table import DataFile, Snapshot, TableSource, TableUri, local_path, s3_uri
 
 _VERSION = re.compile(r"^v?(\d+)[-.].*\.metadata\.json$")
 
@@ -53,87 +50,113 @@ def latest_metadata(table: TableUri, s3: aws.S3Settings | None) -> str:
     return f"{table.root}/metadata/{max(versions)[1]}"
 
 
-def io_properties(s3: aws.S3Settings | None) -> dict[str, str]:
-    """pyiceberg's FileIO settings for the run's S3 settings (never shown)."""
-    if s3 is None:
-        return {}
-    props = {"s3.region": s3.region}
-    if s3.custom_endpoint:
-        props["s3.endpoint"] = s3.endpoint
-    if s3.credentials is not None:
-        props["s3.access-key-id"] = s3.credentials.access_key
-        props["s3.secret-access-key"] = s3.credentials.secret_key
-        if s3.credentials.token:
-            props["s3.session-token"] = s3.credentials.token
-    else:
-        props["s3.anonymous"] = "true"
-    return props
+def fetch(location: str, table: TableUri, objects: _Objects | None) -> bytes:
+    """The whole bytes of one metadata file (JSON, a manifest list, a manifest)."""
+    if re.match(r"^s3[an]?://", location):
+        if objects is None:
+            raise SourceError(f"{table.pattern}: reading S3 needs its settings")
+        bucket, key = parse_uri(s3_uri(location))
+        return objects.get(bucket, key, table)
+    path = local_path(location)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise SourceError(f"{table.pattern}: cannot read {path} ({exc.strerror}), a file "
+                          "of the table's metadata") from exc
+
+
+class _Objects(Lister):
+    """GET of whole metadata objects over the listing's signed keep-alive connection."""
+
+    def get(self, bucket: str, key: str, table: TableUri) -> bytes:
+        url = f"{self.config.bucket_url(bucket)}/{quote(key, safe='/~-._')}"
+        try:
+            status, _, body = self._request(url)
+        except (OSError, http.client.HTTPException) as exc:
+            self._close()
+            raise TransientError(f"{table.pattern}: cannot reach {self.config.endpoint} "
+                                 f"({type(exc).__name__}) reading the table's metadata") from None
+        if status != 200:
+            raise SourceError(f"{table.pattern}: s3://{bucket}/{key}, a file of the table's "
+                              f"metadata, answered HTTP {status}; check the credentials")
+        return body
 
 
 def read(table: TableUri, context: SourceContext) -> Snapshot:
     """The data files of the pinned (or current) snapshot, and the snapshots before it
     that removed or rewrote data."""
-    try:
-        from pyiceberg.table import StaticTable
-    except ImportError as exc:
-        raise needs_library(table, "pyiceberg", "iceberg") from exc
     where = latest_metadata(table, context.s3)
+    objects = _Objects(context.s3) if context.s3 is not None else None
     try:
-        tbl = StaticTable.from_metadata(where, properties=io_properties(context.s3))
-        return _snapshot(table, tbl)
-    except SourceError:
-        raise
-    except Exception as exc:  # noqa: BLE001  # pyiceberg's and pyarrow's, at this one boundary
-        raise unreachable(table, exc) from exc
+        meta = json.loads(fetch(where, table, objects))
+        return _snapshot(table, meta, lambda loc: avro.records(fetch(loc, table, objects)))
+    except (avro.AvroError, ValueError, KeyError, TypeError) as exc:
+        raise SourceError(f"{table.pattern}: cannot read the table's metadata ({exc}); is it "
+                          "an Iceberg table?") from exc
+    finally:
+        if objects is not None:
+            objects._close()
 
 
-def _snapshot(table: TableUri, tbl: Any) -> Snapshot:
-    meta = tbl.metadata
-    snap = meta.snapshot_by_id(int(table.pinned)) if table.pinned else tbl.current_snapshot()
+Records = Callable[[str], Iterator[dict[str, Any]]]
+
+
+def _snapshot(table: TableUri, meta: dict[str, Any], records: Records) -> Snapshot:
+    by_id = {s["snapshot-id"]: s for s in meta.get("snapshots") or []}
+    wanted = int(table.pinned) if table.pinned else meta.get("current-snapshot-id")
+    snap = by_id.get(wanted) if wanted is not None else None
     if snap is None:
         if table.pinned:
             raise SourceError(f"{table.pattern}: the table has no snapshot {table.pinned}; "
-                              "its snapshots: " + ", ".join(
-                                  str(s.snapshot_id) for s in meta.snapshots[-5:]))
+                              "its latest: " + ", ".join(str(i) for i in list(by_id)[-5:]))
         return Snapshot(id="")
-    out = Snapshot(id=str(snap.snapshot_id), removals=_removals(meta, snap),
-                   unreadable=_renamed(meta))
-    for task in tbl.scan(snapshot_id=snap.snapshot_id).plan_files():
-        if task.delete_files and not out.unreadable:
-            out.unreadable = (f"snapshot {snap.snapshot_id} has delete files (rows deleted "
-                              "by merge-on-read), which plain data files do not show; "
-                              "compact the table (rewrite its data files) and load again")
-        path = task.file.file_path
-        uri = s3_uri(path) if re.match(r"^s3[an]?://", path) else local_path(path)
-        fmt = str(getattr(task.file.file_format, "value", task.file.file_format))
-        out.files.append(DataFile(uri, int(task.file.file_size_in_bytes), fmt.lower()))
+    if "manifest-list" not in snap:
+        raise SourceError(f"{table.pattern}: snapshot {wanted} lists its manifests inline "
+                          "(an early format-version 1 table), which chload does not read")
+    out = Snapshot(id=str(wanted), removals=_removals(by_id, snap), unreadable=_renamed(meta))
+    for manifest in records(snap["manifest-list"]):
+        for entry in records(manifest["manifest_path"]):
+            if entry["status"] == 2:  # DELETED from the table by this snapshot
+                continue
+            data = entry["data_file"]
+            if data.get("content", 0) != 0 or manifest.get("content", 0) != 0:
+                out.unreadable = out.unreadable or (
+                    f"snapshot {wanted} has delete files (rows deleted by merge-on-read), "
+                    "which plain data files do not show; compact the table (rewrite its "
+                    "data files) and load again")
+                continue
+            path = data["file_path"]
+            uri = s3_uri(path) if re.match(r"^s3[an]?://", path) else local_path(path)
+            out.files.append(DataFile(uri, int(data["file_size_in_bytes"]),
+                                      str(data.get("file_format", "parquet")).lower()))
     return out
 
 
-def _removals(meta: Any, snap: Any) -> list[tuple[str, str]]:
+def _removals(by_id: dict[int, dict[str, Any]], snap: dict[str, Any]) -> list[tuple[str, str]]:
     """The snapshots from the first to `snap` (its ancestors) whose operation was not an
     append, oldest first."""
-    by_id = {s.snapshot_id: s for s in meta.snapshots}
-    chain, at = [], snap
-    while at is not None:
+    chain: list[dict[str, Any]] = []
+    at: dict[str, Any] | None = snap
+    while at is not None and len(chain) <= len(by_id):
         chain.append(at)
-        at = by_id.get(at.parent_snapshot_id) if at.parent_snapshot_id is not None else None
+        parent = at.get("parent-snapshot-id")
+        at = by_id.get(parent) if parent is not None else None
     out = []
     for s in reversed(chain):
-        op = getattr(s.summary, "operation", None) if s.summary is not None else None
-        name = str(getattr(op, "value", op) or "")
-        if name and name != "append":
-            out.append((str(s.snapshot_id), name))
+        op = str((s.get("summary") or {}).get("operation", ""))
+        if op and op != "append":
+            out.append((str(s["snapshot-id"]), op))
     return out
 
 
-def _renamed(meta: Any) -> str:
+def _renamed(meta: dict[str, Any]) -> str:
     """Why the files' columns are not the table's: a column renamed in the schema's
     history (its older files name it otherwise; the engine reads columns by name)."""
     names: dict[int, set[str]] = {}
-    for schema in meta.schemas:
-        for fld in schema.fields:
-            names.setdefault(fld.field_id, set()).add(fld.name)
+    for schema in meta.get("schemas") or [meta.get("schema") or {}]:
+        for fld in schema.get("fields") or []:
+            names.setdefault(fld["id"], set()).add(fld["name"])
     renamed = sorted("/".join(sorted(n)) for n in names.values() if len(n) > 1)
     if not renamed:
         return ""
