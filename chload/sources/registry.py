@@ -66,6 +66,7 @@ SCHEMES: dict[str, str] = {
     "kafka": "kafka",
     "iceberg+s3": "iceberg",
     "iceberg+file": "iceberg",
+    "iceberg+sqlite": "iceberg",
     "delta+s3": "delta",
     "delta+file": "delta",
 }
@@ -145,9 +146,10 @@ def display(pattern: str) -> str:
 def s3_settings(patterns: Sequence[str], env: Mapping[str, str],
                 endpoint: str | None) -> S3Settings | None:
     """The S3 settings of a run (credentials, endpoint) when a pattern is s3:// (an
-    Iceberg or Delta table's too); None otherwise (resolving reads ~/.aws and may import
+    Iceberg or Delta table's too, and an Iceberg catalog's, whose tables may be on S3);
+    None otherwise (resolving reads ~/.aws and may import
     botocore, so only then)."""
-    if not any(kind_of(p) == "s3" or p.split("://")[0].lower().endswith("+s3")
+    if not any(kind_of(p) == "s3" or p.split("://")[0].lower().endswith(("+s3", "+sqlite"))
                for p in patterns):
         return None
     from chload.sources.files import aws

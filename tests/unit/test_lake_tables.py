@@ -3,6 +3,9 @@ against what the ledger holds, and their units as the file sources read them."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from chload.errors import SourceError, UsageError
@@ -76,3 +79,31 @@ def test_units_are_parquet_files_of_their_storage_with_a_written_once_identity()
         "local", "/data/t/x.orc", "ORC")
     with pytest.raises(SourceError, match="neither on S3 nor on this machine"):
         list(units(TABLE, Snapshot("1", [DataFile("abfss://c@a/t/x.parquet", 1)]), S3))
+
+
+def test_iceberg_metadata_read_here_names_the_files_pyiceberg_plans(tmp_path) -> None:
+    """Our reading of the JSON and Avro metadata against pyiceberg's own scan, at every
+    snapshot of a table with appends, a new column, an overwrite and a delete."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from lake_tables import LakeTables
+
+    from chload.sources.base import SourceContext
+    from chload.sources.lake import iceberg
+
+    tables = LakeTables(str(tmp_path / "lake"), formats=("iceberg",))
+    tables.append(0, 10)
+    tables.append(10, 20, extra=True)
+    tables.overwrite(100, 110)
+    tables.append(200, 210)
+    tables.delete_below(105)
+    table = tables.catalog.load_table("db.events")
+    ops = []
+    for snap in table.metadata.snapshots:
+        uri = parse(f"{tables.uri('iceberg')}?snapshot={snap.snapshot_id}", "iceberg",
+                    "snapshot")
+        ours = iceberg.read(uri, SourceContext())
+        theirs = {(t.file.file_path.removeprefix("file://"), t.file.file_size_in_bytes)
+                  for t in table.scan(snapshot_id=snap.snapshot_id).plan_files()}
+        assert {(f.uri, f.size) for f in ours.files} == theirs
+        ops.append(ours.removals[-1][1] if ours.removals else "append")
+    assert ops == ["append", "append", "delete", "delete", "delete", "overwrite"]

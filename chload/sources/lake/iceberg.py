@@ -4,18 +4,21 @@ optionally `?snapshot=<id>`.
 
 The metadata is read here, as the Iceberg spec writes it: the table's latest
 `metadata/*.metadata.json` (by its version number, as the engine's iceberg() finds it;
-`version-hint.text` is not needed), the snapshot's manifest list and its manifests
-(Avro: avro.py) for its live data files. No catalog is needed to read a table whose
-location is known, and no library (pyiceberg's import alone costs more than listing a
-table). The files are read by the engine (table.py).
+`version-hint.text` is not needed) or the one a SQL catalog in SQLite names
+(`iceberg+sqlite:///path/catalog.db?table=db.events`), then the snapshot's manifest
+list and its manifests (Avro: avro.py) for its live data files. No catalog is needed
+to read a table whose location is known, and no library (pyiceberg's import alone costs
+more than listing a table). The files are read by the engine (table.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
 import re
+import sqlite3
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
@@ -48,6 +51,25 @@ def latest_metadata(table: TableUri, s3: aws.S3Settings | None) -> str:
         raise NothingMatched(f"{table.pattern}: no Iceberg table there (no "
                              "metadata/*.metadata.json); name the table's location")
     return f"{table.root}/metadata/{max(versions)[1]}"
+
+
+def from_catalog(table: TableUri) -> str:
+    """The metadata location an Iceberg SQL catalog (in SQLite, the `iceberg_tables` table
+    of pyiceberg's and Iceberg's JdbcCatalog) holds for the table."""
+    namespace, _, name = table.name.rpartition(".")
+    sql = ("SELECT metadata_location FROM iceberg_tables WHERE table_namespace = ? "
+           "AND table_name = ?" + (" AND catalog_name = ?" if table.catalog else ""))
+    args = [namespace, name] + ([table.catalog] if table.catalog else [])
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{table.root}?mode=ro", uri=True)) as db:
+            found = db.execute(sql, args).fetchall()
+    except sqlite3.Error as exc:
+        raise SourceError(f"{table.pattern}: cannot read the catalog {table.root} ({exc})"
+                          ) from exc
+    if len(found) != 1 or not found[0][0]:
+        what = "no such table" if not found else "several catalogs hold it: add &catalog="
+        raise SourceError(f"{table.pattern}: {what} in the catalog {table.root}")
+    return str(found[0][0])
 
 
 def fetch(location: str, table: TableUri, objects: _Objects | None) -> bytes:
@@ -86,11 +108,16 @@ class _Objects(Lister):
 def read(table: TableUri, context: SourceContext) -> Snapshot:
     """The data files of the pinned (or current) snapshot, and the snapshots before it
     that removed or rewrote data."""
-    where = latest_metadata(table, context.s3)
+    where = from_catalog(table) if table.storage == "sqlite" else latest_metadata(
+        table, context.s3)
     objects = _Objects(context.s3) if context.s3 is not None else None
     try:
         meta = json.loads(fetch(where, table, objects))
-        return _snapshot(table, meta, lambda loc: avro.records(fetch(loc, table, objects)))
+        snap = _snapshot(table, meta, lambda loc: avro.records(fetch(loc, table, objects)))
+        if table.storage == "sqlite":
+            location = str(meta["location"]).rstrip("/")
+            snap.root = s3_uri(location) if location.startswith("s3") else local_path(location)
+        return snap
     except (avro.AvroError, ValueError, KeyError, TypeError) as exc:
         raise SourceError(f"{table.pattern}: cannot read the table's metadata ({exc}); is it "
                           "an Iceberg table?") from exc
@@ -165,12 +192,13 @@ def _renamed(meta: dict[str, Any]) -> str:
 
 
 class IcebergSource(TableSource):
-    """iceberg+s3:// and iceberg+file://: an Iceberg table's data files (table.py)."""
+    """iceberg+s3://, iceberg+file://, iceberg+sqlite:// (a SQL catalog): an Iceberg
+    table's data files (table.py)."""
 
     kind = "iceberg"
     format = "iceberg"
     pin = "snapshot"
-    schemes: tuple[str, ...] = ("iceberg+s3", "iceberg+file")
+    schemes: tuple[str, ...] = ("iceberg+s3", "iceberg+file", "iceberg+sqlite")
 
     def read(self, table: TableUri, context: SourceContext) -> Snapshot:
         return read(table, context)

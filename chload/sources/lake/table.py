@@ -48,6 +48,8 @@ class TableUri:
     storage: str  # s3, file
     root: str  # s3://bucket/prefix, or an absolute path (no trailing /)
     pinned: str = ""  # a snapshot id or version the URI names; '' for the current one
+    name: str = ""  # a catalog's table (`db.events`): `root` is then the catalog's file
+    catalog: str = ""  # a catalog's name within that file ('': the only one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,14 +72,18 @@ class Snapshot:
     removals: list[tuple[str, str]] = field(default_factory=list)  # (id, operation) of
     # earlier snapshots that removed or rewrote data files, latest last
     unreadable: str = ""  # why its files are not the table's rows (delete files, ...)
+    root: str = ""  # the table's location when a catalog named it (TableUri.root otherwise)
 
 
 def parse(pattern: str, fmt: str, pin: str) -> TableUri:
-    """`<fmt>+s3://bucket/path[?<pin>=N]` or `<fmt>+file:///path[?<pin>=N]` -> TableUri."""
+    """`<fmt>+s3://bucket/path[?<pin>=N]` or `<fmt>+file:///path[?<pin>=N]` -> TableUri;
+    an Iceberg SQL catalog in SQLite: `iceberg+sqlite:///path/catalog.db?table=db.t`."""
     scheme, _, rest = pattern.partition("://")
     storage = scheme.lower().removeprefix(fmt + "+")
     rest, _, query = rest.partition("?")
     params = {k: v[-1] for k, v in parse_qs(query).items()}
+    if storage == "sqlite":
+        return _in_catalog(pattern, fmt, pin, rest, params)
     unknown = sorted(set(params) - {pin})
     if unknown or (pin in params and not re.fullmatch(r"\d+", params[pin])):
         raise UsageError(f"{pattern}: a {fmt} table takes only ?{pin}=N (a number) after "
@@ -92,6 +98,18 @@ def parse(pattern: str, fmt: str, pin: str) -> TableUri:
         raise UsageError(f"{pattern}: write a {fmt} table as {fmt}+s3://bucket/path or "
                          f"{fmt}+file:///path")
     return TableUri(pattern, fmt, storage, root, params.get(pin, ""))
+
+
+def _in_catalog(pattern: str, fmt: str, pin: str, path: str,
+                params: dict[str, str]) -> TableUri:
+    unknown = sorted(set(params) - {pin, "table", "catalog"})
+    if fmt != "iceberg" or unknown or "." not in params.get("table", "") or (
+            pin in params and not re.fullmatch(r"\d+", params[pin])):
+        raise UsageError(f"{pattern}: name a table of an Iceberg SQL catalog as "
+                         "iceberg+sqlite:///path/catalog.db?table=namespace.table "
+                         f"[&catalog=name][&{pin}=N]")
+    return TableUri(pattern, fmt, "sqlite", os.path.realpath(unquote(path)),
+                    params.get(pin, ""), params["table"], params.get("catalog", ""))
 
 
 def local_path(location: str) -> str:
@@ -113,7 +131,7 @@ def check_appends(table: TableUri, snap: Snapshot, committed: Mapping[str, str])
     if snap.unreadable:
         raise SourceError(f"{table.pattern}: {snap.unreadable}; nothing was loaded")
     live = {f.uri for f in snap.files}
-    under = table.root + "/"
+    under = (snap.root or table.root) + "/"
     gone = sum(1 for uri in committed if uri.startswith(under) and uri not in live)
     if not gone:
         return
