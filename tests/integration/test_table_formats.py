@@ -254,3 +254,25 @@ def test_following_loads_each_new_append_once_and_stops_at_an_overwrite(
     report = json.loads(rest[-1])  # the run's report: what it committed stands
     assert report["files_loaded"] == 3 and "appends only" in " ".join(report["errors"]), rest
     assert totals(target, "t") == expected(*ranges)
+
+
+def test_an_iceberg_sql_catalog_names_the_table_on_s3(
+        minio: services.Service, lake_bucket: str, tmp_path: Path) -> None:
+    """pyiceberg's SQL catalog in SQLite, the warehouse on MinIO: the catalog's table
+    loads, an append adds its rows only, an overwrite is refused."""
+    tables = LakeTables(f"s3://{lake_bucket}/{uuid.uuid4().hex[:8]}", s3=s3_access(minio),
+                        formats=("iceberg",))
+    ranges = appended(tables, 2, 1000)
+    uri = f"iceberg+sqlite://{tables.catalog_dir}/catalog.db?table=db.events&catalog=lake"
+    target, env = str(tmp_path / "target"), s3_env(minio, tmp_path)
+    code, report, err = load(uri, "t", target, env=env)
+    assert code == 0 and report["files_loaded"] == 2, err
+    tables.append(7000, 7010)
+    code, report, err = load(uri, "t", target, env=env)
+    assert code == 0 and report["files_loaded"] == 1, err
+    assert totals(target, "t") == expected(*ranges, (7000, 7010))
+    tables.overwrite(0, 5)
+    code, _, err = load(uri, "t", target, env=env)
+    assert code != 0 and "appends only" in err, err
+    code, _, err = load(uri.replace("db.events", "db.nothing"), "t", target, env=env)
+    assert code != 0 and "no such table in the catalog" in err, err
