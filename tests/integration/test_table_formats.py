@@ -276,3 +276,34 @@ def test_an_iceberg_sql_catalog_names_the_table_on_s3(
     assert code != 0 and "appends only" in err, err
     code, _, err = load(uri.replace("db.events", "db.nothing"), "t", target, env=env)
     assert code != 0 and "no such table in the catalog" in err, err
+
+
+def test_partitions_and_nested_columns_arrive_as_written(tmp_path: Path) -> None:
+    """An Iceberg table partitioned by identity (its files keep the column) with a list
+    and a struct column loads as written; a partitioned Delta table (its files do not
+    keep the column) is refused in one line, nothing loaded."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    data = pa.table({
+        "id": pa.array(range(6), pa.int64()), "region": pa.array(["eu", "us"] * 3),
+        "tags": pa.array([["a", "b"], [], ["c"], ["d"], [], ["e", "f"]], pa.list_(pa.string())),
+        "point": pa.array([{"x": i, "y": i / 2} for i in range(6)],
+                          pa.struct([("x", pa.int64()), ("y", pa.float64())]))})
+    tables = LakeTables(str(tmp_path / "lake"), formats=())
+    iceberg = tables.catalog.create_table("db.p", schema=data.schema)
+    with iceberg.update_spec() as spec:
+        spec.add_identity("region")
+    iceberg.append(data)
+    target = str(tmp_path / "target")
+    code, report, err = load(tables.uri("iceberg").replace("/events", "/p"), "p", target)
+    assert code == 0 and report["files_loaded"] == 2, err  # one file a partition
+    out = run_chload("sql", "SELECT groupArray(region), groupArray(tags), "
+                     "groupArray(point.y) FROM (SELECT * FROM p ORDER BY id)",
+                     "--target", target, "--format", "TSV")
+    assert out.stdout.split("\t") == [
+        "['eu','us','eu','us','eu','us']", "[['a','b'],[],['c'],['d'],[],['e','f']]",
+        "[0,0.5,1,1.5,2,2.5]\n"], out.stderr
+    write_deltalake(str(tmp_path / "delta"), data, partition_by=["region"])
+    code, _, err = load(f"delta+file://{tmp_path}/delta", "d", target)
+    assert code != 0 and "partitioned by region" in err and "nothing was loaded" in err, err
