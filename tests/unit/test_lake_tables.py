@@ -107,3 +107,18 @@ def test_iceberg_metadata_read_here_names_the_files_pyiceberg_plans(tmp_path) ->
         assert {(f.uri, f.size) for f in ours.files} == theirs
         ops.append(ours.removals[-1][1] if ours.removals else "append")
     assert ops == ["append", "append", "delete", "delete", "delete", "overwrite"]
+
+
+def test_an_iceberg_table_that_renamed_a_column_is_refused_first_time(tmp_path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from lake_tables import LakeTables
+
+    from chload.sources.base import SourceContext
+    from chload.sources.lake import iceberg
+
+    tables = LakeTables(str(tmp_path / "lake"), formats=("iceberg",))
+    tables.append(0, 10)
+    with tables.catalog.load_table("db.events").update_schema() as update:
+        update.rename_column("name", "label")
+    with pytest.raises(SourceError, match=r"renamed column\(s\) label/name, so its older"):
+        list(iceberg.SOURCE.open().list(tables.uri("iceberg"), SourceContext()))
