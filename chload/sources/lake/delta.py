@@ -77,7 +77,8 @@ def read(table: TableUri, context: SourceContext) -> Snapshot:
 
 
 def _snapshot(table: TableUri, dt: Any) -> Snapshot:
-    out = Snapshot(id=str(dt.version()), removals=_removals(dt), unreadable=_unreadable(dt))
+    out = Snapshot(id=str(dt.version()), unreadable=_unreadable(dt),
+                   history=lambda: _removals(dt))
     actions = dt.get_add_actions(flatten=True)  # arro3's table: no pyarrow import needed
     for path, size in zip(actions.column("path").to_pylist(),
                           actions.column("size_bytes").to_pylist(), strict=True):
@@ -96,8 +97,14 @@ def _located(table: TableUri, path: str) -> str:
 
 
 def _removals(dt: Any) -> list[tuple[str, str]]:
+    """The versions that removed or rewrote data, oldest first; none if the history
+    cannot be read now (the refusal then says less, but still refuses)."""
+    try:
+        history = dt.history()
+    except Exception:  # noqa: BLE001  # delta-rs's, asked only to word a refusal
+        return []
     out = []
-    for entry in reversed(dt.history()):  # the history comes latest first
+    for entry in reversed(history):  # the history comes latest first
         op = str(entry.get("operation", ""))
         mode = str((entry.get("operationParameters") or {}).get("mode", ""))
         if op in APPENDS or (op == "WRITE" and mode in ("Append", "ErrorIfExists", "")):

@@ -73,6 +73,8 @@ class Snapshot:
     # earlier snapshots that removed or rewrote data files, latest last
     unreadable: str = ""  # why its files are not the table's rows (delete files, ...)
     root: str = ""  # the table's location when a catalog named it (TableUri.root otherwise)
+    history: Callable[[], list[tuple[str, str]]] | None = None  # `removals`, asked only
+    # when a refusal names them (a Delta log's history is read commit by commit)
 
 
 def parse(pattern: str, fmt: str, pin: str) -> TableUri:
@@ -135,12 +137,13 @@ def check_appends(table: TableUri, snap: Snapshot, committed: Mapping[str, str])
     gone = sum(1 for uri in committed if uri.startswith(under) and uri not in live)
     if not gone:
         return
-    if not snap.removals:
+    removals = snap.removals or (snap.history() if snap.history else [])
+    if not removals:
         what = "its history rewrote data"
-    elif snap.removals[-1][0] == snap.id:
-        what = f"it was a {snap.removals[-1][1]}"
+    elif removals[-1][0] == snap.id:
+        what = f"it was a {removals[-1][1]}"
     else:
-        what = f"{_named(table)} {snap.removals[-1][0]} was a {snap.removals[-1][1]}"
+        what = f"{_named(table)} {removals[-1][0]} was a {removals[-1][1]}"
     raise SourceError(
         f"{table.pattern}: {gone:,} data file(s) loaded earlier into this table are no "
         f"longer in {_named(table)} {snap.id} ({what}); chload loads a table's appends "
@@ -174,9 +177,6 @@ def units(table: TableUri, snap: Snapshot, s3: aws.S3Settings | None,
                               "this machine; chload reads tables on s3:// and file:// only")
 
 
-Reader = Callable[[TableUri, SourceContext], Snapshot]
-
-
 class TableSource(RemoteSource):
     """A table format's source: lists the data files of a snapshot (its `read`), refuses
     a snapshot that is not appends over what was loaded, and leaves the reading to the
@@ -187,7 +187,7 @@ class TableSource(RemoteSource):
     options: tuple[str, ...] = ("follow", "poll")
 
     def __init__(self) -> None:
-        self._notes: builtins.list[str] = []
+        self._notes: dict[str, str] = {}  # pattern -> its latest snapshot (polls update it)
 
     def open(self) -> Source:
         return type(self)()  # (this run's notes)
@@ -205,12 +205,12 @@ class TableSource(RemoteSource):
         if not snap.files:
             raise NothingMatched(f"{pattern}: {_named(table)} {snap.id or '(none)'} of the "
                                  "table holds no data file")
-        self._notes.append(f"{self.display(pattern)}: {_named(table)} {snap.id}, "
-                           f"{len(snap.files):,} data file(s)")
+        self._notes[pattern] = (f"{self.display(pattern)}: {_named(table)} {snap.id}, "
+                                f"{len(snap.files):,} data file(s)")
         return units(table, snap, context.s3)
 
     def notes(self) -> builtins.list[str]:
-        return builtins.list(self._notes)
+        return builtins.list(self._notes.values())
 
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
         raise NotImplementedError(f"{file.uri}: read by the file source of its kind")
