@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -307,3 +309,34 @@ def test_partitions_and_nested_columns_arrive_as_written(tmp_path: Path) -> None
     write_deltalake(str(tmp_path / "delta"), data, partition_by=["region"])
     code, _, err = load(f"delta+file://{tmp_path}/delta", "d", target)
     assert code != 0 and "partitioned by region" in err and "nothing was loaded" in err, err
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_into_18_16_killed_mid_load_then_a_rerun_is_exact(
+        fmt: str, clickhouse: services.Service, minio: services.Service, lake_bucket: str,
+        table_name: str, tmp_path: Path) -> None:
+    """Killed while the server's stages fill, then killed inside its first commit (the
+    committing entry written, nothing attached): the next run loads every row once."""
+    tables = LakeTables(f"s3://{lake_bucket}/{uuid.uuid4().hex[:8]}", s3=s3_access(minio),
+                        formats=(fmt,))
+    ranges = appended(tables, 3, 300_000)
+    target = f"http://loader@127.0.0.1:{clickhouse.ports['http']}/default"
+    env = {**os.environ, **s3_env(minio, tmp_path),
+           "CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]}
+    argv = [sys.executable, "-m", "chload", "load", tables.uri(fmt), "--table", table_name,
+            "--target", target, "--schema", OLD_SERVER_SCHEMA, "--quiet"]
+
+    def stages() -> bool:
+        return services.clickhouse_query(
+            clickhouse, "SELECT count() FROM system.tables WHERE database = 'chload' AND "
+            "startsWith(name, 'stage_')").strip() != "0"
+
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    kill_when(proc, stages, "a stage on the server")
+    crash = subprocess.run(argv, env={**env, "CHLOAD_CRASH_AT": "server-before-attach:1"},
+                           capture_output=True, timeout=240)
+    assert crash.returncode == -signal.SIGKILL, crash.stderr
+    code, report, err = load(tables.uri(fmt), table_name, target, env=env)
+    assert code == 0, err
+    assert totals(target, table_name, env) == expected(*ranges)
+    assert report["files_loaded"] + report["files_skipped"] == 3
