@@ -122,3 +122,21 @@ def test_an_iceberg_table_that_renamed_a_column_is_refused_first_time(tmp_path) 
         update.rename_column("name", "label")
     with pytest.raises(SourceError, match=r"renamed column\(s\) label/name, so its older"):
         list(iceberg.SOURCE.open().list(tables.uri("iceberg"), SourceContext()))
+
+
+def test_no_table_there_and_no_delta_library_are_one_line_each(tmp_path, monkeypatch) -> None:
+    from chload.errors import NothingMatched
+    from chload.sources.base import SourceContext
+    from chload.sources.lake import delta, iceberg
+
+    with pytest.raises(NothingMatched, match=r"no Iceberg table there \(No such file"):
+        iceberg.SOURCE.open().list(f"iceberg+file://{tmp_path}/none", SourceContext())
+    (tmp_path / "t" / "metadata").mkdir(parents=True)
+    with pytest.raises(NothingMatched, match=r"no metadata/\*\.metadata\.json"):
+        iceberg.SOURCE.open().list(f"iceberg+file://{tmp_path}/t", SourceContext())
+    with pytest.raises(NothingMatched, match="no Delta table there"):
+        delta.SOURCE.open().list(f"delta+file://{tmp_path}/t", SourceContext())
+    monkeypatch.setitem(sys.modules, "deltalake", None)
+    with pytest.raises(UsageError, match=r"needs the Python package deltalake: pip install "
+                                         r"'chload\[delta\]'"):
+        delta.SOURCE.open().list(f"delta+file://{tmp_path}/t", SourceContext())
