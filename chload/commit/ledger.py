@@ -327,6 +327,24 @@ class Ledger:
             return KnownUnits(), TRUNCATED
         return known, ""
 
+    def loaded_since(self, target_table: str, table: TableState, since_ns: int,
+                     own_run: str, own_since_ns: int) -> array | None:
+        """The keys (known.py: uri's, identity's, in pairs, in the order of the uri's) of
+        each unit whose latest `loaded` event into the table as it is now (`known`'s
+        rules) came after `since_ns`, less those whose latest is run `own_run`'s from
+        before `own_since_ns` (a run that asked then has them): what a following run
+        learns between two polls (core/follow.py). None where the answer is not this
+        ledger's to give (a cluster's shards each keep their own)."""
+        pairs = array("Q", self._sql.binary(
+            f"SELECT uri_key AS u, argMax(identity_key, seq) AS i FROM {FILES} WHERE "
+            f"target_table = {quote_str(target_table)} AND state = '{LOADED}' AND seq > "
+            f"{int(since_ns)} GROUP BY u HAVING argMax(table_uuid IN ('', "
+            f"{quote_str(table.uuid)}), seq) AND (max(seq) > {int(own_since_ns)} OR "
+            f"argMax(run_id, seq) != {quote_str(own_run)}) ORDER BY u", "RowBinary"))
+        if sys.byteorder != "little":  # (RowBinary is little-endian)
+            pairs.byteswap()
+        return pairs
+
     def sliced(self) -> None:
         """After each slice of `known`: an engine in this process gives back what its
         grouping kept (embedded/target.py); nothing for a server."""
