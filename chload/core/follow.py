@@ -20,11 +20,13 @@ side):
   plan skips them;
 - a poll costs what is new, not the history: what the table holds by the ledger is
   kept from poll to poll as compact keys (`_Known`), and a poll asks the ledger only
-  for the events since the previous poll asked (Ledger.loaded_since); the whole is
-  asked again only when the table is not as it was (dropped, re-created, emptied).
-  Another loader committing into the table meanwhile is learned from its events; one
-  learned late (its events written late) costs a stage that the committer's survey
-  refuses to attach (never twice: the committer is the guard), and then its events.
+  for the units committed since the previous poll asked (Ledger.loaded_since: their
+  `committing` or `loaded` events, those of other runs from LATE_NS before that ask);
+  the whole is asked again, with crashed commits settled first (Target.recover), at
+  the first poll, after a poll with a failure, every RECOVER_SECONDS, and when the
+  table is not as it was (dropped, re-created, emptied). Another loader committing
+  into the table is so learned before the next plan; a unit it commits while a poll
+  runs is refused by the committer's survey (committed since the poll began).
 """
 
 from __future__ import annotations
@@ -35,11 +37,11 @@ import threading
 import time
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from chload.commit.known import Events, KnownUnits, key
-from chload.commit.ledger import Ledger, TableState
+from chload.commit.ledger import FileEvent, Ledger, TableState
 from chload.core import load as steps
 from chload.core import plan as planner
 from chload.core.finish import _committed_any, _finish_reported, _run_record
@@ -68,9 +70,10 @@ RETRY_POLLS_MAX = 16
 # its previous ask too (those met again are merged as no change).
 LATE_NS = 60_000_000_000
 # What crashed commits left (Target.recover: a look at the table's whole ledger) is
-# settled by the first poll, then by a poll after one with a failure, and else this
-# often (a stage a crashed neighbour left is dropped then); between, the committer's
-# survey settles a broken lock before any commit (committer.py rule 3).
+# settled, and the keys asked whole, by the first poll, by a poll after one with a
+# failure, and else this often (a stage a crashed neighbour left is dropped then, and a
+# neighbour whose clock is more than LATE_NS behind is learned); between, the
+# committer's survey settles a broken lock before any commit (committer.py rule 3).
 RECOVER_SECONDS = 600.0
 # Keys learned since the previous poll merged in Python at most (or an eighth of those
 # known, if more); more are asked whole, the engine sorting them.
@@ -106,9 +109,9 @@ class _Known:
                                            self.run_id, self.asked_ns)
         if new is None or len(new) // 2 > max(MERGED_MOST, len(self.uris) // 8):
             known, why = self.ledger.known(self.table, state)
-            self.uris, self.identities, self.events = (known.uris, known.identities,
-                                                       known.events)
-            self.last.clear()
+            self.uris, self.identities = known.uris, known.identities
+            self.events = known.events if len(known) else self._events  # (none known yet:
+            self.last.clear()  # the units merged in later are asked of the ledger)
         else:
             self.merge(new)
         self.state, self.asked_ns = state, asked
@@ -116,6 +119,9 @@ class _Known:
         if self.events is not None:
             known.events = self.events
         return known, why
+
+    def _events(self, uris: list[str]) -> Mapping[str, FileEvent]:
+        return self.ledger.loaded_of(self.table, uris)
 
     def merge(self, pairs: array) -> None:
         """Keys (uri's, identity's, in pairs, in the order of the uri's) into the run's:
@@ -143,8 +149,8 @@ class _Known:
 
     def learn(self, results: list[FileResult]) -> None:
         """After a poll: its loads move each prefix's last key on; units another run
-        committed that the keys lacked (the committer found them taken: their events
-        were written late) are asked by uri and merged in."""
+        committed while the poll ran (the committer found them taken) are asked by uri
+        and merged in."""
         for r in results:
             for prefix, last in self.last.items():
                 if r.status != "failed" and r.uri.startswith(prefix) and r.uri > last:
@@ -283,8 +289,9 @@ def _load(spec: LoadSpec, target: Target, table: planner.TableName, sources: Run
           listed: Iterable[SourceFile | Skipped], listener: Listener, run: _Run,
           stop: threading.Event) -> LoadReport:
     recover = time.monotonic() >= run.recover_at
-    if recover:
+    if recover:  # (and the keys asked whole: a commit settled failed is no longer known)
         run.recover_at = time.monotonic() + RECOVER_SECONDS
+        run.known.state = None
     return steps.load_table(spec, target, table, sources, listed, listener,
                             run_id=run.report.run_id, record=False, halt=stop,
                             known_of=run.known, recover=recover)
