@@ -60,10 +60,10 @@ BUCKET = "bench"
 class Follower:
     """A `chload load ... --follow --json` process, its poll events read on a thread."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> None:
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env={**os.environ, **env})
+                                     text=True, env={**os.environ, **env}, cwd=cwd)
         self.events: queue.Queue[tuple[float, dict]] = queue.Queue()
         self.polls: list[tuple[float, dict]] = []
         self.err: list[str] = []
@@ -272,9 +272,9 @@ def history(args: argparse.Namespace, server: str, work: str) -> dict:
     seconds: dict[str, list[list[float]]] = {name: [] for name in checkouts}
     for n in range(args.repeats):
         for name in (list(checkouts) if n % 2 == 0 else list(checkouts)[::-1]):
-            env = {"PYTHONPATH": os.path.abspath(checkouts[name])}
+            checkout = os.path.abspath(checkouts[name])  # (python -m: its folder first)
             follow = Follower(load_argv(source, "hist", server, "--follow", "--poll", "0.2"),
-                              env)
+                              {"PYTHONPATH": checkout}, cwd=checkout)
             polls = [follow.next_poll()[1] for _ in range(args.history_polls)]
             follow.stop()
             seconds[name].append([p["seconds"] for p in polls])

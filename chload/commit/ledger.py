@@ -338,9 +338,9 @@ class Ledger:
         learns between two polls (core/follow.py). None where the answer is not this
         ledger's to give (a cluster's shards each keep their own)."""
         pairs = array("Q", self._sql.binary(
-            f"SELECT uri_key AS u, argMax(identity_key, seq) AS i FROM {FILES} WHERE "
-            f"target_table = {quote_str(target_table)} AND state IN ('{COMMITTING}', "
-            f"'{LOADED}') AND seq > {int(since_ns)} GROUP BY u HAVING argMax(table_uuid IN "
+            f"SELECT uri_key AS u, argMax(identity_key, seq) AS i FROM {FILES} PREWHERE seq > "
+            f"{int(since_ns)} WHERE target_table = {quote_str(target_table)} AND state IN "
+            f"('{COMMITTING}', '{LOADED}') GROUP BY u HAVING argMax(table_uuid IN "
             f"('', {quote_str(table.uuid)}), seq) AND (max(seq) > {int(own_since_ns)} OR "
             f"argMax(run_id, seq) != {quote_str(own_run)}) ORDER BY u", "RowBinary"))
         if sys.byteorder != "little":  # (RowBinary is little-endian)
