@@ -1,6 +1,7 @@
 """`--follow` of files end to end: the real `chload load ... --follow --poll 1` command
-following a real MinIO bucket and a local directory into the embedded engine while
-files keep coming, stopped by SIGTERM or SIGINT; results checked through SQL."""
+following a real MinIO bucket and a local directory into the embedded engine (and an
+18.16 server) while files keep coming, stopped by SIGTERM or SIGINT; results checked
+through SQL, and what each poll asks of the ledger counted."""
 
 from __future__ import annotations
 
