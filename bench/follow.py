@@ -17,9 +17,14 @@ Two figures, measured in one run:
    into another table (the report's `seconds`), alternating, `--repeats` times; the bar
    is a speed of at least 0.95x the one-shot's (ratio = one-shot seconds / first poll).
 
+4. What an empty poll costs over a long history (`--only history`): `--history`
+   `loaded` events in the ledger, then a follow of an empty directory; each poll's
+   seconds, against `--baseline` (another checkout) in the same run.
+
     python bench/follow.py [--rate 10] [--rows 100000] [--seconds 60] [--poll 1]
                            [--backlog 200] [--repeats 3] [--kill-seconds 60]
-                           [--only lag|kills|backlog] [--json OUT]
+                           [--history 1000000] [--history-polls 6] [--baseline DIR]
+                           [--only lag|kills|backlog|history] [--json OUT]
 
 Starts its own MinIO and 18.16 server (scripts/services) on 127.0.0.1, stops them by
 PID at the end. Data: bench/common.py make_trips (cached under CHLOAD_BENCH_CACHE).
@@ -55,10 +60,10 @@ BUCKET = "bench"
 class Follower:
     """A `chload load ... --follow --json` process, its poll events read on a thread."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: str | None = None) -> None:
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env={**os.environ, **env})
+                                     text=True, env={**os.environ, **env}, cwd=cwd)
         self.events: queue.Queue[tuple[float, dict]] = queue.Queue()
         self.polls: list[tuple[float, dict]] = []
         self.err: list[str] = []
@@ -243,6 +248,46 @@ def backlog(args: argparse.Namespace, server: str, env: dict[str, str]) -> dict:
             "speed_ratio": ratio, "wall_seconds": walls, "wall_speed_ratio": wall}
 
 
+def history(args: argparse.Namespace, server: str, work: str) -> dict:
+    """Part 4: what an empty poll costs over a long history. The ledger is given
+    `--history` `loaded` events of the table (made by the engine: INSERT ... SELECT from
+    numbers()), then a follow of an empty directory polls `--history-polls` times; each
+    poll's seconds, for this checkout and for `--baseline` (another checkout, as
+    PYTHONPATH), alternating, `--repeats` times."""
+    source = os.path.join(work, "empty")
+    os.makedirs(source, exist_ok=True)
+    seed = os.path.join(work, "seed.csv")
+    with open(seed, "w") as out:
+        out.write("id\n1\n")
+    done = subprocess.run(load_argv(seed, "hist", server), capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"seeding the table failed: {done.stderr[-2000:]}")
+    query(server, "INSERT INTO chload.files (target_table, uri, identity, size, mtime_ns, "
+                  "state, rows, seq) SELECT 'default.hist', concat('/history/', "
+                  "toString(number), '.csv'), '1:1', 1, 1, 'loaded', 1, number + 1 FROM "
+                  f"numbers({args.history})", timeout=600)
+    checkouts = {"this": os.path.join(HERE, "..")}
+    if args.baseline:
+        checkouts["baseline"] = args.baseline
+    seconds: dict[str, list[list[float]]] = {name: [] for name in checkouts}
+    for n in range(args.repeats):
+        for name in (list(checkouts) if n % 2 == 0 else list(checkouts)[::-1]):
+            checkout = os.path.abspath(checkouts[name])  # (python -m: its folder first)
+            follow = Follower(load_argv(source, "hist", server, "--follow", "--poll", "0.2"),
+                              {"PYTHONPATH": checkout}, cwd=checkout)
+            polls = [follow.next_poll()[1] for _ in range(args.history_polls)]
+            follow.stop()
+            seconds[name].append([p["seconds"] for p in polls])
+    print(f"# an empty poll over a ledger of {args.history:,} units (18.16)")
+    figures: dict = {"units": args.history, "poll_seconds": seconds}
+    for name, runs in seconds.items():
+        first = statistics.median(r[0] for r in runs)
+        later = statistics.median(s for r in runs for s in r[1:])
+        figures[f"{name}_first_s"], figures[f"{name}_later_median_s"] = first, later
+        print(f"{name:9s} first poll median {first:.3f} s, later polls median {later:.3f} s")
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rate", type=int, default=10, help="objects a second")
@@ -252,17 +297,23 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kill-seconds", type=int, default=60)
-    parser.add_argument("--only", choices=["lag", "kills", "backlog"])
+    parser.add_argument("--history", type=int, default=1_000_000,
+                        help="ledger units before an empty follow (--only history)")
+    parser.add_argument("--history-polls", type=int, default=6)
+    parser.add_argument("--baseline", help="another checkout to measure --only history "
+                        "against (its folder, as PYTHONPATH)")
+    parser.add_argument("--only", choices=["lag", "kills", "backlog", "history"])
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
     files = max(args.backlog, min(args.rate * args.seconds, 200))
-    data = make_trips(os.path.join(CACHE, f"trips-csvgz-{files}x{args.rows}"), files,
-                      args.rows)
+    data = [] if args.only == "history" else make_trips(
+        os.path.join(CACHE, f"trips-csvgz-{files}x{args.rows}"), files, args.rows)
     compile_chload()
+    result: dict = {"load_average_start": os.getloadavg()[0]}
+    print(f"load average at start {result['load_average_start']:.1f} (2 cores)")
     work = tempfile.mkdtemp(prefix="chload-bench-follow-")
     minio = services.start_minio(Path(work))
     clickhouse = services.start_clickhouse_server(Path(work))
-    result: dict = {}
     try:
         services.minio_create_bucket(minio, BUCKET)
         client = services.minio_client(minio)
@@ -273,6 +324,8 @@ def main() -> None:
             result["lag"] = lag(args, client, clickhouse.url, env, data)
         if args.only in (None, "kills"):
             result["kills"] = kills(args, client, clickhouse.url, env, data)
+        if args.only == "history":
+            result["history"] = history(args, clickhouse.url, work)
         if args.only in (None, "backlog"):
             for i, path in enumerate(data[:args.backlog]):
                 upload(client, path, f"backlog/{i:05d}.csv.gz")
@@ -281,6 +334,8 @@ def main() -> None:
         clickhouse.stop()
         minio.stop()
         shutil.rmtree(work, ignore_errors=True)
+    result["load_average_end"] = os.getloadavg()[0]
+    print(f"load average at end {result['load_average_end']:.1f}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)

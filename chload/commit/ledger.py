@@ -327,7 +327,7 @@ class Ledger:
             uris.extend(pairs[0::2])
             identities.extend(pairs[1::2])
             self.sliced()
-        known = KnownUnits(uris, identities, lambda uris: self._loaded_of(target_table, uris))
+        known = KnownUnits(uris, identities, lambda uris: self.loaded_of(target_table, uris))
         if not known:
             return known, RECREATED
         if table.rows == 0 and int(self._sql.rows(
@@ -335,6 +335,26 @@ class Ledger:
                 f"{FILES} WHERE {where} GROUP BY uri) WHERE mine")[0]["r"] or 0):
             return KnownUnits(), TRUNCATED
         return known, ""
+
+    def loaded_since(self, target_table: str, table: TableState, since_ns: int,
+                     own_run: str, own_since_ns: int) -> array | None:
+        """The keys (known.py: uri's, identity's, in pairs, in the order of the uri's) of
+        each unit committed into the table as it is now (`known`'s rules) after
+        `since_ns`: its latest `committing` or `loaded` event since then (a `committing`
+        one is written under the commit lock before the attach, at once, where `loaded`
+        may wait: committer.py rule 1), less those whose latest is run `own_run`'s from
+        before `own_since_ns` (a run that asked then has them): what a following run
+        learns between two polls (core/follow.py). None where the answer is not this
+        ledger's to give (a cluster's shards each keep their own)."""
+        pairs = array("Q", self._sql.binary(
+            f"SELECT uri_key AS u, argMax(identity_key, seq) AS i FROM {FILES} PREWHERE seq > "
+            f"{int(since_ns)} WHERE target_table = {quote_str(target_table)} AND state IN "
+            f"('{COMMITTING}', '{LOADED}') GROUP BY u HAVING argMax(table_uuid IN "
+            f"('', {quote_str(table.uuid)}), seq) AND (max(seq) > {int(own_since_ns)} OR "
+            f"argMax(run_id, seq) != {quote_str(own_run)}) ORDER BY u", "RowBinary"))
+        if sys.byteorder != "little":  # (RowBinary is little-endian)
+            pairs.byteswap()
+        return pairs
 
     def sliced(self) -> None:
         """After each slice of `known`: an engine in this process gives back what its
@@ -359,7 +379,7 @@ class Ledger:
         return int(self._sql.rows(
             f"SELECT count() AS n FROM {FILES} WHERE {_loaded_where(target_table)}")[0]["n"])
 
-    def _loaded_of(self, target_table: str, uris: list[str]) -> dict[str, FileEvent]:
+    def loaded_of(self, target_table: str, uris: list[str]) -> dict[str, FileEvent]:
         """uri -> the latest `loaded` event of each of `uris` (as `loaded`), in
         statements well under a server's max_query_size."""
         found: dict[str, FileEvent] = {}

@@ -17,7 +17,16 @@ side):
   pass with --force loads every file again, as a load with --force does; later polls
   load again only the files that changed;
 - each poll's `loaded` events are written before the next poll plans, so the next
-  plan skips them.
+  plan skips them;
+- a poll costs what is new, not the history: what the table holds by the ledger is
+  kept from poll to poll as compact keys (`_Known`), and a poll asks the ledger only
+  for the units committed since the previous poll asked (Ledger.loaded_since: their
+  `committing` or `loaded` events, those of other runs from LATE_NS before that ask);
+  the whole is asked again, with crashed commits settled first (Target.recover), at
+  the first poll, after a poll with a failure, every RECOVER_SECONDS, and when the
+  table is not as it was (dropped, re-created, emptied). Another loader committing
+  into the table is so learned before the next plan; a unit it commits while a poll
+  runs is refused by the committer's survey (committed since the poll began).
 """
 
 from __future__ import annotations
@@ -26,14 +35,18 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
+from chload.commit.known import Events, KnownUnits, key
+from chload.commit.ledger import FileEvent, Ledger, TableState
 from chload.core import load as steps
 from chload.core import plan as planner
 from chload.core.finish import _committed_any, _finish_reported, _run_record
 from chload.core.report import LoadReport, LoadSpec, shards_of
-from chload.core.run import Event, FileResult, Listener, Poll
+from chload.core.run import LOADED_ELSEWHERE, LOADED_IN_PART, Event, FileResult, Listener, Poll
 from chload.errors import ChloadError, NothingMatched, SourceError, TransientError
 from chload.runtime import stopping
 from chload.sources.base import Skipped, SourceFile
@@ -51,6 +64,116 @@ LISTED_RESULTS = 1000
 # file (or a README.txt in the directory) costs a load and a ledger event now and then,
 # not every poll; one that failed on a server gone loads once it is back.
 RETRY_POLLS_MAX = 16
+# A `loaded` event may reach the ledger a while after its time (`seq`, by its writer's
+# clock): another loader writes its events in batches (commit/ledger.py LoadedEvents),
+# and hosts' clocks differ. Each poll asks for other runs' events from this long before
+# its previous ask too (those met again are merged as no change).
+LATE_NS = 60_000_000_000
+# What crashed commits left (Target.recover: a look at the table's whole ledger) is
+# settled, and the keys asked whole, by the first poll, by a poll after one with a
+# failure, and else this often (a stage a crashed neighbour left is dropped then, and a
+# neighbour whose clock is more than LATE_NS behind is learned); between, the
+# committer's survey settles a broken lock before any commit (committer.py rule 3).
+RECOVER_SECONDS = 600.0
+# Keys learned since the previous poll merged in Python at most (or an eighth of those
+# known, if more); more are asked whole, the engine sorting them.
+MERGED_MOST = 4096
+
+
+@dataclass(slots=True)
+class _Known:
+    """What the table holds by the ledger, kept from poll to poll as KnownUnits' compact
+    keys (16 bytes a unit, sorted): asked whole (Ledger.known) at the first poll and
+    whenever the table is not as it was at the previous ask (dropped, re-created under
+    another uuid, holding no rows) or much came meanwhile, else only the keys of the
+    events since that ask (Ledger.loaded_since), merged in. For --after-last-key, each
+    prefix's greatest uri loaded: asked once, then moved on by this run's loads (a key
+    another run loaded past it is listed again, and skipped by the keys)."""
+
+    ledger: Ledger
+    table: str  # as the ledger names it (TableName.display)
+    run_id: str
+    uris: array = field(default_factory=lambda: array("Q"))
+    identities: array = field(default_factory=lambda: array("Q"))
+    events: Events | None = None  # the ledger's events of some uris (KnownUnits.events)
+    state: TableState | None = None  # the table at the last ask (None: ask whole)
+    asked_ns: int = 0
+    last: dict[str, str] = field(default_factory=dict)  # --after-last-key: prefix -> uri
+
+    def __call__(self, state: TableState) -> tuple[KnownUnits, str]:
+        """The keys for a plan of the table as it is now (`state`), and why the ledger's
+        other loads are not the table's (load.KnownOf)."""
+        asked, why, new = time.time_ns(), "", None
+        if self.state is not None and _same_table(self.state, state):
+            new = self.ledger.loaded_since(self.table, state, self.asked_ns - LATE_NS,
+                                           self.run_id, self.asked_ns)
+        if new is None or len(new) // 2 > max(MERGED_MOST, len(self.uris) // 8):
+            known, why = self.ledger.known(self.table, state)
+            self.uris, self.identities = known.uris, known.identities
+            self.events = known.events if len(known) else self._events  # (none known yet:
+            self.last.clear()  # the units merged in later are asked of the ledger)
+        else:
+            self.merge(new)
+        self.state, self.asked_ns = state, asked
+        known = KnownUnits(self.uris, self.identities)
+        if self.events is not None:
+            known.events = self.events
+        return known, why
+
+    def _events(self, uris: list[str]) -> Mapping[str, FileEvent]:
+        return self.ledger.loaded_of(self.table, uris)
+
+    def merge(self, pairs: array) -> None:
+        """Keys (uri's, identity's, in pairs, in the order of the uri's) into the run's:
+        a known uri takes the identity, a new one is inserted in order (the arrays
+        copied once, whatever the count)."""
+        inserted: list[tuple[int, int, int]] = []
+        for n in range(0, len(pairs), 2):
+            k, i = pairs[n], pairs[n + 1]
+            at = bisect_left(self.uris, k)
+            if at < len(self.uris) and self.uris[at] == k:
+                self.identities[at] = i
+            else:
+                inserted.append((at, k, i))
+        if not inserted:
+            return
+        uris, identities, start = array("Q"), array("Q"), 0
+        for at, k, i in inserted:
+            uris += self.uris[start:at]
+            identities += self.identities[start:at]
+            uris.append(k)
+            identities.append(i)
+            start = at
+        self.uris = uris + self.uris[start:]
+        self.identities = identities + self.identities[start:]
+
+    def learn(self, results: list[FileResult]) -> None:
+        """After a poll: its loads move each prefix's last key on; units another run
+        committed while the poll ran (the committer found them taken) are asked by uri
+        and merged in."""
+        for r in results:
+            for prefix, last in self.last.items():
+                if r.status != "failed" and r.uri.startswith(prefix) and r.uri > last:
+                    self.last[prefix] = r.uri
+        taken = [r.uri for r in results if r.note in (LOADED_ELSEWHERE, LOADED_IN_PART)]
+        if taken and self.events is not None:
+            pairs = sorted((key(uri), key(e.identity)) for uri, e in self.events(taken).items())
+            self.merge(array("Q", [k for pair in pairs for k in pair]))
+
+    def last_loaded(self, prefix: str) -> str:
+        """The greatest uri under `prefix` loaded into the table (--after-last-key: where
+        its listing starts), asked of the ledger once."""
+        if prefix not in self.last:
+            self.last[prefix] = self.ledger.last_loaded(
+                self.table, self.state or TableState(False), prefix)
+        return self.last[prefix]
+
+
+def _same_table(before: TableState, now: TableState) -> bool:
+    """Whether keys asked of the table as it was `before` stand for it `now`, with the
+    events since: the same table (by uuid, where it has one), not emptied; or a table
+    made since (every load into it came after that ask)."""
+    return now.exists and now.rows > 0 and (not before.exists or before.uuid == now.uuid)
 
 
 @dataclass(slots=True)
@@ -62,6 +185,8 @@ class _Run:
 
     report: LoadReport
     looked_ns: int
+    known: _Known
+    recover_at: float = 0.0  # (time.monotonic) from when a poll settles crashed commits
     told: set[str] = field(default_factory=set)
     held: dict[str, tuple[int, int]] = field(default_factory=dict)  # a failed file's uri:
     # the poll from which it is tried again, and the polls it waited
@@ -81,11 +206,14 @@ def follow(spec: LoadSpec, target: Target, sources: RunSources, listener: Listen
     steps.refuse_unread(spec, sources.options())
     stop = stop or threading.Event()
     every = spec.poll or POLL_SECONDS
-    run = _Run(LoadReport(table.display, target.display, os.urandom(6).hex()),
-               started_ns - int(every * 1e9))
-    run.report.unit = sources.unit(spec.sources)
+    report = LoadReport(table.display, target.display, os.urandom(6).hex())
+    report.unit = sources.unit(spec.sources)
     with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t, \
             stopping.registered(stop):  # (a pipelines file's loads: its runner stops them)
+        run = _Run(report, started_ns - int(every * 1e9),
+                   _Known(t.ledger, table.display, report.run_id))
+        if spec.after_last_key:  # (where each prefix's listing starts: kept by the run)
+            sources.context = replace(sources.context, last_loaded=run.known.last_loaded)
         try:
             _polls(spec, t, table, sources, listener, run, stop, every)
         except ChloadError as exc:
@@ -130,6 +258,9 @@ def _poll(spec: LoadSpec, target: Target, table: planner.TableName, sources: Run
     done = _load(replace(spec, force=spec.force and number == 1), target, table, sources,
                  listed, listener, run, stop)
     results = _started(done.files)
+    run.known.learn(results)
+    if any(r.status == "failed" for r in results):  # (a commit cut short: settled first)
+        run.recover_at = 0.0
     refused = [r for r in results if r.changed and r.status == "failed"]
     if refused and spec.force and not stop.is_set():  # (a later poll: the changed ones)
         again = _load(spec, target, table, sources, _relisted(sources, refused), listener,
@@ -157,8 +288,13 @@ def _poll(spec: LoadSpec, target: Target, table: planner.TableName, sources: Run
 def _load(spec: LoadSpec, target: Target, table: planner.TableName, sources: RunSources,
           listed: Iterable[SourceFile | Skipped], listener: Listener, run: _Run,
           stop: threading.Event) -> LoadReport:
+    recover = time.monotonic() >= run.recover_at
+    if recover:  # (and the keys asked whole: a commit settled failed is no longer known)
+        run.recover_at = time.monotonic() + RECOVER_SECONDS
+        run.known.state = None
     return steps.load_table(spec, target, table, sources, listed, listener,
-                            run_id=run.report.run_id, record=False, halt=stop)
+                            run_id=run.report.run_id, record=False, halt=stop,
+                            known_of=run.known, recover=recover)
 
 
 def _started(results: list[FileResult]) -> list[FileResult]:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import MISSING, fields, replace
 
 from chload import formats
-from chload.commit.ledger import COMMITTING, FileEvent, own_history
+from chload.commit.known import KnownUnits
+from chload.commit.ledger import COMMITTING, FileEvent, TableState, own_history
 from chload.commit.rejects import ErrorBudget
 from chload.commit.swap import TableSwap
 from chload.core import evolve
@@ -45,6 +46,9 @@ from chload.schema import Column
 from chload.sources.base import Skipped, SourceFile
 from chload.sources.run import RunSources
 from chload.targets.base import LoadJob, Target
+
+# The units a table holds by the ledger, for the table as it is now (load_table)
+KnownOf = Callable[[TableState], tuple[KnownUnits, str]]
 
 # What a LoadSpec field holds when the caller did not give it.
 _UNSET: dict[str, object] = {f.name: f.default for f in fields(LoadSpec)
@@ -151,11 +155,16 @@ def _check_partitioned(target: Target, table: planner.TableName,
 def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources: RunSources,
                listed: Iterable[SourceFile | Skipped], listener: Listener, run_id: str = "",
                record: bool = True, added: planner.AddColumns | None = None,
-               halt: threading.Event | None = None) -> LoadReport:
+               halt: threading.Event | None = None, known_of: KnownOf | None = None,
+               recover: bool = True) -> LoadReport:
     """One table's run. `listed` is consumed once, as it comes, against the ledger's
     keys (Ledger.known, planner.decide): only the units to load are kept, so a rerun
     over a long history costs its listing, not its history. `halt`: once set, no
-    further unit starts (runner.run)."""
+    further unit starts (runner.run). `known_of`: the keys and why the ledger's other
+    loads are not the table's, for the table as it is now (default: Ledger.known; a
+    run that follows keeps them from poll to poll: core/follow.py). `recover`: settle
+    what crashed commits left first (Target.recover; a run that follows does at its
+    first poll, and its committer's survey settles any later one before it commits)."""
     started_ns, clock = time.time_ns(), time.monotonic()
     _check_settings(target, spec.settings)
     report = LoadReport(table.display, target.display, run_id or os.urandom(6).hex())
@@ -163,9 +172,10 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     existing = target.table_columns(table.sql)
     if spec.mode == "replace-partitions":
         _check_partitioned(target, table, existing, spec.partition_by)
-    report.recovered = target.recover(table.sql)
+    report.recovered = target.recover(table.sql) if recover else 0
     state = target.ledger.table_state(table.database, table.name)
-    known, report.table_reset = target.ledger.known(table.display, state)
+    known, report.table_reset = (known_of or (lambda state: target.ledger.known(
+        table.display, state)))(state)
     sources.against(None if spec.force else known)  # (--force: every unit listed, loaded)
     try:
         plan = planner.decide(listed, known, spec.force, sources.release,

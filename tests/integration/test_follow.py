@@ -1,6 +1,7 @@
 """`--follow` of files end to end: the real `chload load ... --follow --poll 1` command
-following a real MinIO bucket and a local directory into the embedded engine while
-files keep coming, stopped by SIGTERM or SIGINT; results checked through SQL."""
+following a real MinIO bucket and a local directory into the embedded engine (and an
+18.16 server) while files keep coming, stopped by SIGTERM or SIGINT; results checked
+through SQL, and what each poll asks of the ledger counted."""
 
 from __future__ import annotations
 
@@ -322,3 +323,115 @@ def test_a_failed_file_is_tried_again_less_and_less_often_and_counted_once(
     assert sql(target, "SELECT sum(id) FROM t") == "3"
     failed = sql(target, "SELECT count() FROM chload.files WHERE state = 'failed'")
     assert int(failed) == len(tried), (failed, tried)
+
+
+LEDGER_READS = """
+import json, os, signal, sys, time
+import chload
+from chload.commit import ledger
+
+reads = []  # (what, rows or bytes answered) of each ledger question about chload.files
+
+
+class Counted:
+    def __init__(self, sql):
+        self.sql = sql
+
+    def command(self, statement):
+        return self.sql.command(statement)
+
+    def rows(self, statement):
+        answer = self.sql.rows(statement)
+        if "chload.files" in statement:
+            reads.append(("rows", len(answer)))
+        return answer
+
+    def binary(self, statement, fmt):
+        answer = self.sql.binary(statement, fmt)
+        if "chload.files" in statement:
+            reads.append(("bytes", len(answer)))
+        return answer
+
+
+made = ledger.Ledger.__init__
+ledger.Ledger.__init__ = lambda self, sql: made(self, Counted(sql))
+polls = []
+
+
+def on_event(event):
+    if event.poll is None:
+        return
+    polls.append({{"files": event.poll.files, "reads": list(reads)}})
+    reads.clear()
+    if len(polls) == 1:
+        old = time.time() - 60
+        path = os.path.join({source!r}, "new.csv")
+        with open(path, "w") as out:
+            out.write("id\\n1000\\n")
+        os.utime(path, (old, old))
+    if len(polls) == 4:
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+report = chload.load({source!r}, table="t", target={target!r}, follow=True, poll=0.5,
+                     listener=on_event)
+print(json.dumps({{"polls": polls, "loaded": report.files_loaded}}))
+"""
+
+
+def test_a_poll_after_many_known_units_asks_the_ledger_only_for_the_new(
+        tmp_path: Path) -> None:
+    """A follow's first poll loads 300 files; each later poll asks the ledger only for
+    the keys (16 bytes a unit) of the units loaded since the previous poll asked: the
+    300, then the one new file, then none (not the 301 known each time), counted through
+    a counter around the ledger's SQL (chload.load(follow=True) in its own process)."""
+    source, target = tmp_path / "in", str(tmp_path / "target")
+    source.mkdir()
+    old = time.time() - 60
+    for i in range(300):
+        (source / f"f{i:03d}.csv").write_text(f"id\n{i}\n")
+        os.utime(source / f"f{i:03d}.csv", (old, old))
+    script = LEDGER_READS.format(source=str(source), target=target)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [p["files"] for p in result["polls"]] == [300, 1, 0, 0], result
+    reads = [[tuple(r) for r in p["reads"]] for p in result["polls"]]
+    assert reads[1:] == [[("bytes", 300 * 16)], [("bytes", 16)], [("bytes", 0)]], reads
+    assert sql(target, "SELECT count(), sum(id) FROM t") == f"301\t{sum(range(300)) + 1000}"
+
+
+def test_a_follow_skips_what_another_loader_committed_meanwhile_without_loading_it(
+        clickhouse: services.Service, tmp_path: Path, table_name: str) -> None:
+    """While a follow of a directory into an 18.16 table waits between polls (stopped
+    there by SIGSTOP), another chload loads a new file of it into the same table: the
+    follow's next poll learns it from the ledger's events since its last ask and skips
+    it in its plan (never staged: no skip by the committer counted), and the table holds
+    its rows once."""
+    source = tmp_path / "in"
+    source.mkdir()
+    old = time.time() - 60
+    (source / "a.csv").write_text("id\n1\n")
+    os.utime(source / "a.csv", (old, old))
+    follower = Follower(str(source), "--table", table_name, "--target", clickhouse.url,
+                        "--json")
+    follower.wait_for(lambda line: '"files": 1' in line)
+    follower.proc.send_signal(signal.SIGSTOP)  # (between polls: just after one's line)
+    try:
+        (source / "b.csv").write_text("id\n2\n3\n")
+        os.utime(source / "b.csv", (old, old))
+        other = run_chload("load", str(source / "b.csv"), "--table", table_name,
+                           "--target", clickhouse.url)
+        assert other.returncode == 0, other.stderr
+    finally:
+        follower.proc.send_signal(signal.SIGCONT)
+    for _ in range(2):
+        follower.wait_for(lambda line: '"event": "poll"' in line)
+    code, rest, err = follower.stop()
+    assert code == 0, err
+    report = json.loads(rest[-1])
+    assert (report["files_loaded"], report["files_skipped"], report["files_failed"]) == \
+        (1, 0, 0), report
+    assert all(p["files"] == 0 for p in polls(follower.seen)[1:])
+    assert sql(clickhouse.url, f"SELECT count(), sum(id) FROM {table_name}") == "3\t6"

@@ -15,6 +15,7 @@ why and which changes are refused.
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, TypeVar
@@ -91,6 +92,14 @@ class ClusterLedger(Ledger):
             return super().known(target_table, table)
         own, why = own_history(table, self.loaded(target_table))
         return KnownUnits.of_events(own), why
+
+    def loaded_since(self, target_table: str, table: TableState, since_ns: int,
+                     own_run: str, own_since_ns: int) -> array | None:
+        """None for the Distributed table: `known` gathers it from the shards each time
+        (and keeps what `_pending` and the layout check need)."""
+        if not self._ours(target_table):
+            return super().loaded_since(target_table, table, since_ns, own_run, own_since_ns)
+        return None
 
     def _ahead(self, shard: Shard, i: int, ask: Callable[[], T]) -> T:
         """The shard's answer read ahead at recovery (ClusterTarget._recover), once;
