@@ -25,7 +25,17 @@ from dataclasses import asdict, dataclass, field, fields
 from operator import attrgetter
 from typing import Protocol
 
-from chload.commit.known import KnownUnits
+from chload.commit.known import (
+    FEED,
+    LOADED_CODE,
+    SUMMARY,
+    KnownUnits,
+    backfill_statement,
+    key,
+    rebuild_statements,
+    summary_check,
+    summary_statements,
+)
 from chload.errors import ChloadError, EngineError
 from chload.schema import quote_str
 
@@ -134,7 +144,8 @@ _ADDED = {("files", "table_uuid"): "String", ("runs", "concurrency"): "String",
           ("runs", "schema_changes"): "String",
           **{("files", name): kind for name, kind in KEY_COLUMNS.items()}}
 # What a complete ledger has (`table.column`: the added columns)
-LEDGER_TABLES = frozenset({"files", "runs", "rejects", *(f"{t}.{c}" for t, c in _ADDED)})
+LEDGER_TABLES = frozenset({"files", "runs", "rejects", SUMMARY, FEED,
+                           *(f"{t}.{c}" for t, c in _ADDED)})
 ADDED_COLUMNS = "(" + " OR ".join(f"(table = '{t}' AND name = '{c}')" for t, c in _ADDED) + ")"
 
 # an ADD COLUMN that another chload ran first: 15 DUPLICATE_COLUMN; 18.16 answers 44
@@ -153,7 +164,8 @@ class TableState:
 
 def create_statements() -> list[str]:
     """The ledger's database and tables, as a new ledger gets them (every column)."""
-    return [f"CREATE DATABASE IF NOT EXISTS {DATABASE}", _FILES_DDL, _RUNS_DDL]
+    return [f"CREATE DATABASE IF NOT EXISTS {DATABASE}", _FILES_DDL, _RUNS_DDL,
+            *summary_statements(DATABASE)]
 
 
 class Ledger:
@@ -173,9 +185,15 @@ class Ledger:
         return LEDGER_TABLES <= present
 
     def ensure(self) -> None:
+        """Make what is missing; a ledger made before its summary (known.py) gets it with
+        its events, so its first run reads the summary, not the events grouped."""
+        had = bool(self._sql.rows(f"SELECT name FROM system.tables WHERE database = "
+                                  f"'{DATABASE}' AND name = '{SUMMARY}'"))
         for statement in create_statements():
             self._sql.command(statement)
         self._add_columns()
+        if not had:
+            self._sql.command(backfill_statement(DATABASE))
 
     def _add_columns(self) -> None:
         """A ledger made before events carried `table_uuid`, runs their `concurrency`,
@@ -294,25 +312,29 @@ class Ledger:
     def known(self, target_table: str, table: TableState) -> tuple[KnownUnits, str]:
         """The units loaded into the table as it is now, as compact keys (known.py), and
         why the ledger's other loads are not the table's ('' when all are): the rules of
-        `own_history`, applied by the engine, so no event is held in Python. The keys
-        come in slices of the key space, each at most _KNOWN_SLICE units, so the
-        engine's memory for the grouping is bounded too (the embedded engine's is this
-        process's)."""
-        where = f"target_table = {quote_str(target_table)} AND state = '{LOADED}'"
-        count = self.loaded_count(target_table)
+        `own_history`, applied by the engine, so no event is held in Python.
+
+        Read from the ledger's summary (known.py: one range of an ordered table) once it
+        sums to the ledger, rebuilt for the table first when it does not; from the
+        ledger itself while it still does not. The keys come in slices of the key space,
+        each at most _KNOWN_SLICE units, so the engine's memory for the grouping is
+        bounded too (the embedded engine's is this process's)."""
+        literal = quote_str(target_table)
+        count, whole = self._summed(literal)
         if not count:
             return KnownUnits(), ""
         if not table.exists:
             return KnownUnits(), DROPPED
-        own = f"argMax(table_uuid IN ('', {quote_str(table.uuid)}), seq)"
+        if not whole:
+            for statement in rebuild_statements(DATABASE, literal):
+                self._sql.command(statement)
+            count, whole = self._summed(literal)
         uris, identities = array("Q"), array("Q")
         for lo, hi in _slices(count):
             # RowBinary: 16 bytes a unit, no text to parse or decode; a slice's pairs
             # split as they come, so the whole answer is never held twice
             pairs = array("Q", self._sql.binary(
-                f"SELECT uri_key AS u, argMax(identity_key, seq) AS i FROM {FILES} WHERE "
-                f"{where} AND uri_key BETWEEN {lo} AND {hi} GROUP BY u HAVING {own} "
-                f"ORDER BY u SETTINGS {_ONE_SLICE}", "RowBinary"))
+                _known_sql(literal, table.uuid, whole, lo, hi), "RowBinary"))
             if sys.byteorder != "little":  # (RowBinary is little-endian)
                 pairs.byteswap()
             uris.extend(pairs[0::2])
@@ -321,11 +343,18 @@ class Ledger:
         known = KnownUnits(uris, identities, lambda uris: self._loaded_of(target_table, uris))
         if not known:
             return known, RECREATED
-        if table.rows == 0 and int(self._sql.rows(
-                f"SELECT max(r) AS r FROM (SELECT argMax(rows, seq) AS r, {own} AS mine FROM "
-                f"{FILES} WHERE {where} GROUP BY uri) WHERE mine")[0]["r"] or 0):
+        if table.rows == 0 and int(self._sql.rows(_rows_sql(literal, table.uuid, whole)
+                                                  )[0]["r"] or 0):
             return KnownUnits(), TRUNCATED
         return known, ""
+
+    def _summed(self, literal: str) -> tuple[int, bool]:
+        """How many `loaded` events the ledger holds for a table, and whether its summary
+        holds every event of the table (known.summary_check)."""
+        rows = {r["s"]: r for r in self._sql.rows(summary_check(DATABASE, literal))}
+        files, summary = rows.get("files", {}), rows.get(SUMMARY, {})
+        whole = all(str(files.get(k)) == str(summary.get(k)) for k in ("n", "loaded", "h"))
+        return int(files.get("loaded") or 0), whole
 
     def sliced(self) -> None:
         """After each slice of `known`: an engine in this process gives back what its
@@ -415,6 +444,35 @@ _KNOWN_SLICE = 1 << 17  # `loaded` events grouped by one query of Ledger.known
 # the engine's memory for it stays a small multiple of the slice's keys
 _ONE_SLICE = ("max_threads = 1, group_by_two_level_threshold = 1000000, "
               "group_by_two_level_threshold_bytes = 1000000000")
+
+
+def _known_sql(table: str, uuid: str, summed: bool, lo: int, hi: int) -> str:
+    """The keys of the units (the uri key and the identity key of its latest `loaded`
+    event) of `table` (a literal) whose uri key is in [lo, hi], when that event is the
+    table's as it is now (own_history). From the summary (`summed`): its latest event
+    by uri key, read in the order the summary keeps (no grouping); else grouped from
+    the ledger itself."""
+    if summed:
+        return (f"SELECT unit, ident FROM (SELECT unit, ident, owner FROM {DATABASE}."
+                f"{SUMMARY} WHERE target_table = {table} AND code = {LOADED_CODE} AND unit "
+                f"BETWEEN {lo} AND {hi} ORDER BY unit, seq DESC LIMIT 1 BY unit) WHERE owner "
+                f"IN (0, {key(uuid) if uuid else 0}) SETTINGS {_ONE_SLICE}")
+    return (f"SELECT uri_key AS u, argMax(identity_key, seq) AS i FROM {FILES} WHERE "
+            f"target_table = {table} AND state = '{LOADED}' AND uri_key BETWEEN {lo} AND "
+            f"{hi} GROUP BY u HAVING argMax(table_uuid IN ('', {quote_str(uuid)}), seq) "
+            f"ORDER BY u SETTINGS {_ONE_SLICE}")
+
+
+def _rows_sql(table: str, uuid: str, summed: bool) -> str:
+    """The most rows the latest `loaded` event of a unit of the table as it is now
+    says (Ledger.known: a table emptied since)."""
+    if summed:
+        return (f"SELECT max(rows) AS r FROM (SELECT rows, owner FROM {DATABASE}.{SUMMARY} "
+                f"WHERE target_table = {table} AND code = {LOADED_CODE} ORDER BY unit, seq "
+                f"DESC LIMIT 1 BY unit) WHERE owner IN (0, {key(uuid) if uuid else 0})")
+    return (f"SELECT max(r) AS r FROM (SELECT argMax(rows, seq) AS r, argMax(table_uuid IN "
+            f"('', {quote_str(uuid)}), seq) AS mine FROM {FILES} WHERE target_table = {table}"
+            f" AND state = '{LOADED}' GROUP BY uri) WHERE mine")
 
 
 def _slices(count: int) -> list[tuple[int, int]]:
