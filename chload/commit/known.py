@@ -96,7 +96,7 @@ def summary_differs(table: str, database: str) -> str:
 def backfill_statement(database: str) -> str:
     """Every event of the ledger into the summary: once, when the summary is made for a
     ledger that has events (Ledger.ensure)."""
-    return f"INSERT INTO {database}.{SUMMARY} {_summary_select(database, '')}"
+    return f"INSERT INTO {database}.{SUMMARY} {_summary_select(database, '')} {_SMALL_BLOCKS}"
 
 
 def rebuild_statements(database: str, table: str) -> list[str]:
@@ -105,7 +105,13 @@ def rebuild_statements(database: str, table: str) -> list[str]:
     `summary_check` sees it and rebuilds again."""
     return [f"ALTER TABLE {database}.{SUMMARY} DROP PARTITION {table}",
             f"INSERT INTO {database}.{SUMMARY} "
-            f"{_summary_select(database, f' WHERE target_table = {table}')}"]
+            f"{_summary_select(database, f' WHERE target_table = {table}')} {_SMALL_BLOCKS}"]
+
+
+# A ledger's events copied into the summary a block of this many at a time, on one
+# thread: the embedded engine's memory is the loader's
+_SMALL_BLOCKS = ("SETTINGS max_threads = 1, max_block_size = 65536, max_insert_block_size = "
+                 "65536, min_insert_block_size_rows = 65536, min_insert_block_size_bytes = 0")
 
 
 def key(text: str) -> int:

@@ -194,6 +194,7 @@ class Ledger:
         self._add_columns()
         if not had:
             self._sql.command(backfill_statement(DATABASE))
+            self.sliced()
 
     def _add_columns(self) -> None:
         """A ledger made before events carried `table_uuid`, runs their `concurrency`,
@@ -328,6 +329,7 @@ class Ledger:
         if not whole:
             for statement in rebuild_statements(DATABASE, literal):
                 self._sql.command(statement)
+            self.sliced()
             count, whole = self._summed(literal)
         uris, identities = array("Q"), array("Q")
         for lo, hi in _slices(count):
