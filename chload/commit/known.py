@@ -149,6 +149,8 @@ class KnownUnits:
     def find(self, uris: Iterable[str]) -> int:
         """The index of the first of `uris` (a unit's uri, then its aliases) that is
         known; -1 if none is."""
+        if not self.uris:  # (a first load: no key to compute)
+            return -1
         for uri in uris:
             k = key(uri)
             i = bisect_left(self.uris, k)
