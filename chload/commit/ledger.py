@@ -189,9 +189,12 @@ class Ledger:
         its events, so its first run reads the summary, not the events grouped."""
         had = bool(self._sql.rows(f"SELECT name FROM system.tables WHERE database = "
                                   f"'{DATABASE}' AND name = '{SUMMARY}'"))
-        for statement in create_statements():
+        summary = summary_statements(DATABASE)
+        for statement in create_statements()[:-len(summary)]:
             self._sql.command(statement)
-        self._add_columns()
+        self._add_columns()  # (before the view, which reads them)
+        for statement in summary:
+            self._sql.command(statement)
         if not had:
             self._sql.command(backfill_statement(DATABASE))
             self.sliced()
@@ -321,7 +324,7 @@ class Ledger:
         each at most _KNOWN_SLICE units, so the engine's memory for the grouping is
         bounded too (the embedded engine's is this process's)."""
         literal = quote_str(target_table)
-        count, whole = self._summed(literal)
+        count, whole = self.summed(target_table)
         if not count:
             return KnownUnits(), ""
         if not table.exists:
@@ -330,7 +333,7 @@ class Ledger:
             for statement in rebuild_statements(DATABASE, literal):
                 self._sql.command(statement)
             self.sliced()
-            count, whole = self._summed(literal)
+            count, whole = self.summed(target_table)
         uris, identities = array("Q"), array("Q")
         for lo, hi in _slices(count):
             # RowBinary: 16 bytes a unit, no text to parse or decode; a slice's pairs
@@ -350,10 +353,12 @@ class Ledger:
             return KnownUnits(), TRUNCATED
         return known, ""
 
-    def _summed(self, literal: str) -> tuple[int, bool]:
+    def summed(self, target_table: str) -> tuple[int, bool]:
         """How many `loaded` events the ledger holds for a table, and whether its summary
-        holds every event of the table (known.summary_check)."""
-        rows = {r["s"]: r for r in self._sql.rows(summary_check(DATABASE, literal))}
+        holds every event of the table (known.summary_check): Ledger.known's first
+        question, asked ahead on a server (server/early.py)."""
+        rows = {r["s"]: r for r in self._sql.rows(summary_check(DATABASE,
+                                                                quote_str(target_table)))}
         files, summary = rows.get("files", {}), rows.get(SUMMARY, {})
         whole = all(str(files.get(k)) == str(summary.get(k)) for k in ("n", "loaded", "h"))
         return int(files.get("loaded") or 0), whole
@@ -376,8 +381,7 @@ class Ledger:
         return str(rows[0]["last"] or "") if rows else ""
 
     def loaded_count(self, target_table: str) -> int:
-        """How many `loaded` events the ledger holds for the table (Ledger.known's first
-        question, asked ahead on a server: server/early.py)."""
+        """How many `loaded` events the ledger holds for the table."""
         return int(self._sql.rows(
             f"SELECT count() AS n FROM {FILES} WHERE target_table = {quote_str(target_table)}"
             f" AND state = '{LOADED}'")[0]["n"])
