@@ -380,12 +380,6 @@ class Ledger:
             f"table_uuid IN ('', {quote_str(table.uuid)})")
         return str(rows[0]["last"] or "") if rows else ""
 
-    def loaded_count(self, target_table: str) -> int:
-        """How many `loaded` events the ledger holds for the table."""
-        return int(self._sql.rows(
-            f"SELECT count() AS n FROM {FILES} WHERE target_table = {quote_str(target_table)}"
-            f" AND state = '{LOADED}'")[0]["n"])
-
     def _loaded_of(self, target_table: str, uris: list[str]) -> dict[str, FileEvent]:
         """uri -> the latest `loaded` event of each of `uris` (as `loaded`), in
         statements well under a server's max_query_size."""
