@@ -106,8 +106,7 @@ def follow_briefly(url: str, table: str, target: str, env: dict[str, str]) -> No
 
 
 def bare(db: services.Service, log: tuple[str, int], table: str, lines: bool) -> int:
-    from pymysqlreplication import BinLogStreamReader
-    from pymysqlreplication import row_event as rev
+    from pymysqlreplication import BinLogStreamReader, row_event as rev
 
     from chload.sources.changes.mysql_binlog import layout_of, line
 

@@ -180,17 +180,29 @@ def main() -> int:
                 expect = args.new if case == "new" else 0
                 if not summary.startswith(f"{expect} loaded"):
                     sys.exit(f"{label} {case}: expected {expect} loaded, got {summary}")
-                cell = figures.setdefault(f"{case} {label}",
-                                          {"seconds": [], "rss_mib": [], "cpu_seconds": []})
+                cell = figures.setdefault(f"{case} {label}", {
+                    "seconds": [], "rss_mib": [], "cpu_seconds": [], "load_average": []})
                 cell["seconds"].append(round(seconds, 3))
                 cell["rss_mib"].append(rss)
                 cell["cpu_seconds"].append(round(cpu, 3))
+                cell["load_average"].append(round(os.getloadavg()[0], 1))
                 print(f"round {round_ + 1} {case:<5} {label:<4} {seconds:7.2f} s "
-                      f"{rss:5d} MiB {cpu:7.2f} CPU s  ({summary})", file=sys.stderr)
+                      f"{rss:5d} MiB {cpu:7.2f} CPU s  load {os.getloadavg()[0]:4.1f}  "
+                      f"({summary})", file=sys.stderr)
     result = report(args.files, figures, bool(args.vs))
+    result["commits"] = {label: _commit(checkout) for label, checkout in checkouts.items()}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
+
+
+def _commit(checkout: str) -> str:
+    """The checkout's commit, as measured (with `+` when its tree had changes)."""
+    head = subprocess.run(["git", "-C", checkout, "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", checkout, "status", "--porcelain", "--", "chload"],
+                           capture_output=True, text=True).stdout.strip()
+    return head + ("+" if dirty else "")
 
 
 def report(files: int, figures: dict[str, dict[str, list]], versus: bool) -> dict:
@@ -234,8 +246,10 @@ ONE_STATEMENT = ("import chdb.session, sys; s = chdb.session.Session(sys.argv[1]
 def first_load(root: Path, files: int, repeat: int) -> dict:
     """The first load of every file into a fresh embedded target, against one chDB
     statement (`INSERT INTO t SELECT * FROM file('f/**/*.csv')`, a process of its own
-    too) into a fresh directory, alternately: its seconds, and the speed ratio."""
+    too) into a fresh directory, alternately: its seconds, and the speed ratio. Every
+    file under f/ counts, the reruns' new ones too."""
     pattern = f"{root}/f/**/*.csv"
+    files = sum(1 for _ in (root / "f").glob("**/*.csv"))
     seconds: dict[str, list[float]] = {"chload": [], "chdb": []}
     with tempfile.TemporaryDirectory(prefix="chload-first-") as work:
         for round_ in range(repeat):
@@ -243,14 +257,15 @@ def first_load(root: Path, files: int, repeat: int) -> dict:
             for method in order:
                 target = Path(work) / f"{method}{round_}"
                 if method == "chload":
-                    wall, _, summary = run(str(ROOT), root, target, pattern)
+                    wall, _, summary, _ = run(str(ROOT), root, target, pattern)
                     if not summary.startswith(f"{files} loaded"):
                         sys.exit(f"chload first load: expected {files} loaded, got {summary}")
                 else:
                     wall = _one_statement(target, pattern, files * 10)
                 seconds[method].append(round(wall, 3))
                 subprocess.run(["rm", "-rf", str(target)], check=True)
-                print(f"round {round_ + 1} first {method:<6} {wall:7.2f} s", file=sys.stderr)
+                print(f"round {round_ + 1} first {method:<6} {wall:7.2f} s  load "
+                      f"{os.getloadavg()[0]:4.1f}", file=sys.stderr)
     return speed_report(f"first load of {files:,} files into a fresh embedded target", seconds,
                         "chdb", "one chDB statement over the same files", FIRST_GOAL, files)
 

@@ -24,10 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from chload import options, queries
 from chload.commit.ledger import FileEvent
-from chload.core import follow as following
-from chload.core import load as steps
-from chload.core import metrics
-from chload.core import plan as planner
+from chload.core import follow as following, load as steps, metrics, plan as planner
 from chload.core.finish import (
     UNWRITTEN_LOADED,
     _committed_any,

@@ -7,6 +7,7 @@ know it to strip it before looking at the format extension, to tell a server wha
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 from chload.errors import UsageError
@@ -85,12 +86,16 @@ def compressed_as(path: str, fmt: FileFormat) -> FileFormat:
     (a text format only: Parquet, ORC and the like compress inside)."""
     if fmt.compression != "none" or fmt.name not in LINE_FORMATS:
         return fmt
-    try:
-        with open(path, "rb") as f:
-            head = f.read(6)
+    try:  # (by descriptor: a file object costs a load of many small files dearly)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            head = os.read(fd, 6)
+        finally:
+            os.close(fd)
     except OSError:
         return fmt  # the engine says why, when it reads it
-    return replace(fmt, compression=magic(head))
+    method = magic(head)
+    return fmt if method == "none" else replace(fmt, compression=method)
 
 
 def magic(head: bytes) -> str:

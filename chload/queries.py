@@ -11,8 +11,7 @@ from typing import Any
 
 from chload import options
 from chload.commit.ledger import FileEvent
-from chload.core import load as steps
-from chload.core import plan as planner
+from chload.core import load as steps, plan as planner
 from chload.core.report import Pairs, TargetName
 from chload.targets.base import Target
 from chload.targets.registry import TargetSpec, open_target

@@ -11,6 +11,17 @@ A key names a uri only up to a collision of 64-bit hashes (about one chance in 1
 a million uris, both keys of a pair colliding far less): a listed uri whose key is
 known with another identity is checked against the ledger's own events before it is
 refused as changed (`KnownUnits.events`).
+
+The keys are read from a summary of the ledger (`chload.units`: one row of numbers an
+event, ordered by table and uri key), which a materialized view of `chload.files` keeps
+up to date as events are written, on every engine here; so a table's keys are one
+range of one ordered table, not a grouping of every event's text. The view writes after
+the ledger's own part, not with it: a process killed between the two leaves an event
+out of the summary. So the summary is trusted only while it sums to the ledger (a count
+and a sum of a hash of each event's key and sequence, asked of both: `summary_check`);
+when it does not (a ledger made before the summary, an event left out), the table's
+share is rebuilt from the ledger (`rebuild_statements`) and, until it sums again, the
+ledger itself is read.
 """
 
 from __future__ import annotations
@@ -28,6 +39,81 @@ if TYPE_CHECKING:
 # the ledger's events for some uris (their latest `loaded` each), asked only for the few
 # a plan refuses as changed
 Events = Callable[[list[str]], Mapping[str, "FileEvent"]]
+
+
+SUMMARY, FEED = "units", "units_feed"  # the summary table, and the view that fills it
+# what an event says, as a number: 1 loaded, 2 committing, 3 a table swapped in (its
+# earlier loads superseded: --mode replace-table), 0 anything else
+LOADED_CODE, COMMITTING_CODE, REPLACED_CODE = 1, 2, 3
+_SUMMARY_ROW = (  # (a column of the summary, what the view writes into it)
+    ("target_table", "target_table"), ("unit", "reinterpretAsUInt64(MD5(uri))"),
+    ("seq", "seq"),
+    ("code", "toUInt8(multiIf(state = 'loaded', 1, state = 'committing', 2, "
+             "state = 'table-replaced', 3, 0))"),
+    ("ident", "reinterpretAsUInt64(MD5(identity))"),
+    ("owner", "if(table_uuid = '', toUInt64(0), reinterpretAsUInt64(MD5(table_uuid)))"),
+    ("rows", "rows"), ("spelling", "cityHash64(uri)"))
+_SUMMARY_TYPES = {"code": "UInt8", "target_table": "String"}
+
+
+def summary_statements(database: str) -> list[str]:
+    """The summary table and its view (after the ledger's `files`): a ledger made before
+    them gets them on first use, and its events on the first `summary_check` that
+    fails. A table's events are a partition of their own, so one table's share is
+    dropped and written again alone (18.16 has no DELETE that waits)."""
+    columns = ", ".join(f"{c} {_SUMMARY_TYPES.get(c, 'UInt64')}" for c, _ in _SUMMARY_ROW)
+    return [f"CREATE TABLE IF NOT EXISTS {database}.{SUMMARY} ({columns}) ENGINE = "
+            "MergeTree PARTITION BY target_table ORDER BY (target_table, unit, seq)",
+            f"CREATE MATERIALIZED VIEW IF NOT EXISTS {database}.{FEED} TO "
+            f"{database}.{SUMMARY} AS {_summary_select(database, '')}"]
+
+
+def _summary_select(database: str, where: str) -> str:
+    values = ", ".join(f"{expr} AS {c}" if expr != c else c for c, expr in _SUMMARY_ROW)
+    return f"SELECT {values} FROM {database}.files{where}"
+
+
+def summary_check(database: str, table: str) -> str:
+    """One row each for the ledger (`files`) and the summary (`units`) of a table (a
+    quoted literal): its events (`n`), its `loaded` ones (`loaded`) and the sum of a
+    hash of each event's uri key and sequence (`h`). The summary holds the ledger's
+    events when both rows say the same: an event left out, or one twice, changes the
+    sum (but with a chance of 2^-64)."""
+    return (f"SELECT 'files' AS s, count() AS n, countIf(state = 'loaded') AS loaded, "
+            f"sum(cityHash64(uri_key, seq)) AS h FROM {database}.files WHERE target_table "
+            f"= {table} UNION ALL SELECT '{SUMMARY}', count(), countIf(code = {LOADED_CODE}),"
+            f" sum(cityHash64(unit, seq)) FROM {database}.{SUMMARY} WHERE target_table = "
+            f"{table}")
+
+
+def summary_differs(table: str, database: str) -> str:
+    """An SQL condition, true when the summary of `table` (a quoted literal) does not
+    sum to the ledger (`summary_check`'s rule, its sums only)."""
+    def total(source: str, unit: str) -> str:
+        return (f"(SELECT sum(cityHash64({unit}, seq)) FROM {database}.{source} WHERE "
+                f"target_table = {table})")
+    return f"{total('files', 'uri_key')} != {total(SUMMARY, 'unit')}"
+
+
+def backfill_statement(database: str) -> str:
+    """Every event of the ledger into the summary: once, when the summary is made for a
+    ledger that has events (Ledger.ensure)."""
+    return f"INSERT INTO {database}.{SUMMARY} {_summary_select(database, '')} {_SMALL_BLOCKS}"
+
+
+def rebuild_statements(database: str, table: str) -> list[str]:
+    """The summary's share of one table (a quoted literal) written again from the
+    ledger. Events written meanwhile may land twice or not at all: the next
+    `summary_check` sees it and rebuilds again."""
+    return [f"ALTER TABLE {database}.{SUMMARY} DROP PARTITION {table}",
+            f"INSERT INTO {database}.{SUMMARY} "
+            f"{_summary_select(database, f' WHERE target_table = {table}')} {_SMALL_BLOCKS}"]
+
+
+# A ledger's events copied into the summary a block of this many at a time, on one
+# thread: the embedded engine's memory is the loader's
+_SMALL_BLOCKS = ("SETTINGS max_threads = 1, max_block_size = 65536, max_insert_block_size = "
+                 "65536, min_insert_block_size_rows = 65536, min_insert_block_size_bytes = 0")
 
 
 def key(text: str) -> int:
@@ -65,6 +151,8 @@ class KnownUnits:
     def find(self, uris: Iterable[str]) -> int:
         """The index of the first of `uris` (a unit's uri, then its aliases) that is
         known; -1 if none is."""
+        if not self.uris:  # (a first load: no key to compute)
+            return -1
         for uri in uris:
             k = key(uri)
             i = bisect_left(self.uris, k)

@@ -25,20 +25,41 @@ from dataclasses import asdict, dataclass, field, fields
 from operator import attrgetter
 from typing import Protocol
 
-from chload.commit.known import KnownUnits
+from chload.commit.known import (
+    SUMMARY,
+    KnownUnits,
+    backfill_statement,
+    rebuild_statements,
+    summary_check,
+    summary_statements,
+)
+
+# (the names others import from here, kept: the tables and states are the ledger's)
+from chload.commit.tables import (
+    ADDED,
+    ADDED_COLUMNS as ADDED_COLUMNS,
+    COMMITTING as COMMITTING,
+    DATABASE as DATABASE,
+    DUPLICATE_COLUMN,
+    FAILED as FAILED,
+    FILES as FILES,
+    LEDGER_TABLES as LEDGER_TABLES,
+    LOADED as LOADED,
+    LOADING as LOADING,
+    NO_UNIT,
+    RUNS as RUNS,
+    SWAP_ABANDONED as SWAP_ABANDONED,
+    SWAPPING as SWAPPING,
+    TABLE_REPLACED as TABLE_REPLACED,
+    create_statements as create_statements,
+    known_sql,
+    loaded_where,
+    rows_sql,
+    slices,
+)
 from chload.errors import ChloadError, EngineError
 from chload.schema import quote_str
 
-DATABASE = "chload"
-FILES = f"{DATABASE}.files"
-RUNS = f"{DATABASE}.runs"
-
-LOADING, COMMITTING, LOADED, FAILED = "loading", "committing", "loaded", "failed"
-# --mode replace-table (commit/swap.py): a run's new table is about to be swapped in
-# (uri: the new table), and the swap done: every `loaded` event of the table before the
-# latest TABLE_REPLACED is another table's (superseded), so a later append loads them again
-SWAPPING, TABLE_REPLACED, SWAP_ABANDONED = "swapping", "table-replaced", "swap-abandoned"
-_NO_UNIT = f"state NOT IN ('{SWAPPING}', '{TABLE_REPLACED}', '{SWAP_ABANDONED}')"  # (a swap's)
 # Events logged with their mark in one statement (INSERT ... SELECT, one arm per event),
 # at most: 18.16 plans a UNION ALL of many arms slowly, under the commit lock; more
 # are appended after reading the mark first. A raw load's groups (a file a stage, at
@@ -114,42 +135,6 @@ class RunRecord:
     schema_changes: str = ""  # JSON: the columns the run added (core/evolve.py Change)
 
 
-# The planner's keys of a unit (commit/known.py), computed by the engine as events are
-# written; in a ledger made before them, computed as read until parts merge
-KEY_COLUMNS = {"uri_key": "UInt64 MATERIALIZED reinterpretAsUInt64(MD5(uri))",
-               "identity_key": "UInt64 MATERIALIZED reinterpretAsUInt64(MD5(identity))"}
-
-_FILES_DDL = f"""CREATE TABLE IF NOT EXISTS {FILES} (
-    target_table String, uri String, identity String, size UInt64, mtime_ns UInt64,
-    state String, rows UInt64, bytes UInt64, error String, run_id String,
-    stage String, mark UInt64, seq UInt64, table_uuid String, replaced String,
-    at DateTime MATERIALIZED toDateTime(intDiv(seq, 1000000000)),
-    {", ".join(f"{name} {kind}" for name, kind in KEY_COLUMNS.items())}
-) ENGINE = MergeTree ORDER BY (target_table, uri, seq)"""
-
-_RUNS_DDL = f"""CREATE TABLE IF NOT EXISTS {RUNS} (
-    run_id String, target_table String, sources String, started_ns UInt64,
-    finished_ns UInt64, files_total UInt64, files_loaded UInt64, files_skipped UInt64,
-    files_failed UInt64, rows_loaded UInt64, rows_rejected UInt64, bytes_read UInt64,
-    seconds Float64, status String, host String, concurrency String, schema_changes String,
-    started DateTime MATERIALIZED toDateTime(intDiv(started_ns, 1000000000))
-) ENGINE = MergeTree ORDER BY (target_table, started_ns, run_id)"""
-
-
-# Columns added after the first version: (table, column) -> type; ADDED_COLUMNS finds
-# them in system.columns (an older ledger gets them on first use: Ledger._add_columns)
-_ADDED = {("files", "table_uuid"): "String", ("runs", "concurrency"): "String",
-          ("runs", "schema_changes"): "String", ("files", "replaced"): "String",
-          **{("files", name): kind for name, kind in KEY_COLUMNS.items()}}
-# What a complete ledger has (`table.column`: the added columns)
-LEDGER_TABLES = frozenset({"files", "runs", "rejects", *(f"{t}.{c}" for t, c in _ADDED)})
-ADDED_COLUMNS = "(" + " OR ".join(f"(table = '{t}' AND name = '{c}')" for t, c in _ADDED) + ")"
-
-# an ADD COLUMN that another chload ran first: 15 DUPLICATE_COLUMN; 18.16 answers 44
-# ILLEGAL_COLUMN ("column with this name already exists")
-_DUPLICATE_COLUMN = {15, 44}
-
-
 @dataclass(frozen=True, slots=True)
 class TableState:
     """A target table as it is now, to tell whether the ledger's loads are its own."""
@@ -157,11 +142,6 @@ class TableState:
     exists: bool
     uuid: str = ""  # '' where the engine has none (18.16: Ordinary databases)
     rows: int = 0  # in its active parts
-
-
-def create_statements() -> list[str]:
-    """The ledger's database and tables, as a new ledger gets them (every column)."""
-    return [f"CREATE DATABASE IF NOT EXISTS {DATABASE}", _FILES_DDL, _RUNS_DDL]
 
 
 class Ledger:
@@ -181,9 +161,19 @@ class Ledger:
         return LEDGER_TABLES <= present
 
     def ensure(self) -> None:
-        for statement in create_statements():
+        """Make what is missing; a ledger made before its summary (known.py) gets it with
+        its events, so its first run reads the summary, not the events grouped."""
+        had = bool(self._sql.rows(f"SELECT name FROM system.tables WHERE database = "
+                                  f"'{DATABASE}' AND name = '{SUMMARY}'"))
+        summary = summary_statements(DATABASE)
+        for statement in create_statements()[:-len(summary)]:
             self._sql.command(statement)
-        self._add_columns()
+        self._add_columns()  # (before the view, which reads them)
+        for statement in summary:
+            self._sql.command(statement)
+        if not had:
+            self._sql.command(backfill_statement(DATABASE))
+            self.sliced()
 
     def _add_columns(self) -> None:
         """A ledger made before events carried `table_uuid`, runs their `concurrency`,
@@ -192,12 +182,12 @@ class Ledger:
         have = {(r["table"], r["name"]) for r in self._sql.rows(
             f"SELECT table, name FROM system.columns WHERE database = '{DATABASE}' AND "
             f"{ADDED_COLUMNS}")}
-        for table, column in sorted(set(_ADDED) - have):
+        for table, column in sorted(set(ADDED) - have):
             try:
                 self._sql.command(f"ALTER TABLE {DATABASE}.{table} ADD COLUMN {column} "
-                                  f"{_ADDED[table, column]}")
+                                  f"{ADDED[table, column]}")
             except EngineError as exc:
-                if exc.code not in _DUPLICATE_COLUMN:
+                if exc.code not in DUPLICATE_COLUMN:
                     raise
 
     def table_state(self, database: str, name: str) -> TableState:
@@ -278,12 +268,12 @@ class Ledger:
         having = ""
         if states:
             having = f"HAVING last_state IN ({', '.join(quote_str(s) for s in states)})"
-        return self._latest(f"target_table = {quote_str(target_table)} AND {_NO_UNIT}",
+        return self._latest(f"target_table = {quote_str(target_table)} AND {NO_UNIT}",
                             having)
 
     def of_run(self, run_id: str) -> list[FileEvent]:
         """The last event of each file that one run touched."""
-        return self._latest(f"run_id = {quote_str(run_id)} AND {_NO_UNIT}")
+        return self._latest(f"run_id = {quote_str(run_id)} AND {NO_UNIT}")
 
     def _latest(self, where: str, having: str = "") -> list[FileEvent]:
         fields = ", ".join(f"argMax({f}, seq) AS last_{f}" for f in _LATEST_FIELDS)
@@ -298,30 +288,35 @@ class Ledger:
         whatever came after it: a `--force` reload that failed leaves the rows of the
         load before it in the table."""
         return {e.uri: e for e in self._latest(
-            f"{_loaded_where(target_table)}")}
+            f"{loaded_where(target_table)}")}
 
     def known(self, target_table: str, table: TableState) -> tuple[KnownUnits, str]:
         """The units loaded into the table as it is now, as compact keys (known.py), and
         why the ledger's other loads are not the table's ('' when all are): the rules of
-        `own_history`, applied by the engine, so no event is held in Python. The keys
-        come in slices of the key space, each at most _KNOWN_SLICE units, so the
-        engine's memory for the grouping is bounded too (the embedded engine's is this
-        process's)."""
-        where = _loaded_where(target_table)
-        count = self.loaded_count(target_table)
+        `own_history`, applied by the engine, so no event is held in Python.
+
+        Read from the ledger's summary (known.py: one range of an ordered table) once it
+        sums to the ledger, rebuilt for the table first when it does not; from the
+        ledger itself while it still does not. The keys come in slices of the key space,
+        each at most KNOWN_SLICE units, so the engine's memory for the grouping is
+        bounded too (the embedded engine's is this process's)."""
+        literal = quote_str(target_table)
+        count, whole = self.summed(target_table)
         if not count:
             return KnownUnits(), ""
         if not table.exists:
             return KnownUnits(), DROPPED
-        own = f"argMax(table_uuid IN ('', {quote_str(table.uuid)}), seq)"
+        if not whole:
+            for statement in rebuild_statements(DATABASE, literal):
+                self._sql.command(statement)
+            self.sliced()
+            count, whole = self.summed(target_table)
         uris, identities = array("Q"), array("Q")
-        for lo, hi in _slices(count):
+        for lo, hi in slices(count):
             # RowBinary: 16 bytes a unit, no text to parse or decode; a slice's pairs
             # split as they come, so the whole answer is never held twice
             pairs = array("Q", self._sql.binary(
-                f"SELECT uri_key AS u, argMax(identity_key, seq) AS i FROM {FILES} WHERE "
-                f"{where} AND uri_key BETWEEN {lo} AND {hi} GROUP BY u HAVING {own} "
-                f"ORDER BY u SETTINGS {_ONE_SLICE}", "RowBinary"))
+                known_sql(literal, table.uuid, whole, lo, hi), "RowBinary"))
             if sys.byteorder != "little":  # (RowBinary is little-endian)
                 pairs.byteswap()
             uris.extend(pairs[0::2])
@@ -330,9 +325,8 @@ class Ledger:
         known = KnownUnits(uris, identities, lambda uris: self.loaded_of(target_table, uris))
         if not known:
             return known, RECREATED
-        if table.rows == 0 and int(self._sql.rows(
-                f"SELECT max(r) AS r FROM (SELECT argMax(rows, seq) AS r, {own} AS mine FROM "
-                f"{FILES} WHERE {where} GROUP BY uri) WHERE mine")[0]["r"] or 0):
+        if table.rows == 0 and int(self._sql.rows(rows_sql(literal, table.uuid, whole)
+                                                  )[0]["r"] or 0):
             return KnownUnits(), TRUNCATED
         return known, ""
 
@@ -356,6 +350,16 @@ class Ledger:
             pairs.byteswap()
         return pairs
 
+    def summed(self, target_table: str) -> tuple[int, bool]:
+        """How many `loaded` events the ledger holds for a table, and whether its summary
+        holds every event of the table (known.summary_check): Ledger.known's first
+        question, asked ahead on a server (server/early.py)."""
+        rows = {r["s"]: r for r in self._sql.rows(summary_check(DATABASE,
+                                                                quote_str(target_table)))}
+        files, summary = rows.get("files", {}), rows.get(SUMMARY, {})
+        whole = all(str(files.get(k)) == str(summary.get(k)) for k in ("n", "loaded", "h"))
+        return int(files.get("loaded") or 0), whole
+
     def sliced(self) -> None:
         """After each slice of `known`: an engine in this process gives back what its
         grouping kept (embedded/target.py); nothing for a server."""
@@ -367,17 +371,11 @@ class Ledger:
         if not table.exists or table.rows == 0:
             return ""
         rows = self._sql.rows(
-            f"SELECT max(uri) AS last FROM {FILES} WHERE {_loaded_where(target_table)} AND "
+            f"SELECT max(uri) AS last FROM {FILES} WHERE {loaded_where(target_table)} AND "
             f"uri >= {quote_str(prefix)}"
             f" AND substring(uri, 1, {len(prefix.encode())}) = {quote_str(prefix)} AND "
             f"table_uuid IN ('', {quote_str(table.uuid)})")
         return str(rows[0]["last"] or "") if rows else ""
-
-    def loaded_count(self, target_table: str) -> int:
-        """How many `loaded` events the ledger holds for the table (Ledger.known's first
-        question, asked ahead on a server: server/early.py)."""
-        return int(self._sql.rows(
-            f"SELECT count() AS n FROM {FILES} WHERE {_loaded_where(target_table)}")[0]["n"])
 
     def loaded_of(self, target_table: str, uris: list[str]) -> dict[str, FileEvent]:
         """uri -> the latest `loaded` event of each of `uris` (as `loaded`), in
@@ -386,7 +384,7 @@ class Ledger:
         for i in range(0, len(uris), 500):
             listed = ", ".join(quote_str(u) for u in uris[i:i + 500])
             found.update((e.uri, e) for e in self._latest(
-                f"{_loaded_where(target_table)} AND "
+                f"{loaded_where(target_table)} AND "
                 f"uri IN ({listed})"))
         return found
 
@@ -436,30 +434,6 @@ class LoadedEvents:
             with self._guard:
                 self._events[:0] = events
             raise
-
-
-def _loaded_where(target_table: str) -> str:
-    """The `loaded` events of the table's history: those after its latest swap
-    (TABLE_REPLACED: --mode replace-table), which supersedes the ones before."""
-    table = quote_str(target_table)
-    return (f"target_table = {table} AND state = '{LOADED}' AND seq > (SELECT "
-            f"toUInt64(max(seq)) FROM {FILES} WHERE target_table = {table} AND state = "
-            f"'{TABLE_REPLACED}')")
-
-
-_KNOWN_SLICE = 1 << 17  # `loaded` events grouped by one query of Ledger.known
-# A slice grouped on one thread in one hash table (not split in 256 past 100,000 keys):
-# the engine's memory for it stays a small multiple of the slice's keys
-_ONE_SLICE = ("max_threads = 1, group_by_two_level_threshold = 1000000, "
-              "group_by_two_level_threshold_bytes = 1000000000")
-
-
-def _slices(count: int) -> list[tuple[int, int]]:
-    """Ranges of the 64-bit key space, enough that each holds about _KNOWN_SLICE of
-    `count` keys; in order, so their answers end to end stay sorted."""
-    n = -(-count // _KNOWN_SLICE)
-    step = (1 << 64) // n
-    return [(k * step, (k + 1) * step - 1 if k < n - 1 else (1 << 64) - 1) for k in range(n)]
 
 
 _EVENT_FIELDS = tuple(f.name for f in fields(FileEvent))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from chload.commit.known import COMMITTING_CODE, SUMMARY, summary_differs
 from chload.commit.ledger import COMMITTING, DATABASE, LOADED, FileEvent
 from chload.commit.locks import Sql
 from chload.errors import CommitInterrupted, TransientError, retyped
@@ -104,20 +105,24 @@ def _start_sql(dirty: str, display: str) -> str:
     (a broken lock), whether a file may still be `committing`, and every stage (or
     broken lock) with its age in seconds.
 
-    Files are grouped by their 64-bit key (ledger.KEY_COLUMNS), not their uri, so a
-    ledger of a million files is one number a file to the engine, not its text; on one
-    thread, the grouping spilled to disk past _GROUP_BYTES (the embedded engine's memory
-    is the loader's). Keys of two uris in one group (a second hash of the uri tells)
-    count as committing: never a commit missed, at worst a recovery that finds nothing
-    (Committer.recover looks file by file)."""
+    A file's latest event is read from the ledger's summary (known.py: numbers an
+    event, kept in the order of the uri's 64-bit key), not grouped from the ledger by
+    uri, so a ledger of a million files is a few numbers a file to the engine, read in
+    the order it keeps them; a second hash of the uri keeps apart two uris of one key.
+    On a server that sorts it all the same (18.16), on one thread, spilled to disk past
+    _GROUP_BYTES. A summary that does not sum to the ledger (an event the view left out
+    when a process was killed) counts as committing: the recovery reads
+    the ledger itself, and the planner's read rebuilds the summary (Ledger.known)."""
+    table = quote_str(display)
     return (
         f"SELECT 'dirty' AS k, name AS a, toUInt64(0) AS age FROM system.tables WHERE "
         f"database = '{DATABASE}' AND name = {quote_str(dirty)} "
-        f"UNION ALL SELECT 'committing', '', toUInt64(0) FROM (SELECT argMax(state = "
-        f"'{COMMITTING}', seq) AS st, min(cityHash64(uri)) AS lo, max(cityHash64(uri)) AS "
-        f"hi FROM {DATABASE}.files WHERE target_table = {quote_str(display)} GROUP BY "
-        f"uri_key SETTINGS max_threads = 1, max_bytes_before_external_group_by = "
-        f"{_GROUP_BYTES}) WHERE st OR lo != hi "
+        f"UNION ALL SELECT 'committing', '', toUInt64(0) FROM (SELECT code FROM "
+        f"{DATABASE}.{SUMMARY} WHERE target_table = {table} ORDER BY unit, spelling, seq "
+        f"DESC LIMIT 1 BY unit, spelling SETTINGS max_threads = 1, "
+        f"max_bytes_before_external_sort = {_GROUP_BYTES}) WHERE code = {COMMITTING_CODE} "
+        f"UNION ALL SELECT 'committing', '', toUInt64(0) FROM system.one WHERE "
+        f"{summary_differs(table, DATABASE)} "
         f"UNION ALL SELECT 'stage', name, toUInt64(now() - metadata_modification_time) "
         f"FROM system.tables WHERE database = '{DATABASE}' AND (startsWith(name, "
         f"'stage_') OR startsWith(name, 'lockbroken_'))")

@@ -16,8 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from chload.commit.ledger import FAILED, FileEvent, RunRecord
-from chload.core import plan as planner
-from chload.core import run as runner
+from chload.core import plan as planner, run as runner
 from chload.core.run import Event, FileResult, Listener
 from chload.errors import ChloadError, TerminalError, UsageError
 from chload.schema import (

@@ -42,8 +42,7 @@ from dataclasses import dataclass, field, replace
 
 from chload.commit.known import Events, KnownUnits, key
 from chload.commit.ledger import FileEvent, Ledger, TableState
-from chload.core import load as steps
-from chload.core import plan as planner
+from chload.core import load as steps, plan as planner
 from chload.core.finish import _committed_any, _finish_reported, _run_record
 from chload.core.report import LoadReport, LoadSpec, shards_of
 from chload.core.run import LOADED_ELSEWHERE, LOADED_IN_PART, Event, FileResult, Listener, Poll

@@ -16,9 +16,7 @@ from chload.commit.known import KnownUnits
 from chload.commit.ledger import COMMITTING, FileEvent, TableState, own_history
 from chload.commit.rejects import ErrorBudget
 from chload.commit.swap import TableSwap
-from chload.core import evolve
-from chload.core import plan as planner
-from chload.core import run as runner
+from chload.core import evolve, plan as planner, run as runner
 from chload.core.finish import (
     _check_settings,
     _finish_reported,

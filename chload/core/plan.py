@@ -15,15 +15,15 @@ from chload.commit.known import KnownUnits
 from chload.commit.ledger import FileEvent
 from chload.commit.rejects import ErrorBudget
 from chload.core.reading import fit, sniff
-from chload.core.reading.dialect import csv_settings as csv_settings
 from chload.core.reading.dialect import (
+    csv_settings as csv_settings,
     first_line,
     just_a_header,
+    resolve_format as resolve_format,
     rows_before_bad_json,
     rows_before_blank_tail,
     samples,
 )
-from chload.core.reading.dialect import resolve_format as resolve_format
 from chload.core.reading.sample import SampleMisfit, Tolerance, infer
 from chload.core.run import on_threads
 from chload.core.upsert import Upsert

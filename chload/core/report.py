@@ -16,9 +16,7 @@ from typing import Any, Literal, TypedDict, cast
 
 from chload import options
 from chload.commit.rejects import ErrorBudget
-from chload.core import evolve
-from chload.core import plan as planner
-from chload.core import upsert as upserts
+from chload.core import evolve, plan as planner, upsert as upserts
 from chload.core.run import FileResult
 from chload.errors import UsageError
 

@@ -1,6 +1,8 @@
 """The ledger's compact keys (Ledger.known), as the engine computes them: on the embedded
 engine and on a real 18.16 server, the same keys Python computes, the same rules as
-own_history (a table dropped, re-created or truncated is loaded again), in slices.
+own_history (a table dropped, re-created or truncated is loaded again), in slices; read
+from the ledger's summary only while it sums to the ledger (rebuilt when it does not, made
+and filled for a ledger made before it).
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from pathlib import Path
 import pytest
 import services
 
-from chload.commit import ledger as ledger_module
+from chload.commit import known as known_module, ledger as ledger_module
 from chload.commit.known import KnownUnits
 from chload.commit.ledger import COMMITTING, FAILED, LOADED, FileEvent, own_history
+from chload.commit.locks import dirty_name
+from chload.commit.request import _start_sql
 from chload.targets.base import Target
 from chload.targets.registry import TargetSpec, open_target
 
@@ -113,6 +117,93 @@ def test_a_ledger_made_before_its_keys_gets_them_on_first_use(
     try:
         assert t.ledger.complete()
         t.ledger.record([_event(table, "/new/a.csv", "9:9", LOADED, state.uuid, 10)])
+        known, why = t.ledger.known(table, t.ledger.table_state("default", table_name))
+        assert (len(known), why) == (6, "")
+        for uri, identity in [*((f"/old/{i}.csv", f"{i}:1") for i in range(5)),
+                              ("/new/a.csv", "9:9")]:
+            assert known.same_identity(known.find([uri]), identity), uri
+    finally:
+        t.command(f"DROP TABLE IF EXISTS {table}")
+        t.close()
+
+
+def _first_look_says_committing(target: Target, table: str) -> bool:
+    """Whether the committer's first look (request._start_sql) asks for a recovery."""
+    return any(r["k"] == "committing"
+               for r in target.rows(_start_sql(dirty_name(table), table)))
+
+
+def _summed(target: Target, table: str) -> bool:
+    rows = {r["s"]: r for r in target.rows(known_module.summary_check("chload", f"'{table}'"))}
+    return all(str(rows["files"][k]) == str(rows["units"][k]) for k in ("n", "loaded", "h"))
+
+
+def test_the_summary_left_short_or_doubled_is_not_trusted_and_is_rebuilt(
+        target: Target, table_name: str) -> None:
+    table = f"default.{table_name}"
+    state = target.ledger.table_state("default", table_name)
+    target.ledger.record([_event(table, f"/s/{i}.csv", f"{i}:1", LOADED, state.uuid, i + 1)
+                          for i in range(4)])
+    assert _summed(target, table) and not _first_look_says_committing(target, table)
+    # an event the view left out (a process killed between the ledger's part and the
+    # summary's): the first look asks for a recovery, the planner's read rebuilds
+    target.command(f"DROP TABLE chload.{known_module.FEED}")
+    target.ledger.record([_event(table, "/s/late.csv", "7:7", LOADED, state.uuid, 50)])
+    for statement in known_module.summary_statements("chload"):
+        target.command(statement)
+    assert not _summed(target, table) and _first_look_says_committing(target, table)
+    known, why = target.ledger.known(table, state)
+    assert (len(known), why) == (5, "")
+    assert known.same_identity(known.find(["/s/late.csv"]), "7:7")
+    assert _summed(target, table) and not _first_look_says_committing(target, table)
+    # an event twice in the summary (a rebuild racing a write): not trusted either
+    target.command(f"INSERT INTO chload.{known_module.SUMMARY} SELECT * FROM chload."
+                   f"{known_module.SUMMARY} WHERE target_table = '{table}' LIMIT 1")
+    assert not _summed(target, table) and _first_look_says_committing(target, table)
+    known, _ = target.ledger.known(table, state)
+    assert len(known) == 5 and _summed(target, table)
+
+
+def test_a_file_committing_in_the_summary_asks_for_a_recovery(target: Target,
+                                                               table_name: str) -> None:
+    table = f"default.{table_name}"
+    state = target.ledger.table_state("default", table_name)
+    target.ledger.record([_event(table, "/c/a.csv", "1:1", COMMITTING, state.uuid, 1),
+                          _event(table, "/c/a.csv", "1:1", LOADED, state.uuid, 2),
+                          _event(table, "/c/b.csv", "1:1", LOADED, state.uuid, 3)])
+    assert not _first_look_says_committing(target, table)
+    target.ledger.record([_event(table, "/c/b.csv", "2:2", COMMITTING, state.uuid, 4)])
+    assert _first_look_says_committing(target, table)
+
+
+@pytest.mark.parametrize("kind", ["embedded", "server"])
+def test_a_ledger_made_before_its_summary_gets_it_with_its_events_on_first_use(
+        request: pytest.FixtureRequest, kind: str, tmp_path: Path, table_name: str) -> None:
+    where, env = str(tmp_path / "target"), {}
+    if kind == "server":
+        server: services.Service = request.getfixturevalue("clickhouse")
+        where = f"http://loader@127.0.0.1:{server.ports['http']}/default"
+        env = {"CLICKHOUSE_PASSWORD": server.credentials["password"]}
+    table = f"default.{table_name}"
+    older = open_target(TargetSpec.resolve(where, env))
+    try:  # the ledger as chload made it before its summary
+        older.command(f"DROP TABLE chload.{known_module.FEED}")
+        older.command(f"DROP TABLE chload.{known_module.SUMMARY}")
+        older.text(f"CREATE TABLE {table} (x UInt8) ENGINE = MergeTree ORDER BY x", "TSV")
+        older.command(f"INSERT INTO {table} VALUES (1)")
+        state = older.ledger.table_state("default", table_name)
+        older.ledger.record([_event(table, f"/old/{i}.csv", f"{i}:1", LOADED, state.uuid, i + 1)
+                             for i in range(5)]
+                            + [_event(table, "/old/0.csv", "0:1", COMMITTING, state.uuid, 0)])
+        assert not older.ledger.complete()
+    finally:
+        older.close()
+    t = open_target(TargetSpec.resolve(where, env))  # first use: the summary, filled
+    try:
+        assert t.ledger.complete() and _summed(t, table)
+        assert not _first_look_says_committing(t, table)
+        t.ledger.record([_event(table, "/new/a.csv", "9:9", LOADED, state.uuid, 10)])
+        assert _summed(t, table)
         known, why = t.ledger.known(table, t.ledger.table_state("default", table_name))
         assert (len(known), why) == (6, "")
         for uri, identity in [*((f"/old/{i}.csv", f"{i}:1") for i in range(5)),

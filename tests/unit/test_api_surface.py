@@ -27,8 +27,7 @@ from chload.core.report import (
 from chload.errors import UsageError
 from chload.runtime.adaptive import Change, Controller
 from chload.runtime.monitor import CallStats, Monitor, unit_costs
-from chload.targets.cluster.shard_load import Counters
-from chload.targets.cluster.shard_load import saturation as server_saturation
+from chload.targets.cluster.shard_load import Counters, saturation as server_saturation
 
 NOWHERE = "http://127.0.0.1:9/"  # refused at once: nothing here may get that far
 PUBLIC: list[Callable[..., Any]] = [api.load, api.validate, api.files, api.sql, api.history,

@@ -15,8 +15,7 @@ from chload.commit.ledger import LOADED, FileEvent
 from chload.core.run import LOADED_ELSEWHERE, LOADED_IN_PART, FileResult
 from chload.formats import FileFormat
 from chload.sources.base import SourceFile
-from chload.sources.kafka import plan as P
-from chload.sources.kafka import source as S
+from chload.sources.kafka import plan as P, source as S
 
 STREAM = "kafka://b:9092/t/0"
 TABLE = SimpleNamespace(database="d", name="t", display="d.t")

@@ -11,9 +11,7 @@ import pytest
 from chload.errors import SourceError
 from chload.formats import FileFormat
 from chload.sources.base import SourceFile, StreamPosition
-from chload.sources.kafka import native as kafka_native
-from chload.sources.kafka import source as K
-from chload.sources.kafka import units as U
+from chload.sources.kafka import native as kafka_native, source as K, units as U
 from chload.sources.kafka.read import AUDIT_CSV, AUDIT_TSV, Unit, audited, audited_line
 
 

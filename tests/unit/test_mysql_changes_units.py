@@ -11,8 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from pymysqlreplication import event as ev
-from pymysqlreplication import row_event as rev
+from pymysqlreplication import event as ev, row_event as rev
 
 from chload.errors import UsageError
 from chload.sources.changes import mysql_binlog, mysql_table

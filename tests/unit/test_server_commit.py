@@ -14,8 +14,7 @@ import pytest
 
 from chload.commit.committer import Committer, _Turn, stage_name
 from chload.commit.ledger import COMMITTING, LOADED, FileEvent
-from chload.commit.locks import Holder, Sql, TableLock
-from chload.commit.locks import lock_name as _lock_name
+from chload.commit.locks import Holder, Sql, TableLock, lock_name as _lock_name
 from chload.commit.orphans import orphan
 from chload.commit.request import _Request, _taken
 from chload.errors import CommitInterrupted, EngineError, TransientError

@@ -25,8 +25,14 @@ from chload.formats import FileFormat
 from chload.schema import Column
 from chload.sources import identity, registry
 from chload.sources.base import InPlace, SourceContext, SourceFile
-from chload.sources.registry import KINDS, SCHEMES, source_for, table_function, table_function_many
-from chload.sources.registry import release as release_files
+from chload.sources.registry import (
+    KINDS,
+    SCHEMES,
+    release as release_files,
+    source_for,
+    table_function,
+    table_function_many,
+)
 from chload.sources.run import RunSources
 from chload.targets.base import LoadJob
 from chload.targets.embedded.target import _select_sql

@@ -16,6 +16,7 @@ setting) means defaults for NULL are wanted: then NULLs are not refused.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -106,33 +107,59 @@ def _may_misfit(data: bytes, fmt: FileFormat, kinds: Sequence[str], nulls_ok: bo
     """Whether the start could hold a misfit, asked of its bytes with substring searches
     (cheaper than a regular expression), so that a clean file of common types (Int64,
     Float64, String, DateTime of these centuries) is never split into values. False only
-    where the full check would find nothing; True sends the start to it."""
+    where the full check would find nothing; True sends the start to it. What to look
+    for is worked out once for a run's format and columns (_probe)."""
+    probe = _probe(fmt, tuple(kinds), nulls_ok, engine)
+    if probe.hints and (any(h in data for h in probe.hints)
+                        or probe.first and data[:1] == probe.first):
+        return True
+    if not probe.needles and not probe.spans:
+        return False
+    digits = data.translate(_ZEROS)
+    if any(n in digits for n in probe.needles):
+        return True
+    if probe.spans:
+        years = {data[m.start():m.start() + 4].decode()
+                 for m in re.finditer(rb"0000-00-00", digits)} - {"0000"}
+        return bool(years) and any(min(years) < lo or max(years) > hi
+                                   for lo, hi in probe.spans)
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """What `_may_misfit` looks for in a start: bytes that may begin a NULL or an empty
+    field (none when the columns take them) and a first byte that is a delimiter;
+    digit patterns (every digit a 0) too long or too precise for a column; the years
+    a date column holds (first, last)."""
+
+    hints: tuple[bytes, ...]
+    first: bytes
+    needles: tuple[bytes, ...]
+    spans: tuple[tuple[str, str], ...]
+
+
+@functools.lru_cache(maxsize=64)
+def _probe(fmt: FileFormat, kinds: tuple[str, ...], nulls_ok: bool, engine: str) -> _Probe:
     family = "JSON" if fmt.name in JSON_LINES else "CSV" if fmt.name.startswith("CSV") \
         else "TSV"
     hints, sep = _NULL_HINTS[family], (delimiter(fmt) or ",").encode()
     if family == "CSV" and sep != b",":
         hints = tuple(h.replace(b",", sep) for h in hints)
-    if not nulls_ok and any("Nullable(" not in k for k in kinds) \
-            and (any(h in data for h in hints) or family != "JSON" and data[:1] == sep):
-        return True
-    digits = data.translate(_ZEROS)
+    if nulls_ok or all("Nullable(" in k for k in kinds):
+        hints = ()
+    needles: list[bytes] = []
+    spans: list[tuple[str, str]] = []
     for base in map(bare_type, kinds):
         if (m := _INT.match(base)):
-            if b"0" * len(str(_bounds(int(m.group(2)), bool(m.group(1)))[1])) in digits:
-                return True
+            needles.append(b"0" * len(str(_bounds(int(m.group(2)), bool(m.group(1)))[1])))
         elif (span := _days(base, engine)):
-            lo, hi = span
-            years = {data[m.start():m.start() + 4].decode()
-                     for m in re.finditer(rb"0000-00-00", digits)} - {"0000"}
-            if years and (min(years) < lo[:4] or max(years) > hi[:4]):
-                return True
-        elif base == "Float32" and (any(e in digits for e in _EXPONENTS)
-                                    or b"0" * 39 in digits):
-            return True
-        elif (m := _DECIMAL.match(base)) and \
-                b"." + b"0" * (int(m.group(2) or m.group(4)) + 1) in digits:
-            return True
-    return False
+            spans.append((span[0][:4], span[1][:4]))
+        elif base == "Float32":
+            needles += [*_EXPONENTS, b"0" * 39]
+        elif (m := _DECIMAL.match(base)):
+            needles.append(b"." + b"0" * (int(m.group(2) or m.group(4)) + 1))
+    return _Probe(hints, b"" if family == "JSON" else sep, tuple(needles), tuple(spans))
 
 
 def empty_fields(file: SourceFile) -> bool:

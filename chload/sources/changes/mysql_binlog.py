@@ -145,8 +145,7 @@ class BinlogReader:
         """Read whole transactions into `out` (see the module docstring). Past `seconds`
         a unit ends only once `awaited()` (the unit before it committed): while a commit
         takes longer, the unit grows instead of queueing behind it."""
-        from pymysqlreplication import event as ev
-        from pymysqlreplication import row_event as rev
+        from pymysqlreplication import event as ev, row_event as rev
 
         cut = Cut(self.at)
         pending: list[bytes] = []

@@ -44,8 +44,8 @@ from chload.sources.databases.mysql_native import (
     NativeError,
     NativeReader,
     checks_of,
+    load as load_native,
 )
-from chload.sources.databases.mysql_native import load as load_native
 from chload.sources.databases.session import Range, range_predicate, stream_read
 from chload.sources.databases.table import (
     NO_CHECKS,

@@ -278,8 +278,7 @@ def _stream_schema(reader: SpoolReader, fmt: FileFormat, due: list[Partition], s
     computed) column, which a JSON row may or may not carry, or the sample says nothing."""
     from chload.core import plan as planner
     from chload.errors import ChloadError
-    from chload.schema import AUDIT_COLUMNS as OWN
-    from chload.schema import structure
+    from chload.schema import AUDIT_COLUMNS as OWN, structure
 
     existing = target.table_columns(table.sql)
     if existing is not None:

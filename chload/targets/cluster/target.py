@@ -34,12 +34,16 @@ from chload.sources import identity
 from chload.sources.base import SourceFile
 from chload.targets.base import Loaded, LoadJob, Target
 from chload.targets.batching import group_small_files
-from chload.targets.cluster import columns as cluster_columns
-from chload.targets.cluster import shard_load
+from chload.targets.cluster import columns as cluster_columns, shard_load
 from chload.targets.cluster.end import Ending
-from chload.targets.cluster.layout import Distributed, Shard, at_once, each_at_once
-from chload.targets.cluster.layout import parse_distributed as parse_distributed
-from chload.targets.cluster.layout import plain_engine as plain_engine
+from chload.targets.cluster.layout import (
+    Distributed,
+    Shard,
+    at_once,
+    each_at_once,
+    parse_distributed as parse_distributed,
+    plain_engine as plain_engine,
+)
 from chload.targets.cluster.ledger import LAYOUT, ClusterLedger, adding_up, file_shares, layout_of
 from chload.targets.cluster.round import Round, Unit
 from chload.targets.server.http import TargetURL

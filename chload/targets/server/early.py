@@ -101,7 +101,7 @@ def _ask_all(early: Early, names: tuple[str, ...]) -> None:
             reads.rows(_start_sql(dirty_name(table), display_table(table)))
             ledger = Ledger(reads)
             ledger.table_state(*names)
-            ledger.loaded_count(display_table(table))
+            ledger.summed(display_table(table))
     except Exception:  # noqa: BLE001 -- the load asks again, and reports it there
         early.answers.clear()
 

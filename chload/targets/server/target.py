@@ -68,9 +68,7 @@ from chload.sources import identity
 from chload.sources.base import SourceFile
 from chload.sources.registry import table_function
 from chload.targets.base import Loaded, LoadJob, Target, engines_of
-from chload.targets.server import early as server_early
-from chload.targets.server import groups as server_groups
-from chload.targets.server import peers
+from chload.targets.server import early as server_early, groups as server_groups, peers
 from chload.targets.server.capabilities import Capabilities, server_columns, storable
 from chload.targets.server.fill import StageFilling
 from chload.targets.server.http import HttpClient, TargetURL
