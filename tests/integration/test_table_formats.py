@@ -309,6 +309,7 @@ def test_following_loads_each_new_append_once_and_stops_at_an_overwrite(
     rest = follower.stop_reading()
     err = "".join(follower.err)
     assert follower.proc.returncode != 0 and "appends only" in err, err
+    assert "--mode replace-table (not with --follow)" in err, err
     report = json.loads(rest[-1])  # the run's report: what it committed stands
     assert report["files_loaded"] == 3 and "appends only" in " ".join(report["errors"]), rest
     assert totals(target, "t") == expected(*ranges)
