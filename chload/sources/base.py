@@ -134,6 +134,8 @@ class SourceContext:
     snapshot: str | None = None  # a database source's copy reads this exported snapshot
     # (a followed PostgreSQL table's: its slot's, sources/changes/postgres.py)
     force: bool = False  # --force: a source of ranges lists every range, committed or not
+    mode: str = "append"  # --mode: under replace-table a table format's source lists a
+    # snapshot that rewrote loaded data files whole (sources/lake/table.py)
     workers: int | None = None  # --workers (None: automatic): a source cutting ranges cuts
     # enough for them
     committed: Callable[[], Mapping[str, str]] | None = None  # uri -> identity of the units

@@ -1,5 +1,6 @@
 """Iceberg and Delta Lake tables (written by pyiceberg and delta-rs, on local disk and on
-MinIO) loaded as their snapshots' data files: exactly once, appends only.
+MinIO) loaded as their snapshots' data files: exactly once, appends only (a snapshot
+that rewrote loaded files: the whole table again, under --mode replace-table).
 
 Each test writes its own tables (bench/lake_tables.py: both formats, the same rows), so
 what a table holds is known: ids [lo, hi) give count, sum(id) and sum(amount) exactly.
@@ -150,6 +151,61 @@ def test_an_overwrite_or_a_delete_is_refused_never_appended(fmt: str, tmp_path: 
     assert totals(target, "now") == expected((100_000, 100_500))
 
 
+@pytest.mark.parametrize(("fmt", "where"), [("iceberg", "embedded"), ("delta", "embedded"),
+                                           ("iceberg", "18.16"), ("delta", "18.16")])
+def test_an_overwrite_under_replace_table_makes_the_table_the_snapshot_then_appends_add(
+        fmt: str, where: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Two appends loaded, then an overwrite: a plain run refuses it in one line naming
+    --mode replace-table, loading nothing; a run with it leaves the table equal to the
+    current snapshot; an append run after it loads a new append's rows only. A delete
+    (files rewritten) then goes the same way."""
+    env: dict[str, str] | None = None
+    if where == "18.16":
+        minio, clickhouse = request.getfixturevalue("minio"), request.getfixturevalue(
+            "clickhouse")
+        tables = LakeTables(f"s3://{request.getfixturevalue('lake_bucket')}/"
+                            f"{uuid.uuid4().hex[:8]}", s3=s3_access(minio), formats=(fmt,))
+        target = f"http://loader@127.0.0.1:{clickhouse.ports['http']}/default"
+        env = {**s3_env(minio, tmp_path),
+               "CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]}
+        table = request.getfixturevalue("table_name")
+    else:
+        tables = LakeTables(str(tmp_path / "lake"), formats=(fmt,))
+        target, table = str(tmp_path / "target"), "t"
+    ranges = appended(tables, 2)
+    assert load(tables.uri(fmt), table, target, env=env)[0] == 0
+    tables.overwrite(100_000, 100_500)
+    code, report, err = load(tables.uri(fmt), table, target, env=env)
+    assert code != 0 and len(err.strip().splitlines()) == 1, err
+    assert "no longer in" in err and "run it with --mode replace-table" in err, err
+    assert totals(target, table, env) == expected(*ranges)
+
+    code, report, err = load(tables.uri(fmt), table, target, "--mode", "replace-table",
+                             env=env)
+    assert code == 0, err
+    assert (report["files_loaded"], report["rows_loaded"]) == (1, 500), report
+    assert totals(target, table, env) == expected((100_000, 100_500))
+
+    tables.append(200_000, 200_300)
+    code, report, err = load(tables.uri(fmt), table, target, env=env)
+    assert code == 0, err
+    assert (report["files_loaded"], report["files_skipped"], report["rows_loaded"]) == (
+        1, 1, 300), report
+    now = [(100_000, 100_500), (200_000, 200_300)]
+    assert totals(target, table, env) == expected(*now)
+
+    tables.delete_below(100_100)  # a file rewritten without its first 100 rows
+    code, report, err = load(tables.uri(fmt), table, target, env=env)
+    assert code != 0 and "no longer in" in err and "--mode replace-table" in err, err
+    assert totals(target, table, env) == expected(*now)
+    code, report, err = load(tables.uri(fmt), table, target, "--mode", "replace-table",
+                             env=env)
+    assert code == 0, err
+    assert totals(target, table, env) == expected((100_100, 100_500), (200_000, 200_300))
+    if env is not None:
+        assert env["AWS_SECRET_ACCESS_KEY"] not in err + json.dumps(report)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_pinned_snapshot_loads_then_the_current_one_adds_the_rest(
         fmt: str, tmp_path: Path) -> None:
@@ -253,6 +309,7 @@ def test_following_loads_each_new_append_once_and_stops_at_an_overwrite(
     rest = follower.stop_reading()
     err = "".join(follower.err)
     assert follower.proc.returncode != 0 and "appends only" in err, err
+    assert "--mode replace-table (not with --follow)" in err, err
     report = json.loads(rest[-1])  # the run's report: what it committed stands
     assert report["files_loaded"] == 3 and "appends only" in " ".join(report["errors"]), rest
     assert totals(target, "t") == expected(*ranges)

@@ -56,9 +56,9 @@ def test_a_snapshot_without_a_loaded_file_is_refused_naming_what_removed_it() ->
         check_appends(TABLE, snap, {"s3://lake/sales/a.parquet": "delta:10"})
     assert str(exc.value) == (
         "delta+s3://lake/sales: 1 data file(s) loaded earlier into this table are no longer "
-        "in version 5 (it was a write (overwrite)); chload loads a table's appends only, so "
-        "nothing was loaded: load it into a new table, or empty this one and run again "
-        "with --force")
+        "in version 5 (it was a write (overwrite)); a load appends only new data files, so "
+        "nothing was loaded: run it with --mode replace-table (not with --follow) to make "
+        "the table this version")
 
 
 def test_a_snapshot_whose_files_are_not_its_rows_is_refused_even_first() -> None:
@@ -122,6 +122,36 @@ def test_an_iceberg_table_that_renamed_a_column_is_refused_first_time(tmp_path) 
         update.rename_column("name", "label")
     with pytest.raises(SourceError, match=r"renamed column\(s\) label/name, so its older"):
         list(iceberg.SOURCE.open().list(tables.uri("iceberg"), SourceContext()))
+
+
+def test_an_overwritten_snapshot_is_listed_whole_under_replace_table_only(tmp_path) -> None:
+    """Files loaded, then an overwrite: appending (and replace-partitions, which lists
+    with force) refuses; replace-table, or --force of an append, lists the snapshot."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from lake_tables import LakeTables
+
+    from chload.sources.base import SourceContext
+    from chload.sources.lake import iceberg
+
+    tables = LakeTables(str(tmp_path / "lake"), formats=("iceberg",))
+    tables.append(0, 10)
+    tables.append(10, 20)
+    loaded = {f.uri: f.etag for f in iceberg.SOURCE.open().list(tables.uri("iceberg"),
+                                                               SourceContext())}
+    assert len(loaded) == 2
+    tables.overwrite(100, 105)
+
+    def listed(mode: str, force: bool) -> set[str]:
+        context = SourceContext(mode=mode, force=force, committed=lambda: loaded)
+        return {f.uri for f in iceberg.SOURCE.open().list(tables.uri("iceberg"), context)}
+
+    for mode, force in (("append", False), ("replace-partitions", True)):
+        with pytest.raises(SourceError, match=r"2 data file\(s\) loaded earlier .* no longer "
+                           r"in snapshot \d+ \(.*was a delete\).* --mode replace-table"):
+            listed(mode, force)
+    now = listed("replace-table", True)
+    assert len(now) == 1 and not now & set(loaded)
+    assert listed("append", True) == now
 
 
 def test_no_table_there_and_no_delta_library_are_one_line_each(tmp_path, monkeypatch) -> None:

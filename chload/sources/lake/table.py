@@ -10,12 +10,14 @@ file (kind `s3` or `local`): the ledger, batching, pushing into 18.16 and the ki
 guarantees are those of files. A data file never changes once written, so its path
 and size are its identity.
 
-Appends only. A later snapshot that appended adds data files and keeps every earlier
-one: the plan loads just the new ones. A snapshot that deleted or rewrote rows
-(overwrite, delete, update, merge, compaction) no longer holds some file loaded
-earlier: `check_appends` refuses it in one line, loading nothing, as it refuses what
-the engine could not read as plain files (Iceberg delete files, Delta deletion
-vectors, partition values kept out of the files, renamed columns).
+Appends, or the whole table again. A later snapshot that appended adds data files and
+keeps every earlier one: the plan loads just the new ones. A snapshot that deleted or
+rewrote rows (overwrite, delete, update, merge, compaction) no longer holds some file
+loaded earlier: `check_appends` refuses it in one line, loading nothing, naming
+`--mode replace-table`, under which every data file of the snapshot is listed and the
+run's new table, swapped in, is the snapshot (core/load.py, commit/swap.py). What the
+engine could not read as plain files (Iceberg delete files, Delta deletion vectors,
+partition values kept out of the files, renamed columns) is refused in every mode.
 
 This module knows neither format: iceberg.py and delta.py each read a `Snapshot`.
 """
@@ -146,9 +148,9 @@ def check_appends(table: TableUri, snap: Snapshot, committed: Mapping[str, str])
         what = f"{_named(table)} {removals[-1][0]} was a {removals[-1][1]}"
     raise SourceError(
         f"{table.pattern}: {gone:,} data file(s) loaded earlier into this table are no "
-        f"longer in {_named(table)} {snap.id} ({what}); chload loads a table's appends "
-        "only, so nothing was loaded: load it into a new table, or empty this one and "
-        "run again with --force")
+        f"longer in {_named(table)} {snap.id} ({what}); a load appends only new data "
+        f"files, so nothing was loaded: run it with --mode replace-table (not with "
+        f"--follow) to make the table this {_named(table)}")
 
 
 def _named(table: TableUri) -> str:
@@ -179,8 +181,9 @@ def units(table: TableUri, snap: Snapshot, s3: aws.S3Settings | None,
 
 class TableSource(RemoteSource):
     """A table format's source: lists the data files of a snapshot (its `read`), refuses
-    a snapshot that is not appends over what was loaded, and leaves the reading to the
-    file sources (its units are files of kind s3 or local)."""
+    a snapshot that is not appends over what was loaded (but under --mode replace-table,
+    which loads it whole into a new table), and leaves the reading to the file sources
+    (its units are files of kind s3 or local)."""
 
     format = ""
     pin = ""  # the URI parameter naming a snapshot: snapshot (Iceberg), version (Delta)
@@ -198,7 +201,10 @@ class TableSource(RemoteSource):
     def list(self, pattern: str, context: SourceContext) -> Iterator[SourceFile]:
         table = parse(pattern, self.format, self.pin)
         snap = self.read(table, context)
-        if not context.force and context.committed is not None:
+        # (replace-partitions lists with force, and would keep rows of files gone)
+        appends = context.mode == "replace-partitions" or (
+            context.mode == "append" and not context.force)
+        if appends and context.committed is not None:
             check_appends(table, snap, context.committed())
         elif snap.unreadable:
             check_appends(table, snap, {})
