@@ -56,7 +56,7 @@ def test_a_snapshot_without_a_loaded_file_is_refused_naming_what_removed_it() ->
         check_appends(TABLE, snap, {"s3://lake/sales/a.parquet": "delta:10"})
     assert str(exc.value) == (
         "delta+s3://lake/sales: 1 data file(s) loaded earlier into this table are no longer "
-        "in version 5 (it was a write (overwrite)); a load appends only new data files, so "
+        "in version 5 (its operation: write (overwrite)); a load appends only new data files, so "
         "nothing was loaded: run it with --mode replace-table (not with --follow) to make "
         "the table this version")
 
@@ -147,7 +147,7 @@ def test_an_overwritten_snapshot_is_listed_whole_under_replace_table_only(tmp_pa
 
     for mode, force in (("append", False), ("replace-partitions", True)):
         with pytest.raises(SourceError, match=r"2 data file\(s\) loaded earlier .* no longer "
-                           r"in snapshot \d+ \(.*was a delete\).* --mode replace-table"):
+                           r"in snapshot \d+ \(.*operation: delete\).* --mode replace-table"):
             listed(mode, force)
     now = listed("replace-table", True)
     assert len(now) == 1 and not now & set(loaded)

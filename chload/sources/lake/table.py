@@ -143,9 +143,9 @@ def check_appends(table: TableUri, snap: Snapshot, committed: Mapping[str, str])
     if not removals:
         what = "its history rewrote data"
     elif removals[-1][0] == snap.id:
-        what = f"it was a {removals[-1][1]}"
+        what = f"its operation: {removals[-1][1]}"
     else:
-        what = f"{_named(table)} {removals[-1][0]} was a {removals[-1][1]}"
+        what = f"{_named(table)} {removals[-1][0]}'s operation: {removals[-1][1]}"
     raise SourceError(
         f"{table.pattern}: {gone:,} data file(s) loaded earlier into this table are no "
         f"longer in {_named(table)} {snap.id} ({what}); a load appends only new data "
