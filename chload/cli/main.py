@@ -117,7 +117,7 @@ def _sources_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-retained", type=float, default=10.0, metavar="GB",
                    help="warn when a slot retains more WAL than this (default 10 GB)")
     p.add_argument("--drop", metavar="TABLE",
-                   help="stop following TABLE: drop its replication slot at the source")
+                   help="stop following TABLE: drop its slot at the source (PostgreSQL)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_sources)
 
@@ -131,14 +131,24 @@ def _sources(args: argparse.Namespace) -> int:
         print(json.dumps(found))
         return 0
     for f in found:
+        if "dropped" in f and f.get("kind") == "mysql":
+            print(f"{f['table']}: follow of {f['source']} dropped (no slot at the source: "
+                  "nothing to drop there; drop the table, or load into a new --table)")
+            continue
         if "dropped" in f:
             print(f"{f['table']}: follow of {f['source']} dropped"
                   + (f" (slot {f['slot']} dropped)" if f["dropped"] else " (no slot left)"))
             continue
-        said = f.get("error") or (
-            f"lag {f['lag_bytes']:,} B, {f['lag_seconds']:g} s; WAL retained "
-            f"{f['retained_bytes']:,} B")
-        print(f"{f['table']}  {f['source']}  slot {f['slot']}  position {f['position']}  {said}")
+        if f.get("kind") == "mysql":
+            said = f.get("error") or (f"server at {f['server_binlog']}  lag {f['lag_bytes']:,}"
+                                      f" B, {f['lag_seconds']:g} s")
+            print(f"{f['table']}  {f['source']}  binlog {f.get('binlog', '?')}  {said}")
+        else:
+            said = f.get("error") or (
+                f"lag {f['lag_bytes']:,} B, {f['lag_seconds']:g} s; WAL retained "
+                f"{f['retained_bytes']:,} B")
+            print(f"{f['table']}  {f['source']}  slot {f['slot']}  position {f['position']}  "
+                  f"{said}")
         if f.get("warning"):
             print(f"warning: {f['warning']}", file=sys.stderr)
     if not found:

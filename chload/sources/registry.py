@@ -128,9 +128,13 @@ def follows(target: Any, env: Mapping[str, str], max_retained: int | None,
             drop: str | None) -> list[dict[str, Any]]:
     """`chload sources`: the target's followed tables (sources/changes/status.py)."""
     status = importlib.import_module("chload.sources.changes.status")
+    mysql = importlib.import_module("chload.sources.changes.mysql_status")
+    binlog: list[dict[str, Any]] = mysql.follows(target, env, drop)
+    if drop is not None and binlog:
+        return binlog
     found: list[dict[str, Any]] = status.follows(
         target, env, status.MAX_RETAINED if max_retained is None else max_retained, drop)
-    return found
+    return found + binlog
 
 
 def kind_of(pattern: str) -> str:

@@ -37,7 +37,7 @@ def _url(stream: str, env: Mapping[str, str]) -> tuple[DbUrl, str]:
                  database, schema, table, env.get("PGPASSWORD")), slot
 
 
-def _last_commit_ns(target: Target, table: str, stream: str) -> int:
+def last_commit_ns(target: Target, table: str, stream: str) -> int:
     rows = target.rows(f"SELECT max(seq) AS s FROM {FILES} WHERE target_table = "
                        f"{quote_str(table)} AND startsWith(uri, {quote_str(stream + '/')})")
     return int(rows[0]["s"]) if rows else 0
@@ -73,7 +73,7 @@ def follows(target: Target, env: Mapping[str, str], max_retained: int = MAX_RETA
             else:
                 retained, _ = slot.retained()
                 lag = max(0, slot.current() - end)
-                since = (time.time_ns() - _last_commit_ns(target, table, stream)) / 1e9
+                since = (time.time_ns() - last_commit_ns(target, table, stream)) / 1e9
                 entry.update(lag_bytes=lag, lag_seconds=round(since, 1) if lag else 0.0,
                              retained_bytes=retained)
                 if retained > max_retained:
