@@ -145,3 +145,13 @@ def test_a_unit_past_its_time_grows_while_the_commit_before_it_runs(
     cut = _reader(events).unit(io.BytesIO(), Layout(["id"], ["id"]), 1000, 5.0, None,
                                lambda: False, lambda: awaited)
     assert (cut.end, cut.rows) == (_at(expected[0]), expected[1])
+
+
+def test_the_lag_of_a_follow_sums_the_binlog_files_between_its_position_and_the_servers() -> None:
+    from chload.sources.changes.mysql_status import lag_bytes
+
+    logs = [("binlog.000003", 1000), ("binlog.000004", 500), ("binlog.000005", 70)]
+    assert lag_bytes(logs, ("binlog.000005", 30), ("binlog.000005", 70)) == 40
+    assert lag_bytes(logs, ("binlog.000003", 400), ("binlog.000005", 70)) == 600 + 500 + 70
+    # a file purged since: its rest is unknown, the files kept after it count
+    assert lag_bytes(logs[1:], ("binlog.000003", 400), ("binlog.000005", 70)) == 500 + 70
