@@ -116,14 +116,19 @@ def test_a_ledger_made_before_its_keys_gets_them_on_first_use(
     try:
         assert t.ledger.complete()
         t.ledger.record([_event(table, "/new/a.csv", "9:9", LOADED, state.uuid, 10)])
-        known, why = t.ledger.known(table, t.ledger.table_state("default", table_name))
-        assert (len(known), why) == (6, "")
-        for uri, identity in [*((f"/old/{i}.csv", f"{i}:1") for i in range(5)),
-                              ("/new/a.csv", "9:9")]:
-            assert known.same_identity(known.find([uri]), identity), uri
+        _knows_old_and_new(t, table, table_name)
     finally:
         t.command(f"DROP TABLE IF EXISTS {table}")
         t.close()
+
+
+def _knows_old_and_new(t: Target, table: str, table_name: str) -> None:
+    """The ledger knows the five /old files written before the upgrade and /new/a.csv."""
+    known, why = t.ledger.known(table, t.ledger.table_state("default", table_name))
+    assert (len(known), why) == (6, "")
+    for uri, identity in [*((f"/old/{i}.csv", f"{i}:1") for i in range(5)),
+                          ("/new/a.csv", "9:9")]:
+        assert known.same_identity(known.find([uri]), identity), uri
 
 
 def _first_look_says_committing(target: Target, table: str) -> bool:
@@ -199,11 +204,7 @@ def test_a_ledger_made_before_its_summary_gets_it_with_its_events_on_first_use(
         assert not _first_look_says_committing(t, table)
         t.ledger.record([_event(table, "/new/a.csv", "9:9", LOADED, state.uuid, 10)])
         assert _summed(t, table)
-        known, why = t.ledger.known(table, t.ledger.table_state("default", table_name))
-        assert (len(known), why) == (6, "")
-        for uri, identity in [*((f"/old/{i}.csv", f"{i}:1") for i in range(5)),
-                              ("/new/a.csv", "9:9")]:
-            assert known.same_identity(known.find([uri]), identity), uri
+        _knows_old_and_new(t, table, table_name)
     finally:
         t.command(f"DROP TABLE IF EXISTS {table}")
         t.close()
