@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import statistics
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -35,11 +33,11 @@ import services  # noqa: E402
 from common import (  # noqa: E402
     CACHE,
     TRIPS_SCHEMA,
+    CpuTimer,
     compile_chload,
     interleave,
     make_trips,
     print_ratios,
-    time_process,
 )
 
 BASELINE = r"""
@@ -87,36 +85,20 @@ def main() -> None:
                   "--table", "trips", "--target", db, "--quiet"]
         env = {"AZURE_STORAGE_CONNECTION_STRING": conn}
         base = "hand-written INSERT ... azureBlobStorage()"
-        cpu: dict[str, list[float]] = {}
-
-        def timed(name: str, argv: list[str], env: dict[str, str] | None = None) -> float:
-            """Wall time, and the process's CPU time aside (on a shared machine CPU
-            seconds move less with other people's load than wall seconds do)."""
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            seconds = time_process(argv, env, before=fresh)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            cpu.setdefault(name, []).append(after.ru_utime + after.ru_stime
-                                            - before.ru_utime - before.ru_stime)
-            return seconds
+        cpu = CpuTimer(before=fresh)
 
         inferred, typed = "chload load az:// (inferred schema)", \
             "chload load az:// --schema (same types)"
         methods = {
-            base: lambda: timed(base, baseline),
-            inferred: lambda: timed(inferred, chload, env),
-            typed: lambda: timed(typed, chload + ["--schema", TRIPS_SCHEMA], env),
+            base: lambda: cpu.timed(base, baseline),
+            inferred: lambda: cpu.timed(inferred, chload, env),
+            typed: lambda: cpu.timed(typed, chload + ["--schema", TRIPS_SCHEMA], env),
         }
         timings = interleave(methods, args.repeats)
         print(f"data: {args.files} gzip CSV blobs x {args.rows:,} rows in Azurite "
               f"({azurite.url}), target: embedded chDB")
         result = print_ratios("embedded target, Azure (Azurite) gzip CSV", timings, base)
-        base_cpu = statistics.median(cpu[base][-args.repeats:])
-        print(f"{'CPU seconds (user+sys), median':<40} {'':>9} {'ratio':>7}")
-        for name, values in cpu.items():
-            median = statistics.median(values[-args.repeats:])  # the measured rounds
-            print(f"{name:<40} {median:>9.3f} {median / base_cpu:>7.3f}")
-            result["methods"][name]["median_cpu_seconds"] = median
-            result["methods"][name]["cpu_ratio_vs_baseline"] = median / base_cpu
+        cpu.add_ratios(result, base, args.repeats)
     finally:
         azurite.stop()
         shutil.rmtree(work, ignore_errors=True)

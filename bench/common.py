@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -117,6 +118,35 @@ def interleave(methods: dict[str, Callable[[], float]], repeats: int,
             if round_ >= warmup:
                 timings[name].seconds.append(seconds)
     return timings
+
+
+class CpuTimer:
+    """Times whole processes with `time_process` and keeps each one's CPU seconds (user +
+    system) aside per method: on a shared machine CPU seconds move less with other
+    people's load than wall seconds do."""
+
+    def __init__(self, before: Callable[[], None] | None = None) -> None:
+        self.before = before
+        self.cpu: dict[str, list[float]] = {}
+
+    def timed(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> float:
+        start = resource.getrusage(resource.RUSAGE_CHILDREN)
+        seconds = time_process(argv, env, before=self.before)
+        end = resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.cpu.setdefault(name, []).append(end.ru_utime + end.ru_stime
+                                             - start.ru_utime - start.ru_stime)
+        return seconds
+
+    def add_ratios(self, result: dict, baseline: str, repeats: int) -> None:
+        """Print the median CPU seconds of the measured rounds (the last `repeats`) and
+        the ratio to `baseline`'s, and add both to `result` from `print_ratios`."""
+        base = statistics.median(self.cpu[baseline][-repeats:])
+        print(f"{'CPU seconds (user+sys), median':<40} {'':>9} {'ratio':>7}")
+        for name, values in self.cpu.items():
+            median = statistics.median(values[-repeats:])
+            print(f"{name:<40} {median:>9.3f} {median / base:>7.3f}")
+            result["methods"][name]["median_cpu_seconds"] = median
+            result["methods"][name]["cpu_ratio_vs_baseline"] = median / base
 
 
 def print_ratios(title: str, timings: dict[str, Timing], baseline: str,

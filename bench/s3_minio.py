@@ -23,9 +23,7 @@ import argparse
 import gzip
 import json
 import os
-import resource
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -39,6 +37,7 @@ import services  # noqa: E402
 from common import (  # noqa: E402
     CACHE,
     TRIPS_SCHEMA,
+    CpuTimer,
     compile_chload,
     interleave,
     make_trips,
@@ -133,37 +132,21 @@ def big_objects(args: argparse.Namespace, minio: services.Service, work: str) ->
     chload = [sys.executable, "-m", "chload", "load", f"s3://{BUCKET}/trips/*.csv.gz",
               "--table", "trips", "--target", db, "--quiet"]
     env = aws_env(minio)
-    cpu: dict[str, list[float]] = {}
-
-    def timed(name: str, argv: list[str], env: dict[str, str] | None = None) -> float:
-        """Wall time, and the CPU time of the process (kept aside: on a shared machine
-        CPU seconds move less with other people's load than wall seconds do)."""
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        seconds = time_process(argv, env, before=fresh)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.setdefault(name, []).append(after.ru_utime + after.ru_stime
-                                        - before.ru_utime - before.ru_stime)
-        return seconds
+    cpu = CpuTimer(before=fresh)
 
     base = "hand-written INSERT ... FROM s3(glob)"
     inferred = "chload load s3:// (inferred schema)"
     typed = "chload load s3:// --schema (same types)"
     methods = {
-        base: lambda: timed(base, baseline),
-        inferred: lambda: timed(inferred, chload, env),
-        typed: lambda: timed(typed, chload + ["--schema", TRIPS_SCHEMA], env),
+        base: lambda: cpu.timed(base, baseline),
+        inferred: lambda: cpu.timed(inferred, chload, env),
+        typed: lambda: cpu.timed(typed, chload + ["--schema", TRIPS_SCHEMA], env),
     }
     timings = interleave(methods, args.repeats)
     print(f"data: {args.files} gzip CSV objects x {args.rows:,} rows in MinIO "
           f"({minio.url}), target: embedded chDB")
     result = print_ratios("embedded target, S3 (MinIO) gzip CSV", timings, base)
-    base_cpu = statistics.median(cpu[base][-args.repeats:])
-    print(f"{'CPU seconds (user+sys), median':<40} {'':>9} {'ratio':>7}")
-    for name, values in cpu.items():
-        median = statistics.median(values[-args.repeats:])  # the measured rounds
-        print(f"{name:<40} {median:>9.3f} {median / base_cpu:>7.3f}")
-        result["methods"][name]["median_cpu_seconds"] = median
-        result["methods"][name]["cpu_ratio_vs_baseline"] = median / base_cpu
+    cpu.add_ratios(result, base, args.repeats)
     return result
 
 

@@ -74,6 +74,22 @@ def _run(pg: Source, source: str, table: str, into: tuple[str, dict[str, str]],
                           env={**os.environ, **pg.env, **into[1], **(env or {})})
 
 
+def _follow_through(pg: Source, table: str, into: tuple[str, dict[str, str]], sql: str,
+                    settle: float = 6, server_schema: str = "") -> None:
+    """Follow `table`, run `sql` at the source once the follow is up, give it 3 s to
+    stream, then stop it with SIGTERM: it must exit 0."""
+    proc = subprocess.Popen(_argv(pg, table, table, into, "--follow",
+                                  server_schema=server_schema),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **pg.env, **into[1]})
+    time.sleep(settle)
+    pg.sql(sql)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+
+
 def _ch(into: tuple[str, dict[str, str]], sql: str) -> str:
     done = run_chload("sql", sql, "--target", into[0], "--format", "TSV", env=into[1],
                       timeout=60)
@@ -140,15 +156,7 @@ def test_a_follow_without_follow_applies_changes_and_exits(
         pg: Source, target_dir: str, table_name: str) -> None:
     into = (target_dir, {})
     pg.sql(CREATE.format(t=table_name, rows=100))
-    proc = subprocess.Popen(_argv(pg, table_name, table_name, into, "--follow"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **pg.env})
-    time.sleep(6)
-    pg.sql(WRITE.format(t=table_name, new=500, k=1, gone=5, moved=6))
-    time.sleep(3)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    _follow_through(pg, table_name, into, WRITE.format(t=table_name, new=500, k=1, gone=5, moved=6))
     pg.sql(f"UPDATE {table_name} SET n = 100 WHERE id = 7; DELETE FROM {table_name} "
            "WHERE id = 8")
     done = _run(pg, table_name, table_name, into)
@@ -182,15 +190,7 @@ def test_sources_lists_a_follow_warns_above_the_limit_and_drops_its_slot(
         pg: Source, target_dir: str, table_name: str) -> None:
     into = (target_dir, {})
     pg.sql(CREATE.format(t=table_name, rows=10))
-    proc = subprocess.Popen(_argv(pg, table_name, table_name, into, "--follow"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **pg.env})
-    time.sleep(5)
-    pg.sql(f"UPDATE {table_name} SET n = 5 WHERE id = 1")
-    time.sleep(3)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    _follow_through(pg, table_name, into, f"UPDATE {table_name} SET n = 5 WHERE id = 1", settle=5)
     pg.sql(f"UPDATE {table_name} SET n = 6 WHERE id = 2")
     done = _run(pg, table_name, table_name, into)  # (a unit of changes in the ledger)
     assert done.returncode == 0, done.stderr
@@ -236,16 +236,7 @@ def test_a_copied_row_and_a_streamed_row_hold_the_same_values(
     """The same values inserted before the follow (copied) and after (streamed)."""
     pg.sql(TYPES.format(t=table_name))
     pg.sql(VALUES.format(t=table_name, id=1))
-    proc = subprocess.Popen(_argv(pg, table_name, table_name, into, "--follow",
-                                  server_schema=TYPES_18), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **pg.env, **into[1]})
-    time.sleep(6)
-    pg.sql(VALUES.format(t=table_name, id=2))
-    time.sleep(3)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    _follow_through(pg, table_name, into, VALUES.format(t=table_name, id=2), server_schema=TYPES_18)
     done = _run(pg, table_name, table_name, into, server_schema=TYPES_18)
     assert done.returncode == 0, done.stderr
     columns = ("n5, n38, n76, r, d, b, ts, tz, day, u, j, ints, texts, hex(raw), t, mood, big")
@@ -267,15 +258,7 @@ def test_a_kill_at_each_step_of_a_unit_neither_loses_nor_doubles_a_change(
     inside the commit: the next run applies every change once."""
     into = (target_dir, {})
     pg.sql(CREATE.format(t=table_name, rows=50))
-    proc = subprocess.Popen(_argv(pg, table_name, table_name, into, "--follow"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **pg.env})
-    time.sleep(6)
-    pg.sql(f"UPDATE {table_name} SET n = 0")
-    time.sleep(3)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    _follow_through(pg, table_name, into, f"UPDATE {table_name} SET n = 0")
     for i in range(3):
         pg.sql(WRITE.format(t=table_name, new=1000 + i, k=i + 1, gone=10 + i, moved=20 + i))
     crashed = _run(pg, table_name, table_name, into, env={"CHLOAD_CRASH_AT": point})

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import services
 
-from chload.commit import known as known_module, ledger as ledger_module
+from chload.commit import known as known_module, ledger as ledger_module, tables as tables_module
 from chload.commit.known import KnownUnits
 from chload.commit.ledger import COMMITTING, FAILED, LOADED, FileEvent, own_history
 from chload.commit.locks import dirty_name
@@ -24,16 +24,19 @@ from chload.targets.registry import TargetSpec, open_target
 pytestmark = pytest.mark.integration
 
 
+def _spec(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> TargetSpec:
+    """The target of `kind`: embedded chDB in tmp_path, or the 18.16 server as loader."""
+    if kind == "embedded":
+        return TargetSpec.resolve(str(tmp_path / "target"), {})
+    server: services.Service = request.getfixturevalue("clickhouse")
+    return TargetSpec.resolve(f"http://loader@127.0.0.1:{server.ports['http']}/default",
+                              {"CLICKHOUSE_PASSWORD": server.credentials["password"]})
+
+
 @pytest.fixture(params=["embedded", "server"])
 def target(request: pytest.FixtureRequest, tmp_path: Path, table_name: str,
            ) -> Iterator[Target]:
-    if request.param == "embedded":
-        where, env = str(tmp_path / "target"), {}
-    else:
-        server: services.Service = request.getfixturevalue("clickhouse")
-        where = f"http://loader@127.0.0.1:{server.ports['http']}/default"
-        env = {"CLICKHOUSE_PASSWORD": server.credentials["password"]}
-    t = open_target(TargetSpec.resolve(where, env))
+    t = open_target(_spec(request, request.param, tmp_path))
     for name in (table_name, f"{table_name}_2"):  # (as the user's SQL: not a fresh target)
         t.text(f"CREATE TABLE default.{name} (x UInt8) ENGINE = MergeTree ORDER BY x", "TSV")
         t.command(f"INSERT INTO default.{name} VALUES (1)")
@@ -49,7 +52,7 @@ def _event(table: str, uri: str, identity: str, state: str, uuid: str, seq: int)
 
 def test_known_keys_are_the_ledgers_loaded_units_of_the_table_as_it_is(
         target: Target, table_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ledger_module, "_KNOWN_SLICE", 3)  # 12 units: 4 slices
+    monkeypatch.setattr(tables_module, "KNOWN_SLICE", 3)  # 12 units: 4 slices
     table = f"default.{table_name}"
     state = target.ledger.table_state("default", table_name)
     events = [_event(table, f"/d/{i}.csv", f"{i}:1", LOADED, state.uuid, 100 + i)
@@ -95,15 +98,11 @@ def test_known_keys_set_aside_loads_of_a_table_dropped_recreated_or_emptied(
 @pytest.mark.parametrize("kind", ["embedded", "server"])
 def test_a_ledger_made_before_its_keys_gets_them_on_first_use(
         request: pytest.FixtureRequest, kind: str, tmp_path: Path, table_name: str) -> None:
-    where, env = str(tmp_path / "target"), {}
-    if kind == "server":
-        server: services.Service = request.getfixturevalue("clickhouse")
-        where = f"http://loader@127.0.0.1:{server.ports['http']}/default"
-        env = {"CLICKHOUSE_PASSWORD": server.credentials["password"]}
+    spec = _spec(request, kind, tmp_path)
     table = f"default.{table_name}"
-    older = open_target(TargetSpec.resolve(where, env))
+    older = open_target(spec)
     try:  # the ledger as chload made it before the keys: events written without them
-        for column in ledger_module.KEY_COLUMNS:
+        for column in tables_module.KEY_COLUMNS:
             older.command(f"ALTER TABLE chload.files DROP COLUMN {column}")
         older.text(f"CREATE TABLE {table} (x UInt8) ENGINE = MergeTree ORDER BY x", "TSV")
         older.command(f"INSERT INTO {table} VALUES (1)")
@@ -113,18 +112,23 @@ def test_a_ledger_made_before_its_keys_gets_them_on_first_use(
         assert not older.ledger.complete()
     finally:
         older.close()
-    t = open_target(TargetSpec.resolve(where, env))  # first use: the keys are added
+    t = open_target(spec)  # first use: the keys are added
     try:
         assert t.ledger.complete()
         t.ledger.record([_event(table, "/new/a.csv", "9:9", LOADED, state.uuid, 10)])
-        known, why = t.ledger.known(table, t.ledger.table_state("default", table_name))
-        assert (len(known), why) == (6, "")
-        for uri, identity in [*((f"/old/{i}.csv", f"{i}:1") for i in range(5)),
-                              ("/new/a.csv", "9:9")]:
-            assert known.same_identity(known.find([uri]), identity), uri
+        _knows_old_and_new(t, table, table_name)
     finally:
         t.command(f"DROP TABLE IF EXISTS {table}")
         t.close()
+
+
+def _knows_old_and_new(t: Target, table: str, table_name: str) -> None:
+    """The ledger knows the five /old files written before the upgrade and /new/a.csv."""
+    known, why = t.ledger.known(table, t.ledger.table_state("default", table_name))
+    assert (len(known), why) == (6, "")
+    for uri, identity in [*((f"/old/{i}.csv", f"{i}:1") for i in range(5)),
+                          ("/new/a.csv", "9:9")]:
+        assert known.same_identity(known.find([uri]), identity), uri
 
 
 def _first_look_says_committing(target: Target, table: str) -> bool:
@@ -179,13 +183,9 @@ def test_a_file_committing_in_the_summary_asks_for_a_recovery(target: Target,
 @pytest.mark.parametrize("kind", ["embedded", "server"])
 def test_a_ledger_made_before_its_summary_gets_it_with_its_events_on_first_use(
         request: pytest.FixtureRequest, kind: str, tmp_path: Path, table_name: str) -> None:
-    where, env = str(tmp_path / "target"), {}
-    if kind == "server":
-        server: services.Service = request.getfixturevalue("clickhouse")
-        where = f"http://loader@127.0.0.1:{server.ports['http']}/default"
-        env = {"CLICKHOUSE_PASSWORD": server.credentials["password"]}
+    spec = _spec(request, kind, tmp_path)
     table = f"default.{table_name}"
-    older = open_target(TargetSpec.resolve(where, env))
+    older = open_target(spec)
     try:  # the ledger as chload made it before its summary
         older.command(f"DROP TABLE chload.{known_module.FEED}")
         older.command(f"DROP TABLE chload.{known_module.SUMMARY}")
@@ -198,17 +198,13 @@ def test_a_ledger_made_before_its_summary_gets_it_with_its_events_on_first_use(
         assert not older.ledger.complete()
     finally:
         older.close()
-    t = open_target(TargetSpec.resolve(where, env))  # first use: the summary, filled
+    t = open_target(spec)  # first use: the summary, filled
     try:
         assert t.ledger.complete() and _summed(t, table)
         assert not _first_look_says_committing(t, table)
         t.ledger.record([_event(table, "/new/a.csv", "9:9", LOADED, state.uuid, 10)])
         assert _summed(t, table)
-        known, why = t.ledger.known(table, t.ledger.table_state("default", table_name))
-        assert (len(known), why) == (6, "")
-        for uri, identity in [*((f"/old/{i}.csv", f"{i}:1") for i in range(5)),
-                              ("/new/a.csv", "9:9")]:
-            assert known.same_identity(known.find([uri]), identity), uri
+        _knows_old_and_new(t, table, table_name)
     finally:
         t.command(f"DROP TABLE IF EXISTS {table}")
         t.close()
