@@ -8,7 +8,7 @@ unit through the committer as ever), then, only if every unit committed:
 2. swaps in one statement: `EXCHANGE TABLES t AND new` (the embedded engine), else
    `RENAME TABLE t TO <table>__chload_old, new TO t` (ClickHouse 18.16 has no EXCHANGE);
 3. logs TABLE_REPLACED and, after it, the run's units as `loaded` into the table: the
-   ledger's `loaded` events before a TABLE_REPLACED are superseded (ledger._loaded_where),
+   ledger's `loaded` events before a TABLE_REPLACED are superseded (tables.loaded_where),
    so a later append run loads again a file that only the old table held;
 4. drops the old table.
 
