@@ -10,6 +10,7 @@ target tests stand on.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 from pathlib import Path
@@ -22,7 +23,10 @@ pytestmark = pytest.mark.integration
 
 def _listening_addresses(pid: int) -> set[tuple[str, int]]:
     """(address, port) of the TCP sockets process ``pid`` listens on."""
-    links = [os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir()]
+    links = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # closed since the listing: not a listener
+            links.append(os.readlink(fd))
     inodes = {link[8:-1] for link in links if link.startswith("socket:[")}
     found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):

@@ -425,8 +425,8 @@ def test_a_suggested_schema_keeps_the_leading_zeros_the_sample_saw(
     ("http://127.0.0.1:9/orders.csv", ["--follow"], "--follow: only for a kafka://, "
      "postgresql://, mysql://, local, s3://, az://, gs:// or hdfs:// source; no source of "
      "this load reads it"),
-    ("good.csv", ["--batch-rows", "10"], "--batch-rows: only for a kafka:// source; no "
-     "source of this load reads it"),
+    ("good.csv", ["--batch-rows", "10"], "--batch-rows: only for a kafka:// or followed "
+     "mysql:// source; no source of this load reads it"),
 ])
 def test_a_flag_no_source_reads_is_refused_in_one_line(
         source: str, flags: list[str], said: str, good: Path, target_dir: str) -> None:
