@@ -26,6 +26,7 @@ pytestmark = pytest.mark.integration
 
 FORMATS = ["iceberg", "delta"]
 ROWS = 20_000  # rows an append adds in the small tables
+FULL_APPEND = 1_666_667  # the full-size tables: 5M rows in three appends
 OLD_SERVER_SCHEMA = "id Int64, amount Decimal(18, 2), at DateTime, name String"
 
 
@@ -71,8 +72,14 @@ def totals(target: str, table: str, env: dict[str, str] | None = None) -> tuple[
 
 def expected(*ranges: tuple[int, int]) -> tuple[int, ...]:
     """totals() of a table holding the ids of `ranges` (amount = id / 100)."""
-    ids = [i for lo, hi in ranges for i in range(lo, hi)]
-    return len(ids), len(set(ids)), sum(ids), sum(ids)
+    count = sum(hi - lo for lo, hi in ranges)
+    total = sum((lo + hi - 1) * (hi - lo) // 2 for lo, hi in ranges)
+    distinct, end = 0, None
+    for lo, hi in sorted(ranges):  # ids held by more than one range count once
+        lo = lo if end is None else max(lo, end)
+        distinct += max(0, hi - lo)
+        end = hi if end is None else max(end, hi)
+    return count, distinct, total, total
 
 
 def appended(tables: LakeTables, count: int, rows: int = ROWS) -> list[tuple[int, int]]:
@@ -245,11 +252,12 @@ def test_a_new_column_is_added_when_asked(fmt: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_kill_9_mid_load_then_a_rerun_is_exact(fmt: str, tmp_path: Path) -> None:
-    """Three data files each big enough to commit alone; the load killed at three moments
-    (first stage filling, right after its first commit, a rerun's stage filling), then
-    finished: every row once."""
+    """A table of 5M rows in three appends, each data file big enough to commit alone;
+    the load killed at three moments (first stage filling, right after its first commit,
+    a rerun's stage filling), then finished: every row once; a rerun skips; a fourth
+    append loads only its rows; an overwrite is refused, the table left as it was."""
     tables = LakeTables(str(tmp_path / "lake"), formats=(fmt,))
-    ranges = appended(tables, 3, 1_500_000)  # more than a block: a stage fills in parts
+    ranges = appended(tables, 3, FULL_APPEND)  # more than a block: a stage fills in parts
     target = str(tmp_path / "target")
     argv = [sys.executable, "-m", "chload", "load", tables.uri(fmt), "--table", "t",
             "--target", target, "--workers", "1"]
@@ -259,7 +267,23 @@ def test_kill_9_mid_load_then_a_rerun_is_exact(fmt: str, tmp_path: Path) -> None
         kill_when(proc, functools.partial(ready, proc.pid, before), what)
     assert subprocess.run(argv, capture_output=True, timeout=240).returncode == 0
     assert totals(target, "t") == expected(*ranges)
-    assert load(tables.uri(fmt), "t", target)[1]["files_loaded"] == 0
+    after_kills(tables, fmt, "t", target, ranges)
+
+
+def after_kills(tables: LakeTables, fmt: str, table: str, target: str,
+                ranges: list[tuple[int, int]], env: dict[str, str] | None = None) -> None:
+    """The checks after a killed load of the full-size table finished: a rerun skips
+    its three files, a new append loads only its rows, an overwrite is refused."""
+    code, report, err = load(tables.uri(fmt), table, target, env=env)
+    assert code == 0 and (report["files_loaded"], report["files_skipped"]) == (0, 3), err
+    new = (3 * FULL_APPEND, 3 * FULL_APPEND + 1234)
+    tables.append(*new)
+    code, report, err = load(tables.uri(fmt), table, target, env=env)
+    assert code == 0 and (report["files_loaded"], report["rows_loaded"]) == (1, 1234), err
+    tables.overwrite(0, 10)
+    code, _, err = load(tables.uri(fmt), table, target, env=env)
+    assert code != 0 and "appends only" in err, err
+    assert totals(target, table, env) == expected(*ranges, new)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -376,7 +400,7 @@ def test_into_18_16_killed_mid_load_then_a_rerun_is_exact(
     committing entry written, nothing attached): the next run loads every row once."""
     tables = LakeTables(f"s3://{lake_bucket}/{uuid.uuid4().hex[:8]}", s3=s3_access(minio),
                         formats=(fmt,))
-    ranges = appended(tables, 3, 300_000)
+    ranges = appended(tables, 3, FULL_APPEND)
     target = f"http://loader@127.0.0.1:{clickhouse.ports['http']}/default"
     env = {**os.environ, **s3_env(minio, tmp_path),
            "CLICKHOUSE_PASSWORD": clickhouse.credentials["password"]}
@@ -397,3 +421,4 @@ def test_into_18_16_killed_mid_load_then_a_rerun_is_exact(
     assert code == 0, err
     assert totals(target, table_name, env) == expected(*ranges)
     assert report["files_loaded"] + report["files_skipped"] == 3
+    after_kills(tables, fmt, table_name, target, ranges, env)
