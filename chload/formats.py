@@ -66,7 +66,7 @@ def detect(name: str, fmt: str | None = None, compression: str | None = None,
            strict: bool = True) -> FileFormat:
     """The format of a source from its name, with user overrides taking precedence.
     A name that does not tell is a UsageError, or with `strict=False` a format named
-    '' (a listing's README.txt or Spark's _SUCCESS: the run decides, api._told)."""
+    '' (a listing's README.txt or Spark's _SUCCESS: the run decides, core/load.py `_told`)."""
     base, method = split_compression(name)
     if compression and compression != "auto":
         method = compression

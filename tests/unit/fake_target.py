@@ -2,7 +2,7 @@
 server, outcomes scripted per file (dlt's dummy destination is the model).
 
     target = FakeTarget(str(tmp_path), transient={"a.csv": 2}, terminal={"b.csv": "bad"})
-    report = api._load_into(spec, target)
+    report = dispatch.load_into(spec, target)
 
 A file's rows are its lines (read from the local file; 1 for anything else). Script:
 

@@ -12,7 +12,7 @@ import pytest
 from fake_target import FakeTarget
 from test_fake_target import _files, _spec
 
-from chload import api
+from chload import dispatch
 from chload.core import run as runner
 from chload.errors import TransientError, backpressure, server_error
 from chload.runtime.adaptive import MAX_STREAMS, Controller, Pressure, PressureReader
@@ -265,10 +265,10 @@ def test_a_load_never_fails_on_too_many_parts(tmp_path: Path,
     monkeypatch.setattr(time, "sleep", lambda s: None)
     files = _files(tmp_path, 3, 4)
     target = PushesBack(str(tmp_path))
-    report = api._load_into(_spec(tmp_path), target)
+    report = dispatch.load_into(_spec(tmp_path), target)
     assert report.ok and report.rows_loaded == 7 and len(files) == report.files_loaded
     assert report.concurrency["mode"] == "auto"
-    fixed = api._load_into(_spec(tmp_path, workers=3, force=True), PushesBack(str(tmp_path)))
+    fixed = dispatch.load_into(_spec(tmp_path, workers=3, force=True), PushesBack(str(tmp_path)))
     assert fixed.concurrency["mode"] == "fixed" and fixed.concurrency["final"] == 3
 
 

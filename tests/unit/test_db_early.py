@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from chload.api import LoadSpec, _begin_early
+from chload.api import LoadSpec
+from chload.dispatch import begin_early
 from chload.errors import SourceError
 from chload.sources.base import SourceContext
 from chload.sources.databases import early as db_early
@@ -40,13 +41,13 @@ def made(monkeypatch: pytest.MonkeyPatch) -> list[_Session]:
 
 
 class _Begun:
-    """`db_early.begin` as a run calls it: through api._begin_early, which finds the
+    """`db_early.begin` as a run calls it: through dispatch.begin_early, which finds the
     source (one PostgreSQL URL only)."""
 
     @staticmethod
     def begin(patterns: Sequence[str], select: str | None, incremental_by: str | None,
               workers: int | None) -> Callable[[], None]:
-        return _begin_early(LoadSpec(sources=tuple(patterns), table="t", query=select,
+        return begin_early(LoadSpec(sources=tuple(patterns), table="t", query=select,
                                      incremental_by=incremental_by, workers=workers))
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from fake_target import FakeTarget
 
-from chload import api
+from chload import api, dispatch
 from chload.commit.ledger import FAILED, LOADED
 from chload.commit.rejects import ErrorBudget
 from chload.core import run as runner
@@ -141,7 +141,7 @@ def test_load_reports_what_the_target_did(tmp_path: Path) -> None:
     files = _files(tmp_path, 2, 3, 4, 5)
     target = FakeTarget(str(tmp_path), transient={files[0].uri: 1},
                         terminal={files[1].uri: "bad row"}, elsewhere=[files[2].uri])
-    report = api._load_into(_spec(tmp_path), target)
+    report = dispatch.load_into(_spec(tmp_path), target)
     assert (report.files_total, report.files_loaded, report.files_failed,
             report.files_skipped) == (4, 2, 1, 1)
     assert report.rows_loaded == 2 + 5 and report.created_table and not report.ok
@@ -152,7 +152,7 @@ def test_load_reports_what_the_target_did(tmp_path: Path) -> None:
     assert {e.uri: e.state for e in target.ledger.events} == {
         files[0].uri: LOADED, files[1].uri: FAILED, files[3].uri: LOADED}
 
-    again = api._load_into(_spec(tmp_path), target)  # the ledger says what is loaded
+    again = dispatch.load_into(_spec(tmp_path), target)  # the ledger says what is loaded
     assert (again.files_loaded, again.files_skipped, again.files_failed) == (0, 3, 1)
     assert not again.created_table and again.rows_loaded == 0
 
@@ -167,7 +167,7 @@ class _GoneAtTheEnd(FakeTarget):
 def test_the_last_writes_failing_after_commits_are_the_reports(tmp_path: Path) -> None:
     _files(tmp_path, 2, 3)
     target = _GoneAtTheEnd(str(tmp_path))
-    report = api._load_into(_spec(tmp_path), target)  # committed: not raised
+    report = dispatch.load_into(_spec(tmp_path), target)  # committed: not raised
     assert (report.files_loaded, report.rows_loaded, report.ok) == (2, 5, False)
     assert len(report.errors) == 1 and "the next run settles" in report.errors[0]
     assert report.errors[0].startswith("server 127.0.0.1:1 unreachable")
@@ -177,13 +177,13 @@ def test_the_last_writes_failing_with_nothing_committed_stop_the_run(tmp_path: P
     files = _files(tmp_path, 2)
     target = _GoneAtTheEnd(str(tmp_path), terminal={files[0].uri: "bad row"})
     with pytest.raises(TransientError, match="unreachable"):  # exit 2: nothing was loaded
-        api._load_into(_spec(tmp_path), target)
+        dispatch.load_into(_spec(tmp_path), target)
 
 
 def test_load_with_on_error_abort_stops_at_the_first_failure(tmp_path: Path) -> None:
     files = _files(tmp_path, 1, 1, 1)
     target = FakeTarget(str(tmp_path), terminal={files[0].uri: "bad row"}, workers=1)
-    report = api._load_into(_spec(tmp_path, on_error="abort"), target)
+    report = dispatch.load_into(_spec(tmp_path, on_error="abort"), target)
     assert report.files_failed == 1 and report.files_loaded == 0
     assert [f.status for f in report.files] == ["failed", "not-started", "not-started"]
     assert [r.status for r in target.ledger.run_records] == ["failed"]
@@ -192,7 +192,7 @@ def test_load_with_on_error_abort_stops_at_the_first_failure(tmp_path: Path) -> 
 def test_load_batches_where_the_target_plans_them(tmp_path: Path) -> None:
     files = _files(tmp_path, 1, 2, 3, 4)
     target = FakeTarget(str(tmp_path), batch_size=4, terminal={files[3].uri: "bad row"})
-    report = api._load_into(_spec(tmp_path), target)
+    report = dispatch.load_into(_spec(tmp_path), target)
     assert (report.files_loaded, report.files_failed, report.rows_loaded) == (3, 1, 6)
     assert target.calls[0] == ("load_batch", tuple(f.uri for f in files))
 

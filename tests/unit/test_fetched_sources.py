@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from fake_target import FakeTarget
 
-from chload import api
+from chload import api, dispatch
 from chload.errors import TransientError, UsageError
 from chload.formats import FileFormat
 from chload.schema import Column
@@ -120,7 +120,7 @@ def test_each_unit_is_fetched_once_loaded_alone_and_released(
     units = [f"ranges://loader@db#{n}" for n in ("ab", "abc", "abcd")]
     target = KeyedTarget(str(tmp_path), batch_size=4, transient={units[1]: 1})
     log["fail_fetch"].append(1)  # the first fetch fails once: retried, not a failed unit
-    report = api._load_into(api.LoadSpec(sources=(uri,), table="t"), target)
+    report = dispatch.load_into(api.LoadSpec(sources=(uri,), table="t"), target)
     assert report.ok and report.files_loaded == 3 and report.rows_loaded == 2 + 3 + 4
     # fetched once each (one retried fetch), the transient load retried on the same spool
     assert sorted(log["fetched"]) == sorted([*units, log["fetched"][0]])
@@ -137,7 +137,7 @@ def test_each_unit_is_fetched_once_loaded_alone_and_released(
 def test_a_failed_load_still_releases_its_spool(tmp_path: Path,
                                                 log: dict[str, list]) -> None:
     target = FakeTarget(str(tmp_path), terminal={"ranges://db#abc": "bad row"})
-    report = api._load_into(api.LoadSpec(sources=("ranges://db/abc",), table="t"), target)
+    report = dispatch.load_into(api.LoadSpec(sources=("ranges://db/abc",), table="t"), target)
     assert report.files_failed == 1
     assert log["released"] == ["ranges://db#abc"] and log["closed"] == [1]
 
@@ -146,10 +146,10 @@ def test_a_source_option_no_source_reads_is_refused(tmp_path: Path,
                                                     log: dict[str, list]) -> None:
     target = FakeTarget(str(tmp_path))
     with pytest.raises(UsageError, match="--incremental-by: only for"):
-        api._load_into(api.LoadSpec(sources=("ranges://db/a",), table="t",
+        dispatch.load_into(api.LoadSpec(sources=("ranges://db/a",), table="t",
                                     incremental_by="id"), target)
     assert log["closed"] == [1]  # the run's object is closed all the same
     (tmp_path / "a.jsonl").write_text("{}\n")
     with pytest.raises(UsageError, match="--query: only for"):
-        api._load_into(api.LoadSpec(sources=(str(tmp_path / "a.jsonl"),), table="t",
+        dispatch.load_into(api.LoadSpec(sources=(str(tmp_path / "a.jsonl"),), table="t",
                                     query="SELECT 1"), target)

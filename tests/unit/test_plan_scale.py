@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from fake_target import FakeTarget
 
-from chload import api
+from chload import api, dispatch
 from chload.commit import known as known_module
 from chload.commit.known import KnownUnits, key
 from chload.commit.ledger import TableState
@@ -103,7 +103,7 @@ def test_a_rerun_over_100000_known_units_holds_only_the_new_ones(
     monkeypatch.setattr(known_module, "key", counted)
     tracemalloc.start()
     try:
-        report = api._load_into(spec, target)
+        report = dispatch.load_into(spec, target)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -1,6 +1,6 @@
 """A database source's session begun while the target opens, claimed where the run lists.
 
-Begun in a thread at the top of `load` (api.py's `_begin_early`), the session (connect,
+Begun in a thread at the top of `load` (dispatch.py's `begin_early`), the session (connect,
 describe, export the snapshot) is ready when `DatabaseSource.list` asks for it (`claim`)
 if the run's options are the ones it was begun with; else it is closed and a new one
 made. PostgreSQL only: docs/sources-databases.md says why MySQL's is not.

@@ -4,7 +4,8 @@ A unit is (topic, partition, first offset, last offset), named in the ledger
 `kafka://<bootstrap>/<topic>/<partition>/<first>-<last>` (never a secret), with the
 topic's id and the range as its identity. Per round: plan (plan.py), read the next unit of
 each partition into a pipe or spool (read.py, native.py, units.py; the next round is read
-while one loads), load through api._load. docs/sources-kafka.md argues it in full.
+while one loads), load through dispatch.py (its stream rounds). docs/sources-kafka.md
+argues it in full.
 
 Invariants: a partition's position is the ledger's (its committed units' highest last
 offset, plus one), never Kafka's group offsets (group.py only splits partitions); a unit
@@ -476,7 +477,7 @@ def _stopping(options: Options) -> Iterator[None]:
 class KafkaStreamSource(RemoteSource):
     """kafka:// in the sources registry, so the scheme is known everywhere a source is
     looked up (its display in the run history, the S3 check of a run's sources). A
-    stream is not listed once like files: api._load_stream plans and reads its units
+    stream is not listed once like files: dispatch._load_stream plans and reads its units
     round by round (`load` above), and the spooled units are local files."""
 
     kind = "kafka"
