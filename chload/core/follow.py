@@ -391,18 +391,7 @@ def _add(report: LoadReport, results: list[FileResult], done: LoadReport,
     """A poll's results into the run's report: the units it ran (listed: every failure,
     and others up to LISTED_RESULTS), and the first pass's skipped files (a later poll
     skips the same files again: not counted twice)."""
-    skipped = done.files_skipped if first else sum(r.status == "skipped" for r in results)
-    room = max(0, LISTED_RESULTS - len(report.files))
-    report.files += [r for r in results if r.status == "failed"]
-    report.files += [r for r in results if r.status != "failed"][:room]
-    report.files_loaded += sum(r.status == "loaded" for r in results)
-    report.files_failed += sum(r.status == "failed" for r in results)
-    report.files_skipped += skipped
-    report.files_changed += sum(r.changed for r in results)
-    report.files_total = report.files_loaded + report.files_failed + report.files_skipped
-    report.rows_loaded += sum(r.rows for r in results if r.status == "loaded")
-    report.rows_rejected += sum(r.rejected for r in results if r.status == "loaded")
-    report.bytes_read += sum(r.bytes for r in results)
+    report.add_units(results, LISTED_RESULTS, done.files_skipped if first else None)
     report.created_table = report.created_table or done.created_table
     report.table_reset = report.table_reset or done.table_reset
     report.recovered += done.recovered

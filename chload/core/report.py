@@ -10,7 +10,7 @@ hand them over as plain dicts; api.py types them on arrival with the `*_of` func
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, TypedDict, cast
 
@@ -292,6 +292,32 @@ class LoadReport:
     @property
     def rows_per_second(self) -> float:
         return self.rows_loaded / self.seconds if self.seconds else 0.0
+
+    def add_units(self, results: Sequence[FileResult], listed: int | None = None,
+                  skipped: int | None = None) -> None:
+        """Results of units a part of the run ran (a round, a poll, a copy), counted into
+        this report and kept in `files`: all, or (`listed`) every failure and the rest
+        while `files` holds fewer than `listed`. `skipped`: the count of skipped units
+        to add instead of those among `results` (a follow's later polls skip again
+        what its first one counted)."""
+        if listed is None:
+            self.files.extend(results)
+        else:
+            room = max(0, listed - len(self.files))
+            self.files += [r for r in results if r.status == "failed"]
+            self.files += [r for r in results if r.status != "failed"][:room]
+        loaded = [r for r in results if r.status == "loaded"]
+        failed = sum(r.status == "failed" for r in results)
+        if skipped is None:
+            skipped = sum(r.status == "skipped" for r in results)
+        self.files_loaded += len(loaded)
+        self.files_failed += failed
+        self.files_skipped += skipped
+        self.files_total += len(loaded) + failed + skipped
+        self.files_changed += sum(r.changed for r in results)
+        self.rows_loaded += sum(r.rows for r in loaded)
+        self.rows_rejected += sum(r.rejected for r in loaded)
+        self.bytes_read += sum(r.bytes for r in results)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

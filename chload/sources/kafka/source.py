@@ -442,14 +442,7 @@ def _stuck(part: Partition) -> FileResult:
 
 def _add(report: LoadReport, results: Sequence[FileResult],
          done: LoadReport | None = None) -> None:
-    report.files.extend(results)
-    report.files_total += len(results)
-    report.files_loaded += sum(r.status == "loaded" for r in results)
-    report.files_skipped += sum(r.status == "skipped" for r in results)
-    report.files_failed += sum(r.status == "failed" for r in results)
-    report.rows_loaded += sum(r.rows for r in results if r.status == "loaded")
-    report.rows_rejected += sum(r.rejected for r in results if r.status == "loaded")
-    report.bytes_read += sum(r.bytes for r in results)
+    report.add_units(results)
     if done is not None:
         report.created_table = report.created_table or done.created_table
         report.table_reset = report.table_reset or done.table_reset
