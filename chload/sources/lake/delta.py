@@ -179,8 +179,9 @@ def _unreadable(dt: Any) -> str:
     odd = [f"{c} ({fields.get(c) or 'not a primitive type'})"
            for c in meta.partition_columns if not _type(fields.get(c, ""))]
     if odd:
-        return (f"the table is partitioned by {', '.join(odd)}, whose values chload "
-                "cannot type; load it unpartitioned or ask for that type")
+        return (f"the table is partitioned by {', '.join(odd)}, a type chload gives no "
+                "column (docs/table-formats.md lists those it does); rewrite the table "
+                "partitioned by other columns")
     if "deletionVectors" in (protocol.reader_features or []):
         return ("the table may hide deleted rows in deletion vectors, which plain data "
                 "files do not show; chload does not load such tables yet")
