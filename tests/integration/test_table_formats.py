@@ -9,6 +9,7 @@ what a table holds is known: ids [lo, hi) give count, sum(id) and sum(amount) ex
 from __future__ import annotations
 
 import datetime
+import decimal
 import functools
 import json
 import os
@@ -500,3 +501,40 @@ def test_into_18_16_killed_mid_load_then_a_rerun_is_exact(
     assert totals(target, table_name, env) == expected(*ranges)
     assert report["files_loaded"] + report["files_skipped"] == 3
     after_kills(tables, fmt, table_name, target, ranges, env)
+
+
+def test_delta_partitions_by_timestamp_boolean_and_decimal_arrive_typed_from_s3(
+        minio: services.Service, lake_bucket: str, tmp_path: Path) -> None:
+    """Timestamp partitions put `%`-escaped folder names on S3 (`at=2024-01-02%2003%3A04...`):
+    a batch of such objects read in one s3() still gives each row its own file's values,
+    typed as the table's schema (a timestamp to the microsecond, NULL kept)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    at = [datetime.datetime(2024, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC), None,
+          datetime.datetime(2023, 12, 31, 23, 59, 59, tzinfo=datetime.UTC)]
+    ids = range(300)
+    data = pa.table({"id": pa.array(ids, pa.int64()),
+                     "at": pa.array([at[i % 3] for i in ids], pa.timestamp("us", "UTC")),
+                     "ok": pa.array([(True, False)[i % 2] for i in ids]),
+                     "price": pa.array([decimal.Decimal(f"{i % 4}.25") for i in ids],
+                                       pa.decimal128(9, 2))})
+    location = f"s3://{lake_bucket}/{uuid.uuid4().hex[:8]}/stamps"
+    write_deltalake(location, data, partition_by=["at", "ok", "price"],
+                    storage_options=s3_access(minio).delta())
+    target, env = str(tmp_path / "target"), s3_env(minio, tmp_path)
+    out = run_chload("load", f"delta+{location}", "--table", "s", "--target", target,
+                     "--json", env=env, timeout=240)
+    assert out.returncode == 0 and json.loads(out.stdout)["files_loaded"] == 12, out.stderr
+    out = run_chload("sql", "SELECT toTypeName(at), toTypeName(ok), toTypeName(price), "
+                     "arraySort(r -> r.1, groupArray((id, toString(at), ok, price))) FROM s "
+                     "GROUP BY 1, 2, 3", "--target", target, "--format", "JSON", env=env)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)["data"]
+    assert len(got) == 1 and list(got[0].values())[:3] == [
+        "Nullable(DateTime64(6, 'UTC'))", "Nullable(Bool)", "Nullable(Decimal(9, 2))"]
+    rows = list(got[0].values())[3]
+    stamps = ["2024-01-02 03:04:05.678901", None, "2023-12-31 23:59:59.000000"]
+    assert [r[1] for r in rows] == [stamps[i % 3] for i in ids]
+    assert [r[2] for r in rows] == [i % 2 == 0 for i in ids]
+    assert [float(r[3]) for r in rows] == [i % 4 + 0.25 for i in ids]

@@ -108,8 +108,8 @@ TYPES = {"string": "String", "binary": "String", "long": "Int64", "integer": "In
 
 def _type(delta_type: str) -> str:
     """A Delta primitive type's ClickHouse type; '' for one a partition cannot have."""
-    decimal = re.fullmatch(r"decimal\((\d+),\s*(\d+)\)", delta_type)
-    return f"Decimal({decimal[1]}, {decimal[2]})" if decimal else TYPES.get(delta_type, "")
+    scaled = re.fullmatch(r"decimal\((\d+),\s*(\d+)\)", delta_type)
+    return f"Decimal({scaled[1]}, {scaled[2]})" if scaled else TYPES.get(delta_type, "")
 
 
 def _constants(dt: Any, actions: Any) -> list[tuple[tuple[str, str, str], ...]] | None:
