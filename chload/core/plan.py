@@ -24,7 +24,7 @@ from chload.core.reading.dialect import (
     rows_before_blank_tail,
     samples,
 )
-from chload.core.reading.sample import SampleMisfit, Tolerance, infer
+from chload.core.reading.sample import SampleMisfit, Tolerance, declared, infer
 from chload.core.run import on_threads
 from chload.core.upsert import Upsert
 from chload.errors import KEEP_BAD_ROWS, ChloadError, SchemaError, SourceError, UsageError
@@ -243,7 +243,7 @@ def prepare_table(
 def infer_file(target: Target, f: SourceFile) -> list[Column]:
     """One file's columns as a new table would get them (core/evolve.py types a new
     column by the file that brought it)."""
-    return _infer(target, f, True, None)
+    return declared(f, _infer(target, f, True, None))
 
 
 def _wider_in_files(target: Target, files: Sequence[SourceFile], read: Sequence[Column],
@@ -311,7 +311,8 @@ def _data_columns(target: Target, files: Sequence[SourceFile], existing: list[Co
             failed = failed or (sample, Unreadable(context=sample.uri, reason=why))
             continue
         try:
-            columns = _infer(target, sample, existing is None, tolerate, dates_told)
+            columns = declared(sample, _infer(target, sample, existing is None, tolerate,
+                                              dates_told))
         except SampleMisfit as exc:  # the types inferred do not fit the file itself
             raise SchemaError(context=sample.uri, reason=exc.reason) from exc
         except ChloadError as exc:  # this file fails alone when loaded; ask the next

@@ -73,6 +73,9 @@ class SourceFile:
     empty: bool = False  # surely holds no bytes (Source.known_empty, asked when listed)
     aliases: tuple[str, ...] = ()  # other uris a ledger may know it by: a path's abspath
     # spelling, which chload 0.1.0 recorded before uris became the realpath
+    constants: tuple[tuple[str, str, str], ...] = ()  # columns its rows hold that its
+    # bytes do not (a Delta table's partition values): (name, type, SQL of the value),
+    # which every read of the file adds (sources/registry.py table_function)
 
     @property
     def name(self) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequenc
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from chload import schema
 from chload.errors import UsageError
 from chload.sources.base import Source, SourceContext, SourceFile, Stream
 
@@ -164,8 +165,12 @@ def table_function(file: SourceFile, fmt: str, structure: str | None) -> str:
 
     `structure` None means: let the engine infer it. One place per kind of source, so
     targets never build source SQL (and secrets stay out of SQL text where possible).
+    A file with `constants` (a Delta table's partition values) is read with them added.
     """
-    return source_for(file).table_function(file, fmt, structure)
+    if not file.constants:
+        return source_for(file).table_function(file, fmt, structure)
+    inner = source_for(file).table_function(file, fmt, _without(file, structure))
+    return _with_constants(inner, file.constants, structure is not None)
 
 
 def table_function_many(files: Sequence[SourceFile], fmt: str,
@@ -178,7 +183,54 @@ def table_function_many(files: Sequence[SourceFile], fmt: str,
     """
     if len(files) < 2 or len({f.kind for f in files}) != 1:
         return None
-    return source_for(files[0]).table_function_many(files, fmt, structure)
+    names = {tuple((name, typ) for name, typ, _ in f.constants) for f in files}
+    if len(names) != 1:
+        return None  # files of tables partitioned otherwise: read one by one
+    many = source_for(files[0]).table_function_many(files, fmt, _without(files[0], structure))
+    if many is None or not files[0].constants:
+        return many
+    inner, uri = many
+    picked = tuple((name, typ, _picked(uri, [(f.uri, f.constants[i][2]) for f in files]))
+                   for i, (name, typ) in enumerate(next(iter(names))))
+    return _with_constants(inner, picked, structure is not None), uri
+
+
+def _without(file: SourceFile, structure: str | None) -> str | None:
+    """`structure` less the columns `file`'s bytes do not hold (its constants)."""
+    if structure is None or not file.constants:
+        return structure
+    held = {name for name, _, _ in file.constants}
+    return schema.structure([c for c in schema.parse_structure(structure)
+                             if c.name not in held])
+
+
+def _with_constants(inner: str, constants: Sequence[tuple[str, str, str]],
+                    reading: bool) -> str:
+    """`inner`'s rows with `constants` as columns. Named, not taken from `*`: the engine
+    would also read a `name=value` folder of the path as a column (use_hive_partitioning,
+    on by default), typed as it guesses. Reading, the subquery passes on the virtual
+    columns `_path` and `_file` that the uri of a row and --audit read; described (no
+    structure), only the data's columns."""
+    names = ", ".join(schema.quote_ident(name) for name, _, _ in constants)
+    virtual = ", _path, _file" if reading else ""
+    added = ", ".join(f"CAST({value} AS {typ}) AS {schema.quote_ident(name)}"
+                      for name, typ, value in constants)
+    return f"(SELECT * EXCEPT ({names}){virtual}, {added} FROM {inner})"
+
+
+def _picked(uri: str, values: Sequence[tuple[str, str]]) -> str:
+    """The value of each row's file, by its `uri` (the SQL giving a row's file), among
+    the files' `values` (uri, SQL): one branch per distinct value, the last the default
+    (the branches' NULL and literals, cast to the column's type by the caller)."""
+    by_value: dict[str, list[str]] = {}
+    for file_uri, value in values:
+        by_value.setdefault(value, []).append(file_uri)
+    *branches, (default, _) = by_value.items()
+    if not branches:
+        return default
+    conditions = [f"{uri} IN ({', '.join(schema.quote_str(u) for u in uris)}), {value}"
+                  for value, uris in branches]
+    return f"multiIf({', '.join(conditions)}, {default})"
 
 
 def release(files: Iterable[SourceFile]) -> None:

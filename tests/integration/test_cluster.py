@@ -321,3 +321,35 @@ def test_a_server_without_the_distributed_table_says_its_cluster_has_one(weighte
                          f"{second.url}/default", *shard_args(weighted_cluster))
     assert refused.returncode == 2
     assert "does not exist on" in refused.stderr and "load without --shard" in refused.stderr
+
+
+def test_a_partitioned_delta_table_lands_by_key_with_its_partition_values(
+        weighted_cluster, tmp_path: Path) -> None:
+    """A Delta table partitioned by region (NULL among them), its values only in the
+    log, into a Distributed table keyed by id: each row on its shard, with its region."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    cluster, name = weighted_cluster, f"t_{uuid.uuid4().hex[:10]}"
+    for server in cluster.servers:
+        q(server, f"CREATE TABLE default.{name}_local (id UInt64, region Nullable(String)) "
+                  "ENGINE = MergeTree ORDER BY id")
+    q(cluster.servers[0], f"CREATE TABLE default.{name} AS default.{name}_local ENGINE = "
+                          f"Distributed({cluster.name}, default, {name}_local, id)")
+    ids = range(4000)
+    write_deltalake(str(tmp_path / "d"), pa.table({
+        "id": pa.array(ids, pa.int64()),
+        "region": pa.array([("EU", "US", None)[i % 3] for i in ids])}), partition_by=["region"])
+    done = load(cluster, f"delta+file://{tmp_path}/d", name)
+    assert done.returncode == 0 and json.loads(done.stdout)["files_loaded"] == 3, done.stderr
+    placed = [q(cluster.server(shard), f"SELECT count(), countIf(NOT has({slots}, id % 4)) "
+                                       f"FROM default.{name}_local")
+              for shard, slots in SLOTS.items()]
+    assert [p.split("\t")[1] for p in placed] == ["0", "0", "0"], placed
+    sums = q(cluster.servers[0], f"SELECT groupArray((region, c, s)) FROM (SELECT region, "
+                                 f"count() AS c, sum(id) AS s FROM default.{name} "
+                                 "GROUP BY region ORDER BY region)")
+    expected = {r: [i for i in ids if ("EU", "US", None)[i % 3] == r] for r in ("EU", "US", None)}
+    assert sums == "[" + ",".join(
+        f"({'NULL' if r is None else repr(r)},{len(v)},{sum(v)})" for r, v in expected.items()
+    ) + "]", sums

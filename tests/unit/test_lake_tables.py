@@ -170,3 +170,36 @@ def test_no_table_there_and_no_delta_library_are_one_line_each(tmp_path, monkeyp
     with pytest.raises(UsageError, match=r"needs the Python package deltalake: pip install "
                                          r"'chload\[delta\]'"):
         delta.SOURCE.open().list(f"delta+file://{tmp_path}/t", SourceContext())
+
+
+def test_delta_partition_values_come_from_the_log_typed_and_every_read_adds_them(
+        tmp_path) -> None:
+    import datetime
+    import decimal
+
+    pa = pytest.importorskip("pyarrow")
+    deltalake = pytest.importorskip("deltalake")
+    from chload.sources.base import SourceContext
+    from chload.sources.lake import delta
+
+    at = datetime.datetime(2024, 1, 2, 3, 4, 5, 600000, tzinfo=datetime.UTC)
+    data = pa.table({"id": pa.array([1, 2], pa.int64()), "r": pa.array(["E'U", None]),
+                     "d": pa.array([datetime.date(2024, 1, 2), None]),
+                     "b": pa.array([True, None]), "t": pa.array([at, None]),
+                     "m": pa.array([decimal.Decimal("4.50"), None], pa.decimal128(10, 2))})
+    deltalake.write_deltalake(str(tmp_path), data, partition_by=["r", "d", "b", "t", "m"])
+    snap = delta.read(parse(f"delta+file://{tmp_path}", "delta", "version"), SourceContext())
+    assert not snap.unreadable
+    by_id = {f.constants[0][2]: f for f in snap.files}
+    assert by_id["'E\\'U'"].constants == (
+        ("r", "Nullable(String)", "'E\\'U'"), ("d", "Nullable(Date32)", "'2024-01-02'"),
+        ("b", "Nullable(Bool)", "'true'"),
+        ("t", "Nullable(DateTime64(6, 'UTC'))", "'2024-01-02 03:04:05.600000'"),
+        ("m", "Nullable(Decimal(10, 2))", "'4.50'"))
+    assert [v for _, _, v in by_id["NULL"].constants] == ["NULL"] * 5
+    files = list(units(parse(f"delta+file://{tmp_path}", "delta", "version"), snap, None))
+    one = registry.table_function(files[0], "Parquet", "id Int64, r Nullable(String)")
+    assert one.startswith("(SELECT * EXCEPT (`r`, `d`, `b`, `t`, `m`), _path, _file, CAST(")
+    assert "'`id` Int64'" in one and "AS `r`" in one  # the file is read without them
+    many = registry.table_function_many(files, "Parquet", None)
+    assert many is not None and many[0].count("multiIf(") == 5 and "_path" not in many[0][:60]

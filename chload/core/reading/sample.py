@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from chload.errors import KEEP_BAD_ROWS, DataError, SchemaError
 from chload.schema import NULL_SAMPLE_ROWS, Column, Query, quote_ident, quote_str, structure
+
+if TYPE_CHECKING:
+    from chload.sources.base import SourceFile
 
 
 def infer(query: Query, reader: Callable[[str | None], str], nulls: bool = True,
@@ -277,3 +281,12 @@ def _sample_stats(query: Query, source_sql: str, nullable: Sequence[Column],
     got = {key: rows[0][f"__chload_{i}"] for i, key in enumerate(keys)} if rows else {}
     return Stats({k: int(v) for k, v in got.items() if not k.startswith("found:")},
                  {k[6:]: str(v) for k, v in got.items() if k.startswith("found:")})
+
+
+def declared(file: SourceFile, columns: list[Column]) -> list[Column]:
+    """`columns` inferred from `file`, Nullable where its source declares a column so
+    (SourceFile.constants: a Delta table's partition values, NULL in files the sample
+    is not), whatever the sample holds; the type otherwise as inferred (and stored)."""
+    nullable = {name for name, typ, _ in file.constants if typ.startswith("Nullable(")}
+    return [Column(c.name, f"Nullable({c.type})") if c.name in nullable
+            and not c.type.startswith("Nullable(") else c for c in columns]

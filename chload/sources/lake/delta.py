@@ -4,16 +4,25 @@ folder holding `_delta_log/`), optionally `?version=<n>`.
 The log is read with deltalake (delta-rs, the `delta` extra), imported only here: the
 add actions of the version are its data files; its history names the versions that
 removed or rewrote data. The files are read by the engine (table.py). A partitioned
-table keeps its partition values in the files' paths, not in the files, and deletion
-vectors hide rows the files still hold: both are refused until chload reads them.
+table keeps its partition values out of the data files: each add action carries its
+file's, which come with the file as typed constants (`CAST('EU' AS Nullable(String))`),
+typed as the table's schema types the column and added by every read of the file; the
+values come from the log, never from the path (the protocol lets a writer name files as
+it likes). Deletion vectors hide rows the files still hold: refused until chload reads
+them.
 """
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import os
+import re
 from typing import Any
 from urllib.parse import unquote
 
 from chload.errors import NothingMatched, SourceError
+from chload.schema import quote_str
 from chload.sources.base import SourceContext
 from chload.sources.files import aws
 from chload.sources.lake.table import (
@@ -80,10 +89,60 @@ def _snapshot(table: TableUri, dt: Any) -> Snapshot:
     out = Snapshot(id=str(dt.version()), unreadable=_unreadable(dt),
                    history=lambda: _removals(dt))
     actions = dt.get_add_actions(flatten=True)  # arro3's table: no pyarrow import needed
-    for path, size in zip(actions.column("path").to_pylist(),
-                          actions.column("size_bytes").to_pylist(), strict=True):
-        out.files.append(DataFile(_located(table, path), int(size)))
+    constants = _constants(dt, actions) if not out.unreadable else None
+    for i, (path, size) in enumerate(zip(actions.column("path").to_pylist(),
+                                         actions.column("size_bytes").to_pylist(),
+                                         strict=True)):
+        out.files.append(DataFile(_located(table, path), int(size),
+                                  constants=constants[i] if constants else ()))
     return out
+
+
+# Delta's primitive types as chDB reads them from Parquet (so a partition column has the
+# type the same column would have in the files)
+TYPES = {"string": "String", "binary": "String", "long": "Int64", "integer": "Int32",
+         "short": "Int16", "byte": "Int8", "float": "Float32", "double": "Float64",
+         "boolean": "Bool", "date": "Date32", "timestamp": "DateTime64(6, 'UTC')",
+         "timestamp_ntz": "DateTime64(6, 'UTC')"}  # (its wall clock, as UTC)
+
+
+def _type(delta_type: str) -> str:
+    """A Delta primitive type's ClickHouse type; '' for one a partition cannot have."""
+    scaled = re.fullmatch(r"decimal\((\d+),\s*(\d+)\)", delta_type)
+    return f"Decimal({scaled[1]}, {scaled[2]})" if scaled else TYPES.get(delta_type, "")
+
+
+def _constants(dt: Any, actions: Any) -> list[tuple[tuple[str, str, str], ...]] | None:
+    """Each add action's partition values as (column, type, SQL of the value); None for
+    a table not partitioned. delta-rs parses the log's strings by the schema's types."""
+    columns = dt.metadata().partition_columns
+    if not columns:
+        return None
+    fields = {f.name: f for f in dt.schema().fields}
+    typed = []
+    for name in columns:
+        ch_type = _type(str(getattr(fields[name].type, "type", "")))
+        typed.append((name, f"Nullable({ch_type})" if fields[name].nullable else ch_type,
+                      actions.column(f"partition.{name}").to_pylist()))
+    return [tuple((name, ch_type, _literal(values[i]))
+                  for name, ch_type, values in typed) for i in range(actions.num_rows)]
+
+
+def _literal(value: Any) -> str:
+    """A partition value (as delta-rs parsed it) as SQL the engine casts to its type."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bytes):
+        return f"unhex({quote_str(value.hex())})"
+    if isinstance(value, bool):
+        return quote_str("true" if value else "false")
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(datetime.UTC).replace(tzinfo=None)
+        return quote_str(value.strftime("%Y-%m-%d %H:%M:%S.%f"))
+    if isinstance(value, decimal.Decimal):
+        return quote_str(format(value, "f"))
+    return quote_str(value.isoformat() if isinstance(value, datetime.date) else str(value))
 
 
 def _located(table: TableUri, path: str) -> str:
@@ -91,8 +150,8 @@ def _located(table: TableUri, path: str) -> str:
     data file's location."""
     if "://" in path:
         return s3_uri(path) if path.startswith("s3") else local_path(path)
-    relative = unquote(path)
-    return f"{table.root}/{relative}" if table.storage == "s3" else local_path(
+    relative = unquote(path)  # (once: a partition's folder may hold a `%`, `ts=...%3A00`)
+    return f"{table.root}/{relative}" if table.storage == "s3" else os.path.realpath(
         f"{table.root}/{relative}")
 
 
@@ -116,10 +175,13 @@ def _removals(dt: Any) -> list[tuple[str, str]]:
 
 def _unreadable(dt: Any) -> str:
     meta, protocol = dt.metadata(), dt.protocol()
-    if meta.partition_columns:
-        return (f"the table is partitioned by {', '.join(meta.partition_columns)}, whose "
-                "values Delta keeps out of the data files; chload does not load "
-                "partitioned Delta tables yet")
+    fields = {f.name: str(getattr(f.type, "type", "")) for f in dt.schema().fields}
+    odd = [f"{c} ({fields.get(c) or 'not a primitive type'})"
+           for c in meta.partition_columns if not _type(fields.get(c, ""))]
+    if odd:
+        return (f"the table is partitioned by {', '.join(odd)}, a type chload gives no "
+                "column (docs/table-formats.md lists those it does); rewrite the table "
+                "partitioned by other columns")
     if "deletionVectors" in (protocol.reader_features or []):
         return ("the table may hide deleted rows in deletion vectors, which plain data "
                 "files do not show; chload does not load such tables yet")

@@ -17,7 +17,9 @@ loaded earlier: `check_appends` refuses it in one line, loading nothing, naming
 `--mode replace-table`, under which every data file of the snapshot is listed and the
 run's new table, swapped in, is the snapshot (core/load.py, commit/swap.py). What the
 engine could not read as plain files (Iceberg delete files, Delta deletion vectors,
-partition values kept out of the files, renamed columns) is refused in every mode.
+renamed columns) is refused in every mode. A Delta table's partition values, kept in its
+log and not in its files, come with each file as typed constants (`DataFile.constants`)
+that every read of the file adds as columns (sources/registry.py).
 
 This module knows neither format: iceberg.py and delta.py each read a `Snapshot`.
 """
@@ -57,11 +59,13 @@ class TableUri:
 @dataclass(frozen=True, slots=True)
 class DataFile:
     """One data file of a snapshot: its location (s3://bucket/key or an absolute path),
-    its size in bytes and its format (parquet, orc, avro)."""
+    its size in bytes and its format (parquet, orc, avro); `constants`: the columns its
+    rows hold that its bytes do not (a Delta table's partition values, SourceFile's)."""
 
     uri: str
     size: int
     format: str = "parquet"
+    constants: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(slots=True)
@@ -170,10 +174,10 @@ def units(table: TableUri, snap: Snapshot, s3: aws.S3Settings | None,
             bucket, key = parse_uri(f.uri)
             yield SourceFile(uri=f.uri, size=f.size, mtime_ns=0, format=fmt, etag=etag,
                              kind="s3", location=s3.object_url(bucket, key),
-                             anonymous=s3.anonymous)
+                             anonymous=s3.anonymous, constants=f.constants)
         elif f.uri.startswith("/"):
             yield SourceFile(uri=f.uri, size=f.size, mtime_ns=0, format=fmt, etag=etag,
-                             kind="local", local_path=f.uri)
+                             kind="local", local_path=f.uri, constants=f.constants)
         else:
             raise SourceError(f"{table.pattern}: data file {f.uri} is neither on S3 nor on "
                               "this machine; chload reads tables on s3:// and file:// only")

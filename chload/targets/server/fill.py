@@ -89,6 +89,7 @@ class StageFilling:
             return PUSH
         known = all(name in self.caps.settings for name, _ in job.settings)
         if (not job.audit and f.local_path and known and self.caps.parses(f.format.name)
+                and not any(g.constants for g in job.files)  # (only a read adds them)
                 and self.caps.accepts(f.format.compression) and not self._empty_differs(job)
                 and _header_fits(job)):
             return RAW
