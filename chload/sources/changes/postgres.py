@@ -34,6 +34,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
     from chload.targets.base import Target
 
 UNIT_BYTES = 256 << 20  # of WAL a unit spans at most (its changes: fewer bytes)
-POLL_SECONDS = 1.0  # --follow: how often the server's position is read when idle
+POLL_SECONDS = 0.5  # --follow: how often the server's position is read when idle
 NATIVE = FileFormat("Native", "none")
 _SESSION = "SET DateStyle = ISO; SET extra_float_digits = 1; SET bytea_output = hex; "
 
@@ -156,54 +157,105 @@ def _rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: Load
     read = max(after, slot.confirmed())  # where reading stands: ahead of `after` only
     # over ranges with no change of the table
     spool = tempfile.mkdtemp(prefix="changes-", dir=_workdir(target))
+    ahead = ThreadPoolExecutor(1, thread_name_prefix="chload-changes")
+    unit: tuple[int, int, str] | None = None  # (after, upto, spool) read, not yet loaded
     try:
         while not stop.is_set():
-            if until is not None and read >= until:
-                return
-            now = slot.current()
-            upto = min(now, read + UNIT_BYTES, until if until is not None else now)
-            listener(Event("lag", follow.stream, bytes=max(0, now - read)))
-            if upto <= read:
-                stop.wait(POLL_SECONDS)
-                continue
-            _check_columns(spec, follow, report)
-            path = os.path.join(spool, f"{after}-{upto}.native")
-            try:
+            if unit is None:
+                if until is not None and read >= until:
+                    return
+                now = slot.current()
+                upto = min(now, read + UNIT_BYTES, until if until is not None else now)
+                listener(Event("lag", follow.stream, bytes=max(0, now - read)))
+                if upto <= read:
+                    stop.wait(POLL_SECONDS)
+                    continue
+                _check_columns(spec, follow, report)
+                path = os.path.join(spool, f"{after}-{upto}.native")
                 if _read(follow, upto, path) == 0:  # nothing of this table: the slot
-                    slot.advance(upto)  # moves on, the ledger does not
+                    _remove(path)  # moves on, the ledger does not
+                    slot.advance(upto)
                     read = upto
                     if until is None and upto >= now:
                         stop.wait(POLL_SECONDS)
                     continue
-                unit = _unit(follow, after, upto, path)
-                crash_point("changes-round")
-                done = load_round([unit], 1, None)
+                unit = (after, upto, path)
+            nxt = _read_ahead(follow, ahead, unit[1], until, spool, listener)
+            try:
+                _load(follow, unit, load_round, report)
             finally:
-                _remove(path)
-            _add(report, done)
-            result = next((r for r in done.files if r.uri == unit.uri), None)
-            if result is None or result.status != "loaded":
-                why = result.error if result is not None else "it was not committed"
-                raise SourceError(f"{follow.url.display}: changes {unit.uri.rpartition('/')[2]}"
-                                  f" not applied: {why}; run again to go on from the "
-                                  "ledger's position")
-            if changes_table.committed_end(target, table.display, follow.stream) != upto:
-                raise SourceError(f"{follow.url.display}: changes {unit.uri.rpartition('/')[2]}"
-                                  " were not committed (another run follows this table into "
-                                  f"{table.display}?); the slot was not moved: run again")
+                _remove(unit[2])
+                if nxt is not None:
+                    wait([nxt[1]])  # (the slot is busy while it is read)
             crash_point("changes-committed")
-            slot.advance(upto)
-            after = read = upto
+            slot.advance(unit[1])
+            after = read = unit[1]
+            unit = None
+            if nxt is not None:
+                upto, rows = nxt[0], nxt[1].result()
+                path = os.path.join(spool, f"ahead-{upto}.native")
+                if rows:
+                    unit = (after, upto, path)
+                else:
+                    _remove(path)
+                    slot.advance(upto)
+                    read = upto
     finally:
+        ahead.shutdown(wait=True)
         shutil.rmtree(spool, ignore_errors=True)
 
 
-def _read(follow: Follow, upto: int, native: str) -> int:
-    """The changes up to `upto` the slot has not confirmed, as rows of the table: psql
-    writes them (postgres_sql.py) into a pipe that the engine converts into the table's
-    types as it reads (`_convert`), into the Native spool `native`; its rows."""
+def _read_ahead(follow: Follow, ahead: ThreadPoolExecutor, loading: int, until: int | None,
+                spool: str, listener: Listener) -> tuple[int, Future[int]] | None:
+    """The next unit's changes, `(loading, now]`, read on another thread while the unit
+    ending at `loading` loads: the slot is read past that unit (its transactions left out)
+    and moved only after each commit, so a kill loses or doubles nothing. None when there
+    is nothing after it yet, or the source's columns changed (that unit then waits for
+    the check `_check_columns` makes before a read)."""
+    if until is not None and loading >= until:
+        return None
+    now = follow.slot.current()
+    upto = min(now, loading + UNIT_BYTES, until if until is not None else now)
+    listener(Event("lag", follow.stream, bytes=max(0, now - loading)))
+    if upto <= loading:
+        return None
+    seen = follow.slot.describe()
+    if [(c.name, c.pg_type) for c in seen.columns] != [
+            (c.name, c.pg_type) for c in follow.described.columns]:
+        return None
+    path = os.path.join(spool, f"ahead-{upto}.native")
+    return upto, ahead.submit(_read, follow, upto, path, loading)
+
+
+def _load(follow: Follow, unit: tuple[int, int, str], load_round: LoadRound,
+          report: LoadReport) -> None:
+    """The unit `(after, upto]` read into `path`, committed, or one line saying why not."""
+    after, upto, path = unit
+    target, table = follow.target, follow.table
+    source = _unit(follow, after, upto, path)
+    crash_point("changes-round")
+    done = load_round([source], 1, None)
+    _add(report, done)
+    result = next((r for r in done.files if r.uri == source.uri), None)
+    if result is None or result.status != "loaded":
+        why = result.error if result is not None else "it was not committed"
+        raise SourceError(f"{follow.url.display}: changes {source.uri.rpartition('/')[2]}"
+                          f" not applied: {why}; run again to go on from the "
+                          "ledger's position")
+    if changes_table.committed_end(target, table.display, follow.stream) != upto:
+        raise SourceError(f"{follow.url.display}: changes {source.uri.rpartition('/')[2]}"
+                          " were not committed (another run follows this table into "
+                          f"{table.display}?); the slot was not moved: run again")
+
+
+def _read(follow: Follow, upto: int, native: str, skip: int | None = None) -> int:
+    """The changes up to `upto` the slot has not confirmed (and, with `skip`, committed
+    after `skip`), as rows of the table: psql writes them (postgres_sql.py) into a pipe
+    that the engine converts into the table's types as it reads (`_convert`), into the
+    Native spool `native`; its rows."""
     sql = changes_query(follow.slot.name, lsn_text(upto), (follow.url.schema, follow.url.table),
-                        follow.url.display, follow.described.columns, follow.key)
+                        follow.url.display, follow.described.columns, follow.key,
+                        None if skip is None else lsn_text(skip))
     psql = find_psql()
     read_end, write_end = db_pipes.make()
     with tempfile.TemporaryFile() as errors:
