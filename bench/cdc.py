@@ -24,7 +24,8 @@ transaction's lag is the time of the ledger's `loaded` event of the first unit w
 is at or past that position, minus the time its commit answered (an upper bound: the
 position is read after the commit). Prints p50/p99/max and the load average.
 
-    python bench/cdc.py --rate 5000 --seconds 60 [--target server|embedded] [--json OUT]
+    python bench/cdc.py --rate 5000 --seconds 60 [--target server|embedded] [--checkout DIR]
+                        [--json OUT]
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--target", choices=("server", "embedded"), default="server")
     ap.add_argument("--follow-args", default="", help="extra chload flags (--rate mode)")
+    ap.add_argument("--checkout", default=str(ROOT),
+                    help="the chload checkout whose code follows (--rate mode; a baseline)")
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--changes", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=3)

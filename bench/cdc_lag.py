@@ -127,7 +127,7 @@ def steady(args: argparse.Namespace) -> None:
         url = f"postgresql://loader@{server.endpoint}/shop/public.orders"
         target = clickhouse.url if clickhouse is not None else str(base / "target")
         env = {**os.environ, "PGPASSWORD": server.credentials["password"],
-               "PYTHONPATH": str(ROOT)}
+               "PYTHONPATH": args.checkout}
         argv = [sys.executable, "-m", "chload", "load", url, "--table", "orders", "--target",
                 target, "--follow", "--json", *shlex.split(args.follow_args)]
         if clickhouse is not None:  # (18.16 has no DateTime64)
@@ -157,7 +157,7 @@ def steady(args: argparse.Namespace) -> None:
         result = {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "target": args.target, "rate": args.rate, "seconds": args.seconds,
-            "follow_args": args.follow_args, "changes": changes,
+            "follow_args": args.follow_args, "checkout": args.checkout, "changes": changes,
             "achieved_rate": round(changes / args.seconds),
             "writer_behind_s": round(writer.behind, 3), "units": len(units),
             "not_applied_within_10s": missing,
