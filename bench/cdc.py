@@ -94,6 +94,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--target", choices=("server", "embedded"), default="server")
     ap.add_argument("--follow-args", default="", help="extra chload flags (--rate mode)")
+    ap.add_argument("--writers", type=int, default=1, help="--rate mode: writer connections")
     ap.add_argument("--checkout", default=str(ROOT),
                     help="the chload checkout whose code follows (--rate mode; a baseline)")
     ap.add_argument("--rows", type=int, default=100_000)

@@ -33,15 +33,17 @@ INSERT INTO orders SELECT g, g * 0.25, now(), 'note ' || g, g % 10, 0
     FROM generate_series(1, {ROWS}) g"""
 
 
-def _txn(i: int) -> str:
-    """Transaction `i`: 7 updates, 2 inserts, 1 delete (of a row transaction i - 1
-    inserted), each row it writes carrying `seq` i; then the WAL position."""
+def _txn(i: int, writers: int = 1) -> str:
+    """Transaction `i`: 7 updates, 2 inserts, 1 delete (of a row transaction i - writers,
+    of the same writer, inserted), each row it writes carrying `seq` i; then the WAL
+    position."""
     low = (i * 7) % (ROWS - 7)
     top = ROWS + 2 * i
+    gone = ROWS + 2 * (i - writers) + 2
     return (f"BEGIN; UPDATE orders SET amount = amount + 1, n = n + 1, seq = {i} WHERE id > "
             f"{low} AND id <= {low + 7}; INSERT INTO orders VALUES ({top + 1}, 1, now(), 'new',"
             f" 0, {i}), ({top + 2}, 2, now(), 'new', 0, {i}); DELETE FROM orders WHERE id = "
-            f"{top}; COMMIT; SELECT pg_current_wal_lsn()::text")
+            f"{gone}; COMMIT; SELECT pg_current_wal_lsn()::text")
 
 
 def _lsn(text: str) -> int:
@@ -53,9 +55,11 @@ class Writer(threading.Thread):
     """Commits transactions at `rate` changes a second for `seconds`; per transaction the
     time (ns) its commit answered and the WAL position after it."""
 
-    def __init__(self, dsn: str, rate: int, seconds: float) -> None:
+    def __init__(self, dsn: str, rate: int, seconds: float, first: int = 0,
+                 writers: int = 1) -> None:
         super().__init__(daemon=True)
-        self.dsn, self.every, self.seconds = dsn, PER_TXN / rate, seconds
+        self.dsn, self.every, self.seconds = dsn, PER_TXN * writers / rate, seconds
+        self.first, self.writers = first, writers
         self.done: list[tuple[int, int]] = []
         self.behind = 0.0  # the most the writer fell behind its schedule (s)
 
@@ -70,7 +74,8 @@ class Writer(threading.Thread):
                     time.sleep(due - now)
                 else:
                     self.behind = max(self.behind, now - due)
-                cur = conn.execute(_txn(i + 1))  # type: ignore[arg-type]
+                cur = conn.execute(_txn(i * self.writers + self.first + 1,  # type: ignore[arg-type]
+                                        self.writers))
                 while cur.nextset():
                     pass
                 row = cur.fetchone()
@@ -101,7 +106,7 @@ def _units(target: str, clickhouse: object | None) -> list[tuple[int, int]]:
 
 def _lags(done: list[tuple[int, int]], units: list[tuple[int, int]]) -> tuple[list[float], int]:
     lags, u, missing = [], 0, 0
-    for committed, lsn in done:  # (positions grow with i: one writer)
+    for committed, lsn in done:  # (by position)
         while u < len(units) and units[u][0] < lsn:
             u += 1
         if u == len(units):
@@ -137,13 +142,16 @@ def steady(args: argparse.Namespace) -> None:
         time.sleep(10)  # the copy, then an idle round or two
         if follow.poll() is not None:
             raise SystemExit(f"the follow exited: {follow.stderr.read() if follow.stderr else ''}")
-        writer = Writer(f"host=127.0.0.1 port={server.ports['pg']} dbname=shop user=loader "
-                        f"password={server.credentials['password']}", args.rate, args.seconds)
+        dsn = (f"host=127.0.0.1 port={server.ports['pg']} dbname=shop user=loader "
+               f"password={server.credentials['password']}")
+        writers = [Writer(dsn, args.rate, args.seconds, w, args.writers)
+                   for w in range(args.writers)]
         load_start = os.getloadavg()
-        writer.start()
-        while writer.is_alive():
+        for writer in writers:
+            writer.start()
+        while any(w.is_alive() for w in writers):
             loads.append(os.getloadavg()[0])
-            writer.join(timeout=1.0)
+            writers[0].join(timeout=1.0)
         wrote = time.monotonic()
         time.sleep(10)  # the follow catches up (a lag above this counts as not applied)
         follow.send_signal(signal.SIGTERM)
@@ -152,14 +160,16 @@ def steady(args: argparse.Namespace) -> None:
             raise SystemExit(f"the follow exited {code}: {follow.stderr.read()[-2000:]}")  # type: ignore[union-attr]
         follow = None
         units = _units(target, clickhouse)
-        lags, missing = _lags(writer.done, units)
-        changes = len(writer.done) * PER_TXN
+        done = sorted((d for w in writers for d in w.done), key=lambda d: d[1])
+        lags, missing = _lags(done, units)
+        changes = len(done) * PER_TXN
         result = {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "target": args.target, "rate": args.rate, "seconds": args.seconds,
             "follow_args": args.follow_args, "checkout": args.checkout, "changes": changes,
             "achieved_rate": round(changes / args.seconds),
-            "writer_behind_s": round(writer.behind, 3), "units": len(units),
+            "writers": args.writers, "writer_behind_s": round(max(w.behind for w in writers), 3),
+            "units": len(units),
             "not_applied_within_10s": missing,
             "lag_p50_s": round(statistics.median(lags), 3) if lags else None,
             "lag_p99_s": round(_pct(lags, 0.99), 3) if lags else None,

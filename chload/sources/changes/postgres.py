@@ -94,6 +94,7 @@ class Follow:
         self.target, self.table, self.schema = target, table, spec.schema
         self.exported: Control | None = None  # a new slot's connection, while copying
         self.snapshot: str | None = None  # the snapshot it exported
+        self.stored: list[Column] | None = None  # the table's columns, as last checked
         try:
             self.described: Described = self.slot.describe()
             self.key = changes_table.key_of(self.described.key, spec.upsert_key,
@@ -309,7 +310,9 @@ def _convert(follow: Follow, path: str, native: str) -> None:
     """The TSV at `path` (as the copy's COPY prints it) converted by the engine into the
     table's types, as Native: what both targets read."""
     target, table = follow.target, follow.table
-    stored = {c.name: c.type for c in target.table_columns(table.sql) or []}
+    if follow.stored is None:
+        follow.stored = target.table_columns(table.sql) or []
+    stored = {c.name: c.type for c in follow.stored}
     own = follow.described.db_columns
     # a column the table keeps as String (--schema) is the source's text, as copied
     read = [Column(c.name, "Nullable(String)" if not c.expr and bare_type(
@@ -339,7 +342,7 @@ def _check_columns(spec: LoadSpec, follow: Follow, report: LoadReport) -> None:
     now = follow.slot.describe()
     before = {c.name: c.pg_type for c in follow.described.columns}
     after = {c.name: c.pg_type for c in now.columns}
-    existing = follow.target.table_columns(follow.table.sql) or []
+    existing = follow.stored = follow.target.table_columns(follow.table.sql) or []
     kept = [c.name for c in existing if c.name not in (changes_table.VERSION,
                                                          changes_table.DELETED)]
     where = follow.url.display
@@ -361,6 +364,7 @@ def _check_columns(spec: LoadSpec, follow: Follow, report: LoadReport) -> None:
                                      [Column(c.name, c.type) for c in now.db_columns],
                                      existing, follow.stream)
         report.schema_changes += [c.as_dict() for c in evolution.changes]
+        follow.stored = None  # (read again when next asked)
     follow.described = now
 
 
