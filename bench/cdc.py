@@ -134,14 +134,16 @@ def main() -> None:
             decode = _recvlogical(server, "bench_base", endpos)
             applied, changes = _chload(url, target, env)
             rounds.append({"changes": changes, "recvlogical_s": decode, "chload_s": applied,
-                           "ratio": decode / applied})
+                           "ratio": decode / applied, "load_average": os.getloadavg()})
             print(f"round {r + 1}: {changes:,} changes; pg_recvlogical {changes / decode:,.0f}"
                   f"/s ({decode:.2f} s), chload {changes / applied:,.0f}/s ({applied:.2f} s),"
                   f" ratio {decode / applied:.2f}x", flush=True)
         ratio = statistics.median(r["ratio"] for r in rounds)
         print(f"median ratio chload / pg_recvlogical: {ratio:.2f}x")
         if args.json:
-            Path(args.json).write_text(json.dumps({"rounds": rounds, "ratio": ratio}))
+            Path(args.json).write_text(json.dumps({
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": rounds,
+                "ratio": ratio}))
     finally:
         server.stop()
 

@@ -19,6 +19,11 @@
    the commit is the slot's confirmed position moved to `upto`: a kill at any instant
    leaves the ledger's end, which the next run moves the slot to first, so no change is
    lost (the slot keeps it) or applied twice (the ledger names it).
+   While a unit loads, the next one (`(upto, now]`) is read on another thread
+   (`_read_ahead`): the slot is read past the unit not yet confirmed, that unit's
+   transactions left out by where their commits start (postgres_sql.py `skip`), and the
+   slot is moved only once the read is done (a read holds the slot) and the unit before
+   it committed.
 3. Without --follow, rounds go on until the position the run started at is applied.
 
 Each round first compares the source's columns with the table's: a new column is
