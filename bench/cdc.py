@@ -16,16 +16,17 @@ The rows changed are counted from the source (every change is one row of the uni
 Prints per round both rates and their ratio (chload / pg_recvlogical: 1.0 is as fast as
 decoding alone), and the medians.
 
-Lag under a steady rate (`--rate N`): a writer commits N changes a second for --seconds
-(transactions of 10: 7 updates, 2 inserts, 1 delete; one round trip each, which also
-asks `pg_current_wal_lsn()` after the commit) while `chload load ... --follow` runs into
---target server (a ClickHouse 18.16 server, scripts/services) or embedded. A
+Lag under a steady rate (`--rate N`): --writers connections (1) commit N changes a
+second between them for --seconds (transactions of 10: 7 updates, 2 inserts, 1 delete;
+one round trip each, which also asks `pg_current_wal_lsn()` after the commit) while
+`chload load ... --follow` runs into --target server (a ClickHouse 18.16 server,
+scripts/services) or embedded. A
 transaction's lag is the time of the ledger's `loaded` event of the first unit whose end
 is at or past that position, minus the time its commit answered (an upper bound: the
 position is read after the commit). Prints p50/p99/max and the load average.
 
-    python bench/cdc.py --rate 5000 --seconds 60 [--target server|embedded] [--checkout DIR]
-                        [--json OUT]
+    python bench/cdc.py --rate 5000 --seconds 60 [--writers 2] [--target server|embedded]
+                        [--checkout DIR] [--json OUT]
 """
 
 from __future__ import annotations

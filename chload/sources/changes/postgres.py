@@ -38,6 +38,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -165,6 +166,7 @@ def _rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: Load
     spool = tempfile.mkdtemp(prefix="changes-", dir=_workdir(target))
     ahead = ThreadPoolExecutor(1, thread_name_prefix="chload-changes")
     unit: tuple[int, int, str] | None = None  # (after, upto, spool) read, not yet loaded
+    took = [0.0, 0.0]  # seconds the last unit took to read, to load
     try:
         while not stop.is_set():
             if unit is None:
@@ -178,7 +180,10 @@ def _rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: Load
                     continue
                 _check_columns(spec, follow, report)
                 path = os.path.join(spool, f"{after}-{upto}.native")
-                if not _read(follow, upto, path):  # nothing of this table: the slot
+                started = time.monotonic()
+                found = _read(follow, upto, path)
+                took[0] = time.monotonic() - started
+                if not found:  # nothing of this table: the slot
                     _remove(path)  # moves on, the ledger does not
                     slot.advance(upto)
                     read = upto
@@ -186,9 +191,15 @@ def _rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: Load
                         stop.wait(POLL_SECONDS)
                     continue
                 unit = (after, upto, path)
-            nxt = _read_ahead(follow, ahead, unit[1], until, spool, listener)
+            # read ahead only while a load takes longer than a read: reading ahead decodes
+            # the loading unit again, which costs more than it overlaps where reads are
+            # the longer part (a busy source, or its cores shared)
+            nxt = _read_ahead(follow, ahead, unit[1], until, spool, listener) if (
+                took[1] >= took[0]) else None
+            started = time.monotonic()
             try:
                 _load(follow, unit, load_round, report)
+                took[1] = time.monotonic() - started
             finally:
                 _remove(unit[2])
                 if nxt is not None:
@@ -198,7 +209,7 @@ def _rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: Load
             after = read = unit[1]
             unit = None
             if nxt is not None:
-                upto, any_rows = nxt[0], nxt[1].result()
+                upto, (any_rows, took[0]) = nxt[0], nxt[1].result()
                 path = os.path.join(spool, f"ahead-{upto}.native")
                 if any_rows:
                     unit = (after, upto, path)
@@ -212,7 +223,7 @@ def _rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: Load
 
 
 def _read_ahead(follow: Follow, ahead: ThreadPoolExecutor, loading: int, until: int | None,
-                spool: str, listener: Listener) -> tuple[int, Future[bool]] | None:
+                spool: str, listener: Listener) -> tuple[int, Future[tuple[bool, float]]] | None:
     """The next unit's changes, `(loading, now]`, read on another thread while the unit
     ending at `loading` loads: the slot is read past that unit (its transactions left out)
     and moved only after each commit, so a kill loses or doubles nothing. None when there
@@ -230,7 +241,12 @@ def _read_ahead(follow: Follow, ahead: ThreadPoolExecutor, loading: int, until: 
             (c.name, c.pg_type) for c in follow.described.columns]:
         return None
     path = os.path.join(spool, f"ahead-{upto}.native")
-    return upto, ahead.submit(_read, follow, upto, path, loading)
+    return upto, ahead.submit(_timed_read, follow, upto, path, loading)
+
+
+def _timed_read(follow: Follow, upto: int, native: str, skip: int) -> tuple[bool, float]:
+    started = time.monotonic()
+    return _read(follow, upto, native, skip), time.monotonic() - started
 
 
 def _load(follow: Follow, unit: tuple[int, int, str], load_round: LoadRound,
