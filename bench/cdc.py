@@ -15,6 +15,18 @@ The rows changed are counted from the source (every change is one row of the uni
 
 Prints per round both rates and their ratio (chload / pg_recvlogical: 1.0 is as fast as
 decoding alone), and the medians.
+
+Lag under a steady rate (`--rate N`): --writers connections (1) commit N changes a
+second between them for --seconds (transactions of 10: 7 updates, 2 inserts, 1 delete;
+one round trip each, which also asks `pg_current_wal_lsn()` after the commit) while
+`chload load ... --follow` runs into --target server (a ClickHouse 18.16 server,
+scripts/services) or embedded. A
+transaction's lag is the time of the ledger's `loaded` event of the first unit whose end
+is at or past that position, minus the time its commit answered (an upper bound: the
+position is read after the commit). Prints p50/p99/max and the load average.
+
+    python bench/cdc.py --rate 5000 --seconds 60 [--writers 2] [--target server|embedded]
+                        [--checkout DIR] [--json OUT]
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts" / "services"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import services  # noqa: E402
 
@@ -78,11 +91,23 @@ def _recvlogical(server: services.Service, slot: str, endpos: str) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--rate", type=int, help="changes a second: the lag under a steady rate")
+    ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--target", choices=("server", "embedded"), default="server")
+    ap.add_argument("--follow-args", default="", help="extra chload flags (--rate mode)")
+    ap.add_argument("--writers", type=int, default=1, help="--rate mode: writer connections")
+    ap.add_argument("--checkout", default=str(ROOT),
+                    help="the chload checkout whose code follows (--rate mode; a baseline)")
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--changes", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.rate:
+        from cdc_lag import steady
+
+        steady(args)
+        return
     base = Path(tempfile.mkdtemp(prefix="bench-cdc-"))
     server = services.start_postgres(base)
     try:
@@ -110,14 +135,16 @@ def main() -> None:
             decode = _recvlogical(server, "bench_base", endpos)
             applied, changes = _chload(url, target, env)
             rounds.append({"changes": changes, "recvlogical_s": decode, "chload_s": applied,
-                           "ratio": decode / applied})
+                           "ratio": decode / applied, "load_average": os.getloadavg()})
             print(f"round {r + 1}: {changes:,} changes; pg_recvlogical {changes / decode:,.0f}"
                   f"/s ({decode:.2f} s), chload {changes / applied:,.0f}/s ({applied:.2f} s),"
                   f" ratio {decode / applied:.2f}x", flush=True)
         ratio = statistics.median(r["ratio"] for r in rounds)
         print(f"median ratio chload / pg_recvlogical: {ratio:.2f}x")
         if args.json:
-            Path(args.json).write_text(json.dumps({"rounds": rounds, "ratio": ratio}))
+            Path(args.json).write_text(json.dumps({
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": rounds,
+                "ratio": ratio}))
     finally:
         server.stop()
 

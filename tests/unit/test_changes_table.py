@@ -70,3 +70,17 @@ def test_a_stop_raised_by_the_copy_is_read_back_as_its_line() -> None:
             'pg/public.t was truncated at the source; the follow stopped"')
     assert stopped(said) == "pg/public.t was truncated at the source; the follow stopped"
     assert stopped("ERROR: something else") is None
+
+
+def test_a_unit_read_ahead_leaves_out_transactions_committed_before_the_unit_loading() -> None:
+    columns = [SourceColumn("id", "integer", '"id"')]
+    plain = changes_query("s", "0/20", ("public", "t"), "pg/public.t", columns, ["id"])
+    ahead = changes_query("s", "0/20", ("public", "t"), "pg/public.t", columns, ["id"],
+                          skip="0/10")
+    assert "E'include-transaction', E'0'" in plain and "ORDINALITY" not in plain
+    # the begin and commit rows asked for, the commits before 0/10 found by where their
+    # record starts (the commit row's "lsn"), then left out with every row before them
+    assert "E'include-transaction', E'1'" in ahead and "WITH ORDINALITY" in ahead
+    assert "->> 'lsn')::pg_lsn < E'0/10'::pg_lsn" in ahead
+    assert "p.o > coalesce(p.skipped, 0)" in ahead
+    assert ahead.count("pg_logical_slot_peek_changes") == 1

@@ -19,6 +19,11 @@
    the commit is the slot's confirmed position moved to `upto`: a kill at any instant
    leaves the ledger's end, which the next run moves the slot to first, so no change is
    lost (the slot keeps it) or applied twice (the ledger names it).
+   While a unit loads, the next one (`(upto, now]`) is read on another thread
+   (`_read_ahead`): the slot is read past the unit not yet confirmed, that unit's
+   transactions left out by where their commits start (postgres_sql.py `skip`), and the
+   slot is moved only once the read is done (a read holds the slot) and the unit before
+   it committed.
 3. Without --follow, rounds go on until the position the run started at is applied.
 
 Each round first compares the source's columns with the table's: a new column is
@@ -33,7 +38,9 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -70,7 +77,7 @@ if TYPE_CHECKING:
     from chload.targets.base import Target
 
 UNIT_BYTES = 256 << 20  # of WAL a unit spans at most (its changes: fewer bytes)
-POLL_SECONDS = 1.0  # --follow: how often the server's position is read when idle
+POLL_SECONDS = 0.5  # --follow: how often the server's position is read when idle
 NATIVE = FileFormat("Native", "none")
 _SESSION = "SET DateStyle = ISO; SET extra_float_digits = 1; SET bytea_output = hex; "
 
@@ -93,6 +100,7 @@ class Follow:
         self.target, self.table, self.schema = target, table, spec.schema
         self.exported: Control | None = None  # a new slot's connection, while copying
         self.snapshot: str | None = None  # the snapshot it exported
+        self.stored: list[Column] | None = None  # the table's columns, as last checked
         try:
             self.described: Described = self.slot.describe()
             self.key = changes_table.key_of(self.described.key, spec.upsert_key,
@@ -156,54 +164,120 @@ def _rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: Load
     read = max(after, slot.confirmed())  # where reading stands: ahead of `after` only
     # over ranges with no change of the table
     spool = tempfile.mkdtemp(prefix="changes-", dir=_workdir(target))
+    ahead = ThreadPoolExecutor(1, thread_name_prefix="chload-changes")
+    unit: tuple[int, int, str] | None = None  # (after, upto, spool) read, not yet loaded
+    took = [0.0, 0.0]  # seconds the last unit took to read, to load
     try:
         while not stop.is_set():
-            if until is not None and read >= until:
-                return
-            now = slot.current()
-            upto = min(now, read + UNIT_BYTES, until if until is not None else now)
-            listener(Event("lag", follow.stream, bytes=max(0, now - read)))
-            if upto <= read:
-                stop.wait(POLL_SECONDS)
-                continue
-            _check_columns(spec, follow, report)
-            path = os.path.join(spool, f"{after}-{upto}.native")
-            try:
-                if _read(follow, upto, path) == 0:  # nothing of this table: the slot
-                    slot.advance(upto)  # moves on, the ledger does not
+            if unit is None:
+                if until is not None and read >= until:
+                    return
+                now = slot.current()
+                upto = min(now, read + UNIT_BYTES, until if until is not None else now)
+                listener(Event("lag", follow.stream, bytes=max(0, now - read)))
+                if upto <= read:
+                    stop.wait(POLL_SECONDS)
+                    continue
+                _check_columns(spec, follow, report)
+                path = os.path.join(spool, f"{after}-{upto}.native")
+                started = time.monotonic()
+                found = _read(follow, upto, path)
+                took[0] = time.monotonic() - started
+                if not found:  # nothing of this table: the slot
+                    _remove(path)  # moves on, the ledger does not
+                    slot.advance(upto)
                     read = upto
                     if until is None and upto >= now:
                         stop.wait(POLL_SECONDS)
                     continue
-                unit = _unit(follow, after, upto, path)
-                crash_point("changes-round")
-                done = load_round([unit], 1, None)
+                unit = (after, upto, path)
+            # read ahead only while a load takes longer than a read: reading ahead decodes
+            # the loading unit again, which costs more than it overlaps where reads are
+            # the longer part (a busy source, or its cores shared)
+            nxt = _read_ahead(follow, ahead, unit[1], until, spool, listener) if (
+                took[1] >= took[0]) else None
+            started = time.monotonic()
+            try:
+                _load(follow, unit, load_round, report)
+                took[1] = time.monotonic() - started
             finally:
-                _remove(path)
-            _add(report, done)
-            result = next((r for r in done.files if r.uri == unit.uri), None)
-            if result is None or result.status != "loaded":
-                why = result.error if result is not None else "it was not committed"
-                raise SourceError(f"{follow.url.display}: changes {unit.uri.rpartition('/')[2]}"
-                                  f" not applied: {why}; run again to go on from the "
-                                  "ledger's position")
-            if changes_table.committed_end(target, table.display, follow.stream) != upto:
-                raise SourceError(f"{follow.url.display}: changes {unit.uri.rpartition('/')[2]}"
-                                  " were not committed (another run follows this table into "
-                                  f"{table.display}?); the slot was not moved: run again")
+                _remove(unit[2])
+                if nxt is not None:
+                    wait([nxt[1]])  # (the slot is busy while it is read)
             crash_point("changes-committed")
-            slot.advance(upto)
-            after = read = upto
+            slot.advance(unit[1])
+            after = read = unit[1]
+            unit = None
+            if nxt is not None:
+                upto, (any_rows, took[0]) = nxt[0], nxt[1].result()
+                path = os.path.join(spool, f"ahead-{upto}.native")
+                if any_rows:
+                    unit = (after, upto, path)
+                else:
+                    _remove(path)
+                    slot.advance(upto)
+                    read = upto
     finally:
+        ahead.shutdown(wait=True)
         shutil.rmtree(spool, ignore_errors=True)
 
 
-def _read(follow: Follow, upto: int, native: str) -> int:
-    """The changes up to `upto` the slot has not confirmed, as rows of the table: psql
-    writes them (postgres_sql.py) into a pipe that the engine converts into the table's
-    types as it reads (`_convert`), into the Native spool `native`; its rows."""
+def _read_ahead(follow: Follow, ahead: ThreadPoolExecutor, loading: int, until: int | None,
+                spool: str, listener: Listener) -> tuple[int, Future[tuple[bool, float]]] | None:
+    """The next unit's changes, `(loading, now]`, read on another thread while the unit
+    ending at `loading` loads: the slot is read past that unit (its transactions left out)
+    and moved only after each commit, so a kill loses or doubles nothing. None when there
+    is nothing after it yet, or the source's columns changed (that unit then waits for
+    the check `_check_columns` makes before a read)."""
+    if until is not None and loading >= until:
+        return None
+    now = follow.slot.current()
+    upto = min(now, loading + UNIT_BYTES, until if until is not None else now)
+    listener(Event("lag", follow.stream, bytes=max(0, now - loading)))
+    if upto <= loading:
+        return None
+    seen = follow.slot.describe()
+    if [(c.name, c.pg_type) for c in seen.columns] != [
+            (c.name, c.pg_type) for c in follow.described.columns]:
+        return None
+    path = os.path.join(spool, f"ahead-{upto}.native")
+    return upto, ahead.submit(_timed_read, follow, upto, path, loading)
+
+
+def _timed_read(follow: Follow, upto: int, native: str, skip: int) -> tuple[bool, float]:
+    started = time.monotonic()
+    return _read(follow, upto, native, skip), time.monotonic() - started
+
+
+def _load(follow: Follow, unit: tuple[int, int, str], load_round: LoadRound,
+          report: LoadReport) -> None:
+    """The unit `(after, upto]` read into `path`, committed, or one line saying why not."""
+    after, upto, path = unit
+    target, table = follow.target, follow.table
+    source = _unit(follow, after, upto, path)
+    crash_point("changes-round")
+    done = load_round([source], 1, None)
+    _add(report, done)
+    result = next((r for r in done.files if r.uri == source.uri), None)
+    if result is None or result.status != "loaded":
+        why = result.error if result is not None else "it was not committed"
+        raise SourceError(f"{follow.url.display}: changes {source.uri.rpartition('/')[2]}"
+                          f" not applied: {why}; run again to go on from the "
+                          "ledger's position")
+    if changes_table.committed_end(target, table.display, follow.stream) != upto:
+        raise SourceError(f"{follow.url.display}: changes {source.uri.rpartition('/')[2]}"
+                          " were not committed (another run follows this table into "
+                          f"{table.display}?); the slot was not moved: run again")
+
+
+def _read(follow: Follow, upto: int, native: str, skip: int | None = None) -> bool:
+    """The changes up to `upto` the slot has not confirmed (and, with `skip`, committed
+    after `skip`), as rows of the table: psql writes them (postgres_sql.py) into a pipe
+    that the engine converts into the table's types as it reads (`_convert`), into the
+    Native spool `native`; whether it holds any."""
     sql = changes_query(follow.slot.name, lsn_text(upto), (follow.url.schema, follow.url.table),
-                        follow.url.display, follow.described.columns, follow.key)
+                        follow.url.display, follow.described.columns, follow.key,
+                        None if skip is None else lsn_text(skip))
     psql = find_psql()
     read_end, write_end = db_pipes.make()
     with tempfile.TemporaryFile() as errors:
@@ -241,11 +315,8 @@ def _read(follow: Follow, upto: int, native: str) -> int:
         raise SourceError(f"{follow.url.display}: reading changes: {first.strip()}")
     if failed is not None:
         raise failed
-    if not os.path.exists(native) or os.path.getsize(native) == 0:
-        return 0
-    found = follow.target.infer_rows(f"SELECT count() AS n FROM file({quote_str(native)}, "
-                                     "'Native')")
-    return int(found[0]["n"]) if found else 0
+    # (the engine writes nothing for no rows: no second query to count them)
+    return os.path.exists(native) and os.path.getsize(native) > 0
 
 
 def _drained(fd: int) -> bool:
@@ -260,7 +331,9 @@ def _convert(follow: Follow, path: str, native: str) -> None:
     """The TSV at `path` (as the copy's COPY prints it) converted by the engine into the
     table's types, as Native: what both targets read."""
     target, table = follow.target, follow.table
-    stored = {c.name: c.type for c in target.table_columns(table.sql) or []}
+    if follow.stored is None:
+        follow.stored = target.table_columns(table.sql) or []
+    stored = {c.name: c.type for c in follow.stored}
     own = follow.described.db_columns
     # a column the table keeps as String (--schema) is the source's text, as copied
     read = [Column(c.name, "Nullable(String)" if not c.expr and bare_type(
@@ -290,7 +363,7 @@ def _check_columns(spec: LoadSpec, follow: Follow, report: LoadReport) -> None:
     now = follow.slot.describe()
     before = {c.name: c.pg_type for c in follow.described.columns}
     after = {c.name: c.pg_type for c in now.columns}
-    existing = follow.target.table_columns(follow.table.sql) or []
+    existing = follow.stored = follow.target.table_columns(follow.table.sql) or []
     kept = [c.name for c in existing if c.name not in (changes_table.VERSION,
                                                          changes_table.DELETED)]
     where = follow.url.display
@@ -312,6 +385,7 @@ def _check_columns(spec: LoadSpec, follow: Follow, report: LoadReport) -> None:
                                      [Column(c.name, c.type) for c in now.db_columns],
                                      existing, follow.stream)
         report.schema_changes += [c.as_dict() for c in evolution.changes]
+        follow.stored = None  # (read again when next asked)
     follow.described = now
 
 

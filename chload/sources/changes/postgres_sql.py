@@ -40,14 +40,14 @@ def text(value: str) -> str:
     return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-def options(schema: str, table: str) -> str:
+def options(schema: str, table: str, transactions: bool = False) -> str:
     """wal2json's options: format 2, this table only (its name's special characters
     escaped by a backslash, as wal2json reads them), each change's LSN, no type names
-    (less to parse)."""
+    (less to parse); `transactions`: each transaction's begin and commit rows too."""
     def bare(name: str) -> str:
         return "".join("\\" + ch if ch in " ',.*\\" else ch for ch in name)
-    pairs = [("format-version", "2"), ("include-lsn", "1"), ("include-transaction", "0"),
-             ("include-types", "0"),
+    pairs = [("format-version", "2"), ("include-lsn", "1"),
+             ("include-transaction", "1" if transactions else "0"), ("include-types", "0"),
              ("add-tables", f"{bare(schema)}.{bare(table)}")]
     return ", ".join(f"{text(k)}, {text(v)}" for k, v in pairs)
 
@@ -92,12 +92,29 @@ def _stop(why: str) -> str:
     return f"({text(STOP + ' ' + why)} || left(a, 0))::int"
 
 
+def _peeked(slot: str, upto: str, relation: tuple[str, str], skip: str | None) -> str:
+    """The slot's changes before `upto` as rows (lsn, data); with `skip` (an LSN past the
+    slot's confirmed position: a unit read but not yet committed), those of transactions
+    whose commit record starts before it are left out, as the slot leaves them out once
+    confirmed there (each commit row, in commit order, says where its record starts)."""
+    peek = f"pg_logical_slot_peek_changes({text(slot)}, {text(upto)}::pg_lsn, NULL, "
+    if skip is None:
+        return f"SELECT lsn, data FROM {peek}{options(*relation)})"
+    begin, commit = """'{"action":"B"'""", """'{"action":"C"'"""
+    return (f"SELECT lsn, data FROM (SELECT p.lsn, p.data, p.o, left(p.data, 13) AS t, max("
+            f"CASE WHEN left(p.data, 13) = {commit} AND (p.data::jsonb ->> 'lsn')::pg_lsn < "
+            f"{text(skip)}::pg_lsn THEN p.o END) OVER () AS skipped FROM {peek}"
+            f"{options(*relation, True)}) WITH ORDINALITY p(lsn, xid, data, o)) p "
+            f"WHERE p.o > coalesce(p.skipped, 0) AND p.t NOT IN ({begin}, {commit})")
+
+
 def changes_query(slot: str, upto: str, relation: tuple[str, str], display: str,
-                  columns: Sequence[SourceColumn], key: Sequence[str]) -> str:
+                  columns: Sequence[SourceColumn], key: Sequence[str],
+                  skip: str | None = None) -> str:
     """The COPY of the changes of `slot` committed before `upto` (an LSN), as the
     followed table's rows: the snapshot's columns, `_version`, `_is_deleted`. Each
     change is decoded once and gives one row (`d` 0: its new values) or two (`d` 1: the
-    old key deleted, where an update changed it)."""
+    old key deleted, where an update changed it). `skip`: see `_peeked`."""
     index = {c.name: i for i, c in enumerate(columns)}
     truncated = _stop(f"{display} was truncated at the source; the follow stopped: "
                       "truncate the ClickHouse table too, then drop the follow "
@@ -114,8 +131,8 @@ def changes_query(slot: str, upto: str, relation: tuple[str, str], display: str,
     changes = (
         f"SELECT v, j, j ->> 'action' AS a, j -> 'columns' AS cols FROM (SELECT "
         f"(c.lsn - '0/0'::pg_lsn)::numeric(20, 0)"
-        f" AS v, c.data::jsonb AS j FROM pg_logical_slot_peek_changes({text(slot)}, "
-        f"{text(upto)}::pg_lsn, NULL, {options(*relation)}) c OFFSET 0) c OFFSET 0")
+        f" AS v, c.data::jsonb AS j FROM ({_peeked(slot, upto, relation, skip)}) c OFFSET 0) "
+        "c OFFSET 0")
     keep = (f"CASE WHEN d = 0 THEN a = 'I' OR (a = 'U' AND (jsonb_array_length(cols) = "
             f"{len(columns)} OR ({every}) OR {toast} IS NULL)) "
             f"ELSE a = 'D' OR (a = 'U' AND ({moved})) OR (a = 'T' AND {truncated} IS NULL) END")
