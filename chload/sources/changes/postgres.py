@@ -390,12 +390,7 @@ def _check_columns(spec: LoadSpec, follow: Follow, report: LoadReport) -> None:
 
 
 def _add(report: LoadReport, done: LoadReport) -> None:
-    report.files.extend(done.files)
-    report.files_total += len(done.files)
-    report.files_loaded += sum(r.status == "loaded" for r in done.files)
-    report.files_failed += sum(r.status == "failed" for r in done.files)
-    report.rows_loaded += sum(r.rows for r in done.files if r.status == "loaded")
-    report.bytes_read += sum(r.bytes for r in done.files)
+    report.add_units(done.files)
     report.created_table = report.created_table or done.created_table
 
 
