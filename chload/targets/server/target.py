@@ -241,12 +241,10 @@ class ServerTarget(StageFilling):
 
     def open_streams(self, streams: int, adapt: Controller | None = None) -> int:
         """Let `streams` data requests run at once; return how many files to keep in
-        flight: besides the streams' own, as many filled and waiting for their commit
-        group (the batcher's slack, at least STAGING), and as many again with their
-        stage created and waiting for a stream, so a stream that ends a file starts the
-        next at once while a group of files commits (a dozen small requests). With
-        fewer in flight, streams stood idle while their group waited to commit, the
-        other files of the round still being pushed.
+        flight: as many again (at least STAGING), each with its stage created and
+        waiting for a stream, so a stream that ends a file starts the next at once
+        while the file it ended commits (a dozen small requests). With fewer in
+        flight, files of the second round wait for threads still committing.
 
         With `adapt` (--workers auto) the controller moves the limit while the load
         runs, within `most_streams` of the server's cores, watched by `ServerWatch`
@@ -256,13 +254,13 @@ class ServerTarget(StageFilling):
         self.batcher.slack = max(STAGING, streams)
         if adapt is None:
             self._streams = Streams(streams)
-            return streams + 2 * self.batcher.slack
+            return streams + max(STAGING, streams)
         adapt.bounded(most_streams(self.caps.max_threads))
         self._streams = Streams(adapt.limit, adapt)
         if self._watch is not None:  # (a Kafka load's earlier round)
             self._watch.stop()
         self._watch = ServerWatch(self, adapt).start()
-        return adapt.maximum + 2 * max(STAGING, adapt.limit)
+        return adapt.maximum + max(STAGING, adapt.limit)
 
     # -- loading -----------------------------------------------------------------------
     def load_file(self, job: LoadJob, progress: Callable[[int, int], None]) -> Loaded:
