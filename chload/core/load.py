@@ -207,7 +207,8 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
             checked = planner.check_headers(target, table, plan.to_load,
                                             existing or columns, read_columns, spec.audit,
                                             named=planner.reads_by_name(spec.schema, settings),
-                                            settings=spec.settings, new_columns=new_columns)
+                                            settings=spec.settings, new_columns=new_columns,
+                                            start=sources.start)
         to_load, settings = checked.files, (*checked.settings, *settings)
         refused += _refuse(target, table, checked.refused, report.run_id, listener)
         if refused and spec.on_error == "abort":

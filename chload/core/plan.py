@@ -409,6 +409,7 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
                   table_columns: Sequence[Column], read_columns: Sequence[Column],
                   audit: bool, named: bool = True,
                   settings: Sequence[tuple[str, str]] = (), new_columns: str = "fail",
+                  start: Callable[[SourceFile, int], bytes | None] | None = None,
                   ) -> HeaderCheck:
     """Every CSV/TSV file's own header matched against the columns the run reads; with
     `named` (no --schema chose the columns, no setting drops unknown ones), every
@@ -424,10 +425,11 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     hold, as another value); one that does not fit fails the file alone. `settings`:
     the run's, which may ask for defaults in place of NULLs. `new_columns`: the run's
     --on-new-column; with add or ignore a file may lack table columns (NULL or default),
-    and with ignore name columns the table lacks (dropped as read).
+    and with ignore name columns the table lacks (dropped as read). `start`: a remote
+    file's first bytes by its source (RunSources.start), read in place of the engine.
     """
     headers = _headers(target, [f for f in files if f.format.has_header
-                                and sniff.delimiter(f.format)])
+                                and sniff.delimiter(f.format)], start)
     by_position = any(header_columns(h) != h for h in headers.values())
     read = [c.name for c in read_columns]
     checked = HeaderCheck([], settings=BY_POSITION if by_position else ())
@@ -486,11 +488,13 @@ def _extra_columns(target: Target, files: Sequence[SourceFile],
     return {uri: names for uri, names in on_threads(extra, named, 8) if names}
 
 
-def _headers(target: Target, files: Sequence[SourceFile]) -> dict[str, list[str]]:
+def _headers(target: Target, files: Sequence[SourceFile],
+             start: Callable[[SourceFile, int], bytes | None] | None = None,
+             ) -> dict[str, list[str]]:
     """uri -> the fields of its first line, for those that have one."""
     found = {f.uri: sniff.header_names(f) for f in files}
     rest = [f for f in files if found[f.uri] is None]
-    for uri, fields in on_threads(lambda f: (f.uri, first_line(target, f)), rest, 8):
+    for uri, fields in on_threads(lambda f: (f.uri, first_line(target, f, start)), rest, 8):
         found[uri] = fields
     return {uri: fields for uri, fields in found.items() if fields}
 

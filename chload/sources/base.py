@@ -221,6 +221,11 @@ class Source(Protocol):
         it out, so a unit the ledger skips costs no read."""
         ...
 
+    def start(self, file: SourceFile, limit: int, context: SourceContext) -> bytes | None:
+        """A remote unit's first `limit` bytes as stored (one ranged read), for its
+        first line (planner.check_headers), or None: the engine reads that line."""
+        ...
+
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
         """The SQL table function with which the engine reads `file` (never a secret)."""
         ...
@@ -328,6 +333,9 @@ class InPlace:
     def described(self, files: Sequence[SourceFile],
                   context: SourceContext) -> builtins.list[SourceFile]:
         return builtins.list(files)
+
+    def start(self, file: SourceFile, limit: int, context: SourceContext) -> bytes | None:
+        return None
 
     def close(self) -> None:
         return None

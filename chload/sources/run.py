@@ -148,6 +148,11 @@ class RunSources:
     def loads_alone(self, file: SourceFile) -> bool:
         return self.of(file).loads_alone(file)
 
+    def start(self, file: SourceFile, limit: int) -> bytes | None:
+        """A remote unit's first `limit` bytes as stored (Source.start); None: not
+        readable so, the engine reads its first line."""
+        return self.of(file).start(file, limit, self.context)
+
     def grows(self, file: SourceFile) -> bool:
         """True when `file` may still be written when listed (Source.grows)."""
         return self.of(file).grows

@@ -87,3 +87,41 @@ def test_a_truncated_gzip_still_gives_the_lines_before_its_cut(tmp_path: Path) -
     empty.write_bytes(b"")
     e = SourceFile(str(empty), 0, 0, detect(str(empty)), local_path=str(empty))
     assert start(e) == b""
+
+
+def remote(name: str, size: int = 1) -> SourceFile:
+    return SourceFile(f"s3://b/{name}", size, 0, detect(name), kind="s3")
+
+
+def test_a_remote_first_line_from_its_first_bytes_cut_anywhere() -> None:
+    """A ranged read cuts a compressed stream anywhere: the line still comes whole."""
+    import lzma
+
+    from chload.core.reading.sniff import LIMIT, remote_first_text
+
+    body = b"id,miles\n" + b"".join(b"%d,%d\n" % (i, i * 7) for i in range(100_000))
+    for name, packed in (("t.csv.gz", gzip.compress(body)), ("t.csv.xz", lzma.compress(body)),
+                         ("t.csv", body)):
+        asked: list[int] = []
+
+        def start(f: SourceFile, limit: int, packed: bytes = packed,
+                  asked: list[int] = asked) -> bytes:
+            asked.append(limit)
+            return packed[:limit]
+        assert remote_first_text(remote(name), start) == "id,miles\n", name
+        assert asked == [LIMIT]
+
+
+def test_a_remote_first_line_the_read_cannot_tell_is_the_engines() -> None:
+    from chload.core.reading.sniff import LIMIT, remote_first_text
+
+    long_line = b"x" * (LIMIT + 10) + b"\n1\n"
+    assert remote_first_text(remote("t.csv"), lambda f, n: long_line[:n]) is None
+    assert remote_first_text(remote("t.csv"), lambda f, n: b"id,v") == "id,v"  # (all of it)
+    assert remote_first_text(remote("t.csv.gz"), lambda f, n: b"not gzip") is None
+    assert remote_first_text(remote("t.csv.zst"), lambda f, n: b"id\n") is None  # (no codec)
+    packed = bz2.compress(b"id\n" + b"1\n" * 300_000)  # (a block gives nothing until whole)
+    assert remote_first_text(remote("t.csv.bz2"), lambda f, n: packed[:n]) is None
+    assert remote_first_text(remote("t.csv.gz"), lambda f, n: None) is None  # (not read)
+    assert remote_first_text(remote("t.parquet"), lambda f, n: b"PAR1") is None
+    assert remote_first_text(remote("t.csv"), lambda f, n: b"\xff\xfe,x\n") is None

@@ -9,7 +9,7 @@ once, by its load. Counting a file's lines (why inference failed) is the engine'
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from itertools import chain
 
@@ -130,13 +130,19 @@ def _decide_header(target: Target, files: Sequence[SourceFile],
     return named if not names or set(first) & set(names) else fmt
 
 
-def first_line(target: Target, file: SourceFile) -> list[str] | None:
+def first_line(target: Target, file: SourceFile,
+               start: Callable[[SourceFile, int], bytes | None] | None = None,
+               ) -> list[str] | None:
     """The fields of a CSV/TSV file's first line: read here for a local file (sniff.py),
-    else by the engine (one `LIMIT 1` read); None when it has none or cannot be read."""
+    or for a remote one whose source reads its start (`start`: RunSources.start, one
+    ranged read, decompressed here), else by the engine (one `LIMIT 1` read); None when
+    it has none or cannot be read."""
     fields = sniff.header_names(file)
     if fields is not None or sniff.delimiter(file.format) is None:
         return fields
-    text = _first_text(target, file, local=False)
+    text = sniff.remote_first_text(file, start) if start is not None else None
+    if text is None:
+        text = _first_text(target, file, local=False)
     return sniff.split_line(text, file.format) if text is not None else None
 
 

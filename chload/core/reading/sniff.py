@@ -248,6 +248,43 @@ def _first_line(file: SourceFile) -> bytes | None:
     return data if end < 0 else data[:end + 1]
 
 
+def remote_first_text(file: SourceFile, start: Callable[[SourceFile, int], bytes | None],
+                      ) -> str | None:
+    """A remote file's first line as text, from its first LIMIT bytes as stored
+    (`start`: one ranged read by its source) decompressed here, or None when that
+    cannot tell (another compression, no such read, a line longer than what was read):
+    the engine then reads it. Only the header line is kept."""
+    inflate = _INFLATERS.get(file.format.compression)
+    if inflate is None or delimiter(file.format) is None or not read_again(file):
+        return None
+    raw = start(file, LIMIT)
+    if raw is None:
+        return None
+    try:
+        data = inflate(raw)
+    except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError):
+        return None
+    end = data.find(b"\n")
+    whole = len(raw) < LIMIT  # (the object was shorter than the read: all of it came)
+    if end < 0 and (not whole or len(data) >= LIMIT):
+        return None  # longer than the read: let the engine say
+    try:
+        return (data if end < 0 else data[:end + 1]).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+# compression -> the start of a stream decompressed (as much as the bytes give, at most
+# LIMIT): a stream cut short is what a ranged read gives. Not bz2: its blocks (up to
+# 900 KB) give nothing until whole.
+_INFLATERS: dict[str, Callable[[bytes], bytes]] = {
+    "none": lambda raw: raw,
+    "gzip": lambda raw: zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, LIMIT),
+    "deflate": lambda raw: zlib.decompressobj().decompress(raw, LIMIT),
+    "xz": lambda raw: lzma.LZMADecompressor().decompress(raw, LIMIT),
+}
+
+
 def first_text(file: SourceFile) -> str | None:
     """A local file's first line as text, or None when that cannot be read cheaply."""
     line = _first_line(file)

@@ -287,17 +287,17 @@ class Lister:
             return self._get(bucket, prefix, params)
         raise listing_error(where, self.config, status, body)
 
-    def head(self, bucket: str, key: str) -> bytes:
-        """The object's first bytes (SNIFF_BYTES); b"" if it cannot be read now (the
+    def head(self, bucket: str, key: str, limit: int = SNIFF_BYTES) -> bytes:
+        """The object's first bytes (`limit`); b"" if it cannot be read now (the
         engine says why when it reads it)."""
         # every reserved character escaped, as SigV4's canonical path has it
         url = f"{self.config.bucket_url(bucket)}/{quote(key, safe='/~-._')}"
         try:
-            status, _, body = self._request(url, {"range": f"bytes=0-{SNIFF_BYTES - 1}"})
+            status, _, body = self._request(url, {"range": f"bytes=0-{limit - 1}"})
         except (OSError, http.client.HTTPException):
             self._close()
             return b""
-        return body[:SNIFF_BYTES] if status in (200, 206) else b""
+        return body[:limit] if status in (200, 206) else b""
 
     def _exchange(self, url: str, where: str) -> tuple[int, dict[str, str], bytes]:
         """One listing request; a network failure is a TransientError (the connection
@@ -418,6 +418,18 @@ class S3Source(RemoteSource):
     def described(self, files: Sequence[SourceFile],
                   context: SourceContext) -> builtins.list[SourceFile]:
         return described(files, context.compression, self.settings(context))
+
+    def start(self, file: SourceFile, limit: int, context: SourceContext) -> bytes | None:
+        """One ranged GET, on a connection of its own (headers are read eight at a
+        time, sniffed's way)."""
+        settings = self.settings(context)
+        if settings is None:
+            return None
+        lister = Lister(settings)
+        try:
+            return lister.head(*parse_uri(file.uri), limit) or None
+        finally:
+            lister._close()
 
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
         return table_function(file, fmt, structure)
