@@ -133,6 +133,7 @@ class BinlogReader:
         import pymysql
 
         tail = 4 if self.checksum else 0
+        base = position(self.log_file, 0)
         while True:
             try:
                 packet = self.conn._read_packet()
@@ -146,7 +147,7 @@ class BinlogReader:
                 continue
             kind, size, log_pos = data[5], *struct.unpack_from("<II", data, 10)
             end = 1 + size - tail
-            here = position(self.log_file, log_pos) if log_pos else 0
+            here = base | log_pos if log_pos else 0
             if kind in _ROWS:
                 image = self.mapped.get(int.from_bytes(data[20:26], "little"))
                 if image is not None:
@@ -159,6 +160,7 @@ class BinlogReader:
                 yield "query", here, _query(data, end)
             elif kind == _ROTATE:
                 self.log_file = data[28:end].decode()
+                base = position(self.log_file, 0)
             elif kind == _HEARTBEAT:
                 yield "beat", here, None
             elif kind in _COMPRESSED:

@@ -26,6 +26,7 @@ _ESCAPES = ((b"\\", b"\\\\"), (b"\t", b"\\t"), (b"\n", b"\\n"), (b"\r", b"\\r"),
             (b"\0", b"\\0"))
 _UTF8 = {None, "utf8", "utf8mb3", "utf8mb4", "binary", "ascii"}
 _DIGITS = (0, 1, 1, 2, 2, 3, 3, 4, 4, 4)  # bytes of a DECIMAL's leftover digits
+_DAYS = (0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # (a 29 February: datetime)
 # the binlog's column types (mysql's enum_field_types)
 TINY, SHORT, LONG, FLOAT, DOUBLE, TIMESTAMP, LONGLONG, INT24, DATE, TIME, DATETIME, YEAR = (
     1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 13)
@@ -47,6 +48,7 @@ def _fixed(fmt: str) -> Reader:
 
     def read(b: bytes, p: int) -> tuple[bytes, int]:
         return b"%d" % unpack(b, p)[0], p + size
+    read.fixed = fmt[1:]  # type: ignore[attr-defined]  # (Image._compiled)
     return read
 
 
@@ -73,8 +75,19 @@ def _decimal(precision: int, scale: int) -> Reader:
     size = head + 4 * full + 4 * frac_full + tail
     ones = (1 << (8 * size)) - 1
 
+    seen: dict[bytes, bytes] = {}  # values repeat (prices, quantities): each read once
+
     def read(b: bytes, p: int) -> tuple[bytes, int]:
         raw = b[p:p + size]
+        found = seen.get(raw)
+        if found is not None:
+            return found, p + size
+        if len(seen) > 4096:
+            seen.clear()
+        seen[raw] = text = _packed(raw)
+        return text, p + size
+
+    def _packed(raw: bytes) -> bytes:
         value = int.from_bytes(raw, "big") ^ (1 << (8 * size - 1))
         negative = not raw[0] & 0x80
         if negative:
@@ -94,7 +107,7 @@ def _decimal(precision: int, scale: int) -> Reader:
             if tail:
                 parts.append(b"%0*d" % (tail_digits, int.from_bytes(raw[at:], "big")))
             text += b"." + b"".join(parts)
-        return text, p + size
+        return text
     return read
 
 
@@ -116,13 +129,25 @@ def _datetime_text(value: datetime, fsp: int) -> bytes:
 def _datetime2(fsp: int) -> Reader:
     size, micros = _fraction(fsp)
 
+    minutes: dict[int, bytes] = {}  # the text up to its minute: shared by many rows
+
     def read(b: bytes, p: int) -> tuple[bytes, int]:
         v = int.from_bytes(b[p:p + 5], "big")
+        head = minutes.get(v >> 6)
+        if head is not None:
+            text = head + b"%02d" % (v & 63)
+            if fsp:
+                text += b"." + (b"%06d" % micros(b[p + 5:p + 5 + size]))[:fsp]
+            return text, p + 5 + size
         ym = (v >> 22) & 0x1FFFF
         year, month, day = ym // 13, ym % 13, (v >> 17) & 31
         hour, minute, second = (v >> 12) & 31, (v >> 6) & 63, v & 63
         us = micros(b[p + 5:p + 5 + size]) if size else 0
-        if year >= 1000 and 1 <= month <= 12 and 1 <= day <= 28:
+        if year >= 1000 and 1 <= month <= 12 and 1 <= day <= _DAYS[month] and (
+                hour < 24 and minute < 60 and second < 60):
+            if len(minutes) > 4096:
+                minutes.clear()
+            minutes[v >> 6] = b"%04d-%02d-%02d %02d:%02d:" % (year, month, day, hour, minute)
             text = b"%04d-%02d-%02d %02d:%02d:%02d" % (year, month, day, hour, minute, second)
             if fsp:
                 text += b"." + (b"%06d" % us)[:fsp]
@@ -185,6 +210,8 @@ def _string(prefix: int, encoding: str | None) -> Reader:
         if encoding is not None:
             raw = raw.decode(encoding).encode("utf-8", "surrogateescape")
         return escaped(raw), start + n
+    if encoding is None:
+        read.prefix = prefix  # type: ignore[attr-defined]  # (Image._compiled)
     return read
 
 
@@ -268,6 +295,8 @@ class Image:
         self.names = [c.name for c in columns]
         self.readers = [reader_of(c, where) for c in columns]
         self.where = where
+        self._every = (1 << len(columns)) - 1  # (a null bitmap's spare bits may be set)
+        self._fast = self._compiled()
         self._orders: dict[tuple[tuple[str, ...], tuple[str, ...]],
                            tuple[list[int] | None, list[int]]] = {}
 
@@ -288,6 +317,8 @@ class Image:
         return found
 
     def row(self, b: bytes, p: int, nulls: int) -> tuple[list[bytes], int]:
+        if not int.from_bytes(b[p:p + nulls], "little") & self._every:
+            return self._fast(b, p + nulls)
         nullmap = b[p:p + nulls]
         p += nulls
         fields = []
@@ -298,6 +329,42 @@ class Image:
                 value, p = read(b, p)
                 fields.append(value)
         return fields, p
+
+    def _compiled(self) -> Callable[[bytes, int], tuple[list[bytes], int]]:
+        """A row without NULLs read by straight-line code: runs of fixed-size integers
+        by one struct, UTF-8 strings sliced in place, the other columns by their reader."""
+        scope: dict[str, Any] = {"escaped": escaped, "search": _NEEDS_ESCAPE.search}
+        code, names = ["def fast(b, p):"], []
+        i, count = 0, len(self.readers)
+        while i < count:
+            read = self.readers[i]
+            fixed = getattr(read, "fixed", None)
+            if fixed is not None:
+                fmt, run = "<", []
+                while i < count and getattr(self.readers[i], "fixed", None) is not None:
+                    fmt += self.readers[i].fixed  # type: ignore[attr-defined]
+                    run.append(f"v{i}")
+                    i += 1
+                scope[f"s{i}"] = struct.Struct(fmt).unpack_from
+                code.append(f"    {', '.join(run)}, = s{i}(b, p)")
+                code.append(f"    p += {struct.calcsize(fmt)}")
+                names += [f'b"%d" % {v}' for v in run]
+                continue
+            prefix = getattr(read, "prefix", None)
+            if prefix is not None:
+                code.append(f"    n = int.from_bytes(b[p:p + {prefix}], 'little')"
+                            if prefix > 1 else "    n = b[p]")
+                code.append(f"    v{i} = b[p + {prefix}:p + {prefix} + n]")
+                code.append(f"    p += {prefix} + n")
+                code.append(f"    if search(v{i}) is not None: v{i} = escaped(v{i})")
+            else:
+                scope[f"r{i}"] = read
+                code.append(f"    v{i}, p = r{i}(b, p)")
+            names.append(f"v{i}")
+            i += 1
+        code.append(f"    return [{', '.join(names)}], p")
+        exec("\n".join(code), scope)  # noqa: S102 - code made here, from column types
+        return scope["fast"]  # type: ignore[no-any-return]
 
     def lines(self, b: bytes, p: int, end: int, kind: str, names: Sequence[str],
               key: Sequence[str], version: int) -> list[bytes]:
