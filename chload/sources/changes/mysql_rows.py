@@ -364,7 +364,7 @@ class Image:
             i += 1
         code.append(f"    return [{', '.join(names)}], p")
         exec("\n".join(code), scope)  # noqa: S102 - code made here, from column types
-        return scope["fast"]  # type: ignore[no-any-return]
+        return scope["fast"]
 
     def lines(self, b: bytes, p: int, end: int, kind: str, names: Sequence[str],
               key: Sequence[str], version: int) -> list[bytes]:
