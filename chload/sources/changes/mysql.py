@@ -151,6 +151,7 @@ class MysqlChanges(RemoteSource):
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.load_table: LoadTable | None = None
+        self.unit_columns: builtins.list[Column] | None = None  # what a unit's lines hold
 
     def follows(self, spec: LoadSpec, target: Target, table: Any) -> bool:
         """Whether this load is change capture: --follow, or the table already follows."""
@@ -166,6 +167,7 @@ class MysqlChanges(RemoteSource):
                load_round: LoadRound, table: Any, report: LoadReport) -> None:
         url = parse_url(spec.sources[0], None)
         server = Server(url)
+        self.unit_columns = None
         try:
             server.check_binlog()
             report.recovered += target.recover(table.sql)  # a unit a kill left committing
@@ -264,7 +266,10 @@ class MysqlChanges(RemoteSource):
             reader.close()
 
     def _layout(self, target: Target, table: Any, server: Server) -> Layout:
+        """The lines' columns (the table's, in its order), kept for the units' commits
+        until DDL changes them."""
         existing = target.table_columns(table.sql) or []
+        self.unit_columns = mysql_table.unit_columns(existing)
         source, key = server.columns()
         types = {n: t for n, t, _ in source}
         data = mysql_table.data_columns(existing)
@@ -297,7 +302,9 @@ class MysqlChanges(RemoteSource):
             with open(path, "wb"):
                 pass
         uri = f"{stream}/{first}-{last}"
-        columns = mysql_table.unit_columns(target.table_columns(table.sql) or [])
+        if first == 0 or self.unit_columns is None:
+            self.unit_columns = mysql_table.unit_columns(target.table_columns(table.sql) or [])
+        columns = self.unit_columns
         unit = SourceFile(uri, os.path.getsize(path), 0, _TSV,
                           etag=f"{first}-{last}", local_path=path,
                           position=StreamPosition(stream, first))
@@ -325,6 +332,10 @@ class MysqlChanges(RemoteSource):
 
     def release(self, files: Iterable[SourceFile]) -> None:
         return None
+
+    def columns(self, files: Sequence[SourceFile]) -> builtins.list[Column] | None:
+        """A unit's columns, known: its TSV is read as they say (no header to guess)."""
+        return self.unit_columns
 
     def loads_alone(self, file: SourceFile) -> bool:
         return True
