@@ -79,8 +79,18 @@ def test_a_time_is_hours_minutes_seconds_past_a_day() -> None:
 
 
 def test_a_column_the_reader_cannot_read_is_one_line() -> None:
-    with pytest.raises(SourceError, match="column j has binlog type 245"):
-        Image([_col("j", mr.JSON, length_size=4)], "binlog of shop.t")
+    with pytest.raises(SourceError, match="column t has binlog type 12"):
+        Image([_col("t", mr.DATETIME)], "binlog of shop.t")
+
+
+def test_mysqls_binary_json_is_its_text() -> None:
+    # {"a": [1, "x"]}: a small object of one key, its value a small array
+    array = bytes([2, 0, 12, 0, 5, 1, 0, 0xC, 10, 0, 1]) + b"x"  # 1 inline, "x" at 10
+    value = bytes([1, 0, 24, 0, 11, 0, 1, 0, 2, 12, 0]) + b"a" + array  # key at 11
+    body = _rows(b"\x00" + struct.pack("<I", len(value) + 1) + b"\x00" + value, count=1)
+    lines = Image([_col("j", mr.JSON, length_size=4)], "t").lines(
+        body, 0, len(body), "write", ["j"], ["j"], 1)
+    assert lines == [b'{"a": [1, "x"]}\t1\t0\n']
 
 
 def test_a_rows_event_without_every_column_is_refused() -> None:
