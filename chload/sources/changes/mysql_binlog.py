@@ -78,7 +78,7 @@ class BinlogReader:
         self.where = f"binlog of {schema}.{table}"
         self.log_file = log_file
         self.at = position(log_file, log_pos)  # the end of the last transaction read
-        self.images: dict[bytes, Image] = {}  # a table map's bytes -> its readers
+        self.images: dict[bytes, Image | None] = {}  # a table map's bytes -> its readers
         self.mapped: dict[int, Image] = {}  # table id -> the followed table's readers
         self.conn, self.checksum = _dump(settings, log_file, log_pos, follow, self.where)
         self.dbms = "mariadb" if "mariadb" in self.conn.get_server_info().lower() else "mysql"
@@ -172,19 +172,24 @@ class BinlogReader:
         """A table map: the followed table's readers (made once per distinct map), else
         its id forgotten (its rows are skipped)."""
         table_id = int.from_bytes(data[20:26], "little")
-        at = 28
-        schema = data[at + 1:at + 1 + data[at]].decode("utf-8", "replace")
-        at += data[at] + 2
-        table = data[at + 1:at + 1 + data[at]].decode("utf-8", "replace")
-        if schema != self.schema or table != self.table:
-            self.mapped.pop(table_id, None)
-            return
         body = data[20:end]
-        image = self.images.get(body)
+        if body in self.images:
+            image = self.images[body]
+        else:
+            at = 28
+            schema = data[at + 1:at + 1 + data[at]].decode("utf-8", "replace")
+            at += data[at] + 2
+            table = data[at + 1:at + 1 + data[at]].decode("utf-8", "replace")
+            image = None
+            if schema == self.schema and table == self.table:
+                image = Image(_columns(data, self.checksum, self.dbms), self.where)
+            if len(self.images) > 1024:  # (maps of many tables: kept bounded)
+                self.images.clear()
+            self.images[body] = image
         if image is None:
-            image = self.images[body] = Image(_columns(data, self.checksum, self.dbms),
-                                              self.where)
-        self.mapped[table_id] = image
+            self.mapped.pop(table_id, None)
+        else:
+            self.mapped[table_id] = image
 
     def _touches(self, query: str, schema: bytes | str) -> bool:
         """Whether DDL names the followed table (as `t`, t or `db`.`t`)."""

@@ -322,7 +322,16 @@ class Image:
         self.names = [c.name for c in columns]
         self.readers = [reader_of(c, where) for c in columns]
         self.where = where
-        self._every = (1 << len(columns)) - 1  # (a null bitmap's spare bits may be set)
+        count = len(columns)
+        self._every = (1 << count) - 1  # (a null bitmap's spare bits may be set)
+        self._width = (count + 7) // 8
+        # a rows event's column count and bitmaps of every column, as the server writes
+        bitmap = self._every.to_bytes(self._width, "little")
+        self._heads = {n: bytes([count]) + bitmap * n for n in (1, 2)} if count < 251 else {}
+        self._names: Sequence[str] | None = None
+        self._key: Sequence[str] | None = None
+        self._places: list[int] | None = None
+        self._keys: list[int] = []
         self._fast = self._compiled()
         self._orders: dict[tuple[tuple[str, ...], tuple[str, ...]],
                            tuple[list[int] | None, list[int]]] = {}
@@ -397,36 +406,45 @@ class Image:
               key: Sequence[str], version: int) -> list[bytes]:
         """A rows event's body from its column count on, as TSV lines (see mysql_binlog):
         `kind` write, update or delete."""
-        count, p = lenenc(b, p)
-        width = (count + 7) // 8
-        every = (1 << count) - 1
+        width, row = self._width, self.row
         images = 2 if kind == "update" else 1
+        head = b[p:p + 1 + images * width]
+        if head == self._heads.get(images):
+            p += len(head)
+        else:  # (251 columns or more, spare bits of the bitmap set, or not FULL)
+            p = self._check(b, p, images)
+        if names is not self._names or key is not self._key:
+            self._places, self._keys = self.order(names, key)
+            self._names, self._key = names, key
+        places, keys = self._places, self._keys
+        keep, gone = b"\t%d\t0\n" % version, b"\t%d\t1\n" % version
+        out = []
+        join = b"\t".join
+        while p < end:
+            fields, p = row(b, p, width)
+            if kind == "update":
+                after, p = row(b, p, width)
+                if any(fields[k] != after[k] for k in keys):
+                    out.append((join(fields) if places is None else join(
+                        [fields[i] if i >= 0 else NULL for i in places])) + gone)
+                fields = after
+            out.append((join(fields) if places is None else join(
+                [fields[i] if i >= 0 else NULL for i in places]))
+                + (gone if kind == "delete" else keep))
+        return out
+
+    def _check(self, b: bytes, p: int, images: int) -> int:
+        """A rows event must have every column in each image (binlog_row_image=FULL):
+        where its rows start."""
+        count, p = lenenc(b, p)
+        width, every = (count + 7) // 8, (1 << count) - 1
         if count != len(self.readers) or any(
                 int.from_bytes(b[p + i * width:p + (i + 1) * width], "little") & every
                 != every for i in range(images)):
             raise SourceError(f"{self.where}: a rows event without every column: the "
                               "binlog needs binlog_row_image=FULL (set it, restart the "
                               "server, and load again into a new --table)")
-        p += images * width
-        places, keys = self.order(names, key)
-        keep, gone = b"\t%d\t0\n" % version, b"\t%d\t1\n" % version
-        out = []
-
-        def text(fields: list[bytes]) -> bytes:
-            if places is None:
-                return b"\t".join(fields)
-            return b"\t".join([fields[i] if i >= 0 else NULL for i in places])
-
-        while p < end:
-            fields, p = self.row(b, p, width)
-            if kind == "update":
-                after, p = self.row(b, p, width)
-                if any(fields[k] != after[k] for k in keys):
-                    out.append(text(fields) + gone)
-                out.append(text(after) + keep)
-            else:
-                out.append(text(fields) + (gone if kind == "delete" else keep))
-        return out
+        return p + images * width
 
 
 def lenenc(b: bytes, p: int) -> tuple[int, int]:
