@@ -78,6 +78,16 @@ def test_a_time_is_hours_minutes_seconds_past_a_day() -> None:
         b"30:00:00.005\t-00:01:01\t1\t0\n"]
 
 
+def test_a_table_of_251_columns_or_more_has_a_longer_column_count() -> None:
+    columns = [_col(f"c{i}", mr.LONG) for i in range(260)]
+    width = (260 + 7) // 8
+    body = (b"\xfc" + (260).to_bytes(2, "little") + ((1 << 260) - 1).to_bytes(width, "little")
+            + bytes(width) + b"".join(struct.pack("<i", i) for i in range(260)))
+    line = Image(columns, "t").lines(body, 0, len(body), "write",
+                                     [c.name for c in columns], ["c0"], 5)
+    assert line == [b"\t".join(b"%d" % i for i in range(260)) + b"\t5\t0\n"]
+
+
 def test_a_column_the_reader_cannot_read_is_one_line() -> None:
     with pytest.raises(SourceError, match="column t has binlog type 12"):
         Image([_col("t", mr.DATETIME)], "binlog of shop.t")

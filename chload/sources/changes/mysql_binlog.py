@@ -134,16 +134,23 @@ class BinlogReader:
 
         tail = 4 if self.checksum else 0
         base = position(self.log_file, 0)
+        read = self.conn._read_bytes  # (pymysql's socket reads: its errors, timeouts)
         while True:
             try:
-                packet = self.conn._read_packet()
+                head = read(4)
+                size = int.from_bytes(head[:3], "little")
+                data = read(size)
+                while size == 0xFFFFFF:  # an event of 16 MiB or more: packets follow
+                    size = int.from_bytes(read(4)[:3], "little")
+                    data += read(size)
             except pymysql.Error as exc:
                 raise SourceError(f"{self.where}: {exc.args[-1] if exc.args else exc}"
                                   ) from None
-            if packet.is_eof_packet():
-                return
-            data = packet.get_all_data()
             if not data or data[0] != 0:
+                if data[:1] == b"\xfe" and len(data) < 9:  # the log's end (no --follow)
+                    return
+                if data[:1] == b"\xff":
+                    raise SourceError(f"{self.where}: {_error(data)}")
                 continue
             kind, size, log_pos = data[5], *struct.unpack_from("<II", data, 10)
             end = 1 + size - tail
@@ -230,6 +237,13 @@ def _dump(settings: dict[str, Any], log_file: str, log_pos: int, follow: bool,
     except pymysql.Error as exc:
         raise SourceError(f"{where}: {exc.args[-1] if exc.args else exc}") from None
     return conn, checksum
+
+
+def _error(data: bytes) -> str:
+    """An error packet's text: code and message (the server's words)."""
+    code = int.from_bytes(data[1:3], "little")
+    text = data[9:] if data[3:4] == b"#" else data[3:]
+    return f"({code}) {text.decode('utf-8', 'replace')}"
 
 
 def _rows_at(data: bytes, kind: int) -> int:
