@@ -67,14 +67,22 @@ def seed(db: services.Service, table: str) -> None:
 def changes(db: services.Service, table: str, count: int, rate: float | None = None,
             stop: threading.Event | None = None) -> int:
     """`count` changes (1/2 inserts, 3/10 updates, 1/5 deletes), TXN a transaction;
-    at `rate` a second if given. Returns the changes made."""
+    at `rate` a second if given. Returns the changes made. Without a rate each insert
+    is a statement (a rows event) of its own, the hard case for a binlog reader; at a
+    rate the inserts of a transaction are one statement (so one writer on these cores
+    can keep the rate)."""
     conn = connect(db)
     made, top, started = 0, 10 * SEED, time.monotonic()
     with conn.cursor() as cur:
         while made < count and not (stop and stop.is_set()):
             cur.execute("BEGIN")
             rows = [(top + i, i % 7, "2.50", f"x{i}") for i in range(TXN // 2)]
-            cur.executemany(f"INSERT INTO {table} VALUES (%s, %s, %s, %s, NOW(6))", rows)
+            if rate:
+                cur.execute(f"INSERT INTO {table} VALUES " + ", ".join(
+                    ["(%s, %s, %s, %s, NOW(6))"] * len(rows)), [v for r in rows for v in r])
+            else:
+                cur.executemany(f"INSERT INTO {table} VALUES (%s, %s, %s, %s, NOW(6))",
+                                rows)
             cur.execute(f"UPDATE {table} SET qty = qty + 1, ts = NOW(6) WHERE id BETWEEN %s "
                         "AND %s", (top, top + TXN * 3 // 10 - 1))
             cur.execute(f"DELETE FROM {table} WHERE id BETWEEN %s AND %s",

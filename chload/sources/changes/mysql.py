@@ -36,6 +36,7 @@ from chload.schema import Column, structure
 from chload.sources.base import RemoteSource, SourceContext, SourceFile, StreamPosition
 from chload.sources.changes import mysql_table
 from chload.sources.changes.mysql_binlog import BinlogReader, Cut, Layout, layout_of
+from chload.sources.changes.mysql_rows import escaped
 from chload.sources.databases.base import storable
 from chload.sources.databases.mysql_columns import column_of
 from chload.sources.databases.table import DbUrl, parse_url
@@ -53,7 +54,9 @@ _REQUIRED = (("log_bin", "1", "log-bin (the binary log)"),
              ("binlog_format", "ROW", "binlog_format=ROW"),
              ("binlog_row_image", "FULL", "binlog_row_image=FULL"),
              ("binlog_row_metadata", "FULL", "binlog_row_metadata=FULL"))
-_TSV = FileFormat("TSV", "none")
+# a unit's spool: its columns named on its first line, so no load guesses whether it has
+# a header (an empty spool is read without one)
+_TSV = FileFormat("TSVWithNames", "none")
 
 
 class Server:
@@ -151,7 +154,7 @@ class MysqlChanges(RemoteSource):
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.load_table: LoadTable | None = None
-        self.unit_columns: builtins.list[Column] | None = None  # what a unit's lines hold
+        self.unit_columns: builtins.list[Column] | None = None  # a unit's columns
 
     def follows(self, spec: LoadSpec, target: Target, table: Any) -> bool:
         """Whether this load is change capture: --follow, or the table already follows."""
@@ -231,6 +234,7 @@ class MysqlChanges(RemoteSource):
                                 f"mysql-changes-{os.getpid()}-{next(spools)}.tsv")
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as out:
+                out.write(_header(layout))
                 return path, reader.unit(out, layout, spec.batch_rows or BATCH_ROWS,
                                          spec.batch_seconds or BATCH_SECONDS, end,
                                          lambda: self.stop.is_set() or halt.is_set(),
@@ -333,12 +337,13 @@ class MysqlChanges(RemoteSource):
     def release(self, files: Iterable[SourceFile]) -> None:
         return None
 
-    def columns(self, files: Sequence[SourceFile]) -> builtins.list[Column] | None:
-        """A unit's columns, known: its TSV is read as they say (no header to guess)."""
-        return self.unit_columns
-
     def loads_alone(self, file: SourceFile) -> bool:
         return True
+
+
+def _header(layout: Layout) -> bytes:
+    names = [*layout.names, mysql_table.VERSION, mysql_table.DELETED]
+    return b"\t".join(escaped(n.encode()) for n in names) + b"\n"
 
 
 def _remove(path: str) -> None:
