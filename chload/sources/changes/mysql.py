@@ -55,8 +55,9 @@ _REQUIRED = (("log_bin", "1", "log-bin (the binary log)"),
              ("binlog_row_image", "FULL", "binlog_row_image=FULL"),
              ("binlog_row_metadata", "FULL", "binlog_row_metadata=FULL"))
 # a unit's spool: its columns named on its first line, so no load guesses whether it has
-# a header (an empty spool is read without one)
+# a header
 _TSV = FileFormat("TSVWithNames", "none")
+_EMPTY = FileFormat("TSV", "none")  # the unit that ends the copy
 
 
 class Server:
@@ -309,7 +310,8 @@ class MysqlChanges(RemoteSource):
         if first == 0 or self.unit_columns is None:
             self.unit_columns = mysql_table.unit_columns(target.table_columns(table.sql) or [])
         columns = self.unit_columns
-        unit = SourceFile(uri, os.path.getsize(path), 0, _TSV,
+        size = os.path.getsize(path)
+        unit = SourceFile(uri, size, 0, _TSV if size else _EMPTY,
                           etag=f"{first}-{last}", local_path=path,
                           position=StreamPosition(stream, first))
         try:
