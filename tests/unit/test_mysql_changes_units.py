@@ -179,6 +179,16 @@ def test_a_unit_out_of_time_still_ends_its_transaction(monkeypatch: pytest.Monke
     assert out.getvalue().count(b"\n") == 3
 
 
+def test_a_connection_dropped_inside_a_transaction_reads_it_again_once() -> None:
+    events = [_insert(100, 1), _xid(120), _insert(200, 2),
+              ("restart", _at(120), None),  # connected again from the last whole transaction
+              _insert(200, 2), _insert(300, 3), _xid(320)]
+    out = io.BytesIO()
+    cut = _reader(events).unit(out, Layout(["id"], ["id"]), 1000, 60.0, None, lambda: False)
+    assert (cut.end, cut.rows) == (_at(320), 3)
+    assert [line.split(b"\t")[0] for line in out.getvalue().splitlines()] == [b"1", b"2", b"3"]
+
+
 def test_a_unit_stops_before_ddl_of_its_table() -> None:
     events = [_insert(100, 1), _xid(120),
               ("query", _at(200), ("ALTER TABLE orders ADD c INT", "shop")),

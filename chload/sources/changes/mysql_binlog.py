@@ -15,6 +15,7 @@ DDL of the table (returned to the caller: a column added, or a stop).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import struct
 import threading
@@ -25,7 +26,7 @@ from typing import IO, Any
 
 from chload.errors import SourceError
 from chload.sources.changes.mysql_rows import Image
-from chload.sources.changes.mysql_table import position
+from chload.sources.changes.mysql_table import log_of, position
 
 HEARTBEAT = 0.5  # seconds: an idle server's heartbeat lets a unit end on time
 _ENDS_TXN = {"COMMIT", "XA COMMIT"}
@@ -35,6 +36,8 @@ _QUERY, _ROTATE, _XID, _TABLE_MAP, _HEARTBEAT = 2, 4, 16, 19, 27
 _ROWS = {23: "write", 24: "update", 25: "delete", 30: "write", 31: "update", 32: "delete"}
 _COMPRESSED = range(165, 172)
 _DUMP = 0x12  # COM_BINLOG_DUMP
+_LOST = (2006, 2013)  # the server has gone away, lost connection: connect again
+_RECONNECTS = 3
 
 
 @dataclass(slots=True)
@@ -80,6 +83,7 @@ class BinlogReader:
         self.at = position(log_file, log_pos)  # the end of the last transaction read
         self.images: dict[bytes, Image | None] = {}  # a table map's bytes -> its readers
         self.mapped: dict[int, Image] = {}  # table id -> the followed table's readers
+        self.settings, self.follow = settings, follow
         self.conn, self.checksum = _dump(settings, log_file, log_pos, follow, self.where)
         self.dbms = "mariadb" if "mariadb" in self.conn.get_server_info().lower() else "mysql"
         self._events: Iterator[Event] = self._read()
@@ -124,6 +128,8 @@ class BinlogReader:
                         cut.ddl, cut.ddl_end = query, here
                         return cut
                     self.at = cut.end = here  # DDL of another table: a transaction
+            elif kind == "restart":  # read again from the unit's last whole transaction
+                pending.clear()
             elif kind == "end":
                 cut.exhausted = True
                 return cut
@@ -135,6 +141,7 @@ class BinlogReader:
         tail = 4 if self.checksum else 0
         base = position(self.log_file, 0)
         read = self.conn._read_bytes  # (pymysql's socket reads: its errors, timeouts)
+        lost = 0
         while True:
             try:
                 head = read(4)
@@ -143,9 +150,19 @@ class BinlogReader:
                 while size == 0xFFFFFF:  # an event of 16 MiB or more: packets follow
                     size = int.from_bytes(read(4)[:3], "little")
                     data += read(size)
+            except pymysql.OperationalError as exc:
+                if not exc.args or exc.args[0] not in _LOST or lost >= _RECONNECTS:
+                    raise SourceError(f"{self.where}: {exc.args[-1] if exc.args else exc}"
+                                      ) from None
+                lost += 1  # the connection dropped: again from the last whole transaction
+                time.sleep(lost - 1)
+                read, base = self._reconnect(), position(self.log_file, 0)
+                yield "restart", self.at, None
+                continue
             except pymysql.Error as exc:
                 raise SourceError(f"{self.where}: {exc.args[-1] if exc.args else exc}"
                                   ) from None
+            lost = 0
             if not data or data[0] != 0:
                 if data[:1] == b"\xfe" and len(data) < 9:  # the log's end (no --follow)
                     return
@@ -174,6 +191,16 @@ class BinlogReader:
                 raise SourceError(f"{self.where}: the binlog is compressed "
                                   "(log_bin_compress): change capture reads it "
                                   "uncompressed; turn log_bin_compress off")
+
+    def _reconnect(self) -> Callable[[int], bytes]:
+        """A new binlog connection from the end of the last whole transaction read."""
+        with contextlib.suppress(Exception):
+            self.conn.close()
+        self.log_file, pos = log_of(self.at, self.log_file)
+        self.mapped.clear()
+        self.conn, self.checksum = _dump(self.settings, self.log_file, pos, self.follow,
+                                         self.where)
+        return self.conn._read_bytes
 
     def _map(self, data: bytes, end: int) -> None:
         """A table map: the followed table's readers (made once per distinct map), else
