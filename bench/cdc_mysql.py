@@ -6,14 +6,18 @@ the same binlog read with nothing else to do, and the lag under a steady write r
 Starts its own MariaDB 10.11 (ROW binlog) and ClickHouse 18.16 server (scripts/services),
 copies a 10,000-row table into each target with --follow (stopped at once), then makes
 `--changes` changes (inserts, updates, deletes in transactions of 100 rows) and measures,
-in this run:
-  bare        mysql-replication's reader over those changes, rows decoded, to /dev/null
-  lines       the same, each row also written as chload's TSV line (mysql_binlog.line)
+in this run, the same binlog read to /dev/null by each reader at hand, rows decoded:
+  mariadb_binlog  the server's own C client (mariadb-binlog --read-from-remote-server
+                  --base64-output=decode-rows --verbose): each row as text
+  pyrep           mysql-replication's reader (a dict per row)
+  reader          chload's reader alone (mysql_binlog.BinlogReader: each row its TSV line)
+`bare` is the fastest of them (named in `bare_reader`), and against it:
   embedded    chload load (no --follow: up to the position at its start) into chDB
   server      the same into the 18.16 server
-and the lag: `--rate` changes a second for `--lag-seconds`, chload --follow into the
-18.16 server, the newest source time seen in the table polled every 0.1 s (lag = poll
-time - that row's write time; p50 and p99). Prints one JSON object last.
+(each a whole `chload load` process, its start included). Then the lag: `--rate` changes
+a second for `--lag-seconds`, chload --follow into the 18.16 server, the newest source
+time seen in the table polled every 0.1 s (lag = poll time - that row's write time; p50
+and p99), and the rate the writer reached. Prints one JSON object last.
 """
 
 from __future__ import annotations
@@ -63,14 +67,22 @@ def seed(db: services.Service, table: str) -> None:
 def changes(db: services.Service, table: str, count: int, rate: float | None = None,
             stop: threading.Event | None = None) -> int:
     """`count` changes (1/2 inserts, 3/10 updates, 1/5 deletes), TXN a transaction;
-    at `rate` a second if given. Returns the changes made."""
+    at `rate` a second if given. Returns the changes made. Without a rate each insert
+    is a statement (a rows event) of its own, the hard case for a binlog reader; at a
+    rate the inserts of a transaction are one statement (so one writer on these cores
+    can keep the rate)."""
     conn = connect(db)
     made, top, started = 0, 10 * SEED, time.monotonic()
     with conn.cursor() as cur:
         while made < count and not (stop and stop.is_set()):
             cur.execute("BEGIN")
             rows = [(top + i, i % 7, "2.50", f"x{i}") for i in range(TXN // 2)]
-            cur.executemany(f"INSERT INTO {table} VALUES (%s, %s, %s, %s, NOW(6))", rows)
+            if rate:
+                cur.execute(f"INSERT INTO {table} VALUES " + ", ".join(
+                    ["(%s, %s, %s, %s, NOW(6))"] * len(rows)), [v for r in rows for v in r])
+            else:
+                cur.executemany(f"INSERT INTO {table} VALUES (%s, %s, %s, %s, NOW(6))",
+                                rows)
             cur.execute(f"UPDATE {table} SET qty = qty + 1, ts = NOW(6) WHERE id BETWEEN %s "
                         "AND %s", (top, top + TXN * 3 // 10 - 1))
             cur.execute(f"DELETE FROM {table} WHERE id BETWEEN %s AND %s",
@@ -105,33 +117,64 @@ def follow_briefly(url: str, table: str, target: str, env: dict[str, str]) -> No
         raise RuntimeError(out + err)
 
 
-def bare(db: services.Service, log: tuple[str, int], table: str, lines: bool) -> int:
+def pyrep(db: services.Service, log: tuple[str, int], table: str) -> int:
     from pymysqlreplication import BinLogStreamReader, row_event as rev
-
-    from chload.sources.changes.mysql_binlog import layout_of, line
 
     host, port = db.endpoint.split(":")
     stream = BinLogStreamReader({"host": host, "port": int(port), "user": "loader",
                                  "passwd": PASSWORD}, server_id=77, resume_stream=True,
                                 log_file=log[0], log_pos=log[1], blocking=False,
                                 enable_logging=False)
-    layout = layout_of([("id", "bigint"), ("qty", "int"), ("price", "decimal(12,2)"),
-                        ("note", "varchar(64)"), ("ts", "datetime(6)")], ["id"])
     rows = 0
-    with open(os.devnull, "wb") as out:
-        for e in stream:
-            if isinstance(e, rev.RowsEvent) and e.table == table:
-                for row in e.rows:
-                    rows += 1
-                    if lines:
-                        values = row.get("after_values", row.get("values"))
-                        out.write(line(values, layout, 1, 0))
+    for e in stream:
+        if isinstance(e, rev.RowsEvent) and e.table == table:
+            rows += len(e.rows)
     stream.close()
     return rows
 
 
+def reader(db: services.Service, log: tuple[str, int], table: str) -> int:
+    from chload.sources.changes.mysql_binlog import BinlogReader, Layout
+
+    host, port = db.endpoint.split(":")
+    read = BinlogReader({"host": host, "port": int(port), "user": "loader",
+                         "passwd": PASSWORD}, log[0], log[1], "shop", table, False)
+    layout = Layout(["id", "qty", "price", "note", "ts"], ["id"])
+    rows = 0
+    with open(os.devnull, "wb") as out:
+        while True:
+            cut = read.unit(out, layout, 10**9, 1e9, None, lambda: False)
+            rows += cut.rows
+            if cut.exhausted or cut.ddl:
+                break
+    read.close()
+    return rows
+
+
+def mariadb_binlog(db: services.Service, log: tuple[str, int], table: str
+                   ) -> tuple[int, float]:
+    """(rows, seconds) of the C client reading the binlog to /dev/null; its rows are
+    counted in a second read (to a file), not timed."""
+    host, port = db.endpoint.split(":")
+    argv = ["mariadb-binlog", "--read-from-remote-server", f"--host={host}", f"--port={port}",
+            "--user=loader", f"--start-position={log[1]}", "--base64-output=decode-rows",
+            "--verbose", log[0]]
+    env = {**os.environ, "MYSQL_PWD": PASSWORD}
+    started = time.monotonic()
+    with open(os.devnull, "wb") as null:
+        subprocess.run(argv, stdout=null, env=env, check=True)
+    seconds = time.monotonic() - started
+    with tempfile.TemporaryFile() as out:
+        subprocess.run(argv, stdout=out, env=env, check=True)
+        out.seek(0)
+        mark = f"`shop`.`{table}`".encode()
+        heads = (b"### INSERT INTO ", b"### UPDATE ", b"### DELETE FROM ")
+        rows = sum(1 for line in out if line.startswith(heads) and mark in line)
+    return rows, seconds
+
+
 def lag(db: services.Service, server: services.Service, url: str, table: str,
-        env: dict[str, str], rate: float, seconds: float) -> dict[str, float]:
+        env: dict[str, str], rate: float, seconds: float) -> dict[str, float | int]:
     target = f"http://loader@127.0.0.1:{server.ports['http']}/default"
     follow_briefly(url, table, target, env)
     proc = subprocess.Popen([sys.executable, "-m", "chload", "load", url, "--table", table,
@@ -139,8 +182,11 @@ def lag(db: services.Service, server: services.Service, url: str, table: str,
                             env={**os.environ, **env}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     stop = threading.Event()
-    writer = threading.Thread(target=changes, args=(db, table, 10**9, rate, stop))
+    made: list[int] = []
+    writer = threading.Thread(target=lambda: made.append(changes(db, table, 10**9, rate,
+                                                                 stop)))
     time.sleep(3)
+    wrote = time.monotonic()
     writer.start()
     samples: list[float] = []
     until = time.monotonic() + seconds
@@ -157,12 +203,14 @@ def lag(db: services.Service, server: services.Service, url: str, table: str,
     finally:
         stop.set()
         writer.join()
+        wrote = time.monotonic() - wrote
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=300)
     samples.sort()
     return {"lag_p50_s": round(samples[len(samples) // 2], 3),
             "lag_p99_s": round(samples[min(len(samples) - 1, int(len(samples) * 0.99))], 3),
-            "lag_samples": len(samples)}
+            "lag_samples": len(samples), "lag_rate_asked": rate,
+            "lag_rate_written": round(made[0] / wrote) if made else 0}
 
 
 def main() -> None:
@@ -175,7 +223,9 @@ def main() -> None:
     db = services.start_mariadb(base, password=PASSWORD)
     server = services.start_clickhouse_server(base)
     env = {"MYSQL_PWD": PASSWORD, "CLICKHOUSE_PASSWORD": server.credentials["password"]}
-    result: dict[str, Any] = {"changes": args.changes}
+    result: dict[str, Any] = {"changes": args.changes, "date": time.strftime(
+        "%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg_before": [
+        round(x, 2) for x in os.getloadavg()]}
     try:
         seed(db, "orders")
         url = f"mysql://loader@{db.endpoint}/shop/orders"
@@ -189,11 +239,17 @@ def main() -> None:
             log = cur.fetchone()
         conn.close()
         changes(db, "orders", args.changes)
-        for name, fn in (("bare", lambda: bare(db, (log[0], int(log[1])), "orders", False)),
-                         ("lines", lambda: bare(db, (log[0], int(log[1])), "orders", True))):
+        at = (str(log[0]), int(log[1]))
+        for name, fn in (("pyrep", pyrep), ("reader", reader)):
             started = time.monotonic()
-            rows = fn()
+            rows = fn(db, at, "orders")
             result[f"{name}_rows_per_s"] = round(rows / (time.monotonic() - started))
+        rows, seconds = mariadb_binlog(db, at, "orders")
+        result["mariadb_binlog_rows_per_s"] = round(rows / seconds)
+        fastest = max(("mariadb_binlog", "pyrep", "reader"),
+                      key=lambda n: result[f"{n}_rows_per_s"])
+        result["bare_reader"] = fastest
+        result["bare_rows_per_s"] = result[f"{fastest}_rows_per_s"]
         for name, target in (("embedded", embedded), ("server", served)):
             seconds = chload(url, "--table", "orders", "--target", target, env=env)
             result[f"{name}_changes_per_s"] = round(args.changes / seconds)
@@ -202,7 +258,7 @@ def main() -> None:
         seed(db, "steady")
         result.update(lag(db, server, f"mysql://loader@{db.endpoint}/shop/steady", "steady",
                           env, args.rate, args.lag_seconds))
-        result["load1"] = os.getloadavg()[0]
+        result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         server.stop()
         db.stop()

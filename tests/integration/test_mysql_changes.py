@@ -233,6 +233,42 @@ def test_a_kill_at_a_commits_edge_neither_loses_nor_doubles(
     assert int(rows) == SEED_ROWS - 100 + 1, rows
 
 
+def test_a_binlog_connection_cut_by_the_server_is_taken_again(
+        mariadb: services.Service, tmp_path: Path, table_name: str) -> None:
+    """The follow's binlog connection killed at the server (twice): it connects again from
+    its last whole transaction and goes on, no change lost or doubled."""
+    target = (str(tmp_path / "target"), {})
+    _orders(mariadb, table_name)
+    _started(mariadb, table_name, target)
+    proc = _follow(mariadb, table_name, target, "--batch-seconds", "0.2")
+    try:
+        time.sleep(5)
+        for cut in range(2):
+            _sql(mariadb, f"UPDATE {table_name} SET qty = qty + 1 WHERE id <= 500")
+            dumps: list[tuple] = []
+            for _ in range(300):  # the follow's binlog connection (again), within 30 s
+                dumps = _sql(mariadb, "SELECT ID FROM information_schema.PROCESSLIST WHERE "
+                                      "COMMAND LIKE 'Binlog Dump%'")
+                if dumps:
+                    break
+                time.sleep(0.1)
+            assert dumps, _sql(mariadb, "SELECT ID, USER, COMMAND FROM "
+                                        "information_schema.PROCESSLIST")
+            for (thread,) in dumps:
+                _sql(mariadb, f"KILL {thread}")
+            _sql(mariadb, f"DELETE FROM {table_name} WHERE id BETWEEN {1000 + 10 * cut} AND "
+                          f"{1009 + 10 * cut}")
+            time.sleep(3)
+        assert proc.poll() is None, proc.communicate()
+    finally:
+        _stopped(proc)
+    _catch_up(mariadb, table_name, target)
+    assert _target_rows(target, table_name) == _source_rows(mariadb, table_name)
+    rows = _ch(target, f"SELECT count(), sum(qty) FROM {table_name} FINAL WHERE NOT "
+                       "_is_deleted FORMAT TSV").split()
+    assert int(rows[0]) == SEED_ROWS - 20, rows
+
+
 TYPES = ("CREATE TABLE {t} (id INT PRIMARY KEY, d DECIMAL(30,10), ts DATETIME(6), "
          "u BIGINT UNSIGNED, j JSON, b BLOB, e ENUM('small','large'), s TEXT, n INT NULL) "
          "CHARSET utf8mb4")

@@ -5,17 +5,16 @@ of the binlog may end (between transactions only)."""
 from __future__ import annotations
 
 import io
-from datetime import datetime, timedelta
-from decimal import Decimal
+import struct
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from pymysqlreplication import event as ev, row_event as rev
 
-from chload.errors import UsageError
-from chload.sources.changes import mysql_binlog, mysql_table
-from chload.sources.changes.mysql_binlog import BinlogReader, Layout, layout_of, line
+from chload.errors import SourceError, UsageError
+from chload.sources.changes import mysql_binlog, mysql_rows as mr, mysql_table
+from chload.sources.changes.mysql_binlog import BinlogReader, Layout
+from chload.sources.changes.mysql_rows import Image
 
 
 def test_positions_grow_along_the_log_and_come_back() -> None:
@@ -28,22 +27,87 @@ def test_positions_grow_along_the_log_and_come_back() -> None:
         mysql_table.position("binlog", 4)
 
 
-def test_a_row_is_the_servers_text_escaped_for_tsv() -> None:
-    layout = layout_of([("id", "bigint(20) unsigned"), ("d", "decimal(12,3)"),
-                        ("ts", "datetime(6)"), ("t", "datetime"), ("b", "blob"),
-                        ("s", "text"), ("n", "int(11)")], ["id"])
-    row = {"id": 18446744073709551615, "d": Decimal("1.500"),
-           "ts": datetime(2024, 1, 2, 3, 4, 5, 1), "t": datetime(2024, 1, 2, 3, 4, 5),
-           "b": b"\x00\xff\t\\", "s": "a\tb\nc 😀", "n": None}
-    assert line(row, layout, 42, 1) == (
+def _col(name: str, typ: int, **meta: Any) -> Any:
+    return SimpleNamespace(name=name, type=typ, unsigned=False, character_set_name=None,
+                           **meta)
+
+
+def _datetime2(y: int, mo: int, d: int, h: int, mi: int, s: int) -> bytes:
+    v = 1 << 39 | (y * 13 + mo) << 22 | d << 17 | h << 12 | mi << 6 | s
+    return v.to_bytes(5, "big")
+
+
+def _rows(*rows: bytes, count: int, images: int = 1) -> bytes:
+    """A rows event's body from its column count: every column present."""
+    width = (count + 7) // 8
+    every = ((1 << count) - 1).to_bytes(width, "little")
+    return bytes([count]) + every * images + b"".join(rows)
+
+
+def test_a_row_image_is_the_servers_text_escaped_for_tsv() -> None:
+    columns = [_col("id", mr.LONGLONG), _col("d", mr.NEWDECIMAL, precision=12, decimals=3),
+               _col("ts", mr.DATETIME2, fsp=6), _col("t", mr.DATETIME2, fsp=0),
+               _col("b", 252, length_size=2), _col("s", mr.VARCHAR, max_length=400),
+               _col("n", mr.LONG), _col("z", mr.DATETIME2, fsp=0)]
+    columns[0].unsigned = True
+    text = "a\tb\nc 😀".encode()
+    image = (bytes([0b01000000]) + struct.pack("<Q", 2**64 - 1)
+             + bytes.fromhex("80000001 01F4")  # 1.500
+             + _datetime2(2024, 1, 2, 3, 4, 5) + (1).to_bytes(3, "big")
+             + _datetime2(2024, 1, 2, 3, 4, 5) + struct.pack("<H", 4) + b"\x00\xff\t\\"
+             + struct.pack("<H", len(text)) + text + _datetime2(0, 0, 0, 0, 0, 0))
+    negative = (bytes([0b01000000]) + struct.pack("<Q", 7) + bytes.fromhex("7FFFFFFE FE0B")
+                + _datetime2(999, 12, 31, 0, 0, 0) + bytes(3) + _datetime2(2024, 2, 29, 0, 0, 0)
+                + struct.pack("<H", 0) + struct.pack("<H", 0) + _datetime2(2024, 1, 1, 0, 0, 0))
+    body = _rows(image, negative, count=8)
+    lines = Image(columns, "t").lines(body, 0, len(body), "delete",
+                                      [c.name for c in columns], ["id"], 42)
+    assert lines == [
         b"18446744073709551615\t1.500\t2024-01-02 03:04:05.000001\t2024-01-02 03:04:05\t"
-        b"\\0\xff\\t\\\\\ta\\tb\\nc \xf0\x9f\x98\x80\t\\N\t42\t1\n")
+        b"\\0\xff\\t\\\\\ta\\tb\\nc \xf0\x9f\x98\x80\t\\N\t\\N\t42\t1\n",
+        b"7\t-1.500\t999-12-31 00:00:00.000000\t2024-02-29 00:00:00\t\t\t\\N\t"
+        b"2024-01-01 00:00:00\t42\t1\n"]
 
 
 def test_a_time_is_hours_minutes_seconds_past_a_day() -> None:
-    layout = layout_of([("t", "time(3)"), ("u", "time")], ["t"])
-    row = {"t": timedelta(hours=30, microseconds=5000), "u": -timedelta(seconds=61)}
-    assert line(row, layout, 1, 0) == b"30:00:00.005\t-00:01:01\t1\t0\n"
+    columns = [_col("t", mr.TIME2, fsp=3), _col("u", mr.TIME2, fsp=0)]
+    image = (b"\x00" + (0x800000 | 30 << 12).to_bytes(3, "big") + (50).to_bytes(2, "big")
+             + (0x800000 - 65).to_bytes(3, "big"))
+    body = _rows(image, count=2)
+    assert Image(columns, "t").lines(body, 0, len(body), "write", ["t", "u"], ["t"], 1) == [
+        b"30:00:00.005\t-00:01:01\t1\t0\n"]
+
+
+def test_a_table_of_251_columns_or_more_has_a_longer_column_count() -> None:
+    columns = [_col(f"c{i}", mr.LONG) for i in range(260)]
+    width = (260 + 7) // 8
+    body = (b"\xfc" + (260).to_bytes(2, "little") + ((1 << 260) - 1).to_bytes(width, "little")
+            + bytes(width) + b"".join(struct.pack("<i", i) for i in range(260)))
+    line = Image(columns, "t").lines(body, 0, len(body), "write",
+                                     [c.name for c in columns], ["c0"], 5)
+    assert line == [b"\t".join(b"%d" % i for i in range(260)) + b"\t5\t0\n"]
+
+
+def test_a_column_the_reader_cannot_read_is_one_line() -> None:
+    with pytest.raises(SourceError, match="column t has binlog type 12"):
+        Image([_col("t", mr.DATETIME)], "binlog of shop.t")
+
+
+def test_mysqls_binary_json_is_its_text() -> None:
+    # {"a": [1, "x"]}: a small object of one key, its value a small array
+    array = bytes([2, 0, 12, 0, 5, 1, 0, 0xC, 10, 0, 1]) + b"x"  # 1 inline, "x" at 10
+    value = bytes([1, 0, 24, 0, 11, 0, 1, 0, 2, 12, 0]) + b"a" + array  # key at 11
+    body = _rows(b"\x00" + struct.pack("<I", len(value) + 1) + b"\x00" + value, count=1)
+    lines = Image([_col("j", mr.JSON, length_size=4)], "t").lines(
+        body, 0, len(body), "write", ["j"], ["j"], 1)
+    assert lines == [b'{"a": [1, "x"]}\t1\t0\n']
+
+
+def test_a_rows_event_without_every_column_is_refused() -> None:
+    body = bytes([2, 0b01]) + b"\x00" + struct.pack("<i", 1)
+    with pytest.raises(SourceError, match="binlog_row_image=FULL"):
+        Image([_col("a", mr.LONG), _col("b", mr.LONG)], "t").lines(
+            body, 0, len(body), "write", ["a", "b"], ["a"], 1)
 
 
 def test_ddl_of_the_followed_table_only() -> None:
@@ -59,25 +123,25 @@ def test_ddl_of_the_followed_table_only() -> None:
 
 # --------------------------------------------------------------------------- units
 
-def _event(cls: type, log_pos: int, **fields: Any) -> Any:
-    e = object.__new__(cls)
-    e.packet = SimpleNamespace(log_pos=log_pos)
-    for k, v in fields.items():
-        if k == "rows":  # a property over the decoded rows (RowsEvent._RowsEvent__rows)
-            k = "_RowsEvent__rows"
-        setattr(e, k, v)
-    return e
+class _Image:
+    """Rows events as their keys (the unit's logic only counts lines)."""
+
+    def lines(self, data: list[int], first: int, last: int, kind: str, names: Any,
+              key: Any, version: int) -> list[bytes]:
+        return [b"%d\t%d\t0\n" % (k, version) for k in data]
 
 
 def _insert(log_pos: int, key: int) -> Any:
-    return _event(rev.WriteRowsEvent, log_pos, schema="shop", table="orders",
-                  rows=[{"values": {"id": key}}])
+    return ("rows", _at(log_pos), (_Image(), "write", [key], 0, 0))
+
+
+def _xid(log_pos: int) -> Any:
+    return ("xid", _at(log_pos), None)
 
 
 def _reader(events: list[Any]) -> BinlogReader:
     reader = object.__new__(BinlogReader)
     reader.schema, reader.table = "shop", "orders"
-    reader.stream = SimpleNamespace(log_file="binlog.000001")
     reader.at = mysql_table.position("binlog.000001", 4)
     reader._events = iter(events)
     return reader
@@ -88,9 +152,9 @@ def _at(pos: int) -> int:
 
 
 def test_a_unit_ends_between_transactions_never_inside_one() -> None:
-    events = [_insert(100, 1), _event(ev.XidEvent, 120),  # one transaction, one row
-              _insert(200, 2), _insert(300, 3), _event(ev.XidEvent, 320),  # two rows
-              _insert(400, 4), _event(ev.XidEvent, 420)]
+    events = [_insert(100, 1), _xid(120),  # one transaction, one row
+              _insert(200, 2), _insert(300, 3), _xid(320),  # two rows
+              _insert(400, 4), _xid(420)]
     reader = _reader(events)
     layout = Layout(["id"], ["id"])
     first = io.BytesIO()
@@ -100,14 +164,13 @@ def test_a_unit_ends_between_transactions_never_inside_one() -> None:
     second = io.BytesIO()
     cut = reader.unit(second, layout, 2, 60.0, None, lambda: False)
     assert (cut.end, cut.rows, cut.exhausted) == (_at(420), 1, True)
-    assert second.getvalue() == line({"id": 4}, layout, _at(400), 0)
+    assert second.getvalue() == b"4\t%d\t0\n" % _at(400)
 
 
 def test_a_unit_out_of_time_still_ends_its_transaction(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter(range(0, 1000, 10))  # each look at the clock: 10 s later
     monkeypatch.setattr(mysql_binlog.time, "monotonic", lambda: float(next(clock)))
-    events = [_insert(100, 1), _event(ev.XidEvent, 120), _insert(200, 2), _insert(300, 3),
-              _event(ev.XidEvent, 320)]
+    events = [_insert(100, 1), _xid(120), _insert(200, 2), _insert(300, 3), _xid(320)]
     out = io.BytesIO()
     cut = _reader(events).unit(out, Layout(["id"], ["id"]), 1000, 25.0, None,
                                lambda: False)
@@ -116,10 +179,20 @@ def test_a_unit_out_of_time_still_ends_its_transaction(monkeypatch: pytest.Monke
     assert out.getvalue().count(b"\n") == 3
 
 
+def test_a_connection_dropped_inside_a_transaction_reads_it_again_once() -> None:
+    events = [_insert(100, 1), _xid(120), _insert(200, 2),
+              ("restart", _at(120), None),  # connected again from the last whole transaction
+              _insert(200, 2), _insert(300, 3), _xid(320)]
+    out = io.BytesIO()
+    cut = _reader(events).unit(out, Layout(["id"], ["id"]), 1000, 60.0, None, lambda: False)
+    assert (cut.end, cut.rows) == (_at(320), 3)
+    assert [line.split(b"\t")[0] for line in out.getvalue().splitlines()] == [b"1", b"2", b"3"]
+
+
 def test_a_unit_stops_before_ddl_of_its_table() -> None:
-    events = [_insert(100, 1), _event(ev.XidEvent, 120),
-              _event(ev.QueryEvent, 200, query="ALTER TABLE orders ADD c INT", schema=b"shop"),
-              _insert(300, 2), _event(ev.XidEvent, 320)]
+    events = [_insert(100, 1), _xid(120),
+              ("query", _at(200), ("ALTER TABLE orders ADD c INT", "shop")),
+              _insert(300, 2), _xid(320)]
     reader = _reader(events)
     cut = reader.unit(io.BytesIO(), Layout(["id"], ["id"]), 1000, 60.0, None,
                       lambda: False)
@@ -127,12 +200,18 @@ def test_a_unit_stops_before_ddl_of_its_table() -> None:
 
 
 def test_an_update_that_moves_the_key_deletes_the_old_one() -> None:
-    layout = Layout(["id", "v"], ["id"])
-    moved = _event(rev.UpdateRowsEvent, 100, schema="shop", table="orders", rows=[
-        {"before_values": {"id": 1, "v": "a"}, "after_values": {"id": 2, "v": "a"}},
-        {"before_values": {"id": 3, "v": "a"}, "after_values": {"id": 3, "v": "b"}}])
-    assert mysql_binlog._lines(moved, layout, 9) == [b"1\ta\t9\t1\n", b"2\ta\t9\t0\n",
-                                                     b"3\tb\t9\t0\n"]
+    columns = [_col("id", mr.LONG), _col("v", mr.VARCHAR, max_length=10)]
+
+    def row(key: int, v: bytes) -> bytes:
+        return b"\x00" + struct.pack("<i", key) + bytes([len(v)]) + v
+
+    body = _rows(row(1, b"a"), row(2, b"a"), row(3, b"a"), row(3, b"b"), count=2, images=2)
+    image = Image(columns, "t")
+    assert image.lines(body, 0, len(body), "update", ["id", "v"], ["id"], 9) == [
+        b"1\ta\t9\t1\n", b"2\ta\t9\t0\n", b"3\tb\t9\t0\n"]
+    # the table's columns in another order than the binlog's
+    assert image.lines(body, 0, len(body), "update", ["v", "id"], ["id"], 9)[0] == (
+        b"a\t1\t9\t1\n")
 
 
 @pytest.mark.parametrize("awaited, expected", [(True, (120, 1)), (False, (220, 2))])
@@ -140,8 +219,7 @@ def test_a_unit_past_its_time_grows_while_the_commit_before_it_runs(
         monkeypatch: pytest.MonkeyPatch, awaited: bool, expected: tuple[int, int]) -> None:
     clock = iter(range(0, 1000, 10))
     monkeypatch.setattr(mysql_binlog.time, "monotonic", lambda: float(next(clock)))
-    events = [_insert(100, 1), _event(ev.XidEvent, 120), _insert(200, 2),
-              _event(ev.XidEvent, 220)]
+    events = [_insert(100, 1), _xid(120), _insert(200, 2), _xid(220)]
     cut = _reader(events).unit(io.BytesIO(), Layout(["id"], ["id"]), 1000, 5.0, None,
                                lambda: False, lambda: awaited)
     assert (cut.end, cut.rows) == (_at(expected[0]), expected[1])

@@ -36,6 +36,7 @@ from chload.schema import Column, structure
 from chload.sources.base import RemoteSource, SourceContext, SourceFile, StreamPosition
 from chload.sources.changes import mysql_table
 from chload.sources.changes.mysql_binlog import BinlogReader, Cut, Layout, layout_of
+from chload.sources.changes.mysql_rows import escaped
 from chload.sources.databases.base import storable
 from chload.sources.databases.mysql_columns import column_of
 from chload.sources.databases.table import DbUrl, parse_url
@@ -53,7 +54,10 @@ _REQUIRED = (("log_bin", "1", "log-bin (the binary log)"),
              ("binlog_format", "ROW", "binlog_format=ROW"),
              ("binlog_row_image", "FULL", "binlog_row_image=FULL"),
              ("binlog_row_metadata", "FULL", "binlog_row_metadata=FULL"))
-_TSV = FileFormat("TSV", "none")
+# a unit's spool: its columns named on its first line, so no load guesses whether it has
+# a header
+_TSV = FileFormat("TSVWithNames", "none")
+_EMPTY = FileFormat("TSV", "none")  # the unit that ends the copy
 
 
 class Server:
@@ -151,6 +155,7 @@ class MysqlChanges(RemoteSource):
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.load_table: LoadTable | None = None
+        self.unit_columns: builtins.list[Column] | None = None  # a unit's columns
 
     def follows(self, spec: LoadSpec, target: Target, table: Any) -> bool:
         """Whether this load is change capture: --follow, or the table already follows."""
@@ -166,6 +171,7 @@ class MysqlChanges(RemoteSource):
                load_round: LoadRound, table: Any, report: LoadReport) -> None:
         url = parse_url(spec.sources[0], None)
         server = Server(url)
+        self.unit_columns = None
         try:
             server.check_binlog()
             report.recovered += target.recover(table.sql)  # a unit a kill left committing
@@ -229,6 +235,7 @@ class MysqlChanges(RemoteSource):
                                 f"mysql-changes-{os.getpid()}-{next(spools)}.tsv")
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "wb") as out:
+                out.write(_header(layout))
                 return path, reader.unit(out, layout, spec.batch_rows or BATCH_ROWS,
                                          spec.batch_seconds or BATCH_SECONDS, end,
                                          lambda: self.stop.is_set() or halt.is_set(),
@@ -264,7 +271,10 @@ class MysqlChanges(RemoteSource):
             reader.close()
 
     def _layout(self, target: Target, table: Any, server: Server) -> Layout:
+        """The lines' columns (the table's, in its order), kept for the units' commits
+        until DDL changes them."""
         existing = target.table_columns(table.sql) or []
+        self.unit_columns = mysql_table.unit_columns(existing)
         source, key = server.columns()
         types = {n: t for n, t, _ in source}
         data = mysql_table.data_columns(existing)
@@ -297,8 +307,11 @@ class MysqlChanges(RemoteSource):
             with open(path, "wb"):
                 pass
         uri = f"{stream}/{first}-{last}"
-        columns = mysql_table.unit_columns(target.table_columns(table.sql) or [])
-        unit = SourceFile(uri, os.path.getsize(path), 0, _TSV,
+        if first == 0 or self.unit_columns is None:
+            self.unit_columns = mysql_table.unit_columns(target.table_columns(table.sql) or [])
+        columns = self.unit_columns
+        size = os.path.getsize(path)
+        unit = SourceFile(uri, size, 0, _TSV if size else _EMPTY,
                           etag=f"{first}-{last}", local_path=path,
                           position=StreamPosition(stream, first))
         try:
@@ -328,6 +341,11 @@ class MysqlChanges(RemoteSource):
 
     def loads_alone(self, file: SourceFile) -> bool:
         return True
+
+
+def _header(layout: Layout) -> bytes:
+    names = [*layout.names, mysql_table.VERSION, mysql_table.DELETED]
+    return b"\t".join(escaped(n.encode()) for n in names) + b"\n"
 
 
 def _remove(path: str) -> None:

@@ -1,10 +1,12 @@
 """The binlog read into spool files: each unit whole transactions, each row one TSV line.
 
-The reader is mysql-replication's (pure Python: a decoded row is a dict; measured in
-docs/benchmarks.md). A row event of the followed table becomes lines of the table's
-columns plus `_version` (the event's binlog position) and `_is_deleted`: an insert or
-an update its after image, a delete its before image marked deleted, an update that
-moves the key also a deleted line for the old key. The engine parses the lines.
+chload's own binlog client: a pymysql connection that asks for the binlog from a position
+(COM_BINLOG_DUMP, as a replica does), its events split here, the rows events of the
+followed table read by mysql_rows.py straight into TSV lines (no dict, no Python value
+per row). A rows event of the followed table becomes lines of the table's columns plus
+`_version` (the event's binlog position) and `_is_deleted`: an insert or an update its
+after image, a delete its before image marked deleted, an update that moves the key also
+a deleted line for the old key. The engine parses the lines.
 
 A unit ends at a transaction's end (XID, or COMMIT of a non-transactional table) once it
 holds `rows` rows or `seconds` passed, at the position the run must stop at, or before
@@ -13,23 +15,29 @@ DDL of the table (returned to the caller: a column added, or a stop).
 
 from __future__ import annotations
 
+import contextlib
 import re
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta
-from decimal import Decimal
+from dataclasses import dataclass
 from typing import IO, Any
 
 from chload.errors import SourceError
-from chload.sources.changes.mysql_table import position
+from chload.sources.changes.mysql_rows import Image
+from chload.sources.changes.mysql_table import log_of, position
 
 HEARTBEAT = 0.5  # seconds: an idle server's heartbeat lets a unit end on time
-_ESCAPES = ((b"\\", b"\\\\"), (b"\t", b"\\t"), (b"\n", b"\\n"), (b"\r", b"\\r"),
-            (b"\0", b"\\0"))
 _ENDS_TXN = {"COMMIT", "XA COMMIT"}
 _QUIET = {"BEGIN", "COMMIT", "ROLLBACK"}
+# event types (mysql's Log_event_type; MariaDB's compressed ones 165-171)
+_QUERY, _ROTATE, _XID, _TABLE_MAP, _HEARTBEAT = 2, 4, 16, 19, 27
+_ROWS = {23: "write", 24: "update", 25: "delete", 30: "write", 31: "update", 32: "delete"}
+_COMPRESSED = range(165, 172)
+_DUMP = 0x12  # COM_BINLOG_DUMP
+_LOST = (2006, 2013)  # the server has gone away, lost connection: connect again
+_RECONNECTS = 3
 
 
 @dataclass(slots=True)
@@ -46,76 +54,22 @@ class Cut:
 
 @dataclass(slots=True)
 class Layout:
-    """How a row dict becomes a TSV line: the table's columns in order, and each
-    one's fractional digits where it is a DATETIME/TIMESTAMP (the server's text)."""
+    """The followed table's columns in order (the lines' order), and its primary key."""
 
     names: list[str]
     key: list[str]
-    scales: dict[str, int] = field(default_factory=dict)
 
 
 def layout_of(columns: Sequence[tuple[str, str]], key: Sequence[str]) -> Layout:
     """(name, MySQL column type) in table order, and the primary key -> Layout."""
-    scales = {}
-    for name, typ in columns:
-        found = re.match(r"(datetime|timestamp|time)(?:\((\d)\))?", typ.lower())
-        if found:
-            scales[name] = int(found.group(2) or 0)
-    return Layout([n for n, _ in columns], list(key), scales)
+    return Layout([n for n, _ in columns], list(key))
 
 
-def _escaped(raw: bytes) -> bytes:
-    for a, b in _ESCAPES:
-        if a in raw:
-            raw = raw.replace(a, b)
-    return raw
-
-
-def _datetime(value: datetime, scale: int) -> bytes:
-    raw = value.strftime("%Y-%m-%d %H:%M:%S").encode()
-    return raw + b"." + f"{value.microsecond:06d}"[:scale].encode() if scale else raw
-
-
-def _time(value: timedelta, scale: int) -> bytes:
-    """A TIME as the server prints it: [-]H:MM:SS[.fraction], hours past 24."""
-    micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
-    sign, micros = ("-" if micros < 0 else ""), abs(micros)
-    seconds, fraction = divmod(micros, 1_000_000)
-    hours, rest = divmod(seconds, 3600)
-    text = f"{sign}{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
-    return (text + f".{fraction:06d}"[:scale + 1] if scale else text).encode()
-
-
-# a value's text by its exact type: the common ones need no escaping (numbers, times)
-_PLAIN: dict[type, Callable[[Any, int], bytes]] = {
-    int: lambda v, _: b"%d" % v,
-    float: lambda v, _: repr(v).encode(),
-    Decimal: lambda v, _: format(v, "f").encode(),
-    datetime: _datetime,
-    date: lambda v, _: v.isoformat().encode(),
-    timedelta: _time,
-    bool: lambda v, _: b"1" if v else b"0",
-    str: lambda v, _: _escaped(v.encode("utf-8", "surrogateescape")),
-    bytes: lambda v, _: _escaped(v),
-}
-
-
-def _text(value: Any, scale: int) -> bytes:
-    plain = _PLAIN.get(type(value))
-    if plain is not None:
-        return plain(value, scale)
-    if isinstance(value, (set, frozenset)):
-        return _escaped(",".join(sorted(value)).encode())
-    return _escaped(str(value).encode())
-
-
-def line(values: dict[str, Any], layout: Layout, version: int, deleted: int) -> bytes:
-    scales = layout.scales
-    fields = [b"\\N" if (v := values.get(n)) is None else _text(v, scales.get(n, 0))
-              for n in layout.names]
-    fields.append(b"%d" % version)
-    fields.append(b"1" if deleted else b"0")
-    return b"\t".join(fields) + b"\n"
+# what the reader hands the unit: (kind, position after the event, what it says)
+# kind "rows": (Image, write/update/delete, bytes, offset of the rows, end of the rows);
+# "xid": None; "query": (query text, its default schema); "beat": None
+Event = tuple[str, int, Any]
+_END: Event = ("end", 0, None)
 
 
 class BinlogReader:
@@ -123,21 +77,19 @@ class BinlogReader:
 
     def __init__(self, settings: dict[str, Any], log_file: str, log_pos: int,
                  schema: str, table: str, follow: bool) -> None:
-        from pymysqlreplication import BinLogStreamReader
-
         self.schema, self.table = schema, table
+        self.where = f"binlog of {schema}.{table}"
+        self.log_file = log_file
         self.at = position(log_file, log_pos)  # the end of the last transaction read
-        try:
-            self.stream = BinLogStreamReader(
-                connection_settings=settings, server_id=_server_id(), resume_stream=True,
-                log_file=log_file, log_pos=log_pos, blocking=follow,
-                slave_heartbeat=HEARTBEAT if follow else None, enable_logging=False)
-        except Exception as exc:  # noqa: BLE001 - pymysql's errors, at this one boundary
-            raise SourceError(f"binlog of {schema}.{table}: {exc}") from None
-        self._events: Iterator[Any] = iter(self.stream)
+        self.images: dict[bytes, Image | None] = {}  # a table map's bytes -> its readers
+        self.mapped: dict[int, Image] = {}  # table id -> the followed table's readers
+        self.settings, self.follow = settings, follow
+        self.conn, self.checksum = _dump(settings, log_file, log_pos, follow, self.where)
+        self.dbms = "mariadb" if "mariadb" in self.conn.get_server_info().lower() else "mysql"
+        self._events: Iterator[Event] = self._read()
 
     def close(self) -> None:
-        self.stream.close()
+        self.conn.close()
 
     def unit(self, out: IO[bytes], layout: Layout, rows: int, seconds: float,
              end: int | None, stop: Callable[[], bool],
@@ -145,11 +97,10 @@ class BinlogReader:
         """Read whole transactions into `out` (see the module docstring). Past `seconds`
         a unit ends only once `awaited()` (the unit before it committed): while a commit
         takes longer, the unit grows instead of queueing behind it."""
-        from pymysqlreplication import event as ev, row_event as rev
-
         cut = Cut(self.at)
         pending: list[bytes] = []
         started = time.monotonic()
+        names, key = layout.names, layout.key
         while True:
             if not pending:  # between transactions: where a unit may end
                 if end is not None and cut.end >= end:
@@ -160,33 +111,119 @@ class BinlogReader:
                     return cut
                 if stop():
                     return cut
-            try:
-                e = next(self._events)
-            except StopIteration:
-                cut.exhausted = True
-                return cut
-            except Exception as exc:  # noqa: BLE001 - pymysql's errors, at this boundary
-                raise SourceError(f"binlog of {self.schema}.{self.table}: {exc}") from None
-            if isinstance(e, ev.HeartbeatLogEvent):
-                continue
-            here = position(self.stream.log_file, e.packet.log_pos) if e.packet.log_pos \
-                else 0
-            if isinstance(e, rev.RowsEvent):
-                if e.schema == self.schema and e.table == self.table:
-                    pending.extend(_lines(e, layout, here))
-            elif isinstance(e, ev.XidEvent):
+            kind, here, said = next(self._events, _END)
+            if kind == "rows":
+                image, change, data, first, last = said
+                pending.extend(image.lines(data, first, last, change, names, key, here))
+            elif kind == "xid":
                 cut.rows += _flush(out, pending)
                 self.at = cut.end = here
-            elif isinstance(e, ev.QueryEvent):
-                query = e.query.strip()
+            elif kind == "query":
+                query = said[0].strip()
                 if query.upper() in _ENDS_TXN:
                     cut.rows += _flush(out, pending)
                     self.at = cut.end = here
                 elif query.upper() not in _QUIET:
-                    if self._touches(query, e.schema):
+                    if self._touches(query, said[1]):
                         cut.ddl, cut.ddl_end = query, here
                         return cut
                     self.at = cut.end = here  # DDL of another table: a transaction
+            elif kind == "restart":  # read again from the unit's last whole transaction
+                pending.clear()
+            elif kind == "end":
+                cut.exhausted = True
+                return cut
+
+    def _read(self) -> Iterator[Event]:
+        """The binlog's events that matter here, split from the connection's packets."""
+        import pymysql
+
+        tail = 4 if self.checksum else 0
+        base = position(self.log_file, 0)
+        read = self.conn._read_bytes  # (pymysql's socket reads: its errors, timeouts)
+        lost = 0
+        while True:
+            try:
+                head = read(4)
+                size = int.from_bytes(head[:3], "little")
+                data = read(size)
+                while size == 0xFFFFFF:  # an event of 16 MiB or more: packets follow
+                    size = int.from_bytes(read(4)[:3], "little")
+                    data += read(size)
+            except pymysql.OperationalError as exc:
+                if not exc.args or exc.args[0] not in _LOST or lost >= _RECONNECTS:
+                    raise SourceError(f"{self.where}: {exc.args[-1] if exc.args else exc}"
+                                      ) from None
+                lost += 1  # the connection dropped: again from the last whole transaction
+                time.sleep(lost - 1)
+                read, base = self._reconnect(), position(self.log_file, 0)
+                yield "restart", self.at, None
+                continue
+            except pymysql.Error as exc:
+                raise SourceError(f"{self.where}: {exc.args[-1] if exc.args else exc}"
+                                  ) from None
+            lost = 0
+            if not data or data[0] != 0:
+                if data[:1] == b"\xfe" and len(data) < 9:  # the log's end (no --follow)
+                    return
+                if data[:1] == b"\xff":
+                    raise SourceError(f"{self.where}: {_error(data)}")
+                continue
+            kind, size, log_pos = data[5], *struct.unpack_from("<II", data, 10)
+            end = 1 + size - tail
+            here = base | log_pos if log_pos else 0
+            if kind in _ROWS:
+                image = self.mapped.get(int.from_bytes(data[20:26], "little"))
+                if image is not None:
+                    yield "rows", here, (image, _ROWS[kind], data, _rows_at(data, kind), end)
+            elif kind == _TABLE_MAP:
+                self._map(data, end)
+            elif kind == _XID:
+                yield "xid", here, None
+            elif kind == _QUERY:
+                yield "query", here, _query(data, end)
+            elif kind == _ROTATE:
+                self.log_file = data[28:end].decode()
+                base = position(self.log_file, 0)
+            elif kind == _HEARTBEAT:
+                yield "beat", here, None
+            elif kind in _COMPRESSED:
+                raise SourceError(f"{self.where}: the binlog is compressed "
+                                  "(log_bin_compress): change capture reads it "
+                                  "uncompressed; turn log_bin_compress off")
+
+    def _reconnect(self) -> Callable[[int], bytes]:
+        """A new binlog connection from the end of the last whole transaction read."""
+        with contextlib.suppress(Exception):
+            self.conn.close()
+        self.log_file, pos = log_of(self.at, self.log_file)
+        self.mapped.clear()
+        self.conn, self.checksum = _dump(self.settings, self.log_file, pos, self.follow,
+                                         self.where)
+        return self.conn._read_bytes
+
+    def _map(self, data: bytes, end: int) -> None:
+        """A table map: the followed table's readers (made once per distinct map), else
+        its id forgotten (its rows are skipped)."""
+        table_id = int.from_bytes(data[20:26], "little")
+        body = data[20:end]
+        if body in self.images:
+            image = self.images[body]
+        else:
+            at = 28
+            schema = data[at + 1:at + 1 + data[at]].decode("utf-8", "replace")
+            at += data[at] + 2
+            table = data[at + 1:at + 1 + data[at]].decode("utf-8", "replace")
+            image = None
+            if schema == self.schema and table == self.table:
+                image = Image(_columns(data, self.checksum, self.dbms), self.where)
+            if len(self.images) > 1024:  # (maps of many tables: kept bounded)
+                self.images.clear()
+            self.images[body] = image
+        if image is None:
+            self.mapped.pop(table_id, None)
+        else:
+            self.mapped[table_id] = image
 
     def _touches(self, query: str, schema: bytes | str) -> bool:
         """Whether DDL names the followed table (as `t`, t or `db`.`t`)."""
@@ -199,21 +236,77 @@ class BinlogReader:
         return bool(found.group(1)) or current == self.schema
 
 
-def _lines(e: Any, layout: Layout, version: int) -> list[bytes]:
-    from pymysqlreplication import row_event as rev
+def _dump(settings: dict[str, Any], log_file: str, log_pos: int, follow: bool,
+          where: str) -> tuple[Any, bool]:
+    """A connection that has asked for the binlog from (log_file, log_pos), as a replica
+    (server id of its own; without --follow the server ends at its log's end), and
+    whether its events carry a checksum."""
+    import pymysql
 
-    out = []
-    for row in e.rows:
-        if isinstance(e, rev.UpdateRowsEvent):
-            before, after = row["before_values"], row["after_values"]
-            if any(before.get(k) != after.get(k) for k in layout.key):
-                out.append(line(before, layout, version, 1))
-            out.append(line(after, layout, version, 0))
-        elif isinstance(e, rev.DeleteRowsEvent):
-            out.append(line(row["values"], layout, version, 1))
-        else:
-            out.append(line(row["values"], layout, version, 0))
-    return out
+    try:
+        conn = pymysql.connect(host=settings["host"], port=settings["port"],
+                               user=settings["user"] or None,
+                               password=settings["passwd"] or "", connect_timeout=10,
+                               charset="utf8mb4")
+        with conn.cursor() as cur:
+            cur.execute("SHOW GLOBAL VARIABLES LIKE 'BINLOG_CHECKSUM'")
+            found = cur.fetchone()
+            checksum = found is not None and str(found[1]).upper() != "NONE"
+            if checksum:
+                cur.execute("SET @master_binlog_checksum = @@global.binlog_checksum")
+            if follow:
+                cur.execute("SET @master_heartbeat_period = %s", (int(HEARTBEAT * 1e9),))
+            cur.execute("SET @mariadb_slave_capability = 4")
+        payload = bytes([_DUMP]) + struct.pack("<IHI", log_pos, 0 if follow else 1,
+                                               _server_id()) + log_file.encode()
+        conn._write_bytes(struct.pack("<I", len(payload))[:3] + b"\x00" + payload)
+        conn._next_seq_id = 1
+    except pymysql.Error as exc:
+        raise SourceError(f"{where}: {exc.args[-1] if exc.args else exc}") from None
+    return conn, checksum
+
+
+def _error(data: bytes) -> str:
+    """An error packet's text: code and message (the server's words)."""
+    code = int.from_bytes(data[1:3], "little")
+    text = data[9:] if data[3:4] == b"#" else data[3:]
+    return f"({code}) {text.decode('utf-8', 'replace')}"
+
+
+def _rows_at(data: bytes, kind: int) -> int:
+    """Where a rows event's body starts (its column count): after the table id and
+    flags, and a version 2 event's extra data."""
+    if kind < 30:
+        return 28
+    return 28 + int.from_bytes(data[28:30], "little")
+
+
+def _query(data: bytes, end: int) -> tuple[str, str]:
+    """A query event's (statement, default schema)."""
+    schema_len = data[28]
+    status_len = int.from_bytes(data[31:33], "little")
+    at = 33 + status_len
+    schema = data[at:at + schema_len].decode("utf-8", "replace")
+    return data[at + schema_len + 1:end].decode("utf-8", "replace"), schema
+
+
+def _columns(data: bytes, checksum: bool, dbms: str) -> list[Any]:
+    """A table map's columns, as mysql-replication reads them (types, metadata, and the
+    optional metadata: names, signedness, character sets, ENUM/SET values)."""
+    from types import SimpleNamespace
+
+    from pymysql.protocol import MysqlPacket
+    from pymysqlreplication import event as ev, row_event as rev
+    from pymysqlreplication.packet import BinLogPacketWrapper
+
+    wrapped = BinLogPacketWrapper(
+        MysqlPacket(data, "utf8"), table_map={}, ctl_connection=SimpleNamespace(
+            charset="utf8mb4", _get_dbms=lambda: dbms), mysql_version=None, use_checksum=checksum,
+        allowed_events=frozenset([rev.TableMapEvent, ev.RotateEvent]), only_tables=None,
+        ignored_tables=None, only_schemas=None, ignored_schemas=None, freeze_schema=False,
+        ignore_decode_errors=False, verify_checksum=False, optional_meta_data=True,
+        enable_logging=False)
+    return list(wrapped.event.columns)
 
 
 def _flush(out: IO[bytes], pending: list[bytes]) -> int:
