@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from chload.commit.ledger import COMMITTING, LOADED, own_history
-from chload.core.run import FileResult, Listener
+from chload.core.run import Listener
 from chload.errors import SourceError, UsageError
 from chload.formats import FileFormat
 from chload.runtime.faults import crash_point
@@ -354,13 +354,7 @@ def _remove(path: str) -> None:
 
 
 def _merge(report: LoadReport, done: LoadReport) -> None:
-    results: Sequence[FileResult] = done.files
-    report.files.extend(results)
-    report.files_total += len(results)
-    report.files_loaded += sum(r.status == "loaded" for r in results)
-    report.files_skipped += sum(r.status == "skipped" for r in results)
-    report.files_failed += sum(r.status == "failed" for r in results)
-    report.rows_loaded += sum(r.rows for r in results if r.status == "loaded")
+    report.add_units(done.files)
     report.errors += done.errors
     report.created_table = report.created_table or done.created_table
 
