@@ -3,7 +3,12 @@ deletes, then its changes streamed, the loader killed -9 at random instants and 
 again; at the end the current rows (FINAL, not deleted) equal the source, value for
 value, and equal a plain copy of it (the stream and the copy print every type alike).
 A column added at the source arrives; a dropped one stops the follow in one line. The
-real `chload` against PostgreSQL 15, into embedded chDB and an 18.16 server."""
+real `chload` against PostgreSQL 15, into embedded chDB and an 18.16 server.
+
+CHLOAD_FULL_SIZE=1 runs the kill test at full size: a table of 200,000 rows copied while
+the writer writes, then its changes for 60 s, the loader killed three times meanwhile
+(docs/sources-changes.md).
+"""
 
 from __future__ import annotations
 
@@ -22,7 +27,9 @@ from test_databases import Source
 
 pytestmark = pytest.mark.integration
 
-ROWS = 20_000
+FULL = os.environ.get("CHLOAD_FULL_SIZE") == "1"
+ROWS = 200_000 if FULL else 20_000
+WRITE_SECONDS = 60.0 if FULL else None  # the writer's time bound at full size (else a count)
 SCHEMA = ("id Int64, amount Nullable(Decimal(14, 3)), at Nullable(String), u Nullable(UUID), "
           "doc Nullable(String), tags Array(Nullable(Int32)), raw Nullable(String), "
           "note Nullable(String), n Int32")
@@ -104,8 +111,10 @@ def _current(into: tuple[str, dict[str, str]], table: str) -> str:
 class Writer:
     """Transactions at the source on a thread, a bounded number, until stopped."""
 
-    def __init__(self, pg: Source, table: str, count: int) -> None:
+    def __init__(self, pg: Source, table: str, count: int,
+                 seconds: float | None = None) -> None:
         self.pg, self.table, self.count, self.done = pg, table, count, 0
+        self.deadline = time.monotonic() + seconds if seconds else None
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -113,7 +122,7 @@ class Writer:
     def _run(self) -> None:
         rng = random.Random(7)
         for i in range(self.count):
-            if self.stop.is_set():
+            if self.stop.is_set() or (self.deadline and time.monotonic() > self.deadline):
                 return
             self.pg.sql(WRITE.format(t=self.table, new=ROWS + 1 + i, k=rng.randrange(997),
                                      gone=rng.randrange(1, ROWS), moved=rng.randrange(1, ROWS)))
@@ -123,20 +132,26 @@ class Writer:
         self.stop.set()
         self.thread.join(timeout=120)
 
+    def finish(self) -> None:
+        """Wait for the writer to end by itself (its count or its seconds)."""
+        self.thread.join(timeout=(WRITE_SECONDS or 0) + 120)
+
 
 def test_a_followed_table_killed_three_times_equals_the_source(
         pg: Source, into: tuple[str, dict[str, str]], table_name: str) -> None:
     pg.sql(CREATE.format(t=table_name, rows=ROWS))
-    writer = Writer(pg, table_name, 400)
+    writer = Writer(pg, table_name, 10**7 if FULL else 400, WRITE_SECONDS)
     env = {**os.environ, **pg.env, **into[1]}
     rng = random.Random()
     try:
         for _ in range(3):  # killed -9 at a random instant: copying, streaming, committing
             proc = subprocess.Popen(_argv(pg, table_name, table_name, into, "--follow"),
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-            time.sleep(rng.uniform(2.0, 8.0))
+            time.sleep(rng.uniform(5.0, 18.0) if FULL else rng.uniform(2.0, 8.0))
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
+        if FULL:
+            writer.finish()
     finally:
         writer.join()
     assert writer.done > 0
