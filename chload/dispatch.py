@@ -44,8 +44,8 @@ def begin_early(spec: LoadSpec) -> Callable[[], None]:
 
 
 def load_into(spec: LoadSpec, target: Target, listener: Listener | None = None,
-               stop: threading.Event | None = None, copy: bool = False,
-               snapshot: str | None = None) -> LoadReport:
+              stop: threading.Event | None = None, copy: bool = False,
+              snapshot: str | None = None) -> LoadReport:
     """`load` into a target already open (kept open): any `targets.Target`, e.g. the
     unit tests' in-memory one. `spec.target` is not looked at. `stop`: ends a load that
     follows files (None: it follows until the process ends). `copy`: a database table
