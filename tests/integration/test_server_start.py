@@ -54,4 +54,6 @@ def test_reads_asked_ahead_are_the_loads_own(clickhouse: services.Service) -> No
 
 
 def _ageless(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k != "age"} for row in rows]
+    """The rows without a stage's age, in an order of their own: a UNION ALL's parts
+    come in either order (the load reads them by name)."""
+    return sorted(({k: v for k, v in row.items() if k != "age"} for row in rows), key=repr)
