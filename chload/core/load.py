@@ -238,7 +238,8 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
                     columns=plan.columns, read_columns=plan.read_columns, audit=spec.audit,
                     settings=settings, run_id=report.run_id, budget=spec.budget,
                     batch=group if len(group) > 1 else (), threads=threads,
-                    settle=sources.settle, mode=spec.mode)
+                    settle=sources.settle, mode=spec.mode,
+                    stream=sources.stream)
             for group in groups]
     if spec.workers is None:
         adapt.bounded(MAX_STREAMS)  # the target bounds it by what it knows (its cores)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import builtins
 from array import array
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -226,6 +226,13 @@ class Source(Protocol):
         first line (planner.check_headers), or None: the engine reads that line."""
         ...
 
+    def stream(self, file: SourceFile, context: SourceContext,
+               ) -> Callable[[], Iterator[bytes]] | None:
+        """How to read a remote unit's bytes as stored, streamed here (one read each time
+        it is called), for a target that posts them to a server as they are; None: the
+        source cannot (the engine reads the unit). Calling it reads nothing yet."""
+        ...
+
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
         """The SQL table function with which the engine reads `file` (never a secret)."""
         ...
@@ -335,6 +342,10 @@ class InPlace:
         return builtins.list(files)
 
     def start(self, file: SourceFile, limit: int, context: SourceContext) -> bytes | None:
+        return None
+
+    def stream(self, file: SourceFile, context: SourceContext,
+               ) -> Callable[[], Iterator[bytes]] | None:
         return None
 
     def close(self) -> None:

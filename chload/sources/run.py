@@ -153,6 +153,11 @@ class RunSources:
         readable so, the engine reads its first line."""
         return self.of(file).start(file, limit, self.context)
 
+    def stream(self, file: SourceFile) -> Callable[[], Iterator[bytes]] | None:
+        """How to read a remote unit's bytes as stored, here (Source.stream); None: the
+        engine reads it."""
+        return self.of(file).stream(file, self.context)
+
     def grows(self, file: SourceFile) -> bool:
         """True when `file` may still be written when listed (Source.grows)."""
         return self.of(file).grows

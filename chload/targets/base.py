@@ -7,7 +7,7 @@ rows are all there and recorded `loaded` in the ledger, or none are.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -40,6 +40,9 @@ class LoadJob:
     settle: Callable[[], None] | None = None  # asked right before any of its files commits
     # (identity.check_read): raises what the run's sources found that stops the run
     # (RunSources.settle: a database's check of the rows to load, run beside the ranges)
+    stream: Callable[[SourceFile], Callable[[], Iterator[bytes]] | None] | None = None
+    # how a remote unit's bytes as stored are read here (RunSources.stream): a server
+    # target posts them as they are where it would post a local file's
 
     @property
     def files(self) -> tuple[SourceFile, ...]:

@@ -53,12 +53,15 @@ class Misfit:
 
 
 def check(file: SourceFile, columns: Sequence[Column], read: Sequence[str],
-          settings: Mapping[str, str], table: str, engine: str = CHDB) -> Misfit | None:
+          settings: Mapping[str, str], table: str, engine: str = CHDB,
+          head: bytes | None = None) -> Misfit | None:
     """The first misfit in the start of a local text file, or None (also when the file
     cannot be read cheaply: a remote file, a pipe, a compression the standard library
     lacks; the load then goes as ever). `engine`: the target's (Target.engine),
-    which bounds its date types (db_range.bounds: one table for every source)."""
-    data = _start(file)
+    which bounds its date types (db_range.bounds: one table for every source). `head`:
+    the file's first bytes, decompressed, where they were read another way (a remote
+    object streamed as stored: server/relay.py)."""
+    data = _start(file, head)
     if data is None:
         return None
     types = {c.name: c.type for c in columns}
@@ -162,28 +165,28 @@ def _probe(fmt: FileFormat, kinds: tuple[str, ...], nulls_ok: bool, engine: str)
     return _Probe(hints, b"" if family == "JSON" else sep, tuple(needles), tuple(spans))
 
 
-def empty_fields(file: SourceFile) -> bool:
-    """Whether the start of a local CSV file has an unquoted empty field (`a,,b`): chDB
-    reads one as NULL in a Nullable column, 18.16 as the type's default (fill.py pushes
-    such a file through chDB). False when the start cannot be read."""
-    data = _start(file)
+def empty_fields(file: SourceFile, head: bytes | None = None) -> bool:
+    """Whether the start of a local CSV file (or `head`, as `check`) has an unquoted
+    empty field (`a,,b`): chDB reads one as NULL in a Nullable column, 18.16 as the
+    type's default (fill.py pushes such a file through chDB). False when the start
+    cannot be read."""
+    data = _start(file, head)
     if data is None or not file.format.name.startswith("CSV"):
         return False
     sep = (delimiter(file.format) or ",").encode()
     return data[:1] == sep or any(h.replace(b",", sep) in data for h in _EMPTY_CSV)
 
 
-
 def _told(settings: Mapping[str, str], name: str) -> bool:
     return settings.get(name, "").lower() in ("1", "true")
 
 
-def _start(file: SourceFile) -> bytes | None:
-    """The first SAMPLE bytes of a local file, decompressed, cut after its last whole
-    line (read once for the header too: sniff.start)."""
+def _start(file: SourceFile, head: bytes | None = None) -> bytes | None:
+    """The first SAMPLE bytes of a local file (or of `head`), decompressed, cut after
+    its last whole line (read once for the header too: sniff.start)."""
     if delimiter(file.format) is None and file.format.name not in JSON_LINES:
         return None
-    data = start(file)
+    data = start(file) if head is None else head
     if data is None:
         return None
     data = data[:SAMPLE]

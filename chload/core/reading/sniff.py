@@ -285,6 +285,18 @@ _INFLATERS: dict[str, Callable[[bytes], bytes]] = {
 }
 
 
+def inflate_start(raw: bytes, compression: str) -> bytes | None:
+    """The start of a file's text from its first bytes as stored (at most LIMIT of
+    it), or None: a compression not inflated here, or bytes that do not inflate."""
+    inflate = _INFLATERS.get(compression)
+    if inflate is None:
+        return None
+    try:
+        return inflate(raw)
+    except (OSError, EOFError, lzma.LZMAError, zlib.error, ValueError):
+        return None
+
+
 def first_text(file: SourceFile) -> str | None:
     """A local file's first line as text, or None when that cannot be read cheaply."""
     line = _first_line(file)

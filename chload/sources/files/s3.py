@@ -24,10 +24,18 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from urllib.parse import quote, urlsplit
 from xml.etree import ElementTree
 
-from chload.errors import NothingMatched, SourceError, TransientError, UsageError
+from chload.errors import (
+    ChloadError,
+    NothingMatched,
+    SourceError,
+    TransientError,
+    UsageError,
+    VanishedFile,
+)
 from chload.formats import LINE_FORMATS, detect, magic
 from chload.runtime.retry import RetryPolicy, retry
 from chload.schema import quote_str
@@ -40,6 +48,7 @@ _HIDDEN = (".", "_")
 PAGE_SIZE = 1000
 SNIFF_BYTES = 6  # enough for every compression's magic (formats.MAGIC)
 SNIFF_PARALLEL = 16
+OBJECT_CHUNK = 1 << 20  # bytes per chunk of an object streamed as stored (object_bytes)
 KINDS = {"s3": "s3", "gs": "gcs"}  # URI scheme -> SourceFile.kind (gcs.py lists gs://)
 RETRY = RetryPolicy(attempts=3, base_seconds=0.5, jitter=False)  # 0.5 s, then 1 s
 
@@ -336,6 +345,56 @@ class Lister:
         self._conn = None
 
 
+def object_bytes(config: aws.S3Settings, file: SourceFile, timeout: float = 60.0,
+                 ) -> Iterator[bytes]:
+    """The object's bytes as stored, in chunks as they come (one signed GET on a
+    connection of its own), only if it is still the object listed: `If-Match` its
+    ETag, so a rewritten object fails (SourceError) rather than load under the
+    identity of the one listed. A network error is a TransientError (the load of the
+    unit is tried again from its start); a missing object, VanishedFile."""
+    bucket, key = parse_uri(file.uri)
+    url = f"{config.bucket_url(bucket)}/{quote(key, safe='/~-._')}"
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.netloc, timeout=timeout)
+    if parts.scheme == "https":  # AWS_CA_BUNDLE as the AWS tools honour it
+        conn = http.client.HTTPSConnection(parts.netloc, timeout=timeout,
+                                           context=ssl.create_default_context(
+                                               cafile=config.ca_bundle))
+    headers = aws.sign("GET", url, config.region, None if file.anonymous else config.credentials)
+    etag = file.etag.rsplit(":", 1)[0]
+    if etag:
+        headers["if-match"] = f'"{etag}"'
+    try:
+        try:
+            conn.request("GET", parts.path, headers=headers)
+            response = conn.getresponse()
+            if response.status != 200:
+                raise _read_error(file, config, response.status, response.read())
+            while chunk := response.read(OBJECT_CHUNK):
+                yield chunk
+        except (OSError, http.client.HTTPException) as exc:
+            raise TransientError(f"{file.uri}: reading it from {config.endpoint} failed "
+                                 f"({_reason(exc)}); it is read again") from None
+    finally:
+        conn.close()
+
+
+def _read_error(file: SourceFile, config: aws.S3Settings, status: int, body: bytes,
+                ) -> ChloadError:
+    if status == 412:
+        return SourceError(f"{file.uri}: changed since it was listed (its ETag is not the "
+                           "one listed); nothing of it was loaded: run again")
+    if status == 404:
+        return VanishedFile(f"{file.uri}: gone since it was listed; nothing of it was "
+                            "loaded: run again to load what is there now")
+    if status >= 500:
+        return TransientError(f"{file.uri}: {config.endpoint} answered HTTP {status}; it "
+                              "is read again")
+    if status in (401, 403):
+        return listing_error(file.uri, config, status, body)
+    return SourceError(f"{file.uri}: reading it failed at {config.endpoint} (HTTP {status})")
+
+
 def parse_listing(root: ElementTree.Element) -> Iterator[S3Object]:
     for item in root:
         if _local(item.tag) != "Contents":
@@ -430,6 +489,13 @@ class S3Source(RemoteSource):
             return lister.head(*parse_uri(file.uri), limit) or None
         finally:
             lister._close()
+
+    def stream(self, file: SourceFile, context: SourceContext,
+               ) -> Callable[[], Iterator[bytes]] | None:
+        settings = self.settings(context)
+        if settings is None:
+            return None
+        return partial(object_bytes, settings, file)
 
     def table_function(self, file: SourceFile, fmt: str, structure: str | None) -> str:
         return table_function(file, fmt, structure)

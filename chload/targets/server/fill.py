@@ -44,6 +44,7 @@ from chload.targets.server.push import (
     select_sql,
     stream_push,
 )
+from chload.targets.server.relay import Unfit, open_relay, relayable
 from chload.targets.server.stages import Streams
 from chload.targets.vanished import check_present, open_listed, reading
 
@@ -88,7 +89,8 @@ class StageFilling:
         if self.url.path == PUSH:  # ?path=push in the target URL
             return PUSH
         known = all(name in self.caps.settings for name, _ in job.settings)
-        if (not job.audit and f.local_path and known and self.caps.parses(f.format.name)
+        if (not job.audit and (f.local_path or relayable(job)) and known
+                and self.caps.parses(f.format.name)
                 and not any(g.constants for g in job.files)  # (only a read adds them)
                 and self.caps.accepts(f.format.compression) and not self._empty_differs(job)
                 and _header_fits(job)):
@@ -103,16 +105,20 @@ class StageFilling:
         would (tests/integration/test_values_fit.py); one that writes NULL as `\\N`, as
         ClickHouse does, is posted as it is (a push costs more). An empty field after
         the first 16 KB is read as 0."""
+        return self._empty_matters(job) and fit.empty_fields(job.file)
+
+    def _empty_matters(self, job: LoadJob) -> bool:
         return (job.file.format.name.startswith("CSV")
                 and "input_format_csv_empty_as_default" not in self.caps.settings
-                and any("Nullable(" in c.type for c in job.columns)
-                and fit.empty_fields(job.file))
+                and any("Nullable(" in c.type for c in job.columns))
 
     def _fill(self, job: LoadJob, stage: str, fallback: bool = True) -> int:
         """Fill the stage; return the bytes read from the source."""
         if self.path_for(job) == RAW:
             try:
                 return self._post_raw(job, stage)
+            except Unfit:  # (a remote object: nothing posted) the loader's engine reads it
+                pass
             except DataError:
                 if not fallback or is_pipe(job.file):  # a pipe cannot be read again
                     raise
@@ -122,7 +128,8 @@ class StageFilling:
 
     def _post_raw(self, job: LoadJob, stage: str) -> int:
         f = job.file
-        assert f.local_path is not None
+        if f.local_path is None:
+            return self._relay(job, stage)
         names = ", ".join(quote_ident(name) for name in _raw_names(job))
         headers = {}
         if f.format.compression != "none":
@@ -147,6 +154,30 @@ class StageFilling:
                                     f"{f.format.name}", body, length=f.size,
                                     headers=headers, params=params, context=f.uri)
         return f.size
+
+    def _relay(self, job: LoadJob, stage: str) -> int:
+        """A remote object's bytes posted as they come from its source (relay.py);
+        Unfit (nothing posted) when the loader's engine is to read it."""
+        f = job.file
+        relay = open_relay(job, self._empty_matters(job), self.caps.version)
+        try:
+            if relay.empty:
+                return 0
+            names = ", ".join(quote_ident(name) for name in relay.names)
+            headers = {}
+            if f.format.compression != "none":
+                headers["Content-Encoding"] = f.format.compression
+            params = {"max_insert_block_size": str(self._part_rows(job)), **self.insert_params,
+                      **dict(job.settings)}
+            counted = [0]
+            with self._streams.data() as slot:
+                slot.bytes = f.size
+                self.client.request(f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT "
+                                    f"{f.format.name}", _tallied(relay.chunks, counted),
+                                    headers=headers, params=params, context=f.uri)
+            return counted[0]
+        finally:
+            relay.close()
 
     def _part_rows(self, job: LoadJob, budget: int = PART_BYTES) -> int:
         """Rows per part the server writes: one part per file up to `budget` bytes of
@@ -376,6 +407,13 @@ def is_pipe(f: SourceFile) -> bool:
         return stat.S_ISFIFO(os.stat(f.local_path).st_mode)
     except OSError:
         return False
+
+
+def _tallied(chunks: Iterator[bytes], sent: list[int]) -> Iterator[bytes]:
+    """`chunks`, their total in `sent[0]`."""
+    for chunk in chunks:
+        sent[0] += len(chunk)
+        yield chunk
 
 
 def _counted(body: BinaryIO, sent: list[int]) -> Iterator[bytes]:
