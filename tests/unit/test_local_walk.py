@@ -55,6 +55,62 @@ def test_a_directory_of_long_names_fills_more_than_the_first_buffer(tmp_path: Pa
     assert len(flat(runs)) == 3000
 
 
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def many_directories(root: Path, count: int = 40) -> None:
+    for d in range(count):
+        (root / f"d{d:03d}").mkdir()
+        for f in range(3):
+            (root / f"d{d:03d}" / f"{f}.csv").write_text("")
+
+
+@needs_cc
+def test_a_walk_read_ahead_gives_every_directory_in_order_and_closes_it(
+        tmp_path: Path) -> None:
+    many_directories(tmp_path)
+    before = open_descriptors()
+    runs = walk.runs(LIB, str(tmp_path))
+    first = next(runs)
+    assert first.directory == f"{tmp_path}/d000" and os.fstat(first.fd)  # (still open)
+    rest = list(runs)
+    assert [r.directory for r in [first, *rest]] == [
+        f"{tmp_path}/d{d:03d}" for d in range(40)]
+    assert open_descriptors() == before
+
+
+@needs_cc
+def test_a_walk_left_early_closes_the_directories_read_ahead(tmp_path: Path) -> None:
+    many_directories(tmp_path)
+    before = open_descriptors()
+    runs = walk.runs(LIB, str(tmp_path))
+    next(runs)
+    runs.close()
+    assert open_descriptors() == before
+
+
+@needs_cc
+def test_an_error_reading_ahead_reaches_the_walks_caller(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    many_directories(tmp_path)
+    before = open_descriptors()
+    entries, calls = walk._entries, []
+
+    def failing(lib: object, fd: int, buffers: object) -> object:
+        calls.append(fd)
+        if len(calls) == 5:
+            raise MemoryError("no room for the names")
+        return entries(lib, fd, buffers)
+    monkeypatch.setattr(walk, "_entries", failing)
+    seen = []
+    with pytest.raises(MemoryError, match="no room"):
+        for run in walk.runs(LIB, str(tmp_path)):
+            seen.append(run.directory)
+    assert seen == [f"{tmp_path}/d{d:03d}" for d in range(3)]  # (the root read first)
+    assert open_descriptors() == before
+
+
 @needs_cc
 def test_the_compiled_md5_key_is_the_engines(tmp_path: Path) -> None:
     for text in [b"", b"abc", b"x" * 55, b"x" * 56, b"x" * 64, b"/d/" * 40, os.urandom(99)]:
