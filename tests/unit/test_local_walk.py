@@ -177,3 +177,23 @@ def test_a_local_component_as_a_regex(pattern: str, name: str, hit: bool) -> Non
 ])
 def test_an_s3_glob_as_a_regex(pattern: str, key: str, hit: bool) -> None:
     assert KeyMatcher(pattern).matches(key) is hit
+
+
+@pytest.mark.parametrize("name", ["*.csv", "*", "*csv", "*.csv.gz", "a*.csv", "*[!x].csv",
+                                  "*?.csv", "*.c]sv"])
+def test_the_names_of_a_directory_kept_as_the_pattern_of_a_path_keeps_them(name: str) -> None:
+    names = ["a.csv", "b.csv.gz", "csv", "x.csv", "a1.csv", "ab.CSV", "c]sv", "d.c]sv",
+             "e.csv\n", "f.tsv", "é.csv"]
+    expected = [n for n in names if local._matcher(("**", name))(n)]
+    keep = local._names_filter(("**", name))
+    assert keep is not None
+    assert keep(names) == expected
+    every = [n for n in names if n in expected]
+    assert keep(every) == every
+
+
+def test_a_directory_whose_names_all_match_is_kept_whole() -> None:
+    names = [f"f{i:07d}.csv" for i in range(1000)]
+    keep = local._names_filter(("**", "*.csv"))
+    assert keep is not None
+    assert keep(names) is names and keep(names + ["g.tsv"]) == names
