@@ -197,3 +197,17 @@ def test_a_directory_whose_names_all_match_is_kept_whole() -> None:
     keep = local._names_filter(("**", "*.csv"))
     assert keep is not None
     assert keep(names) is names and keep(names + ["g.tsv"]) == names
+
+
+@needs_cc
+@pytest.mark.parametrize("mtime_ns", [-1_500_000_001, 0, 7, 1_764_000_000_123_456_789])
+def test_a_known_file_is_passed_by_whatever_its_modification_time(
+        tmp_path: Path, mtime_ns: int) -> None:
+    for i in range(300):  # (enough for the run to be shared by two threads)
+        (tmp_path / f"{i:03d}.csv").write_text("id\n1\n")
+        os.utime(tmp_path / f"{i:03d}.csv", ns=(mtime_ns, mtime_ns))
+    first = [f for f in local.stream_local(str(tmp_path), None, None)
+             if isinstance(f, SourceFile)]
+    assert {f.identity for f in first} == {f"5:{mtime_ns}"}
+    assert list(local.stream_local(str(tmp_path), None, None,
+                                   known_of(first, extra=20_000))) == [Skipped(300)]

@@ -20,6 +20,8 @@ import functools
 import os
 import queue
 import threading
+import weakref
+from array import array
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -41,8 +43,11 @@ def _bind(lib: Any) -> Any:
                                    c.c_long]
     lib.chload_entries.restype = c.c_long
     lib.chload_known.argtypes = [c.c_int, c.c_char_p, c.c_long, c.c_char_p, c.c_long,
-                                 c.c_void_p, c.c_void_p, c.c_void_p, c.c_long, c.c_void_p]
+                                 c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p, c.c_int,
+                                 c.c_void_p]
     lib.chload_known.restype = c.c_long
+    lib.chload_buckets.argtypes = [c.c_void_p, c.c_long, c.c_void_p, c.c_int]
+    lib.chload_buckets.restype = None
     lib.chload_md5_key.argtypes = [c.c_char_p, c.c_size_t]
     lib.chload_md5_key.restype = c.c_uint64
     return lib
@@ -190,14 +195,15 @@ def known(lib: Any, run: Run, names: list[str], prefix: str,
     head = prefix.encode("utf-8", "surrogateescape")
     met = keys.met
     marks = (ctypes.c_char * len(met)).from_buffer(met) if len(met) else None
+    table, bits = _buckets(lib, keys)
 
     def part(chunk: list[str]) -> tuple[int, bytes]:
         blob = ("\0".join(chunk) + "\0").encode("utf-8", "surrogateescape")
         codes = ctypes.create_string_buffer(len(chunk))
         skipped = lib.chload_known(run.fd, blob, len(chunk), head, len(head),
                                    keys.uris.buffer_info()[0],
-                                   keys.identities.buffer_info()[0], marks, len(keys.uris),
-                                   codes)
+                                   keys.identities.buffer_info()[0], marks,
+                                   table.buffer_info()[0], bits, codes)
         return int(skipped), codes.raw[:len(chunk)]
     helper = _helper() if len(names) >= _SHARED_RUN else None
     if helper is None:
@@ -210,6 +216,25 @@ def known(lib: Any, run: Run, names: list[str], prefix: str,
 
 
 _SHARED_RUN = 64  # names in a run, at least, for its second half to go to another thread
+_last_table: list[Any] = [None, None, 0]  # (keys as a weak reference, table, bits)
+
+
+def _buckets(lib: Any, keys: KnownKeys) -> tuple[array, int]:
+    """Where the keys of each value of the uri keys' top bits begin (walk.c
+    chload_buckets): about 8 keys a bucket, 4 bytes a bucket; made once for the keys
+    of a walk, and again only for other keys."""
+    ref, table, bits = _last_table
+    if ref is not None and ref() is keys and table is not None:
+        return table, bits
+    uris = keys.uris
+    bits = min(max(len(uris).bit_length() - 3, 1), 24)
+    table = array("I", bytes(4 * ((1 << bits) + 1)))
+    lib.chload_buckets(uris.buffer_info()[0], len(uris), table.buffer_info()[0], bits)
+    try:
+        _last_table[:] = [weakref.ref(keys), table, bits]
+    except TypeError:  # (keys that take no weak reference: made again a run)
+        pass
+    return table, bits
 
 
 @functools.cache
