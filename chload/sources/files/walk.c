@@ -182,10 +182,9 @@ void chload_buckets(const uint64_t *keys, long n, uint32_t *table, int bits) {
     table[size] = (uint32_t)n;
 }
 
-/* The index of `key` in the sorted `keys` (`table` made by chload_buckets), or -1. */
-static long find(const uint64_t *keys, const uint32_t *table, int bits, uint64_t key) {
-    uint64_t b = key >> (64 - bits);
-    long lo = table[b], hi = table[b + 1], end = hi;
+/* The index of `key` in the sorted `keys[lo, hi)`, or -1. */
+static long find(const uint64_t *keys, long lo, long hi, uint64_t key) {
+    long end = hi;
     while (lo < hi) {
         long mid = lo + (hi - lo) / 2;
         if (keys[mid] < key) lo = mid + 1; else hi = mid;
@@ -216,27 +215,41 @@ long chload_known(int dirfd, const char *names, long count, const char *prefix,
     char uri[8192];
     long skipped = 0;
     const char *name = names;
+    size_t room = prefix_len < (long)sizeof uri ? sizeof uri - (size_t)prefix_len : 0;
+    if (room) memcpy(uri, prefix, (size_t)prefix_len);
+    /* Each file's keys are looked up in memory far larger than the caches: the lines a
+     * lookup reads are asked for (prefetched) as early as what they depend on is known,
+     * so they arrive while the kernel stats the file and the identity's MD5 is made. */
     for (long i = 0; i < count; i++, name += strlen(name) + 1) {
         size_t len = strlen(name);
         int ascii = 1;
         for (size_t j = 0; j < len; j++) ascii &= (unsigned char)name[j] < 0x80;
+        int plain = ascii && len < room;  /* (else Python decides) */
+        uint64_t key = 0, bucket = 0;
+        if (plain) {
+            memcpy(uri + prefix_len, name, len);
+            key = md5_key(uri, (size_t)prefix_len + len);
+            bucket = key >> (64 - bits);
+            __builtin_prefetch(table + bucket);
+        }
         struct stat st;
         if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) { codes[i] = NONE; continue; }
-        if (S_ISLNK(st.st_mode) || !ascii || prefix_len + len >= sizeof uri) {
-            codes[i] = ASK;
-            continue;
-        }
+        if (S_ISLNK(st.st_mode) || !plain) { codes[i] = ASK; continue; }
         if (!S_ISREG(st.st_mode)) { codes[i] = NONE; continue; }
-        memcpy(uri, prefix, (size_t)prefix_len);
-        memcpy(uri + prefix_len, name, len);
-        long at = find(uris, table, bits, md5_key(uri, (size_t)prefix_len + len));
-        if (at < 0 || met[at]) { codes[i] = ASK; continue; }
+        long lo = table[bucket], hi = table[bucket + 1];
+        if (lo < hi) {
+            __builtin_prefetch(uris + lo);
+            __builtin_prefetch(identities + lo);
+            __builtin_prefetch(met + lo);
+        }
         char identity[48];  /* "size:mtime_ns", as Python writes it */
         int n = decimal(identity, (long long)st.st_size);
         identity[n++] = ':';
         n += decimal(identity + n, (long long)st.st_mtim.tv_sec * 1000000000LL +
                                    st.st_mtim.tv_nsec);
-        if (md5_key(identity, (size_t)n) != identities[at]) { codes[i] = ASK; continue; }
+        uint64_t same = md5_key(identity, (size_t)n);
+        long at = find(uris, lo, hi, key);
+        if (at < 0 || met[at] || identities[at] != same) { codes[i] = ASK; continue; }
         met[at] = 1;
         codes[i] = SKIPPED;
         skipped++;
