@@ -211,3 +211,15 @@ def test_a_known_file_is_passed_by_whatever_its_modification_time(
     assert {f.identity for f in first} == {f"5:{mtime_ns}"}
     assert list(local.stream_local(str(tmp_path), None, None,
                                    known_of(first, extra=20_000))) == [Skipped(300)]
+
+
+@needs_cc
+def test_the_lookup_table_of_a_walk_goes_with_its_keys(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("id\n1\n")
+    first = [f for f in local.stream_local(str(tmp_path), None, None)
+             if isinstance(f, SourceFile)]
+    known = known_of(first, extra=1000)
+    assert list(local.stream_local(str(tmp_path), None, None, known)) == [Skipped(1)]
+    assert walk._last_table[1] is not None
+    del known
+    assert walk._last_table[1] is None

@@ -231,10 +231,16 @@ def _buckets(lib: Any, keys: KnownKeys) -> tuple[array, int]:
     table = array("I", bytes(4 * ((1 << bits) + 1)))
     lib.chload_buckets(uris.buffer_info()[0], len(uris), table.buffer_info()[0], bits)
     try:
-        _last_table[:] = [weakref.ref(keys), table, bits]
+        _last_table[:] = [weakref.ref(keys, _forget), table, bits]
     except TypeError:  # (keys that take no weak reference: made again a run)
         pass
     return table, bits
+
+
+def _forget(ref: weakref.ref) -> None:
+    """The keys of the last table are gone: so is the table."""
+    if _last_table[0] is ref:
+        _last_table[:] = [None, None, 0]
 
 
 @functools.cache
