@@ -98,6 +98,9 @@ def _files(events: Sequence[FileEvent]) -> str:
 
 
 _GROUP_BYTES = 16 << 20
+# Rows a block of the first look's read: each of the summary's parts read in order holds
+# a block of its own, all of them in the loader's memory on the embedded target
+_READ_BLOCK = 8192
 
 
 def _start_sql(dirty: str, display: str) -> str:
@@ -119,8 +122,9 @@ def _start_sql(dirty: str, display: str) -> str:
         f"database = '{DATABASE}' AND name = {quote_str(dirty)} "
         f"UNION ALL SELECT 'committing', '', toUInt64(0) FROM (SELECT code FROM "
         f"{DATABASE}.{SUMMARY} WHERE target_table = {table} ORDER BY unit, spelling, seq "
-        f"DESC LIMIT 1 BY unit, spelling SETTINGS max_threads = 1, "
-        f"max_bytes_before_external_sort = {_GROUP_BYTES}) WHERE code = {COMMITTING_CODE} "
+        f"DESC LIMIT 1 BY unit, spelling SETTINGS max_threads = 1, max_block_size = "
+        f"{_READ_BLOCK}, max_bytes_before_external_sort = {_GROUP_BYTES}) WHERE code = "
+        f"{COMMITTING_CODE} "
         f"UNION ALL SELECT 'committing', '', toUInt64(0) FROM system.one WHERE "
         f"{summary_differs(table, DATABASE)} "
         f"UNION ALL SELECT 'stage', name, toUInt64(now() - metadata_modification_time) "

@@ -72,9 +72,10 @@ def loaded_where(target_table: str) -> str:
 
 KNOWN_SLICE = 1 << 17  # `loaded` events grouped by one query of Ledger.known
 # A slice grouped on one thread in one hash table (not split in 256 past 100,000 keys):
-# the engine's memory for it stays a small multiple of the slice's keys
-_ONE_SLICE = ("max_threads = 1, group_by_two_level_threshold = 1000000, "
-              "group_by_two_level_threshold_bytes = 1000000000")
+# the engine's memory for it stays a small multiple of the slice's keys; read in blocks
+# of 8192 rows (each part of the summary read in order holds one)
+_ONE_SLICE = ("max_threads = 1, max_block_size = 8192, group_by_two_level_threshold = "
+              "1000000, group_by_two_level_threshold_bytes = 1000000000")
 
 
 def known_sql(table: str, uuid: str, summed: bool, lo: int, hi: int) -> str:

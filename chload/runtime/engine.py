@@ -51,6 +51,10 @@ SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
     # for those in a file's start). `--setting input_format_null_as_default=1` asks for
     # the default back (a query's SETTINGS win).
     ("input_format_null_as_default", "0"),
+    # The ledger's summary read in its order (the committer's first look, the planner's
+    # keys) merges its parts' streams; buffered ahead, each stream holds blocks of its
+    # own, so a ledger of a million files cost the loader tens of MiB at the first look.
+    ("read_in_order_use_buffering", "0"),
 )
 # - min_insert_block_size_bytes: an insert squashes rows into blocks of 1M rows or 256 MB
 #   (one part each), i.e. ~128 MB a block per insert thread for wide rows, several held

@@ -55,6 +55,62 @@ def test_a_directory_of_long_names_fills_more_than_the_first_buffer(tmp_path: Pa
     assert len(flat(runs)) == 3000
 
 
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def many_directories(root: Path, count: int = 40) -> None:
+    for d in range(count):
+        (root / f"d{d:03d}").mkdir()
+        for f in range(3):
+            (root / f"d{d:03d}" / f"{f}.csv").write_text("")
+
+
+@needs_cc
+def test_a_walk_read_ahead_gives_every_directory_in_order_and_closes_it(
+        tmp_path: Path) -> None:
+    many_directories(tmp_path)
+    before = open_descriptors()
+    runs = walk.runs(LIB, str(tmp_path))
+    first = next(runs)
+    assert first.directory == f"{tmp_path}/d000" and os.fstat(first.fd)  # (still open)
+    rest = list(runs)
+    assert [r.directory for r in [first, *rest]] == [
+        f"{tmp_path}/d{d:03d}" for d in range(40)]
+    assert open_descriptors() == before
+
+
+@needs_cc
+def test_a_walk_left_early_closes_the_directories_read_ahead(tmp_path: Path) -> None:
+    many_directories(tmp_path)
+    before = open_descriptors()
+    runs = walk.runs(LIB, str(tmp_path))
+    next(runs)
+    runs.close()
+    assert open_descriptors() == before
+
+
+@needs_cc
+def test_an_error_reading_ahead_reaches_the_walks_caller(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    many_directories(tmp_path)
+    before = open_descriptors()
+    entries, calls = walk._entries, []
+
+    def failing(lib: object, fd: int, buffers: object) -> object:
+        calls.append(fd)
+        if len(calls) == 5:
+            raise MemoryError("no room for the names")
+        return entries(lib, fd, buffers)
+    monkeypatch.setattr(walk, "_entries", failing)
+    seen = []
+    with pytest.raises(MemoryError, match="no room"):
+        for run in walk.runs(LIB, str(tmp_path)):
+            seen.append(run.directory)
+    assert seen == [f"{tmp_path}/d{d:03d}" for d in range(3)]  # (the root read first)
+    assert open_descriptors() == before
+
+
 @needs_cc
 def test_the_compiled_md5_key_is_the_engines(tmp_path: Path) -> None:
     for text in [b"", b"abc", b"x" * 55, b"x" * 56, b"x" * 64, b"/d/" * 40, os.urandom(99)]:
@@ -121,3 +177,49 @@ def test_a_local_component_as_a_regex(pattern: str, name: str, hit: bool) -> Non
 ])
 def test_an_s3_glob_as_a_regex(pattern: str, key: str, hit: bool) -> None:
     assert KeyMatcher(pattern).matches(key) is hit
+
+
+@pytest.mark.parametrize("name", ["*.csv", "*", "*csv", "*.csv.gz", "a*.csv", "*[!x].csv",
+                                  "*?.csv", "*.c]sv"])
+def test_the_names_of_a_directory_kept_as_the_pattern_of_a_path_keeps_them(name: str) -> None:
+    names = ["a.csv", "b.csv.gz", "csv", "x.csv", "a1.csv", "ab.CSV", "c]sv", "d.c]sv",
+             "e.csv\n", "f.tsv", "é.csv"]
+    expected = [n for n in names if local._matcher(("**", name))(n)]
+    keep = local._names_filter(("**", name))
+    assert keep is not None
+    assert keep(names) == expected
+    every = [n for n in names if n in expected]
+    assert keep(every) == every
+
+
+def test_a_directory_whose_names_all_match_is_kept_whole() -> None:
+    names = [f"f{i:07d}.csv" for i in range(1000)]
+    keep = local._names_filter(("**", "*.csv"))
+    assert keep is not None
+    assert keep(names) is names and keep(names + ["g.tsv"]) == names
+
+
+@needs_cc
+@pytest.mark.parametrize("mtime_ns", [-1_500_000_001, 0, 7, 1_764_000_000_123_456_789])
+def test_a_known_file_is_passed_by_whatever_its_modification_time(
+        tmp_path: Path, mtime_ns: int) -> None:
+    for i in range(300):  # (enough for the run to be shared by two threads)
+        (tmp_path / f"{i:03d}.csv").write_text("id\n1\n")
+        os.utime(tmp_path / f"{i:03d}.csv", ns=(mtime_ns, mtime_ns))
+    first = [f for f in local.stream_local(str(tmp_path), None, None)
+             if isinstance(f, SourceFile)]
+    assert {f.identity for f in first} == {f"5:{mtime_ns}"}
+    assert list(local.stream_local(str(tmp_path), None, None,
+                                   known_of(first, extra=20_000))) == [Skipped(300)]
+
+
+@needs_cc
+def test_the_lookup_table_of_a_walk_goes_with_its_keys(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("id\n1\n")
+    first = [f for f in local.stream_local(str(tmp_path), None, None)
+             if isinstance(f, SourceFile)]
+    known = known_of(first, extra=1000)
+    assert list(local.stream_local(str(tmp_path), None, None, known)) == [Skipped(1)]
+    assert walk._last_table[1] is not None
+    del known
+    assert walk._last_table[1] is None

@@ -13,7 +13,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -170,58 +169,87 @@ long chload_entries(int dirfd, const char *lock, char *out, long cap, char *type
 
 enum { SKIPPED = 0, ASK = 1, NONE = 2 };  /* codes, one a name */
 
-/* The index of `key` in the sorted `keys`, or -1. MD5 keys spread evenly over 64 bits,
- * so a key's place is first guessed from its value: a probe or two, where bisecting a
- * million keys takes twenty, most of them cache misses. */
-static long find(const uint64_t *keys, long n, uint64_t key) {
-    if (n == 0) return -1;
-    long at = (long)((double)key / 18446744073709551616.0 * (double)n);
-    if (at >= n) at = n - 1;
-    long lo = 0, hi = n, step = 16;
-    while (1) {  /* a window around the guess that holds the key's place */
-        lo = at - step < 0 ? 0 : at - step;
-        hi = at + step > n ? n : at + step;
-        if ((lo == 0 || keys[lo] <= key) && (hi == n || keys[hi - 1] >= key)) break;
-        step *= 4;
+/* `table` for the sorted `keys`: where the keys of each value of their top `bits` bits
+ * begin (entry b: the first key whose top bits are b or more; entry 2^bits: n). Made
+ * once a walk; a key's lookup then reads one entry of it and bisects a few keys: MD5
+ * keys spread evenly, so a bucket holds a handful. */
+void chload_buckets(const uint64_t *keys, long n, uint32_t *table, int bits) {
+    long size = 1L << bits, i = 0;
+    for (long b = 0; b < size; b++) {
+        while (i < n && (keys[i] >> (64 - bits)) < (uint64_t)b) i++;
+        table[b] = (uint32_t)i;
     }
+    table[size] = (uint32_t)n;
+}
+
+/* The index of `key` in the sorted `keys[lo, hi)`, or -1. */
+static long find(const uint64_t *keys, long lo, long hi, uint64_t key) {
+    long end = hi;
     while (lo < hi) {
         long mid = lo + (hi - lo) / 2;
         if (keys[mid] < key) lo = mid + 1; else hi = mid;
     }
-    return lo < n && keys[lo] == key ? lo : -1;
+    return lo < end && keys[lo] == key ? lo : -1;
+}
+
+/* `value` in decimal at `out`; returns the characters written (at most 20). */
+static int decimal(char *out, long long value) {
+    char digits[24];
+    int n = 0, at = 0;
+    unsigned long long v = value < 0 ? 0ULL - (unsigned long long)value : (unsigned long long)value;
+    do { digits[n++] = (char)('0' + v % 10); v /= 10; } while (v);
+    if (value < 0) out[at++] = '-';
+    while (n) out[at++] = digits[--n];
+    return at;
 }
 
 /* `names` ("name\0" each, `count` of them) in the directory `dirfd`, whose uris are
  * `prefix` + name: each one's code into `codes`. SKIPPED: a regular file the ledger
- * holds with this size and mtime (`uris`, sorted, and `identities` beside them; its
- * mark in `met` set); NONE: gone, or not a regular file (a walk passes it by); ASK:
- * anything else (new, changed, met already, a link, a name not ASCII), for Python to
- * decide. Returns how many were SKIPPED. */
+ * holds with this size and mtime (`uris`, sorted, their chload_buckets `table` of
+ * `bits`, and `identities` beside them; its mark in `met` set); NONE: gone, or not a
+ * regular file (a walk passes it by); ASK: anything else (new, changed, met already,
+ * a link, a name not ASCII), for Python to decide. Returns how many were SKIPPED. */
 long chload_known(int dirfd, const char *names, long count, const char *prefix,
                   long prefix_len, const uint64_t *uris, const uint64_t *identities,
-                  uint8_t *met, long known, uint8_t *codes) {
+                  uint8_t *met, const uint32_t *table, int bits, uint8_t *codes) {
     char uri[8192];
     long skipped = 0;
     const char *name = names;
+    size_t room = prefix_len < (long)sizeof uri ? sizeof uri - (size_t)prefix_len : 0;
+    if (room) memcpy(uri, prefix, (size_t)prefix_len);
+    /* Each file's keys are looked up in memory far larger than the caches: the lines a
+     * lookup reads are asked for (prefetched) as early as what they depend on is known,
+     * so they arrive while the kernel stats the file and the identity's MD5 is made. */
     for (long i = 0; i < count; i++, name += strlen(name) + 1) {
         size_t len = strlen(name);
         int ascii = 1;
         for (size_t j = 0; j < len; j++) ascii &= (unsigned char)name[j] < 0x80;
+        int plain = ascii && len < room;  /* (else Python decides) */
+        uint64_t key = 0, bucket = 0;
+        if (plain) {
+            memcpy(uri + prefix_len, name, len);
+            key = md5_key(uri, (size_t)prefix_len + len);
+            bucket = key >> (64 - bits);
+            __builtin_prefetch(table + bucket);
+        }
         struct stat st;
         if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) { codes[i] = NONE; continue; }
-        if (S_ISLNK(st.st_mode) || !ascii || prefix_len + len >= sizeof uri) {
-            codes[i] = ASK;
-            continue;
-        }
+        if (S_ISLNK(st.st_mode) || !plain) { codes[i] = ASK; continue; }
         if (!S_ISREG(st.st_mode)) { codes[i] = NONE; continue; }
-        memcpy(uri, prefix, (size_t)prefix_len);
-        memcpy(uri + prefix_len, name, len);
-        long at = find(uris, known, md5_key(uri, (size_t)prefix_len + len));
-        if (at < 0 || met[at]) { codes[i] = ASK; continue; }
-        char identity[48];
-        int n = snprintf(identity, sizeof identity, "%lld:%lld", (long long)st.st_size,
-                         (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec);
-        if (md5_key(identity, (size_t)n) != identities[at]) { codes[i] = ASK; continue; }
+        long lo = table[bucket], hi = table[bucket + 1];
+        if (lo < hi) {
+            __builtin_prefetch(uris + lo);
+            __builtin_prefetch(identities + lo);
+            __builtin_prefetch(met + lo);
+        }
+        char identity[48];  /* "size:mtime_ns", as Python writes it */
+        int n = decimal(identity, (long long)st.st_size);
+        identity[n++] = ':';
+        n += decimal(identity + n, (long long)st.st_mtim.tv_sec * 1000000000LL +
+                                   st.st_mtim.tv_nsec);
+        uint64_t same = md5_key(identity, (size_t)n);
+        long at = find(uris, lo, hi, key);
+        if (at < 0 || met[at] || identities[at] != same) { codes[i] = ASK; continue; }
         met[at] = 1;
         codes[i] = SKIPPED;
         skipped++;

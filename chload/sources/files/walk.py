@@ -8,7 +8,9 @@ call, and one more call stats a run of its files and compares each one's keys wi
 ledger's (sources.base.KnownKeys): a known, unchanged file costs its readdir entry and
 its stat, and no Python object. Files it cannot decide (new, changed, a link, a name not
 ASCII) are handed back by name, for local.py to describe as it always has. Without a
-compiler, local.py walks as before.
+compiler, local.py walks as before. Directories are read on a thread of their own, a few
+ahead of the one whose files are stat'ed, so reading the next one overlaps the stats of
+the last (a bounded queue: the listing stays streamed).
 """
 
 from __future__ import annotations
@@ -16,7 +18,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from collections.abc import Iterator
+import queue
+import threading
+import weakref
+from array import array
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +43,11 @@ def _bind(lib: Any) -> Any:
                                    c.c_long]
     lib.chload_entries.restype = c.c_long
     lib.chload_known.argtypes = [c.c_int, c.c_char_p, c.c_long, c.c_char_p, c.c_long,
-                                 c.c_void_p, c.c_void_p, c.c_void_p, c.c_long, c.c_void_p]
+                                 c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p, c.c_int,
+                                 c.c_void_p]
     lib.chload_known.restype = c.c_long
+    lib.chload_buckets.argtypes = [c.c_void_p, c.c_long, c.c_void_p, c.c_int]
+    lib.chload_buckets.restype = None
     lib.chload_md5_key.argtypes = [c.c_char_p, c.c_size_t]
     lib.chload_md5_key.restype = c.c_uint64
     return lib
@@ -78,35 +87,86 @@ def runs(lib: Any, directory: str) -> Iterator[Run]:
     """`local._walk`'s files as runs of names: every regular, non-hidden file under a
     directory, recursively, in the order of their paths (a directory's name sorts as
     `name/`); symlinked directories followed, each directory entered once, chload
-    targets never (a directory holding `.chload.lock`)."""
+    targets never (a directory holding `.chload.lock`).
+
+    The directories are read on a thread of their own, up to _AHEAD runs ahead, so the
+    next directory is read while the last one's files are stat'ed (`known`); each
+    directory's descriptor is closed once its last run has been taken."""
+    ahead: queue.Queue[Run | int | BaseException | None] = queue.Queue(_AHEAD)
+    stop = threading.Event()
+
+    def put(item: Run | int | BaseException | None) -> bool:
+        while not stop.is_set():
+            try:
+                ahead.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            _read(lib, directory, put)
+        except BaseException as exc:  # (taken to the walk's caller)
+            put(exc)
+        put(None)
+    reader = threading.Thread(target=read, name="chload-walk-read", daemon=True)
+    reader.start()
+    try:
+        while (item := ahead.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, int):
+                os.close(item)  # (a directory whose runs have all been taken)
+                continue
+            yield item
+    finally:
+        stop.set()
+        reader.join()
+        while not ahead.empty():
+            if isinstance(item := ahead.get_nowait(), int):
+                os.close(item)
+
+
+_AHEAD = 8  # runs and directories read, at most, ahead of the one being stat'ed
+
+
+def _read(lib: Any, directory: str, put: Callable[[Run | int], bool]) -> None:
+    """The walk's runs, in order, each handed to `put`, and then each directory's
+    descriptor, once its last run is handed over; stops when `put` says so (False)."""
     seen: set[tuple[int, int]] = set()
     buffers = _Buffers()
 
-    def visit(root: str) -> Iterator[Run]:
+    def visit(root: str) -> bool:
         try:
             fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
-            return
+            return True
+        handed = False
         try:
             st = os.fstat(fd)
             listed = _entries(lib, fd, buffers)
             if listed is None or (st.st_dev, st.st_ino) in seen:
-                return
+                return True
             seen.add((st.st_dev, st.st_ino))
             names, types = listed
             start = 0
             while start <= len(names):
                 at = types.find(b"d", start)
                 end = len(names) if at < 0 else at
-                if end > start:
-                    yield Run(root, fd, names[start:end])
+                if end > start and not put(Run(root, fd, names[start:end])):
+                    return False
                 if at < 0:
-                    return
-                yield from visit(os.path.join(root, names[at]))
+                    break
+                if not visit(os.path.join(root, names[at])):
+                    return False
                 start = at + 1
+            handed = put(fd)
+            return handed
         finally:
-            os.close(fd)
-    yield from visit(directory)
+            if not handed:
+                os.close(fd)
+    visit(directory)
 
 
 def _entries(lib: Any, fd: int, buffers: _Buffers) -> tuple[list[str], bytes] | None:
@@ -135,14 +195,15 @@ def known(lib: Any, run: Run, names: list[str], prefix: str,
     head = prefix.encode("utf-8", "surrogateescape")
     met = keys.met
     marks = (ctypes.c_char * len(met)).from_buffer(met) if len(met) else None
+    table, bits = _buckets(lib, keys)
 
     def part(chunk: list[str]) -> tuple[int, bytes]:
         blob = ("\0".join(chunk) + "\0").encode("utf-8", "surrogateescape")
         codes = ctypes.create_string_buffer(len(chunk))
         skipped = lib.chload_known(run.fd, blob, len(chunk), head, len(head),
                                    keys.uris.buffer_info()[0],
-                                   keys.identities.buffer_info()[0], marks, len(keys.uris),
-                                   codes)
+                                   keys.identities.buffer_info()[0], marks,
+                                   table.buffer_info()[0], bits, codes)
         return int(skipped), codes.raw[:len(chunk)]
     helper = _helper() if len(names) >= _SHARED_RUN else None
     if helper is None:
@@ -155,6 +216,31 @@ def known(lib: Any, run: Run, names: list[str], prefix: str,
 
 
 _SHARED_RUN = 64  # names in a run, at least, for its second half to go to another thread
+_last_table: list[Any] = [None, None, 0]  # (keys as a weak reference, table, bits)
+
+
+def _buckets(lib: Any, keys: KnownKeys) -> tuple[array, int]:
+    """Where the keys of each value of the uri keys' top bits begin (walk.c
+    chload_buckets): about 8 keys a bucket, 4 bytes a bucket; made once for the keys
+    of a walk, and again only for other keys."""
+    ref, table, bits = _last_table
+    if ref is not None and ref() is keys and table is not None:
+        return table, bits
+    uris = keys.uris
+    bits = min(max(len(uris).bit_length() - 3, 1), 24)
+    table = array("I", bytes(4 * ((1 << bits) + 1)))
+    lib.chload_buckets(uris.buffer_info()[0], len(uris), table.buffer_info()[0], bits)
+    try:
+        _last_table[:] = [weakref.ref(keys, _forget), table, bits]
+    except TypeError:  # (keys that take no weak reference: made again a run)
+        pass
+    return table, bits
+
+
+def _forget(ref: weakref.ref) -> None:
+    """The keys of the last table are gone: so is the table."""
+    if _last_table[0] is ref:
+        _last_table[:] = [None, None, 0]
 
 
 @functools.cache
