@@ -209,9 +209,8 @@ class Stream:
             ready, _, _ = select.select([sock, self.wake_r], [], [], 1.0)
             if self.wake_r in ready:
                 os.read(self.wake_r, 4096)
-            if sock in ready and not conn.consume_input():
-                said = conn.error_message.decode(errors="replace").strip()
-                raise TransientError(f"{self.url.with_user}: the replication stream: {said}")
+            if sock in ready:
+                conn.consume_input()
 
     def _message(self, data: memoryview) -> None:
         kind = data[0]
@@ -247,9 +246,9 @@ class Stream:
             written, flushed = self.safe, self.flushed
         now = int(time.time() * 1_000_000) - _EPOCH_2000_US
         body = struct.pack(">cqqqqB", b"r", written, flushed, flushed, now, int(reply))
-        if self.conn.put_copy_data(body) != 1:
-            raise TransientError(f"{self.url.with_user}: the replication stream: "
-                                 f"{self.conn.error_message.decode(errors='replace').strip()}")
+        while not self.conn.put_copy_data(body):  # (0: libpq's buffer full, for now)
+            select.select([], [self.conn.socket], [], 1.0)
+            self.conn.flush()
         while self.conn.flush() == 1:
             select.select([], [self.conn.socket], [], 1.0)
         self.sent_flushed = flushed
