@@ -86,9 +86,9 @@ class Stream:
     `spool`; `take` seals one, `confirm` moves the slot."""
 
     def __init__(self, url: DbUrl, slot: str, relation: tuple[str, str], start: int,
-                 spool: str) -> None:
+                 spool: str, conn: Any = None) -> None:
         self.url, self.spool = url, spool
-        self.conn = _connect(url, start_command(slot, start, relation))
+        self.conn = conn or _connect(url, start_command(slot, start, relation))
         self.safe = self.flushed = self.sent_flushed = start
         self.lock = threading.Condition()
         self.sealed: deque[Segment] = deque()
@@ -96,7 +96,7 @@ class Stream:
         self.ask_reply = False  # a status update asking the server's position is due
         self.failed: BaseException | None = None
         self.closing = False
-        self.in_txn = False
+        self.in_txn = self.seal_at_commit = False
         self.pending = False  # changes of whole transactions in the current segment
         self.changes = 0
         self.count = 0
@@ -220,7 +220,7 @@ class Stream:
                 self.in_txn = True
             elif head == _COMMIT:  # its start field: the commit record's end
                 self.in_txn = False
-                self._position(struct.unpack_from(">q", data, 1)[0])
+                self._position(struct.unpack_from(">q", data, 1)[0], self.seal_at_commit)
             else:
                 self.file.write(data[_HEADER:])
                 self.file.write(b"\n")
@@ -228,17 +228,23 @@ class Stream:
         elif kind == 0x6B:  # 'k': the server's sent position; a reply asked
             end, _, asked = struct.unpack_from(">qqB", data, 1)
             if not self.in_txn:
-                self._position(end)
+                self._position(end, True)
+            else:  # (amid a transaction's messages: sealed after its commit)
+                self.seal_at_commit = True
             if asked:
                 self._status(False)
 
-    def _position(self, at: int) -> None:
+    def _position(self, at: int, told: bool) -> None:
+        """A safe position: sealed there if a take waits and the server has `told`
+        where it stands since (so a unit reaches the position the server had when it
+        was asked, as the SQL path's units do), or the segment is large."""
         with self.lock:
             self.safe = max(self.safe, at)
+            self.seal_at_commit = False
             if self.changes and not self.pending:
                 self.pending = True
                 self.lock.notify_all()
-            if self.want_seal or self.file.tell() >= SEGMENT_BYTES:
+            if (self.want_seal and told) or self.file.tell() >= SEGMENT_BYTES:
                 self._seal()
 
     def _status(self, reply: bool) -> None:
