@@ -36,18 +36,17 @@ if TYPE_CHECKING:
     from chload.sources.kafka.source import LoadRound
 
 SPOOLED = "pg_temp.chload_changes"
-STALLED = 20  # without --follow: empty units in a row, the position not moving, that end
-# the run short of the position it started at (the server's sent position stuck below it)
 
 
 def rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: LoadRound,
            report: LoadReport, stop: threading.Event, after: int, until: int | None,
            stream: Stream) -> None:
-    """Units taken from `stream` (started at `read`) until `until` (None: until
-    stopped), each loaded, then confirmed."""
+    """Units taken from `stream` until `until` (None: until stopped), each loaded, then
+    confirmed. Without --follow the run ends once the server said it sent everything
+    before `until` (its sent position reaches every record flushed, so it gets there)."""
     read = stream.safe
     encoding = str(follow.slot.one("SHOW server_encoding")[0])
-    idle, stalled = False, 0
+    idle = False
     while not stop.is_set():
         if until is not None and read >= until:
             return
@@ -61,12 +60,9 @@ def rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: LoadR
         idle = segment.changes == 0
         if idle:
             remove(segment.path)
-            stalled = stalled + 1 if segment.upto <= read else 0
             if segment.upto > read:  # nothing of this table: the slot moves on
                 stream.confirm(segment.upto)
                 read = segment.upto
-            if until is not None and stalled >= STALLED:
-                return
             continue
         listener(Event("lag", follow.stream, bytes=max(0, follow.slot.current() - read)))
         check_columns(spec, follow, report)
