@@ -84,12 +84,12 @@ def test_a_unit_holds_whole_transactions_up_to_where_the_server_said_it_stood(
                     _w(100, '{"action":"C","lsn":"0/40"}'), _w(150, '{"action":"B"}'),
                     _w(150, UPDATE))  # (a transaction whose commit has not come)
         assert stream.take(1.0) is None  # (the server answered amid it: sealed at its commit)
+        server.position = 300  # (nothing more of the table: then a unit with no change)
         server.send(_w(180, '{"action":"C"}'))
         segment = stream.take(5.0)
         assert segment is not None
         assert segment.upto == 180 and segment.changes == 2
         assert Path(segment.path).read_text() == INSERT + "\n" + UPDATE + "\n"
-        server.position = 300  # (nothing more of the table: a unit with no change)
         segment = stream.take(5.0)
         assert segment is not None
         assert segment.upto == 300 and segment.changes == 0
