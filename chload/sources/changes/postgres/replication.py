@@ -89,7 +89,7 @@ class Stream:
                  spool: str, conn: Any = None) -> None:
         self.url, self.spool = url, spool
         self.conn = conn or _connect(url, start_command(slot, start, relation))
-        self.safe = self.flushed = self.sent_flushed = start
+        self.start = self.safe = self.flushed = self.sent_flushed = start
         self.lock = threading.Condition()
         self.sealed: deque[Segment] = deque()
         self.want_seal = False  # asked by take: seal at the next safe position

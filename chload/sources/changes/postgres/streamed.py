@@ -44,7 +44,7 @@ def rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: LoadR
     """Units taken from `stream` until `until` (None: until stopped), each loaded, then
     confirmed. Without --follow the run ends once the server said it sent everything
     before `until` (its sent position reaches every record flushed, so it gets there)."""
-    read = stream.safe
+    read = stream.start  # (not `safe`: the thread moves it before a unit is sealed there)
     encoding = str(follow.slot.one("SHOW server_encoding")[0])
     idle = False
     while not stop.is_set():
