@@ -68,7 +68,7 @@ def rounds(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadR
     try:
         with _stopping(spec.follow, stop):
             after, until, read = start(spec, follow, report)
-            stream = _stream(follow, read, spool)
+            stream = _stream(follow, read, spool, report)
             if stream is None:
                 peeked.rounds(spec, follow, listener, load_round, report, stop, after, until,
                               read, spool)
@@ -83,14 +83,17 @@ def rounds(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadR
         shutil.rmtree(spool, ignore_errors=True)
 
 
-def _stream(follow: Follow, read: int, spool: str) -> Stream | None:
-    """The slot streamed from `read`, or None where that cannot be had (the SQL path)."""
+def _stream(follow: Follow, read: int, spool: str, report: LoadReport) -> Stream | None:
+    """The slot streamed from `read`, or None where that cannot be had: the SQL path,
+    said in one line of the report."""
     if os.environ.get(BY_SQL) == "1":
         return None
     try:
         return Stream(follow.url, follow.slot.name, (follow.url.schema, follow.url.table),
                       read, spool)
-    except Unavailable:
+    except Unavailable as why:
+        report.notes.append(f"{follow.url.display}: changes read by SQL, not streamed (slower: "
+                            f"each unit decoded by a query): {why}")
         return None
 
 
