@@ -102,6 +102,7 @@ class Stream:
         self.count = 0
         self.file = self._open()
         self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
         self.last_status = 0.0
         self.thread = threading.Thread(target=self._run, name="chload-stream", daemon=True)
         self.thread.start()
@@ -161,7 +162,10 @@ class Stream:
             raise self.failed
 
     def _wake(self) -> None:
-        os.write(self.wake_w, b"x")
+        try:
+            os.write(self.wake_w, b"x")
+        except BlockingIOError:  # (woken already, many times over)
+            pass
 
     # ------------------------------------------------------------------ the thread
 
