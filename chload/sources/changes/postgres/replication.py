@@ -126,6 +126,11 @@ class Stream:
             self._raise()
             return self.sealed.popleft()
 
+    def put_back(self, segment: Segment) -> None:
+        """A segment taken, given back: the next `take` returns it again."""
+        with self.lock:
+            self.sealed.appendleft(segment)
+
     def wait_changes(self, wait: float) -> None:
         """Until a transaction with changes of the table is spooled, or `wait` s."""
         with self.lock:
