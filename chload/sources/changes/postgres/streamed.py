@@ -1,7 +1,8 @@
 """A followed table's changes streamed once (replication.py), loaded unit by unit.
 
-While a unit converts and loads, the stream's thread goes on spooling what the server
-sends: the next unit is what came meanwhile, each change decoded once. A unit is a
+While a unit loads, the stream's thread goes on spooling what the server sends, and the
+next unit (what came meanwhile, each change decoded once) is taken and converted on
+another thread. A unit is a
 segment the stream sealed at a safe position `upto` (every transaction whose commit
 starts before it, none after), named `(after, upto]` after the ledger's end `after`.
 Its changes, one JSON text a line, go to PostgreSQL in one `psql` session (COPY FROM
