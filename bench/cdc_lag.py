@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -192,3 +193,4 @@ def steady(args: argparse.Namespace) -> None:
         if clickhouse is not None:
             clickhouse.stop()
         server.stop()
+        shutil.rmtree(base, ignore_errors=True)  # (the servers' data: GBs a run)
