@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -137,8 +138,10 @@ def steady(args: argparse.Namespace) -> None:
                 target, "--follow", "--json", *shlex.split(args.follow_args)]
         if clickhouse is not None:  # (18.16 has no DateTime64)
             argv += ["--schema", SERVER_SCHEMA]
+        # (run in the checkout: `python -m` puts the working directory before PYTHONPATH,
+        # so a bench started in another checkout ran that one's code)
         follow = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True)
+                                  stderr=subprocess.PIPE, text=True, cwd=args.checkout)
         time.sleep(10)  # the copy, then an idle round or two
         if follow.poll() is not None:
             raise SystemExit(f"the follow exited: {follow.stderr.read() if follow.stderr else ''}")
@@ -190,3 +193,4 @@ def steady(args: argparse.Namespace) -> None:
         if clickhouse is not None:
             clickhouse.stop()
         server.stop()
+        shutil.rmtree(base, ignore_errors=True)  # (the servers' data: GBs a run)

@@ -135,7 +135,7 @@ class SourceContext:
     select: str | None = None  # --query: a database source loads this SELECT's rows
     incremental_by: str | None = None  # --incremental-by: a column that only grows
     snapshot: str | None = None  # a database source's copy reads this exported snapshot
-    # (a followed PostgreSQL table's: its slot's, sources/changes/postgres.py)
+    # (a followed PostgreSQL table's: its slot's, sources/changes/postgres/)
     force: bool = False  # --force: a source of ranges lists every range, committed or not
     mode: str = "append"  # --mode: under replace-table a table format's source lists a
     # snapshot that rewrote loaded data files whole (sources/lake/table.py)

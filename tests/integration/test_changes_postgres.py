@@ -28,6 +28,7 @@ from test_databases import Source
 pytestmark = pytest.mark.integration
 
 FULL = os.environ.get("CHLOAD_FULL_SIZE") == "1"
+BY_SQL = "CHLOAD_CHANGES_BY_SQL"  # =1: the follow reads by SQL, its fallback
 ROWS = 200_000 if FULL else 20_000
 WRITE_SECONDS = 60.0 if FULL else None  # the writer's time bound at full size (else a count)
 SCHEMA = ("id Int64, amount Nullable(Decimal(14, 3)), at Nullable(String), u Nullable(UUID), "
@@ -265,20 +266,23 @@ def test_a_copied_row_and_a_streamed_row_hold_the_same_values(
     assert "😀" in copied[2] and "00010AFF5C" in copied[2]
 
 
-@pytest.mark.parametrize("point", ["changes-round", "before-attach", "after-attach",
-                                   "changes-committed"])
+@pytest.mark.parametrize("point, by", [
+    ("changes-round", "stream"), ("before-attach", "stream"), ("after-attach", "stream"),
+    ("changes-committed", "stream"), ("changes-round", "sql"), ("changes-committed", "sql")])
 def test_a_kill_at_each_step_of_a_unit_neither_loses_nor_doubles_a_change(
-        pg: Source, target_dir: str, table_name: str, point: str) -> None:
+        pg: Source, target_dir: str, table_name: str, point: str, by: str) -> None:
     """Killed before the unit loads, after its commit but before the slot moved, and
-    inside the commit: the next run applies every change once."""
+    inside the commit: the next run applies every change once (the changes streamed
+    over a replication connection, or read by SQL, the fallback)."""
     into = (target_dir, {})
+    env = {BY_SQL: "1"} if by == "sql" else {}
     pg.sql(CREATE.format(t=table_name, rows=50))
     _follow_through(pg, table_name, into, f"UPDATE {table_name} SET n = 0")
     for i in range(3):
         pg.sql(WRITE.format(t=table_name, new=1000 + i, k=i + 1, gone=10 + i, moved=20 + i))
-    crashed = _run(pg, table_name, table_name, into, env={"CHLOAD_CRASH_AT": point})
+    crashed = _run(pg, table_name, table_name, into, env={"CHLOAD_CRASH_AT": point, **env})
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
-    done = _run(pg, table_name, table_name, into)
+    done = _run(pg, table_name, table_name, into, env=env)
     assert done.returncode == 0, done.stderr
     source = pg.sql(f"SELECT count(*), sum(id), sum(n) FROM {table_name}").strip()
     assert _ch(into, f"SELECT count(), sum(id), sum(n) FROM {table_name} FINAL "
@@ -288,18 +292,22 @@ def test_a_kill_at_each_step_of_a_unit_neither_loses_nor_doubles_a_change(
     assert versions[0] == versions[1]  # no change applied twice
 
 
+@pytest.mark.parametrize("by", ["stream", "sql"])
 def test_units_read_ahead_of_overlapping_transactions_apply_each_change_once(
-        pg: Source, target_dir: str, table_name: str) -> None:
+        pg: Source, target_dir: str, table_name: str, by: str) -> None:
     """Two writers whose transactions overlap (a change's position comes before another
-    transaction's commit) while the follow reads the next unit as one loads: every
-    change is applied once, none lost, none twice."""
+    transaction's commit) while the follow streams the next unit as one loads (or, by
+    SQL, reads it ahead): every change is applied once, none lost, none twice. Streamed,
+    the follow holds a replication connection (pg_stat_replication shows it); by SQL,
+    none."""
     into = (target_dir, {})
+    env = {BY_SQL: "1"} if by == "sql" else {}
     pg.sql(f"CREATE TABLE {table_name} (id bigint PRIMARY KEY, n int NOT NULL); INSERT INTO "
            f"{table_name} SELECT g, 0 FROM generate_series(1, 200) g")
     proc = subprocess.Popen(_argv(pg, table_name, table_name, into, "--follow",
                                   server_schema="id Int64, n Int32"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **pg.env})
+                            env={**os.environ, **pg.env, **env})
 
     def write(first: int) -> None:
         for i in range(40):
@@ -309,6 +317,9 @@ def test_units_read_ahead_of_overlapping_transactions_apply_each_change_once(
                    f"INSERT INTO {table_name} VALUES ({1000 * first + i}, {i}); COMMIT")
 
     time.sleep(5)  # the copy
+    senders = services.postgres_sql(pg.server, "SELECT count(*) FROM pg_stat_replication "
+                                               "WHERE application_name = 'chload'", admin=True)
+    assert int(senders.strip()) == (0 if env else 1)
     writers = [threading.Thread(target=write, args=(first,)) for first in (1, 101)]
     for w in writers:
         w.start()
@@ -318,7 +329,7 @@ def test_units_read_ahead_of_overlapping_transactions_apply_each_change_once(
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    done = _run(pg, table_name, table_name, into)  # the rest, up to now
+    done = _run(pg, table_name, table_name, into, env=env)  # the rest, up to now
     assert done.returncode == 0, done.stderr
     source = pg.sql(f"SELECT count(*), sum(id), sum(n) FROM {table_name}").strip()
     assert _ch(into, f"SELECT count(), sum(id), sum(n) FROM {table_name} FINAL "

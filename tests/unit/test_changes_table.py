@@ -8,8 +8,8 @@ import pytest
 from chload.errors import UsageError
 from chload.schema import Column
 from chload.sources.changes import table
-from chload.sources.changes.postgres_slot import lsn_int, lsn_text, slot_name
-from chload.sources.changes.postgres_sql import SourceColumn, changes_query, options, stopped
+from chload.sources.changes.postgres.slot import lsn_int, lsn_text, slot_name
+from chload.sources.changes.postgres.sql import SourceColumn, changes_query, options, stopped
 
 
 def test_the_change_columns_follow_the_source_columns_with_defaults() -> None:

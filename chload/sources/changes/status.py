@@ -19,7 +19,7 @@ from chload.commit.ledger import FILES
 from chload.errors import ChloadError, UsageError
 from chload.schema import quote_str
 from chload.sources.changes import table as changes_table
-from chload.sources.changes.postgres_slot import SCHEME, Slot, lsn_text
+from chload.sources.changes.postgres.slot import SCHEME, Slot, lsn_text
 from chload.sources.databases.table import DbUrl
 
 if TYPE_CHECKING:

@@ -444,7 +444,7 @@ class PostgresSource(DatabaseSource):
 
     kind = "postgres"
     schemes: tuple[str, ...] = ("postgresql", "postgres")
-    # --follow: its changes after a copy (sources/changes/postgres.py)
+    # --follow: its changes after a copy (sources/changes/postgres/)
     options: tuple[str, ...] = ("query", "incremental_by", "follow")
 
     def begin_early(self, pattern: str, context: SourceContext) -> Callable[[], None] | None:

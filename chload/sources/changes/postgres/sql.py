@@ -40,16 +40,21 @@ def text(value: str) -> str:
     return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-def options(schema: str, table: str, transactions: bool = False) -> str:
+def option_pairs(schema: str, table: str, transactions: bool = False) -> list[tuple[str, str]]:
     """wal2json's options: format 2, this table only (its name's special characters
     escaped by a backslash, as wal2json reads them), each change's LSN, no type names
     (less to parse); `transactions`: each transaction's begin and commit rows too."""
     def bare(name: str) -> str:
         return "".join("\\" + ch if ch in " ',.*\\" else ch for ch in name)
-    pairs = [("format-version", "2"), ("include-lsn", "1"),
-             ("include-transaction", "1" if transactions else "0"), ("include-types", "0"),
-             ("add-tables", f"{bare(schema)}.{bare(table)}")]
-    return ", ".join(f"{text(k)}, {text(v)}" for k, v in pairs)
+    return [("format-version", "2"), ("include-lsn", "1"),
+            ("include-transaction", "1" if transactions else "0"), ("include-types", "0"),
+            ("add-tables", f"{bare(schema)}.{bare(table)}")]
+
+
+def options(schema: str, table: str, transactions: bool = False) -> str:
+    """`option_pairs` as the arguments of pg_logical_slot_peek_changes."""
+    return ", ".join(f"{text(k)}, {text(v)}" for k, v in option_pairs(schema, table,
+                                                                        transactions))
 
 
 def _cast(column: SourceColumn, raw: str) -> str:
@@ -110,11 +115,12 @@ def _peeked(slot: str, upto: str, relation: tuple[str, str], skip: str | None) -
 
 def changes_query(slot: str, upto: str, relation: tuple[str, str], display: str,
                   columns: Sequence[SourceColumn], key: Sequence[str],
-                  skip: str | None = None) -> str:
+                  skip: str | None = None, spooled: str | None = None) -> str:
     """The COPY of the changes of `slot` committed before `upto` (an LSN), as the
     followed table's rows: the snapshot's columns, `_version`, `_is_deleted`. Each
     change is decoded once and gives one row (`d` 0: its new values) or two (`d` 1: the
-    old key deleted, where an update changed it). `skip`: see `_peeked`."""
+    old key deleted, where an update changed it). `skip`: see `_peeked`. `spooled`: a
+    table of the changes' JSON (column `data`) to read instead of the slot."""
     index = {c.name: i for i, c in enumerate(columns)}
     truncated = _stop(f"{display} was truncated at the source; the follow stopped: "
                       "truncate the ClickHouse table too, then drop the follow "
@@ -128,11 +134,14 @@ def changes_query(slot: str, upto: str, relation: tuple[str, str], display: str,
                         for k in key)
     # OFFSET 0: a fence, so each change's text is parsed once (inlined, `j` was parsed
     # again at every use)
-    changes = (
-        f"SELECT v, j, j ->> 'action' AS a, j -> 'columns' AS cols FROM (SELECT "
-        f"(c.lsn - '0/0'::pg_lsn)::numeric(20, 0)"
-        f" AS v, c.data::jsonb AS j FROM ({_peeked(slot, upto, relation, skip)}) c OFFSET 0) "
-        "c OFFSET 0")
+    if spooled is None:
+        each = (f"SELECT (c.lsn - '0/0'::pg_lsn)::numeric(20, 0) AS v, c.data::jsonb AS j "
+                f"FROM ({_peeked(slot, upto, relation, skip)}) c OFFSET 0")
+    else:  # the changes a replication connection streamed (each carries its LSN)
+        each = (f"SELECT ((j ->> 'lsn')::pg_lsn - '0/0'::pg_lsn)::numeric(20, 0) AS v, j "
+                f"FROM (SELECT data::jsonb AS j FROM {spooled} OFFSET 0) c")
+    changes = (f"SELECT v, j, j ->> 'action' AS a, j -> 'columns' AS cols FROM ({each}) c "
+               "OFFSET 0")
     keep = (f"CASE WHEN d = 0 THEN a = 'I' OR (a = 'U' AND (jsonb_array_length(cols) = "
             f"{len(columns)} OR ({every}) OR {toast} IS NULL)) "
             f"ELSE a = 'D' OR (a = 'U' AND ({moved})) OR (a = 'T' AND {truncated} IS NULL) END")

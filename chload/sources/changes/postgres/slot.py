@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass, replace
 
 from chload.errors import SourceError, UsageError
-from chload.sources.changes.postgres_sql import PLUGIN, SourceColumn, ident, text
+from chload.sources.changes.postgres.sql import PLUGIN, SourceColumn, ident, text
 from chload.sources.databases.postgres import _COLUMNS_SQL, _column
 from chload.sources.databases.postgres_psql import Control, find_psql
 from chload.sources.databases.table import DbColumn, DbUrl
