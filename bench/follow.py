@@ -105,9 +105,12 @@ class Follower:
             sys.exit(f"the follow exited {code}: {''.join(self.err)[-2000:]}")
 
 
+TARGET_QUERY = ""  # --push: added to the server's URL where chload loads (?path=push)
+
+
 def load_argv(source: str, table: str, server: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "chload", "load", source, "--table", table,
-            "--target", server, "--json", *extra]
+            "--target", server + TARGET_QUERY, "--json", *extra]
 
 
 def upload(client: object, path: str, key: str) -> int:
@@ -304,6 +307,8 @@ def main() -> None:
                         "against (its folder, as PYTHONPATH)")
     parser.add_argument("--only", choices=["lag", "kills", "backlog", "history"])
     parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--push", action="store_true", help="the target URL asks the loader's "
+                        "engine to parse every object (?path=push), not the server (relay)")
     args = parser.parse_args()
     files = max(args.backlog, min(args.rate * args.seconds, 200))
     data = [] if args.only == "history" else make_trips(
@@ -314,6 +319,9 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="chload-bench-follow-")
     minio = services.start_minio(Path(work))
     clickhouse = services.start_clickhouse_server(Path(work))
+    global TARGET_QUERY
+    TARGET_QUERY = "/default?path=push" if args.push else ""
+    target = clickhouse.url
     try:
         services.minio_create_bucket(minio, BUCKET)
         client = services.minio_client(minio)
@@ -321,15 +329,15 @@ def main() -> None:
                "AWS_ACCESS_KEY_ID": minio.credentials["access_key"],
                "AWS_SECRET_ACCESS_KEY": minio.credentials["secret_key"]}
         if args.only in (None, "lag"):
-            result["lag"] = lag(args, client, clickhouse.url, env, data)
+            result["lag"] = lag(args, client, target, env, data)
         if args.only in (None, "kills"):
-            result["kills"] = kills(args, client, clickhouse.url, env, data)
+            result["kills"] = kills(args, client, target, env, data)
         if args.only == "history":
             result["history"] = history(args, clickhouse.url, work)
         if args.only in (None, "backlog"):
             for i, path in enumerate(data[:args.backlog]):
                 upload(client, path, f"backlog/{i:05d}.csv.gz")
-            result["backlog"] = backlog(args, clickhouse.url, env)
+            result["backlog"] = backlog(args, target, env)
     finally:
         clickhouse.stop()
         minio.stop()
