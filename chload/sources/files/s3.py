@@ -325,12 +325,7 @@ class Lister:
         parts = urlsplit(url)
         if self._conn is None or self._host != parts.netloc:
             self._close()
-            if parts.scheme == "https":  # AWS_CA_BUNDLE as the AWS tools honour it
-                context = ssl.create_default_context(cafile=self.ca_bundle)
-                self._conn = http.client.HTTPSConnection(parts.netloc, timeout=self.timeout,
-                                                         context=context)
-            else:
-                self._conn = http.client.HTTPConnection(parts.netloc, timeout=self.timeout)
+            self._conn = _connect(parts.scheme, parts.netloc, self.timeout, self.ca_bundle)
             self._host = parts.netloc
         headers = aws.sign("GET", url, self.config.region, self.config.credentials)
         path = f"{parts.path or '/'}?{parts.query}" if parts.query else parts.path or "/"
@@ -355,11 +350,7 @@ def object_bytes(config: aws.S3Settings, file: SourceFile, timeout: float = 60.0
     bucket, key = parse_uri(file.uri)
     url = f"{config.bucket_url(bucket)}/{quote(key, safe='/~-._')}"
     parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.netloc, timeout=timeout)
-    if parts.scheme == "https":  # AWS_CA_BUNDLE as the AWS tools honour it
-        conn = http.client.HTTPSConnection(parts.netloc, timeout=timeout,
-                                           context=ssl.create_default_context(
-                                               cafile=config.ca_bundle))
+    conn = _connect(parts.scheme, parts.netloc, timeout, config.ca_bundle)
     headers = aws.sign("GET", url, config.region, None if file.anonymous else config.credentials)
     etag = file.etag.rsplit(":", 1)[0]
     if etag:
@@ -377,6 +368,14 @@ def object_bytes(config: aws.S3Settings, file: SourceFile, timeout: float = 60.0
                                  f"({_reason(exc)}); it is read again") from None
     finally:
         conn.close()
+
+
+def _connect(scheme: str, netloc: str, timeout: float,
+             ca_bundle: str | None) -> http.client.HTTPConnection:
+    if scheme == "https":  # AWS_CA_BUNDLE as the AWS tools honour it
+        return http.client.HTTPSConnection(netloc, timeout=timeout,
+                                           context=ssl.create_default_context(cafile=ca_bundle))
+    return http.client.HTTPConnection(netloc, timeout=timeout)
 
 
 def _read_error(file: SourceFile, config: aws.S3Settings, status: int, body: bytes,

@@ -130,54 +130,52 @@ class StageFilling:
         f = job.file
         if f.local_path is None:
             return self._relay(job, stage)
-        names = ", ".join(quote_ident(name) for name in _raw_names(job))
-        headers = {}
-        if f.format.compression != "none":
-            headers["Content-Encoding"] = f.format.compression
-        part_rows = self._part_rows(job, PIPE_PART_BYTES if is_pipe(f) else PART_BYTES)
-        params = {"max_insert_block_size": str(part_rows), **self.insert_params,
-                  **dict(job.settings)}
+        names = _raw_names(job)
         with os.fdopen(open_listed(f), "rb") as body:
             if is_pipe(f):  # a source writing as it reads (a database range): posted
                 counted = [0]  # chunked, as the bytes come
                 with self._streams.data() as slot:
-                    self.client.request(f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT "
-                                        f"{f.format.name}", _counted(body, counted),
-                                        headers=headers, params=params, context=f.uri)
+                    self._insert_raw(job, stage, names, _counted(
+                        iter(partial(body.read, PIPE_CHUNK), b""), counted), PIPE_PART_BYTES)
                     slot.bytes = counted[0]
                 return counted[0]
             if not f.size:  # no rows to post (and sendfile refuses a length of 0)
                 return 0
             with self._streams.data() as sent:
                 sent.bytes = f.size
-                self.client.request(f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT "
-                                    f"{f.format.name}", body, length=f.size,
-                                    headers=headers, params=params, context=f.uri)
+                self._insert_raw(job, stage, names, body, length=f.size)
         return f.size
 
     def _relay(self, job: LoadJob, stage: str) -> int:
         """A remote object's bytes posted as they come from its source (relay.py);
         Unfit (nothing posted) when the loader's engine is to read it."""
-        f = job.file
         relay = open_relay(job, self._empty_matters(job), self.caps.version)
         try:
             if relay.empty:
                 return 0
-            names = ", ".join(quote_ident(name) for name in relay.names)
-            headers = {}
-            if f.format.compression != "none":
-                headers["Content-Encoding"] = f.format.compression
-            params = {"max_insert_block_size": str(self._part_rows(job)), **self.insert_params,
-                      **dict(job.settings)}
             counted = [0]
             with self._streams.data() as slot:
-                slot.bytes = f.size
-                self.client.request(f"INSERT INTO {DATABASE}.{stage} ({names}) FORMAT "
-                                    f"{f.format.name}", _tallied(relay.chunks, counted),
-                                    headers=headers, params=params, context=f.uri)
+                slot.bytes = job.file.size
+                self._insert_raw(job, stage, relay.names, _counted(relay.chunks, counted))
             return counted[0]
         finally:
             relay.close()
+
+    def _insert_raw(self, job: LoadJob, stage: str, names: Sequence[str],
+                    body: BinaryIO | Iterator[bytes], budget: int = PART_BYTES,
+                    length: int | None = None) -> None:
+        """One INSERT of a file's bytes as they are (`names`: its columns in its order),
+        with its compression said and its parts sized (_part_rows)."""
+        f = job.file
+        headers = {}
+        if f.format.compression != "none":
+            headers["Content-Encoding"] = f.format.compression
+        params = {"max_insert_block_size": str(self._part_rows(job, budget)),
+                  **self.insert_params, **dict(job.settings)}
+        columns = ", ".join(quote_ident(name) for name in names)
+        self.client.request(f"INSERT INTO {DATABASE}.{stage} ({columns}) FORMAT "
+                            f"{f.format.name}", body, length=length, headers=headers,
+                            params=params, context=f.uri)
 
     def _part_rows(self, job: LoadJob, budget: int = PART_BYTES) -> int:
         """Rows per part the server writes: one part per file up to `budget` bytes of
@@ -409,15 +407,8 @@ def is_pipe(f: SourceFile) -> bool:
         return False
 
 
-def _tallied(chunks: Iterator[bytes], sent: list[int]) -> Iterator[bytes]:
+def _counted(chunks: Iterator[bytes], sent: list[int]) -> Iterator[bytes]:
     """`chunks`, their total in `sent[0]`."""
     for chunk in chunks:
-        sent[0] += len(chunk)
-        yield chunk
-
-
-def _counted(body: BinaryIO, sent: list[int]) -> Iterator[bytes]:
-    """The chunks of `body`, their total in `sent[0]`."""
-    while chunk := body.read(PIPE_CHUNK):
         sent[0] += len(chunk)
         yield chunk
