@@ -183,7 +183,11 @@ def stage_holds_rows(target: str, pid: int) -> bool:
     """True once a stage table of process `pid` (chload.stage_<machine>_<pid>_<start>_<id>)
     holds a part: that load is parsing rows it has not committed yet."""
     for sql in Path(target, "metadata", "chload").glob(f"stage_*_{pid}_*.sql"):
-        found = re.search(r"UUID '([0-9a-f-]{36})'", sql.read_text(errors="replace"))
+        try:
+            text = sql.read_text(errors="replace")
+        except FileNotFoundError:  # that stage was committed and dropped since the glob
+            continue
+        found = re.search(r"UUID '([0-9a-f-]{36})'", text)
         if found and _part_blocks(Path(target, "store", found[1][:3], found[1])):
             return True
     return False
