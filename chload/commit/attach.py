@@ -5,7 +5,8 @@ server target with its own committer).
 
 - `log_committing` / `log_group`: the files' `committing` events, each with the mark
   (the table's highest block number before its attach), under the commit lock;
-- `attach`: ATTACH PARTITION ID ... FROM chload.<stage>, partition by partition; under
+- `attach`: ATTACH PARTITION ID ... FROM chload.<stage>, partition by partition (in
+  chDB: the stage's partition MOVEd TO TABLE, below); under
   --mode replace-partitions the partitions a commit replaces (its events' `replaced`:
   those no earlier commit of this run replaced) are REPLACE PARTITION ... FROM the stage
   instead, or DROP PARTITION where the stage holds none of it (a cluster's shard that
@@ -15,6 +16,14 @@ server target with its own committer).
 - `settle`: after a crash or a lost answer, attach each stage partition with no part
   above the logged mark (committer.py rules 1, 3, 4);
 - `drop_stage` / `drop_orphans`: stages no commit needs any more (rule 6).
+
+In chDB an ATTACH ... FROM (and a REPLACE) cancels every merge running in the table and
+holds merges off while it runs: a load committing a stage every second or so keeps the
+table's merges from ever ending, its parts pile up to the end of the load, and each
+merge started again over more parts holds more memory. A MOVE PARTITION ... TO TABLE
+stops merges only in the stage (stopped already): the table merges as the load goes on.
+It numbers the parts from the table's blocks as an attach does, and leaves the stage
+without that partition, which the mark rule reads as attached (settle).
 
 Every statement carries a query id naming this process and the table, so `wait_idle`
 can tell whether an attach whose answer was lost is still running on the server.
@@ -48,9 +57,10 @@ class Attacher:
     before the log rather than in it."""
 
     def __init__(self, sql: Sql, ledger: Ledger, holder: Holder, exclusive: bool,
-                 sleep: Callable[[float], None]) -> None:
+                 sleep: Callable[[float], None], moves: bool = False) -> None:
         self.sql, self.ledger, self.holder = sql, ledger, holder
         self.exclusive, self.sleep = exclusive, sleep
+        self.moves = moves  # the engine MOVEs a stage's partition TO TABLE (docstring)
         # --mode replace-partitions: table -> (run, the partitions that run replaced);
         # a table absent appends. The first commit of a run holding rows of a partition
         # replaces it, later ones of the run add to it: the partition ends as the union
@@ -114,7 +124,9 @@ class Attacher:
         replacing = set(replaced.split(",")) - {""}
         for partition in sorted(set(partitions) | replacing):
             named = f"PARTITION ID {quote_str(partition)}"
-            if partition not in replacing:
+            if partition not in replacing and self.moves:
+                self.run(f"ALTER TABLE {source} MOVE {named} TO TABLE {table}", table)
+            elif partition not in replacing:
                 self.run(f"ALTER TABLE {table} ATTACH {named} FROM {source}", table)
             elif partition in partitions:
                 self.run(f"ALTER TABLE {table} REPLACE {named} FROM {source}", table)

@@ -82,11 +82,11 @@ class Committer:
 
     def __init__(self, sql: Sql, ledger: Ledger, lease: float = LEASE_SECONDS,
                  sleep: Callable[[float], None] = time.sleep,
-                 lock: CommitLock | None = None) -> None:
+                 lock: CommitLock | None = None, moves: bool = False) -> None:
         self.sql, self.ledger, self.lease, self.sleep = sql, ledger, lease, sleep
         self.holder = Holder.this_process()
         self.lock: CommitLock = lock or TableLock(sql, self.holder, lease, sleep)
-        self.attacher = Attacher(sql, ledger, self.holder, self.lock.exclusive, sleep)
+        self.attacher = Attacher(sql, ledger, self.holder, self.lock.exclusive, sleep, moves)
         self._turns: dict[str, _Turn] = {}
         self._guard = threading.Lock()
         self._in_flight: dict[str, dict[str, int]] = {}  # table -> uri -> units (expect)

@@ -110,7 +110,9 @@ class EmbeddedTarget:
             self.ledger.ensure()
             rejects.ensure(self)
         sql = Sql(lambda statement, _query_id: self.command(statement), self.rows)
-        self.committer = Committer(sql, self.ledger, lock=ProcessLock(sql))
+        # a stage's partitions are moved into the table: an attach in chDB would cancel
+        # the table's merges at every commit (commit/attach.py)
+        self.committer = Committer(sql, self.ledger, lock=ProcessLock(sql), moves=True)
         self.loaded = LoadedEvents(self.ledger)
         self._started_ns = time.time_ns()  # files committed by other runs after this count
         # A directory this process made holds only the ledger until it creates a table:
