@@ -115,7 +115,7 @@ def _load_changes(spec: LoadSpec, target: Target, listener: Listener, changes: M
     try:  # (the copy of a new slot reads its exported snapshot while the slot's
         copy_first = follow.begin()  # connection is open)
         if copy_first:
-            copied = load_into(replace(spec, follow=False, upsert_key=None,
+            copied = load_into(replace(spec, follow=False, upsert_key=None, cluster=None,
                                         on_new_column="fail"), target, listener, stop,
                                 copy=True, snapshot=follow.snapshot)
             if copied.files_failed or copied.errors or stop.is_set():

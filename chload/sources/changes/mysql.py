@@ -226,7 +226,7 @@ class MysqlChanges(RemoteSource):
         elif not self.made:  # a copy cut short: its rows are dropped, the copy taken again
             changes_table.truncate(target, table.sql)
         assert self.load_table is not None
-        copied = self.load_table(replace(spec, follow=False, force=True))
+        copied = self.load_table(replace(spec, follow=False, force=True, cluster=None))
         _merge(report, copied)
         if copied.files_failed or copied.errors:
             raise SourceError(f"{table.display}: the copy of {server.url.display} failed; "

@@ -171,6 +171,13 @@ def truncate(target: Target, table_sql: str) -> None:
         shard.target.command(f"TRUNCATE TABLE {target.local}")  # type: ignore[attr-defined]
 
 
+def where_followed(target: Target) -> str:
+    """The target as a follow's slot is named after: a cluster's by its entry server (the
+    server holding the Distributed table), so a run names the same slot whether it looks
+    through the cluster or through that server."""
+    return str(getattr(target, "entry", target).display)
+
+
 def unit_uri(stream: str, after: int, end: int) -> str:
     return f"{stream}/{after}-{end - 1}"
 

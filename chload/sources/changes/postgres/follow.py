@@ -54,8 +54,8 @@ class Follow:
         if spec.query:
             raise UsageError("--follow of a --query: follow a table (name it in the URL)")
         self.url: DbUrl = parse_url(spec.sources[0], None)
-        self.slot = Slot(self.url, slot_name(target.display, table.display,
-                                             self.url.with_user))
+        self.slot = Slot(self.url, slot_name(changes_table.where_followed(target),
+                                             table.display, self.url.with_user))
         self.stream = stream_name(self.url, self.slot.name)
         self.target, self.table, self.schema = target, table, spec.schema
         self.spec = spec
@@ -84,6 +84,8 @@ class Follow:
         first (no unit of changes in the ledger yet). A Distributed table is looked at
         through its cluster (its shards' tables and ledgers)."""
         spec = self.spec
+        if spec.cluster and self.target.table_columns(self.table.sql) is None:
+            return self._begin(self.target)  # (made on the cluster by ensure_table)
         with self.target.for_table(self.table.sql, spec.shards, spec.shard_by,
                                    os.environ) as target:
             return self._begin(target)
