@@ -107,8 +107,9 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
          kafka_options: Settings = (), follow: bool = False, batch_rows: int | None = None,
          batch_seconds: float | None = None, query: str | None = None,
          incremental_by: str | None = None, shards: Pairs = (),
-         shard_by: ShardBy = "auto", after_last_key: bool = False,
-         on_new_column: OnNewColumn = "fail", upsert_key: str | None = None,
+         shard_by: ShardBy = "auto", cluster: str | None = None,
+         after_last_key: bool = False, on_new_column: OnNewColumn = "fail",
+         upsert_key: str | None = None,
          version: str | None = None, mode: Mode = "append",
          poll: float | None = None, listener: Listener | None = None,
          metrics_port: int | None = None) -> LoadReport:
@@ -155,6 +156,10 @@ def load(sources: Sources | LoadSpec, *, table: str | None = None, target: Targe
         target's port.
     :param shard_by: a Distributed table: "auto" (rows by its sharding key) or "file"
         (whole files by weight).
+    :param cluster: with follow of a postgresql:// or mysql:// table into a server: a
+        table that does not exist is made on this cluster (system.clusters): a
+        ReplacingMergeTree ``<table>_local`` on every shard and the Distributed table
+        over them, sharded by cityHash64 of the key (docs/target-cluster.md).
     :param after_last_key: s3://, gs://, az://: list each prefix only after the greatest key
         already loaded under it (S3 StartAfter), for buckets whose keys grow in order (dates,
         sequence numbers); an object added or changed under an earlier key is then not

@@ -57,11 +57,12 @@ def load_into(spec: LoadSpec, target: Target, listener: Listener | None = None,
     if changes is not None and (spec.follow or changes.followed(spec, target)):
         return _load_changes(spec, target, listener or (lambda event: None), changes,
                              stop or threading.Event())
-    binlog = None if copy else registry.binlog_of(spec, target, planner.parse_table(
-        spec.table, steps.default_database(target)))
+    table = planner.parse_table(spec.table, steps.default_database(target))
+    binlog = None if copy else registry.binlog_of(spec, target, table)
     if binlog is not None:  # a MySQL table followed: its copy, then its binlog
         binlog.begin(stop or threading.Event(),
                      lambda copy: load_into(copy, target, listener, stop))
+        binlog.make_table(spec, target, table)  # (--cluster: before its cluster opens)
         return _load_stream(spec, target, listener or (lambda event: None), binlog)
     # A pipe is read once: not where rejected rows are read again (an error budget)
     pipes = target.reads_pipes and not spec.budget.allows_errors
@@ -114,7 +115,7 @@ def _load_changes(spec: LoadSpec, target: Target, listener: Listener, changes: M
     try:  # (the copy of a new slot reads its exported snapshot while the slot's
         copy_first = follow.begin()  # connection is open)
         if copy_first:
-            copied = load_into(replace(spec, follow=False, upsert_key=None,
+            copied = load_into(replace(spec, follow=False, upsert_key=None, cluster=None,
                                         on_new_column="fail"), target, listener, stop,
                                 copy=True, snapshot=follow.snapshot)
             if copied.files_failed or copied.errors or stop.is_set():

@@ -131,6 +131,9 @@ def load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shard-by", default="auto", choices=["auto", "file"],
                    help="a Distributed table: rows by its sharding key (auto) or whole "
                    "files by weight")
+    p.add_argument("--cluster", metavar="NAME",
+                   help="--follow of a database table: make a missing table on this "
+                   "cluster (<table>_local on every shard, a Distributed table here)")
 
 
 def spec_flags(p: argparse.ArgumentParser) -> None:

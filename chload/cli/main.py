@@ -176,7 +176,8 @@ def _load_with(args: argparse.Namespace) -> int:
             follow=args.follow, batch_rows=args.batch_rows,
             batch_seconds=args.batch_seconds, query=args.query,
             incremental_by=args.incremental_by, shards=_shards(args.shard),
-            shard_by=args.shard_by, after_last_key=args.after_last_key, poll=args.poll,
+            shard_by=args.shard_by, cluster=args.cluster,
+            after_last_key=args.after_last_key, poll=args.poll,
             on_new_column=args.on_new_column, upsert_key=args.upsert_key,
             version=args.version, mode=args.mode, listener=_polls(args, listener),
             metrics_port=args.metrics_port)

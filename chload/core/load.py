@@ -61,7 +61,8 @@ SOURCE_OPTIONS = {"query": ("--query", "a postgresql:// or mysql:// source"),
                    "batch_rows": ("--batch-rows", "a kafka:// or followed mysql:// source"),
                    "batch_seconds": ("--batch-seconds", "a kafka:// or followed mysql:// source"),
                    "kafka_options": ("--kafka-option", "a kafka:// source"),
-                   "after_last_key": ("--after-last-key", "an s3://, az:// or gs:// source")}
+                   "after_last_key": ("--after-last-key", "an s3://, az:// or gs:// source"),
+                   "cluster": ("--cluster", "--follow of a postgresql:// or mysql:// table")}
 
 
 def refuse_unread(spec: LoadSpec, read: Collection[str]) -> None:

@@ -72,6 +72,7 @@ class LoadSpec:
     incremental_by: str | None = None
     shards: tuple[tuple[str, str], ...] = ()
     shard_by: str = "auto"
+    cluster: str | None = None  # --cluster: a followed table made on this cluster
     after_last_key: bool = False
     poll: float | None = None  # --follow of files: seconds between listings (None: 30)
     on_new_column: str = "fail"
@@ -100,6 +101,10 @@ class LoadSpec:
         if self.poll is not None and not self.follow:
             raise UsageError(f"--poll {self.poll:g}: only with --follow (how often a load "
                              "that follows lists its sources again); add --follow")
+        if self.cluster is not None and not self.follow:
+            raise UsageError(f"--cluster {self.cluster}: only with --follow (a followed "
+                             "table is made on the cluster when missing); a run that "
+                             "catches up leaves it out")
         if self.follow and "-" in self.sources:
             raise UsageError("--follow -: standard input is read once; follow a directory, "
                              "a glob or a prefix")
@@ -140,7 +145,8 @@ _SPEC_TYPES = {
     "kafka_options": options.settings, "follow": options.flag,
     "batch_rows": options.optional_whole, "batch_seconds": options.optional_seconds,
     "query": options.optional_text, "incremental_by": options.optional_text,
-    "shards": options.settings, "shard_by": options.text, "after_last_key": options.flag,
+    "shards": options.settings, "shard_by": options.text, "cluster": options.optional_text,
+    "after_last_key": options.flag,
     "poll": options.optional_seconds,
     "on_new_column": options.text, "upsert_key": options.optional_text,
     "version": options.optional_text, "mode": options.text,

@@ -17,6 +17,7 @@ from chload.errors import UsageError
 from chload.targets.base import Target
 
 if TYPE_CHECKING:
+    from chload.schema import Column
     from chload.targets.cluster.target import ClusterTarget
     from chload.targets.embedded.target import EmbeddedTarget
     from chload.targets.server.http import TargetURL
@@ -75,13 +76,23 @@ def open_target(spec: TargetSpec) -> Target:
     if spec.url is not None:
         from chload.targets.server.target import ServerTarget
 
-        return ServerTarget(spec.url, clusters=_open_cluster)
+        return ServerTarget(spec.url, clusters=_open_cluster,
+                            make_on_cluster=_make_on_cluster)
     if not spec.create and not os.path.isdir(spec.where):
         raise UsageError(f"target {spec.where}: no embedded ClickHouse there yet; load "
                          "something first, or pass --target DIR (or http(s)://...)")
     from chload.targets.embedded.target import EmbeddedTarget
 
     return EmbeddedTarget(spec.where)
+
+
+def _make_on_cluster(server: ServerTarget, table: str, cluster: str,
+                     columns: Sequence[Column], key: Sequence[str], engine: str,
+                     shards: Sequence[tuple[str, str]], env: Mapping[str, str]) -> None:
+    """A followed table made on a cluster (targets/cluster/create.py)."""
+    from chload.targets.cluster.create import create_on_cluster
+
+    create_on_cluster(server, table, cluster, columns, key, engine, shards, env)
 
 
 def _open_cluster(server: ServerTarget, table: str, shards: Sequence[tuple[str, str]],

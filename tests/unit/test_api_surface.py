@@ -83,6 +83,7 @@ def test_a_typo_is_a_type_error_and_a_loadspec_takes_no_options_beside_it() -> N
     ("a.csv", {"kafka_options": {"security.protocol": "SSL"}}, "--kafka-option: only for"),
     ("kafka://127.0.0.1:9/topic", {"query": "SELECT 1"}, "--query: only for a postgresql"),
     ("a.csv", {"incremental_by": "id"}, "--incremental-by: only for a postgresql:// or"),
+    ("a.csv", {"cluster": "c", "follow": True}, "--cluster: only for --follow of a postgresql"),
 ])
 def test_an_option_no_source_reads_is_refused_before_anything_opens(
         source: str, options: dict[str, Any], said: str) -> None:
@@ -97,7 +98,7 @@ def test_the_options_a_source_reads_are_taken() -> None:
         api.registry.source_for("kafka://h:9092/t").options)
     assert set(steps.SOURCE_OPTIONS) == {"query", "incremental_by", "follow", "batch_rows",
                                         "batch_seconds", "kafka_options", "after_last_key",
-                                        "poll"}
+                                        "poll", "cluster"}
     assert api.registry.source_for("s3://bucket/k").options == ("after_last_key", "follow",
                                                                 "poll")
     spec = LoadSpec(sources=("kafka://h:9092/t",), table="t", follow=True, batch_rows=5,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from chload.commit.ledger import LOADED, FileEvent
 from chload.errors import UsageError
 from chload.schema import Column
 from chload.sources.changes import table
@@ -84,3 +85,84 @@ def test_a_unit_read_ahead_leaves_out_transactions_committed_before_the_unit_loa
     assert "->> 'lsn')::pg_lsn < E'0/10'::pg_lsn" in ahead
     assert "p.o > coalesce(p.skipped, 0)" in ahead
     assert ahead.count("pg_logical_slot_peek_changes") == 1
+
+
+class _Dist:
+    def __init__(self, key: str | None) -> None:
+        self.key = key
+
+
+class _Cluster:
+    """What check_sharding reads of a cluster target: its Distributed arguments."""
+
+    def __init__(self, key: str | None, by_file: bool = False) -> None:
+        self.dist, self.by_file = _Dist(key), by_file
+
+
+@pytest.mark.parametrize("key", ["cityHash64(id)", "intHash64(`id`)", "id",
+                                 "cityHash64(tenant, id) % 7", "sipHash64(concat(tenant, 'x'))"])
+def test_a_sharding_key_of_the_followed_key_alone_is_taken(key: str) -> None:
+    table.check_sharding(_Cluster(key), "default.t", ("tenant", "id"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("key", ["rand()", "cityHash64(note)", "id + n", None,
+                                 "cityHash64(id, rand64())"])
+def test_a_sharding_key_that_scatters_a_keys_versions_is_refused_in_one_line(
+        key: str | None) -> None:
+    with pytest.raises(UsageError) as caught:
+        table.check_sharding(_Cluster(key), "default.t", ("id",))  # type: ignore[arg-type]
+    said = str(caught.value)
+    shown = key or "none"
+    assert said.startswith(f"table default.t: a Distributed table with sharding key {shown},")
+    assert "different shards" in said and "cityHash64(id)" in said and "\n" not in said
+
+
+def test_a_follow_routed_by_file_is_refused() -> None:
+    with pytest.raises(UsageError, match="--shard-by file"):
+        table.check_sharding(_Cluster("cityHash64(id)", by_file=True), "default.t",  # type: ignore[arg-type]
+                             ("id",))
+
+
+def test_a_table_that_is_not_distributed_has_no_sharding_to_check() -> None:
+    table.check_sharding(object(), "default.t", ("id",))  # type: ignore[arg-type]
+
+
+def test_the_names_a_sharding_key_reads_leave_out_functions_and_literals() -> None:
+    assert table.key_names("cityHash64(`a b`, c, 'lit') % 4") == {"a b", "c"}
+
+
+class _Ledger:
+    def __init__(self, events: list) -> None:
+        self.events = events
+
+    def latest(self, target_table: str) -> list:
+        return self.events
+
+
+class _ClusterLedger(_Cluster):
+    """A cluster target of 3 shards whose ledger holds `on`: uri -> the shards having it."""
+
+    def __init__(self, on: dict[str, list[int]]) -> None:
+        super().__init__("cityHash64(id)")
+        self.shards = [1, 2, 3]
+        self.ledger = _Ledger([FileEvent(f"default.t shard {n}", uri, "", 0, 0, LOADED)
+                               for uri, shards in on.items() for n in shards])
+
+
+def test_into_a_cluster_a_stream_ends_where_every_shard_has_its_units() -> None:
+    s = "pgchanges://u@h:5432/db/public.t/slot"
+    done = _ClusterLedger({f"{s}/0-99": [1, 2, 3], f"{s}/100-199": [1, 2, 3],
+                           "pgchanges://u@h:5432/db/public.other/slot/0-999": [1]})
+    assert table.committed_end(done, "default.t", s) == 200  # type: ignore[arg-type]
+    assert table.committed_end(_ClusterLedger({}), "default.t", s) is None  # type: ignore[arg-type]
+
+
+def test_into_a_cluster_a_unit_on_some_shards_only_stops_the_follow_in_one_line() -> None:
+    s = "pgchanges://u@h:5432/db/public.t/slot"
+    cut = _ClusterLedger({f"{s}/0-99": [1, 2, 3], f"{s}/100-199": [1, 3]})
+    with pytest.raises(UsageError) as caught:
+        table.committed_end(cut, "default.t", s)  # type: ignore[arg-type]
+    said = str(caught.value)
+    assert said.startswith("table default.t: changes 100-199 were committed on "
+                           "default.t shard 1, default.t shard 3 only")
+    assert "\n" not in said

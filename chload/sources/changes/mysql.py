@@ -34,7 +34,7 @@ from chload.formats import FileFormat
 from chload.runtime.faults import crash_point
 from chload.schema import Column, structure
 from chload.sources.base import RemoteSource, SourceContext, SourceFile, StreamPosition
-from chload.sources.changes import mysql_table
+from chload.sources.changes import mysql_table, table as changes_table
 from chload.sources.changes.mysql_binlog import BinlogReader, Cut, Layout, layout_of
 from chload.sources.changes.mysql_rows import escaped
 from chload.sources.databases.base import storable
@@ -129,7 +129,10 @@ def stream_of(url: DbUrl) -> str:
 
 
 def committed_end(target: Target, table: Any, stream: str) -> int | None:
-    """The stream's committed end in the table's own history (None: no unit yet)."""
+    """The stream's committed end in the table's own history (None: no unit yet); into a
+    cluster, of the units every shard has (table.py)."""
+    if getattr(target, "dist", None) is not None:
+        return changes_table.committed_end(target, table.display, stream)
     live = {e.uri: e for e in target.ledger.latest(table.display)
             if e.uri.startswith(stream + "/") and e.state in (COMMITTING, LOADED)}
     own, _ = own_history(target.ledger.table_state(table.database, table.name), live)
@@ -156,13 +159,30 @@ class MysqlChanges(RemoteSource):
         self.stop = threading.Event()
         self.load_table: LoadTable | None = None
         self.unit_columns: builtins.list[Column] | None = None  # a unit's columns
+        self.made = False  # the table made by this run (make_table): nothing to truncate
 
     def follows(self, spec: LoadSpec, target: Target, table: Any) -> bool:
         """Whether this load is change capture: --follow, or the table already follows."""
         if spec.follow:
             return True
         url = parse_url(spec.sources[0], None)
-        return committed_end(target, table, stream_of(url)) is not None
+        with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
+            return committed_end(t, table, stream_of(url)) is not None
+
+    def make_table(self, spec: LoadSpec, target: Target, table: Any) -> None:
+        """With --cluster, a missing followed table made on that cluster before the run
+        opens it (mysql_table.create; the copy then starts on an empty table)."""
+        self.made = False
+        if not spec.cluster or target.table_columns(table.sql) is not None:
+            return
+        server = Server(parse_url(spec.sources[0], None))
+        try:
+            source, key = server.columns()
+            mysql_table.create(target, table.sql, target_columns(target, source), key,
+                               table.display, spec.cluster, spec.shards)
+        finally:
+            server.close()
+        self.made = True
 
     def begin(self, stop: threading.Event, load_table: LoadTable) -> None:
         self.stop, self.load_table = stop, load_table
@@ -176,6 +196,7 @@ class MysqlChanges(RemoteSource):
             server.check_binlog()
             report.recovered += target.recover(table.sql)  # a unit a kill left committing
             source, key = server.columns()
+            changes_table.check_sharding(target, table.display, key)
             stream = stream_of(url)
             after = committed_end(target, table, stream)
             if after is None:
@@ -202,10 +223,10 @@ class MysqlChanges(RemoteSource):
         if existing is None:
             mysql_table.create(target, table.sql, target_columns(target, source), key,
                                table.display)
-        else:  # a copy cut short: its rows are dropped, the copy taken again
-            target.command(f"TRUNCATE TABLE {table.sql}")
+        elif not self.made:  # a copy cut short: its rows are dropped, the copy taken again
+            changes_table.truncate(target, table.sql)
         assert self.load_table is not None
-        copied = self.load_table(replace(spec, follow=False, force=True))
+        copied = self.load_table(replace(spec, follow=False, force=True, cluster=None))
         _merge(report, copied)
         if copied.files_failed or copied.errors:
             raise SourceError(f"{table.display}: the copy of {server.url.display} failed; "

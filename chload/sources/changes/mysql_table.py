@@ -9,6 +9,7 @@ primary key: the current rows are `FINAL WHERE NOT _is_deleted` (where the engin
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -42,11 +43,13 @@ def log_of(value: int, basename: str) -> tuple[str, int]:
 
 
 def create(target: Target, table_sql: str, columns: Sequence[Column],
-           key: Sequence[str], display: str) -> None:
+           key: Sequence[str], display: str, cluster: str | None = None,
+           shards: Sequence[tuple[str, str]] = ()) -> None:
     """The followed table (table.py's shape), ordered by the primary key: a table
-    without one cannot be followed."""
+    without one cannot be followed. `cluster`: made on it (--cluster)."""
     table.ensure_table(target, table_sql, display, columns,
-                       table.key_of(key, None, display, or_else=""))
+                       table.key_of(key, None, display, or_else=""), cluster, shards,
+                       os.environ)
 
 
 def check_existing(existing: Sequence[Column] | None, display: str) -> None:

@@ -19,7 +19,10 @@ The interface (small on purpose, so that every source of changes shares it):
     change_columns(columns)                the source's columns + the two
     engine_clause(target)                  ReplacingMergeTree(...) this target takes
     key_of(source_key, upsert_key, where)  the key, or the one line refusing --follow
-    ensure_table(target, table, columns, key)   create it, or check an existing one
+    ensure_table(target, table, columns, key)   create it (on --cluster: on every shard and
+                                           a Distributed table), or check an existing one
+    check_sharding(target, display, key)   a Distributed table whose key scatters a key's
+                                           versions over shards: the one line refusing it
     unit_uri(stream, after, end) / unit_end(uri)
     committed_end(target, table, stream)   the stream's end in the ledger (None: none)
 """
@@ -27,7 +30,7 @@ The interface (small on purpose, so that every source of changes shares it):
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from chload.commit.ledger import COMMITTING, FILES, LOADED
@@ -83,10 +86,24 @@ def key_of(source_key: Sequence[str], upsert_key: str | None, where: str,
 
 
 def ensure_table(target: Target, table_sql: str, display: str, columns: Sequence[Column],
-                 key: Sequence[str]) -> bool:
-    """Create the followed table if missing (True), else check it has the two columns and
-    a ReplacingMergeTree engine (one line saying what to do if not; False)."""
+                 key: Sequence[str], cluster: str | None = None,
+                 shards: Sequence[tuple[str, str]] = (),
+                 env: Mapping[str, str] | None = None) -> bool:
+    """Create the followed table if missing (True; with `cluster`, a local table on every
+    shard of that cluster and a Distributed table sharded by a hash of `key`:
+    targets/cluster/create.py), else check it has the two columns and a ReplacingMergeTree
+    engine, and, a Distributed table, a sharding key of `key` only (one line saying what
+    to do if not; False)."""
     existing = target.table_columns(table_sql)
+    if existing is None and cluster:
+        make = getattr(target, "create_on_cluster", None)  # (a server target's)
+        if make is None:
+            raise UsageError(f"--cluster {cluster}: a table is made on a cluster through a "
+                             "server of it: pass --target http(s)://HOST:PORT/DB; nothing "
+                             "was loaded")
+        make(table_sql, cluster, change_columns(columns), key, engine_clause(target), shards,
+             env or {})
+        return True
     if existing is None:
         order = ", ".join(quote_ident(k) for k in key)
         target.create_table(table_sql, change_columns(columns),
@@ -100,7 +117,65 @@ def ensure_table(target: Target, table_sql: str, display: str, columns: Sequence
         raise UsageError(f"table {display}: a followed table is a ReplacingMergeTree with "
                          f"columns {VERSION} and {DELETED}, and this one is not; follow into "
                          "a new table (or drop this one); nothing was loaded")
+    if cluster and getattr(target, "dist", None) is None:
+        raise UsageError(f"--cluster {cluster}: table {display} exists and is not a "
+                         "Distributed table; follow into a new --table (or leave out "
+                         "--cluster); nothing was loaded")
+    check_sharding(target, display, key)
     return False
+
+
+_RANDOM = re.compile(r"\brand(64|Constant)?\s*\(", re.IGNORECASE)
+_NAMES = re.compile(r"`([^`]+)`|\"([^\"]+)\"|\b([A-Za-z_][A-Za-z0-9_]*)\b(?!\s*\()")
+
+
+def key_names(expression: str) -> set[str]:
+    """The column names a sharding expression reads (function names and string
+    literals left out)."""
+    bare = re.sub(r"'(?:[^'\\]|\\.)*'", "''", expression)
+    return {next(g for g in m.groups() if g is not None) for m in _NAMES.finditer(bare)}
+
+
+def check_sharding(target: Target, display: str, key: Sequence[str]) -> None:
+    """Into a Distributed table (a cluster target: its `dist` and `by_file`), every version
+    of one key must land on one shard, where FINAL replaces the older ones: its sharding
+    key must read the followed key's columns only, and rows must be routed by it (not
+    whole units by file). Else one line naming the table, its key and what to do."""
+    dist = getattr(target, "dist", None)
+    if dist is None:
+        return
+    sharding = dist.key or "none"
+    names = ", ".join(key)
+    if dist.key and not _RANDOM.search(dist.key) and key_names(dist.key) <= set(key):
+        if not getattr(target, "by_file", False):
+            return
+        raise UsageError(f"table {display}: --shard-by file would send a key's versions to "
+                         "different shards; leave it out (rows go by the sharding key "
+                         f"{sharding}); nothing was loaded")
+    raise UsageError(
+        f"table {display}: a Distributed table with sharding key {sharding}, which is not a "
+        f"function of the followed key ({names}) alone: the versions of one key would land "
+        "on different shards and never replace each other; follow into a Distributed table "
+        f"sharded by the key (e.g. cityHash64({names})), or into a new --table with "
+        "--cluster NAME; nothing was loaded")
+
+
+def truncate(target: Target, table_sql: str) -> None:
+    """The followed table emptied (a copy taken again); a Distributed table's on every
+    shard (its `shards`, each with its local table)."""
+    shards = getattr(target, "shards", None)
+    if shards is None:
+        target.command(f"TRUNCATE TABLE {table_sql}")
+        return
+    for shard in shards:
+        shard.target.command(f"TRUNCATE TABLE {target.local}")  # type: ignore[attr-defined]
+
+
+def where_followed(target: Target) -> str:
+    """The target as a follow's slot is named after: a cluster's by its entry server (the
+    server holding the Distributed table), so a run names the same slot whether it looks
+    through the cluster or through that server."""
+    return str(getattr(target, "entry", target).display)
 
 
 def unit_uri(stream: str, after: int, end: int) -> str:
@@ -114,7 +189,9 @@ def unit_end(uri: str) -> int:
 def committed_end(target: Target, table_display: str, stream: str) -> int | None:
     """The stream's committed end: the greatest end of its units whose latest event is
     `committing` (settled by `recover` before this is asked) or `loaded`; None when the
-    ledger has none."""
+    ledger has none. Into a cluster, of the units every shard has (`_cluster_end`)."""
+    if getattr(target, "dist", None) is not None:
+        return _cluster_end(target, table_display, stream)
     rows = target.rows(
         f"SELECT uri FROM (SELECT uri, argMax(state, seq) AS s FROM {FILES} WHERE "
         f"target_table = {quote_str(table_display)} AND startsWith(uri, "
@@ -122,6 +199,30 @@ def committed_end(target: Target, table_display: str, stream: str) -> int | None
         f"({quote_str(COMMITTING)}, {quote_str(LOADED)})")
     ends = [unit_end(str(r["uri"])) for r in rows]
     return max(ends) if ends else None
+
+
+def _cluster_end(target: Target, table_display: str, stream: str) -> int | None:
+    """The end of the units every shard has committed (the cluster's ledger: each shard's
+    events, as `<table> shard N`; a routed unit is recorded on every shard, with 0 rows
+    where none of its rows went). A unit some shards have and others lack (a run stopped
+    between two shards' commits) beyond that end: one line, nothing applied."""
+    on: dict[str, set[str]] = {}
+    for event in target.ledger.latest(table_display):
+        if event.uri.startswith(stream + "/") and event.state in (COMMITTING, LOADED):
+            on.setdefault(event.uri, set()).add(event.target_table)
+    every = len(getattr(target, "shards", ())) or 1
+    ends = [unit_end(uri) for uri, where in on.items() if len(where) >= every]
+    end = max(ends) if ends else None
+    partial = sorted((unit_end(uri), uri) for uri, where in on.items()
+                     if len(where) < every and unit_end(uri) > (end or 0))
+    if partial:
+        uri = partial[0][1]
+        raise UsageError(
+            f"table {table_display}: changes {uri.rpartition('/')[2]} were committed on "
+            f"{', '.join(sorted(on[uri]))} only (a run stopped between two shards' "
+            "commits); the follow cannot go on from there: drop the follow (chload sources "
+            "--drop) and the table, then follow again")
+    return end
 
 
 def followed_streams(target: Target, prefix: str) -> list[tuple[str, str, int]]:

@@ -444,7 +444,7 @@ class MysqlSource(DatabaseSource):
     kind = "mysql"
     schemes: tuple[str, ...] = ("mysql", "mariadb")
     # --follow and its batches: change capture (sources/changes/mysql.py)
-    options: tuple[str, ...] = ("query", "incremental_by", "follow", "batch_rows",
+    options: tuple[str, ...] = ("query", "incremental_by", "follow", "cluster", "batch_rows",
                                 "batch_seconds")
 
     def _session(self, url: DbUrl, context: SourceContext) -> MysqlSession:

@@ -445,7 +445,7 @@ class PostgresSource(DatabaseSource):
     kind = "postgres"
     schemes: tuple[str, ...] = ("postgresql", "postgres")
     # --follow: its changes after a copy (sources/changes/postgres/)
-    options: tuple[str, ...] = ("query", "incremental_by", "follow")
+    options: tuple[str, ...] = ("query", "incremental_by", "follow", "cluster")
 
     def begin_early(self, pattern: str, context: SourceContext) -> Callable[[], None] | None:
         """The snapshot's session begun while the target opens (early.py says why)."""

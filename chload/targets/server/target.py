@@ -92,6 +92,12 @@ OpenCluster = Callable[["ServerTarget", str, Sequence[tuple[str, str]], str, dic
                        AbstractContextManager[Target]]
 
 
+# makes a followed table on a cluster (cluster/create.py): (server, table, cluster,
+# columns, key, engine, shards, env)
+MakeOnCluster = Callable[["ServerTarget", str, str, Sequence[Column], Sequence[str], str,
+                          Sequence[tuple[str, str]], Mapping[str, str]], None]
+
+
 class ServerTarget(StageFilling):
     """A ClickHouse server; the ledger lives in its `chload` database."""
 
@@ -100,9 +106,11 @@ class ServerTarget(StageFilling):
     wants_key_order = True  # a one-part stage is sorted after its last byte (18.16)
     notes: Sequence[str] = ()  # for the report of a load: set by for_table
 
-    def __init__(self, url: TargetURL, clusters: OpenCluster | None = None) -> None:
+    def __init__(self, url: TargetURL, clusters: OpenCluster | None = None,
+                 make_on_cluster: MakeOnCluster | None = None) -> None:
         self.url = url
         self._clusters = clusters  # opens the cluster of a Distributed table (registry)
+        self._make_on_cluster = make_on_cluster  # a followed table made on a cluster
         self.database = self.url.database  # what a bare --table name means
         self.where = f"server {self.url.host}:{self.url.port}"
         early = server_early.claim(url)  # asked while the loader imported (cli._load)
@@ -205,6 +213,17 @@ class ServerTarget(StageFilling):
 
     def table_engines(self, table: str) -> list[tuple[str, str]]:
         return engines_of(self.rows, table)
+
+    def create_on_cluster(self, table: str, cluster: str, columns: Sequence[Column],
+                          key: Sequence[str], engine: str, shards: Sequence[tuple[str, str]],
+                          env: Mapping[str, str]) -> None:
+        """A followed table made on `cluster` (--cluster): a local table on every shard,
+        the Distributed table here (cluster/create.py)."""
+        if self._make_on_cluster is None:
+            raise UsageError(f"--cluster {cluster}: this server was opened for one table "
+                             "only (open it with open_target)")
+        self._columns_asked.pop(table, None)
+        self._make_on_cluster(self, table, cluster, columns, key, engine, shards, env)
 
     def add_columns(self, table: str, columns: Sequence[Column]) -> list[str]:
         """Each column `table` lacks, added as this server stores its type. Another

@@ -138,5 +138,5 @@ def followed(spec: LoadSpec, target: Target) -> bool:
     if {changes_table.VERSION, changes_table.DELETED} <= names:
         return True  # a followed table (whose first copy may not be complete)
     url = parse_url(spec.sources[0], None)
-    name = slot_name(target.display, table.display, url.with_user)
+    name = slot_name(changes_table.where_followed(target), table.display, url.with_user)
     return changes_table.committed_end(target, table.display, stream_name(url, name)) is not None

@@ -54,10 +54,11 @@ class Follow:
         if spec.query:
             raise UsageError("--follow of a --query: follow a table (name it in the URL)")
         self.url: DbUrl = parse_url(spec.sources[0], None)
-        self.slot = Slot(self.url, slot_name(target.display, table.display,
-                                             self.url.with_user))
+        self.slot = Slot(self.url, slot_name(changes_table.where_followed(target),
+                                             table.display, self.url.with_user))
         self.stream = stream_name(self.url, self.slot.name)
         self.target, self.table, self.schema = target, table, spec.schema
+        self.spec = spec
         self.exported: Control | None = None  # a new slot's connection, while copying
         self.snapshot: str | None = None  # the snapshot it exported
         self.stored: list[Column] | None = None  # the table's columns, as last checked
@@ -80,14 +81,23 @@ class Follow:
 
     def begin(self) -> bool:
         """The table and the slot made if missing; whether the table is to be copied
-        first (no unit of changes in the ledger yet)."""
-        self.target.recover(self.table.sql)
+        first (no unit of changes in the ledger yet). A Distributed table is looked at
+        through its cluster (its shards' tables and ledgers)."""
+        spec = self.spec
+        if spec.cluster and self.target.table_columns(self.table.sql) is None:
+            return self._begin(self.target)  # (made on the cluster by ensure_table)
+        with self.target.for_table(self.table.sql, spec.shards, spec.shard_by,
+                                   os.environ) as target:
+            return self._begin(target)
+
+    def _begin(self, target: Target) -> bool:
+        target.recover(self.table.sql)
         given = {c.name: c.type for c in parse_structure(self.schema)} if self.schema else {}
         created = changes_table.ensure_table(
-            self.target, self.table.sql, self.table.display,
+            target, self.table.sql, self.table.display,
             [Column(c.name, given.get(c.name, c.type)) for c in self.described.db_columns],
-            self.key)
-        end = changes_table.committed_end(self.target, self.table.display, self.stream)
+            self.key, self.spec.cluster, self.spec.shards, os.environ)
+        end = changes_table.committed_end(target, self.table.display, self.stream)
         if end is not None and not self.slot.exists():
             raise SourceError(f"{self.url.display}: the replication slot {self.slot.name} this "
                               "follow reads is gone; drop the follow (chload sources --drop "
