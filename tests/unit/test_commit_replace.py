@@ -115,3 +115,26 @@ def test_a_mode_is_checked_when_the_load_is_asked() -> None:
     with pytest.raises(UsageError, match="Kafka topic"):
         LoadSpec(("kafka://127.0.0.1:9092/topic",), "t", mode="replace-partitions")
     assert LoadSpec(("a.csv",), "t", mode="replace-partitions").mode == "replace-partitions"
+
+
+def test_an_engine_that_moves_takes_the_stage_partition_and_still_replaces_by_copy() -> None:
+    sql = FakeSql()
+    attacher = Attacher(sql, FakeLedger(), Holder.this_process(), True,  # type: ignore[arg-type]
+                        lambda s: None, moves=True)
+    assert _commit(attacher, sql, "a", ["p1", "p2"]) == ""
+    assert sql.statements == ["ALTER TABLE chload.a MOVE PARTITION ID 'p1' TO TABLE t",
+                              "ALTER TABLE chload.a MOVE PARTITION ID 'p2' TO TABLE t"]
+    attacher.use_mode(TABLE, True, "run1")
+    assert _commit(attacher, sql, "b", ["p1"]) == "p1"
+    assert sql.statements == ["ALTER TABLE t REPLACE PARTITION ID 'p1'"]
+
+
+def test_a_moved_partition_is_settled_as_attached_and_one_not_moved_is_moved() -> None:
+    sql = FakeSql()
+    attacher = Attacher(sql, FakeLedger(), Holder.this_process(), True,  # type: ignore[arg-type]
+                        lambda s: None, moves=True)
+    event = FileEvent("db.t", "/a.csv", "i", 1, 1, "", stage="a", mark=5)
+    sql.tops[TABLE] = {"p1": 6}  # p1 moved before the crash: above the mark, the stage
+    sql.tops["chload.a"] = {"p2": 1}  # without it; p2 still in the stage
+    attacher.settle(TABLE, event)
+    assert sql.statements == ["ALTER TABLE chload.a MOVE PARTITION ID 'p2' TO TABLE t"]
