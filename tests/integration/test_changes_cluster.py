@@ -11,6 +11,7 @@ is refused in one line.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -134,6 +135,18 @@ def _assert_current_rows_and_placement(source: Source, cluster: services.ClickHo
     assert len(seen) > len(wanted) and versions > len(seen)  # deleted keys, old versions kept
 
 
+def _listed(source: Source, cluster: services.ClickHouseCluster, table: str,
+            *args: str) -> list[dict]:
+    """`chload sources` on the cluster's entry server: its entries for `table` (and none
+    for the shards' local table, which is the cluster's, not a follow of its own)."""
+    done = run_chload("sources", *_cluster_args(cluster), "--json", *args, env=source.env,
+                      timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(done.stdout)
+    assert not [f for f in found if f["table"] == f"default.{table}_local"], found
+    return [f for f in found if f["table"] == f"default.{table}"]
+
+
 def _rows(text: str) -> dict[int, tuple]:
     out = {}
     for line in text.splitlines():
@@ -153,6 +166,18 @@ def test_a_postgres_table_followed_into_a_cluster_equals_the_source_and_keys_sta
     source.sql(PG_TABLE.format(t=table, rows=ROWS))
     _follow_then_catch_up(source, weighted_cluster, table)
     _assert_current_rows_and_placement(source, weighted_cluster, table)
+    # `chload sources` on the entry server lists it at the position every shard has
+    # (the slot's, moved there after the catch-up's commit), and --drop drops its slot
+    listed = _listed(source, weighted_cluster, table)
+    assert len(listed) == 1 and "error" not in listed[0], listed
+    slot = listed[0]["slot"]
+    confirmed = f"SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
+    assert listed[0]["position"] == source.sql(confirmed).strip(), listed
+    assert listed[0]["lag_bytes"] >= 0 and listed[0]["retained_bytes"] >= 0
+    dropped = _listed(source, weighted_cluster, table, "--drop", table)
+    assert dropped == [{"table": f"default.{table}", "source": listed[0]["source"],
+                        "slot": slot, "position": listed[0]["position"], "dropped": True}]
+    assert source.sql(confirmed).strip() == ""
 
 
 def test_a_mariadb_table_followed_into_a_cluster_equals_the_source_and_keys_stay_on_a_shard(
@@ -162,6 +187,10 @@ def test_a_mariadb_table_followed_into_a_cluster_equals_the_source_and_keys_stay
     source.sql(MY_ROWS.format(t=table, rows=ROWS))
     _follow_then_catch_up(source, weighted_cluster, table)
     _assert_current_rows_and_placement(source, weighted_cluster, table)
+    listed = _listed(source, weighted_cluster, table)
+    assert len(listed) == 1 and listed[0]["kind"] == "mysql", listed
+    assert "error" not in listed[0] and listed[0]["binlog"].count(":") == 1, listed
+    assert listed[0]["lag_bytes"] >= 0
 
 
 @pytest.mark.parametrize(("kind", "key"), [("postgresql", "rand()"),
