@@ -223,3 +223,32 @@ def test_a_distributed_table_not_sharded_by_the_key_is_refused_in_one_line(
     if kind == "postgresql":
         assert source.sql(slots) == before  # refused before a slot was made
 
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "mysql"])
+def test_cluster_into_an_existing_plain_table_is_refused_in_one_line(
+        kind: str, request: pytest.FixtureRequest,
+        weighted_cluster: services.ClickHouseCluster) -> None:
+    """--cluster NAME with --table naming a plain (not Distributed) table on the target
+    server: one line, before a slot, a copy or a row (PostgreSQL and MariaDB alike)."""
+    source = Source(kind, request.getfixturevalue("postgres" if kind == "postgresql"
+                                                  else "mariadb"))
+    table = f"t_{uuid.uuid4().hex[:10]}"
+    source.sql((PG_TABLE if kind == "postgresql" else MY_TABLE).format(t=table, rows=ROWS))
+    first = weighted_cluster.servers[0]
+    _q(first, f"CREATE TABLE default.{table} (id Int64, amount Nullable(Decimal(12, 3)), "
+              "note Nullable(String), n Int32, _version UInt64 DEFAULT 0, _is_deleted UInt8 "
+              "DEFAULT 0) ENGINE = ReplacingMergeTree(_version) ORDER BY id")
+    slots = "SELECT count(*) FROM pg_replication_slots"
+    before = source.sql(slots) if kind == "postgresql" else ""
+    done = run_chload("load", source.url(table), "--table", table, "--follow", "--cluster",
+                      weighted_cluster.name, "--target", f"{first.url}/default",
+                      env=source.env, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert (f"--cluster {weighted_cluster.name}: table default.{table} exists and is not a "
+            "Distributed table") in done.stderr
+    assert _q(first, f"SELECT count() FROM default.{table}") == "0"
+    assert _listed(source, weighted_cluster, table) == []  # no follow recorded
+    if kind == "postgresql":
+        assert source.sql(slots) == before  # refused before a slot was made
