@@ -297,7 +297,7 @@ def _close_reported(target: Target, report: LoadReport) -> None:
 
 
 def follows(*, target: TargetName = None, max_retained: int | None = None,
-            drop: str | None = None) -> list[dict[str, Any]]:
+            drop: str | None = None, shards: Pairs = ()) -> list[dict[str, Any]]:
     """Each table the target follows (--follow of a database table): its source, slot,
     position, lag in bytes and seconds, the WAL its slot retains, and a warning above
     `max_retained` bytes (default 10 GB).
@@ -306,9 +306,12 @@ def follows(*, target: TargetName = None, max_retained: int | None = None,
     :param max_retained: bytes of WAL a slot may retain before the warning.
     :param drop: a followed table (``name`` or ``db.name``): drop its replication slot
         at the source (the table keeps its rows; follow into a new table to start again).
+    :param shards: the replicas and URLs of the target's Distributed tables, as `load`'s:
+        a follow into a cluster is read from its shards' ledgers.
     """
     with queries.opened(target) as t:
-        return registry.follows(t, os.environ, max_retained, drop)
+        return registry.follows(t, os.environ, max_retained, drop,
+                                options.settings("shards", shards))
 
 
 def validate(sources: Sources | LoadSpec, *, table: str | None = None,

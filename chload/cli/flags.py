@@ -39,6 +39,9 @@ def sources_flags(p: argparse.ArgumentParser) -> None:
                    help="warn when a slot retains more WAL than this (default 10 GB)")
     p.add_argument("--drop", metavar="TABLE",
                    help="stop following TABLE: drop its slot at the source (PostgreSQL)")
+    p.add_argument("--shard", action="append", default=[], metavar="HOST:TCP_PORT=URL",
+                   help="a Distributed table's replica and its HTTP URL (as for load): "
+                   "follows into a cluster are read from its shards")
     p.add_argument("--json", action="store_true")
 
 

@@ -92,11 +92,14 @@ def _sources(args: argparse.Namespace) -> int:
     from chload.api import follows
 
     found = follows(target=args.target, max_retained=int(args.max_retained * 1024**3),
-                    drop=args.drop)
+                    drop=args.drop, shards=_shards(args.shard))
     if args.json:
         print(json.dumps(found))
         return 0
     for f in found:
+        if "source" not in f:  # a Distributed table whose shards could not be asked
+            print(f"{f['table']}  {f['error']}")
+            continue
         if "dropped" in f and f.get("kind") == "mysql":
             print(f"{f['table']}: follow of {f['source']} dropped (no slot at the source: "
                   "nothing to drop there; drop the table, or load into a new --table)")

@@ -126,16 +126,20 @@ def changes_of(patterns: Sequence[str]) -> ModuleType | None:
 
 
 def follows(target: Any, env: Mapping[str, str], max_retained: int | None,
-            drop: str | None) -> list[dict[str, Any]]:
-    """`chload sources`: the target's followed tables (sources/changes/status.py)."""
+            drop: str | None, shards: Sequence[tuple[str, str]] = ()) -> list[dict[str, Any]]:
+    """`chload sources`: the target's followed tables (sources/changes/status.py), those
+    into its Distributed tables too (read from their shards: changes/followed.py)."""
     status = importlib.import_module("chload.sources.changes.status")
     mysql = importlib.import_module("chload.sources.changes.mysql_status")
-    binlog: list[dict[str, Any]] = mysql.follows(target, env, drop)
-    if drop is not None and binlog:
-        return binlog
-    found: list[dict[str, Any]] = status.follows(
-        target, env, status.MAX_RETAINED if max_retained is None else max_retained, drop)
-    return found + binlog
+    followed = importlib.import_module("chload.sources.changes.followed")
+    with followed.clusters(target, shards, env) as (clusters, unreachable):
+        binlog: list[dict[str, Any]] = mysql.follows(target, env, drop, clusters)
+        if drop is not None and binlog:
+            return binlog
+        found: list[dict[str, Any]] = status.follows(
+            target, env, status.MAX_RETAINED if max_retained is None else max_retained, drop,
+            clusters)
+    return found + binlog + (unreachable if drop is None else [])
 
 
 def kind_of(pattern: str) -> str:

@@ -11,6 +11,7 @@ is refused in one line.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -134,6 +135,18 @@ def _assert_current_rows_and_placement(source: Source, cluster: services.ClickHo
     assert len(seen) > len(wanted) and versions > len(seen)  # deleted keys, old versions kept
 
 
+def _listed(source: Source, cluster: services.ClickHouseCluster, table: str,
+            *args: str) -> list[dict]:
+    """`chload sources` on the cluster's entry server: its entries for `table` (and none
+    for the shards' local table, which is the cluster's, not a follow of its own)."""
+    done = run_chload("sources", *_cluster_args(cluster), "--json", *args, env=source.env,
+                      timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = json.loads(done.stdout)
+    assert not [f for f in found if f["table"] == f"default.{table}_local"], found
+    return [f for f in found if f["table"] == f"default.{table}"]
+
+
 def _rows(text: str) -> dict[int, tuple]:
     out = {}
     for line in text.splitlines():
@@ -153,6 +166,18 @@ def test_a_postgres_table_followed_into_a_cluster_equals_the_source_and_keys_sta
     source.sql(PG_TABLE.format(t=table, rows=ROWS))
     _follow_then_catch_up(source, weighted_cluster, table)
     _assert_current_rows_and_placement(source, weighted_cluster, table)
+    # `chload sources` on the entry server lists it at the position every shard has
+    # (the slot's, moved there after the catch-up's commit), and --drop drops its slot
+    listed = _listed(source, weighted_cluster, table)
+    assert len(listed) == 1 and "error" not in listed[0], listed
+    slot = listed[0]["slot"]
+    confirmed = f"SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
+    assert listed[0]["position"] == source.sql(confirmed).strip(), listed
+    assert listed[0]["lag_bytes"] >= 0 and listed[0]["retained_bytes"] >= 0
+    dropped = _listed(source, weighted_cluster, table, "--drop", table)
+    assert dropped == [{"table": f"default.{table}", "source": listed[0]["source"],
+                        "slot": slot, "position": listed[0]["position"], "dropped": True}]
+    assert source.sql(confirmed).strip() == ""
 
 
 def test_a_mariadb_table_followed_into_a_cluster_equals_the_source_and_keys_stay_on_a_shard(
@@ -162,6 +187,10 @@ def test_a_mariadb_table_followed_into_a_cluster_equals_the_source_and_keys_stay
     source.sql(MY_ROWS.format(t=table, rows=ROWS))
     _follow_then_catch_up(source, weighted_cluster, table)
     _assert_current_rows_and_placement(source, weighted_cluster, table)
+    listed = _listed(source, weighted_cluster, table)
+    assert len(listed) == 1 and listed[0]["kind"] == "mysql", listed
+    assert "error" not in listed[0] and listed[0]["binlog"].count(":") == 1, listed
+    assert listed[0]["lag_bytes"] >= 0
 
 
 @pytest.mark.parametrize(("kind", "key"), [("postgresql", "rand()"),
@@ -194,3 +223,32 @@ def test_a_distributed_table_not_sharded_by_the_key_is_refused_in_one_line(
     if kind == "postgresql":
         assert source.sql(slots) == before  # refused before a slot was made
 
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "mysql"])
+def test_cluster_into_an_existing_plain_table_is_refused_in_one_line(
+        kind: str, request: pytest.FixtureRequest,
+        weighted_cluster: services.ClickHouseCluster) -> None:
+    """--cluster NAME with --table naming a plain (not Distributed) table on the target
+    server: one line, before a slot, a copy or a row (PostgreSQL and MariaDB alike)."""
+    source = Source(kind, request.getfixturevalue("postgres" if kind == "postgresql"
+                                                  else "mariadb"))
+    table = f"t_{uuid.uuid4().hex[:10]}"
+    source.sql((PG_TABLE if kind == "postgresql" else MY_TABLE).format(t=table, rows=ROWS))
+    first = weighted_cluster.servers[0]
+    _q(first, f"CREATE TABLE default.{table} (id Int64, amount Nullable(Decimal(12, 3)), "
+              "note Nullable(String), n Int32, _version UInt64 DEFAULT 0, _is_deleted UInt8 "
+              "DEFAULT 0) ENGINE = ReplacingMergeTree(_version) ORDER BY id")
+    slots = "SELECT count(*) FROM pg_replication_slots"
+    before = source.sql(slots) if kind == "postgresql" else ""
+    done = run_chload("load", source.url(table), "--table", table, "--follow", "--cluster",
+                      weighted_cluster.name, "--target", f"{first.url}/default",
+                      env=source.env, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert (f"--cluster {weighted_cluster.name}: table default.{table} exists and is not a "
+            "Distributed table") in done.stderr
+    assert _q(first, f"SELECT count() FROM default.{table}") == "0"
+    assert _listed(source, weighted_cluster, table) == []  # no follow recorded
+    if kind == "postgresql":
+        assert source.sql(slots) == before  # refused before a slot was made

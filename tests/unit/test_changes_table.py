@@ -8,7 +8,7 @@ import pytest
 from chload.commit.ledger import LOADED, FileEvent
 from chload.errors import UsageError
 from chload.schema import Column
-from chload.sources.changes import table
+from chload.sources.changes import followed, table
 from chload.sources.changes.postgres.slot import lsn_int, lsn_text, slot_name
 from chload.sources.changes.postgres.sql import SourceColumn, changes_query, options, stopped
 
@@ -166,3 +166,47 @@ def test_into_a_cluster_a_unit_on_some_shards_only_stops_the_follow_in_one_line(
     assert said.startswith("table default.t: changes 100-199 were committed on "
                            "default.t shard 1, default.t shard 3 only")
     assert "\n" not in said
+
+
+class _Server:
+    """A server target whose own ledger holds `rows` (target_table, uri of a loaded unit)
+    and whose `default.t` has engine `engine`."""
+
+    def __init__(self, rows: list[tuple[str, str]], engine: str = "MergeTree") -> None:
+        self.found, self.engine = rows, engine
+
+    def rows(self, sql: str) -> list[dict]:
+        return [{"target_table": t, "uri": u} for t, u in self.found]
+
+    def table_engines(self, table_sql: str) -> list[tuple[str, str]]:
+        return [("default.t", self.engine)]
+
+
+def test_a_follow_into_a_cluster_is_listed_from_its_shards_not_as_its_local_table() -> None:
+    """The entry server (also shard 1) holds its shard's units under `t_local`: the
+    cluster's follow, listed once, at the end every shard has; a plain follow beside it."""
+    s = "pgchanges://u@h:5432/db/public.t/slot"
+    cluster = _ClusterLedger({f"{s}/0-99": [1, 2, 3], f"{s}/100-199": [1, 2, 3]})
+    cluster.local, cluster.table_display = "`default`.`t_local`", "default.t"  # type: ignore[attr-defined]
+    other = "pgchanges://u@h:5432/db/public.o/slot2"
+    server = _Server([("default.t_local", f"{s}/0-99"), ("default.t_local", f"{s}/100-199"),
+                      ("default.o", f"{other}/0-49")])
+    found = followed.streams(server, [cluster], "pgchanges://")  # type: ignore[arg-type, list-item]
+    assert [(f.table, f.stream, f.end, f.where) for f in found] == [
+        ("default.o", other, 50, server), ("default.t", s, 200, cluster)]
+    # a unit some shards lack: listed with the line the follow itself would stop with
+    cut = _ClusterLedger({f"{s}/0-99": [1, 2, 3], f"{s}/100-199": [1]})
+    cut.local, cut.table_display = "`default`.`t_local`", "default.t"  # type: ignore[attr-defined]
+    [listed] = followed.streams(_Server([]), [cut], "pgchanges://")  # type: ignore[arg-type, list-item]
+    assert listed.end is None and "committed on default.t shard 1 only" in listed.error
+
+
+def test_cluster_into_an_existing_table_that_is_not_distributed_is_refused_in_one_line(
+        ) -> None:
+    with pytest.raises(UsageError, match=r"^--cluster c: table default\.t exists and is not "
+                                         r"a Distributed table; follow into a new --table"):
+        table.check_cluster_table(_Server([]), "`default`.`t`", "default.t", "c")  # type: ignore[arg-type]
+    table.check_cluster_table(_Server([], "Distributed(c, default, t_local, id)"),  # type: ignore[arg-type]
+                              "`default`.`t`", "default.t", "c")
+    table.check_cluster_table(_Cluster("id"), "`default`.`t`", "default.t", "c")  # type: ignore[arg-type]
+    table.check_cluster_table(_Server([]), "`default`.`t`", "default.t", None)  # type: ignore[arg-type]

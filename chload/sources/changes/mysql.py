@@ -171,9 +171,13 @@ class MysqlChanges(RemoteSource):
 
     def make_table(self, spec: LoadSpec, target: Target, table: Any) -> None:
         """With --cluster, a missing followed table made on that cluster before the run
-        opens it (mysql_table.create; the copy then starts on an empty table)."""
+        opens it (mysql_table.create; the copy then starts on an empty table); an existing
+        one that is not Distributed refused in one line."""
         self.made = False
-        if not spec.cluster or target.table_columns(table.sql) is not None:
+        if not spec.cluster:
+            return
+        if target.table_columns(table.sql) is not None:  # (as PostgreSQL's: table.py)
+            changes_table.check_cluster_table(target, table.sql, table.display, spec.cluster)
             return
         server = Server(parse_url(spec.sources[0], None))
         try:

@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from chload.commit.ledger import RUNS
 from chload.errors import ChloadError
 from chload.schema import quote_str
-from chload.sources.changes import mysql_table, table as changes_table
+from chload.sources.changes import followed, mysql_table
 from chload.sources.changes.mysql import SCHEME, Server
-from chload.sources.changes.status import last_commit_ns
 from chload.sources.databases.table import DbUrl
 
 if TYPE_CHECKING:
@@ -90,22 +89,28 @@ def _warning(server: Server, table: str, logs: list[tuple[str, int]], needed: st
     return None
 
 
-def follows(target: Target, env: Mapping[str, str],
-            drop: str | None = None) -> list[dict[str, Any]]:
+def follows(target: Target, env: Mapping[str, str], drop: str | None = None,
+            clusters: Sequence[Target] = ()) -> list[dict[str, Any]]:
     """One entry per followed MySQL table (with `drop`: that table's follows, forgotten;
     none when it has no MySQL follow): table, source, binlog (the position loaded),
-    server_binlog, lag_bytes, lag_seconds, warning (or error)."""
-    found = changes_table.followed_streams(target, SCHEME)
+    server_binlog, lag_bytes, lag_seconds, warning (or error). `clusters`: the target's
+    Distributed tables, opened (followed.py), whose follows are listed too."""
+    found = followed.streams(target, clusters, SCHEME)
     if drop is not None:
         wanted = drop if "." in drop else f"{target.database}.{drop}"
-        found = [f for f in found if f[0] == wanted]
+        found = [f for f in found if f.table == wanted]
     out = []
-    for table, stream, end in found:
-        url = _url(target, table, stream, env)
+    for f in found:
+        table, stream = f.table, f.stream
+        url = _url(target, table, stream, env)  # (the run history: the target server's)
         entry: dict[str, Any] = {"table": table, "source": url.with_user, "kind": "mysql"}
         if drop is not None:
             out.append({**entry, "dropped": False})
             continue
+        if f.error or f.end is None:
+            out.append({**entry, "error": f.error})
+            continue
+        end = f.end
         try:
             server = Server(url)
         except ChloadError as exc:
@@ -116,7 +121,7 @@ def follows(target: Target, env: Mapping[str, str],
             at = mysql_table.log_of(end, now[0])
             logs = [(str(r[0]), int(r[1])) for r in server.rows("SHOW BINARY LOGS")]
             lag = lag_bytes(logs, at, now)
-            since = (time.time_ns() - last_commit_ns(target, table, stream)) / 1e9
+            since = (time.time_ns() - followed.last_commit_ns(f.where, table, stream)) / 1e9
             entry.update(binlog=f"{at[0]}:{at[1]}", server_binlog=f"{now[0]}:{now[1]}",
                          lag_bytes=lag, lag_seconds=round(since, 1) if lag else 0.0)
             warning = _warning(server, table, logs, at[0], now[0])

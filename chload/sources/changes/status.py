@@ -11,14 +11,12 @@ removing, warned about above `max_retained` (a slot nobody reads fills the disk)
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from chload.commit.ledger import FILES
 from chload.errors import ChloadError, UsageError
-from chload.schema import quote_str
-from chload.sources.changes import table as changes_table
+from chload.sources.changes import followed
 from chload.sources.changes.postgres.slot import SCHEME, Slot, lsn_text
 from chload.sources.databases.table import DbUrl
 
@@ -37,29 +35,28 @@ def _url(stream: str, env: Mapping[str, str]) -> tuple[DbUrl, str]:
                  database, schema, table, env.get("PGPASSWORD")), slot
 
 
-def last_commit_ns(target: Target, table: str, stream: str) -> int:
-    rows = target.rows(f"SELECT max(seq) AS s FROM {FILES} WHERE target_table = "
-                       f"{quote_str(table)} AND startsWith(uri, {quote_str(stream + '/')})")
-    return int(rows[0]["s"]) if rows else 0
-
-
 def follows(target: Target, env: Mapping[str, str], max_retained: int = MAX_RETAINED,
-            drop: str | None = None) -> list[dict[str, Any]]:
+            drop: str | None = None, clusters: Sequence[Target] = ()) -> list[dict[str, Any]]:
     """One entry per followed table (or, with `drop`, the follows of that table, their
     slots dropped): table, source, slot, position, lag_bytes, lag_seconds,
-    retained_bytes, warning (or error, when the source cannot be asked)."""
-    found = changes_table.followed_streams(target, SCHEME)
+    retained_bytes, warning (or error, when the source cannot be asked). `clusters`: the
+    target's Distributed tables, opened (followed.py), whose follows are listed too."""
+    found = followed.streams(target, clusters, SCHEME)
     if drop is not None:
         wanted = drop if "." in drop else f"{target.database}.{drop}"
-        found = [f for f in found if f[0] == wanted]
+        found = [f for f in found if f.table == wanted]
         if not found:
             raise UsageError(f"--drop {drop}: no followed table of that name in "
                              f"{target.display}; `chload sources` lists them")
     out = []
-    for table, stream, end in found:
+    for f in found:
+        table, stream, end = f.table, f.stream, f.end or 0
         url, name = _url(stream, env)
         entry: dict[str, Any] = {"table": table, "source": url.with_user, "slot": name,
                                  "position": lsn_text(end)}
+        if f.error and drop is None:
+            out.append({**entry, "error": f.error})
+            continue
         try:
             slot = Slot(url, name)
         except ChloadError as exc:
@@ -73,7 +70,7 @@ def follows(target: Target, env: Mapping[str, str], max_retained: int = MAX_RETA
             else:
                 retained, _ = slot.retained()
                 lag = max(0, slot.current() - end)
-                since = (time.time_ns() - last_commit_ns(target, table, stream)) / 1e9
+                since = (time.time_ns() - followed.last_commit_ns(f.where, table, stream)) / 1e9
                 entry.update(lag_bytes=lag, lag_seconds=round(since, 1) if lag else 0.0,
                              retained_bytes=retained)
                 if retained > max_retained:

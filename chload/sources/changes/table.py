@@ -21,6 +21,8 @@ The interface (small on purpose, so that every source of changes shares it):
     key_of(source_key, upsert_key, where)  the key, or the one line refusing --follow
     ensure_table(target, table, columns, key)   create it (on --cluster: on every shard and
                                            a Distributed table), or check an existing one
+    check_cluster_table(target, table, display, cluster)   --cluster into an existing
+                                           plain table: the one line refusing it
     check_sharding(target, display, key)   a Distributed table whose key scatters a key's
                                            versions over shards: the one line refusing it
     unit_uri(stream, after, end) / unit_end(uri)
@@ -117,12 +119,23 @@ def ensure_table(target: Target, table_sql: str, display: str, columns: Sequence
         raise UsageError(f"table {display}: a followed table is a ReplacingMergeTree with "
                          f"columns {VERSION} and {DELETED}, and this one is not; follow into "
                          "a new table (or drop this one); nothing was loaded")
-    if cluster and getattr(target, "dist", None) is None:
-        raise UsageError(f"--cluster {cluster}: table {display} exists and is not a "
-                         "Distributed table; follow into a new --table (or leave out "
-                         "--cluster); nothing was loaded")
+    check_cluster_table(target, table_sql, display, cluster)
     check_sharding(target, display, key)
     return False
+
+
+def check_cluster_table(target: Target, table_sql: str, display: str,
+                        cluster: str | None) -> None:
+    """With --cluster, an existing table must be Distributed (a cluster target's `dist`,
+    or its engine on a server): a plain one is refused in one line, before anything is
+    read or made."""
+    if not cluster or getattr(target, "dist", None) is not None:
+        return
+    if any(e.startswith("Distributed") for _, e in target.table_engines(table_sql)):
+        return
+    raise UsageError(f"--cluster {cluster}: table {display} exists and is not a "
+                     "Distributed table; follow into a new --table (or leave out "
+                     "--cluster); nothing was loaded")
 
 
 _RANDOM = re.compile(r"\brand(64|Constant)?\s*\(", re.IGNORECASE)

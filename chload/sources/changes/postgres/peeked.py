@@ -1,5 +1,5 @@
 """A followed table's changes read by SQL: the fallback where no replication connection
-can be had (no psycopg, a role or pg_hba.conf without replication).
+can be had (no psycopg, no free WAL sender: max_wal_senders).
 
 Per round, the changes committed in `(after, upto]` (after: the ledger's end; upto: the
 server's WAL position now, at most UNIT_BYTES on) are read by one `psql` COPY over

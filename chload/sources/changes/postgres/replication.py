@@ -50,8 +50,8 @@ _BEGIN, _COMMIT = b'{"action":"B"', b'{"action":"C"'
 
 
 class Unavailable(Exception):
-    """No replication connection could be had (no psycopg, no REPLICATION right, no
-    replication entry in pg_hba.conf, no free WAL sender): the follow reads by SQL."""
+    """No replication connection could be had (no psycopg, no free WAL sender): the
+    follow reads by SQL."""
 
 
 @dataclass(slots=True)
