@@ -149,7 +149,7 @@ def main() -> int:
     if args.first or args.server:
         result = {"benchmark": "many_files", "files": args.files}
         if args.first:
-            result["first"] = first_load(root, args.files, args.repeat)
+            result["first"] = first_load(root, args.files, args.repeat, args.vs)
         if args.server:
             result["server"] = server_load(root, args.server, args.repeat)
         if args.json:
@@ -243,31 +243,47 @@ ONE_STATEMENT = ("import chdb.session, sys; s = chdb.session.Session(sys.argv[1]
                  "+ \"')\"); print(s.query('SELECT count() FROM t', 'TSV'))")
 
 
-def first_load(root: Path, files: int, repeat: int) -> dict:
+def first_load(root: Path, files: int, repeat: int, versus: str | None = None) -> dict:
     """The first load of every file into a fresh embedded target, against one chDB
     statement (`INSERT INTO t SELECT * FROM file('f/**/*.csv')`, a process of its own
     too) into a fresh directory, alternately: its seconds, and the speed ratio. Every
-    file under f/ counts, the reruns' new ones too."""
+    file under f/ counts, the reruns' new ones too. `versus`: another checkout's chload
+    too (`--vs`), in the same rounds, its speed against the same statement beside."""
     pattern = f"{root}/f/**/*.csv"
     files = sum(1 for _ in (root / "f").glob("**/*.csv"))
-    seconds: dict[str, list[float]] = {"chload": [], "chdb": []}
+    checkouts = {"chload": str(ROOT)} | ({"vs": versus} if versus else {})
+    seconds: dict[str, list[float]] = {m: [] for m in [*checkouts, "chdb"]}
+    cpu: dict[str, list[float]] = {m: [] for m in checkouts}
+    load: dict[str, list[float]] = {m: [] for m in seconds}
     with tempfile.TemporaryDirectory(prefix="chload-first-") as work:
         for round_ in range(repeat):
-            order = ["chload", "chdb"] if round_ % 2 == 0 else ["chdb", "chload"]
+            order = list(seconds)
+            order = order[round_ % len(order):] + order[:round_ % len(order)]  # each first in turn
             for method in order:
                 target = Path(work) / f"{method}{round_}"
-                if method == "chload":
-                    wall, _, summary, _ = run(str(ROOT), root, target, pattern)
+                if method in checkouts:
+                    wall, _, summary, used = run(checkouts[method], root, target, pattern)
                     if not summary.startswith(f"{files} loaded"):
-                        sys.exit(f"chload first load: expected {files} loaded, got {summary}")
+                        sys.exit(f"{method} first load: expected {files} loaded, got {summary}")
+                    cpu[method].append(round(used, 2))
                 else:
                     wall = _one_statement(target, pattern, files * 10)
                 seconds[method].append(round(wall, 3))
+                load[method].append(round(os.getloadavg()[0], 1))
                 subprocess.run(["rm", "-rf", str(target)], check=True)
                 print(f"round {round_ + 1} first {method:<6} {wall:7.2f} s  load "
                       f"{os.getloadavg()[0]:4.1f}", file=sys.stderr)
-    return speed_report(f"first load of {files:,} files into a fresh embedded target", seconds,
-                        "chdb", "one chDB statement over the same files", FIRST_GOAL, files)
+    if versus:
+        print(f"vs ({versus}): {_ratios(seconds['chdb'], seconds['vs'])}")
+    return {**speed_report(f"first load of {files:,} files into a fresh embedded target", seconds,
+                        "chdb", "one chDB statement over the same files", FIRST_GOAL, files),
+            "cpu_seconds": cpu, "load_average": load,
+            "commits": {m: _commit(c) for m, c in checkouts.items()}}
+
+
+def _ratios(base: list[float], chload: list[float]) -> str:
+    """The statement's seconds over chload's, per round."""
+    return " ".join(f"{b / c:.2f}" for b, c in zip(base, chload, strict=True))
 
 
 def _one_statement(target: Path, pattern: str, rows: int) -> float:
