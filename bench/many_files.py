@@ -253,7 +253,7 @@ def first_load(root: Path, files: int, repeat: int, versus: str | None = None) -
     files = sum(1 for _ in (root / "f").glob("**/*.csv"))
     checkouts = {"chload": str(ROOT)} | ({"vs": versus} if versus else {})
     seconds: dict[str, list[float]] = {m: [] for m in [*checkouts, "chdb"]}
-    cpu: dict[str, list[float]] = {m: [] for m in checkouts}
+    cpu: dict[str, list[float]] = {m: [] for m in seconds}
     load: dict[str, list[float]] = {m: [] for m in seconds}
     with tempfile.TemporaryDirectory(prefix="chload-first-") as work:
         for round_ in range(repeat):
@@ -267,12 +267,14 @@ def first_load(root: Path, files: int, repeat: int, versus: str | None = None) -
                         sys.exit(f"{method} first load: expected {files} loaded, got {summary}")
                     cpu[method].append(round(used, 2))
                 else:
-                    wall = _one_statement(target, pattern, files * 10)
+                    wall, used = _one_statement(target, pattern, files * 10)
+                    cpu[method].append(round(used, 2))
                 seconds[method].append(round(wall, 3))
                 load[method].append(round(os.getloadavg()[0], 1))
                 subprocess.run(["rm", "-rf", str(target)], check=True)
-                print(f"round {round_ + 1} first {method:<6} {wall:7.2f} s  load "
-                      f"{os.getloadavg()[0]:4.1f}", file=sys.stderr)
+                print(f"round {round_ + 1} first {method:<6} {wall:7.2f} s "
+                      f"{cpu[method][-1]:7.2f} CPU s  load {os.getloadavg()[0]:4.1f}",
+                      file=sys.stderr)
     if versus:
         print(f"vs ({versus}): {_ratios(seconds['chdb'], seconds['vs'])}")
     return {**speed_report(f"first load of {files:,} files into a fresh embedded target", seconds,
@@ -286,14 +288,19 @@ def _ratios(base: list[float], chload: list[float]) -> str:
     return " ".join(f"{b / c:.2f}" for b, c in zip(base, chload, strict=True))
 
 
-def _one_statement(target: Path, pattern: str, rows: int) -> float:
+def _one_statement(target: Path, pattern: str, rows: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user and system) of the one statement's process."""
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", ONE_STATEMENT, str(target), pattern],
-                          capture_output=True, text=True, check=True)
-    wall = time.monotonic() - started
-    if int(done.stdout.strip()) != rows:
-        sys.exit(f"one chDB statement loaded {done.stdout.strip()} rows, not {rows}")
-    return wall
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen([sys.executable, "-c", ONE_STATEMENT, str(target), pattern],
+                                stdout=out, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - started
+        out.seek(0)
+        counted = out.read().decode().strip()
+    if os.waitstatus_to_exitcode(status) != 0 or counted != str(rows):
+        sys.exit(f"one chDB statement loaded {counted or 'nothing'}, not {rows} rows")
+    return wall, usage.ru_utime + usage.ru_stime
 
 
 def speed_report(title: str, seconds: dict[str, list[float]], base: str, what: str,
