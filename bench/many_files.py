@@ -2,7 +2,7 @@
 """Many small files: what a rerun costs once a table holds a long history.
 
     python3 bench/many_files.py [--files 100000] [--new 10] [--repeat 3]
-        [--vs CHECKOUT] [--json OUT] [--first] [--server FILES]
+        [--vs CHECKOUT] [--json OUT] [--first [--vs CHECKOUT]] [--server FILES]
 
 N files of 10 CSV rows each under `f/pNNNN/fNNNNNNN.csv` (1,000 a directory) are written
 once (cached under $CHLOAD_BENCH_CACHE/many_files/N) and loaded once into an embedded
@@ -19,7 +19,8 @@ this chload and, with `--vs`, another checkout (e.g. /work/main), alternately an
 `--first` measures the first load itself instead: `chload load` into a fresh embedded
 target against one chDB statement, `INSERT INTO t SELECT * FROM file('f/**/*.csv')`,
 alternately, each a process of its own; it prints both times, files/s and chload's speed
-against the statement (goal FIRST_GOAL). `--server N` does the same for the first N
+against the statement (goal FIRST_GOAL), and each process's CPU seconds; with `--vs`,
+the other checkout's first load runs in the same rounds. `--server N` does the same for the first N
 files into a ClickHouse 18.16 server of its own, against curl posting each file,
 POSTERS at a time: files/s of each and the speed ratio.
 
