@@ -2,7 +2,7 @@
 """Many small files: what a rerun costs once a table holds a long history.
 
     python3 bench/many_files.py [--files 100000] [--new 10] [--repeat 3]
-        [--vs CHECKOUT] [--json OUT] [--first] [--server FILES]
+        [--vs CHECKOUT] [--json OUT] [--first [--vs CHECKOUT]] [--server FILES]
 
 N files of 10 CSV rows each under `f/pNNNN/fNNNNNNN.csv` (1,000 a directory) are written
 once (cached under $CHLOAD_BENCH_CACHE/many_files/N) and loaded once into an embedded
@@ -19,7 +19,8 @@ this chload and, with `--vs`, another checkout (e.g. /work/main), alternately an
 `--first` measures the first load itself instead: `chload load` into a fresh embedded
 target against one chDB statement, `INSERT INTO t SELECT * FROM file('f/**/*.csv')`,
 alternately, each a process of its own; it prints both times, files/s and chload's speed
-against the statement (goal FIRST_GOAL). `--server N` does the same for the first N
+against the statement (goal FIRST_GOAL), and each process's CPU seconds; with `--vs`,
+the other checkout's first load runs in the same rounds. `--server N` does the same for the first N
 files into a ClickHouse 18.16 server of its own, against curl posting each file,
 POSTERS at a time: files/s of each and the speed ratio.
 
@@ -149,7 +150,7 @@ def main() -> int:
     if args.first or args.server:
         result = {"benchmark": "many_files", "files": args.files}
         if args.first:
-            result["first"] = first_load(root, args.files, args.repeat)
+            result["first"] = first_load(root, args.files, args.repeat, args.vs)
         if args.server:
             result["server"] = server_load(root, args.server, args.repeat)
         if args.json:
@@ -243,41 +244,64 @@ ONE_STATEMENT = ("import chdb.session, sys; s = chdb.session.Session(sys.argv[1]
                  "+ \"')\"); print(s.query('SELECT count() FROM t', 'TSV'))")
 
 
-def first_load(root: Path, files: int, repeat: int) -> dict:
+def first_load(root: Path, files: int, repeat: int, versus: str | None = None) -> dict:
     """The first load of every file into a fresh embedded target, against one chDB
     statement (`INSERT INTO t SELECT * FROM file('f/**/*.csv')`, a process of its own
     too) into a fresh directory, alternately: its seconds, and the speed ratio. Every
-    file under f/ counts, the reruns' new ones too."""
+    file under f/ counts, the reruns' new ones too. `versus`: another checkout's chload
+    too (`--vs`), in the same rounds, its speed against the same statement beside."""
     pattern = f"{root}/f/**/*.csv"
     files = sum(1 for _ in (root / "f").glob("**/*.csv"))
-    seconds: dict[str, list[float]] = {"chload": [], "chdb": []}
+    checkouts = {"chload": str(ROOT)} | ({"vs": versus} if versus else {})
+    seconds: dict[str, list[float]] = {m: [] for m in [*checkouts, "chdb"]}
+    cpu: dict[str, list[float]] = {m: [] for m in seconds}
+    load: dict[str, list[float]] = {m: [] for m in seconds}
     with tempfile.TemporaryDirectory(prefix="chload-first-") as work:
         for round_ in range(repeat):
-            order = ["chload", "chdb"] if round_ % 2 == 0 else ["chdb", "chload"]
+            order = list(seconds)
+            order = order[round_ % len(order):] + order[:round_ % len(order)]  # each first in turn
             for method in order:
                 target = Path(work) / f"{method}{round_}"
-                if method == "chload":
-                    wall, _, summary, _ = run(str(ROOT), root, target, pattern)
+                if method in checkouts:
+                    wall, _, summary, used = run(checkouts[method], root, target, pattern)
                     if not summary.startswith(f"{files} loaded"):
-                        sys.exit(f"chload first load: expected {files} loaded, got {summary}")
+                        sys.exit(f"{method} first load: expected {files} loaded, got {summary}")
+                    cpu[method].append(round(used, 2))
                 else:
-                    wall = _one_statement(target, pattern, files * 10)
+                    wall, used = _one_statement(target, pattern, files * 10)
+                    cpu[method].append(round(used, 2))
                 seconds[method].append(round(wall, 3))
+                load[method].append(round(os.getloadavg()[0], 1))
                 subprocess.run(["rm", "-rf", str(target)], check=True)
-                print(f"round {round_ + 1} first {method:<6} {wall:7.2f} s  load "
-                      f"{os.getloadavg()[0]:4.1f}", file=sys.stderr)
-    return speed_report(f"first load of {files:,} files into a fresh embedded target", seconds,
-                        "chdb", "one chDB statement over the same files", FIRST_GOAL, files)
+                print(f"round {round_ + 1} first {method:<6} {wall:7.2f} s "
+                      f"{cpu[method][-1]:7.2f} CPU s  load {os.getloadavg()[0]:4.1f}",
+                      file=sys.stderr)
+    if versus:
+        print(f"vs ({versus}): {_ratios(seconds['chdb'], seconds['vs'])}")
+    return {**speed_report(f"first load of {files:,} files into a fresh embedded target", seconds,
+                        "chdb", "one chDB statement over the same files", FIRST_GOAL, files),
+            "cpu_seconds": cpu, "load_average": load,
+            "commits": {m: _commit(c) for m, c in checkouts.items()}}
 
 
-def _one_statement(target: Path, pattern: str, rows: int) -> float:
+def _ratios(base: list[float], chload: list[float]) -> str:
+    """The statement's seconds over chload's, per round."""
+    return " ".join(f"{b / c:.2f}" for b, c in zip(base, chload, strict=True))
+
+
+def _one_statement(target: Path, pattern: str, rows: int) -> tuple[float, float]:
+    """(wall seconds, CPU seconds: user and system) of the one statement's process."""
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", ONE_STATEMENT, str(target), pattern],
-                          capture_output=True, text=True, check=True)
-    wall = time.monotonic() - started
-    if int(done.stdout.strip()) != rows:
-        sys.exit(f"one chDB statement loaded {done.stdout.strip()} rows, not {rows}")
-    return wall
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen([sys.executable, "-c", ONE_STATEMENT, str(target), pattern],
+                                stdout=out, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.monotonic() - started
+        out.seek(0)
+        counted = out.read().decode().strip()
+    if os.waitstatus_to_exitcode(status) != 0 or counted != str(rows):
+        sys.exit(f"one chDB statement loaded {counted or 'nothing'}, not {rows} rows")
+    return wall, usage.ru_utime + usage.ru_stime
 
 
 def speed_report(title: str, seconds: dict[str, list[float]], base: str, what: str,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, TypedDict, cast
 
 from chload import options
@@ -326,9 +326,20 @@ class LoadReport:
         self.bytes_read += sum(r.bytes for r in results)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        # the files by hand: asdict deep-copies each field of each of a first load's
+        # 100,000 results, a cost the run pays after its last commit
+        data = asdict(replace(self, files=[]))
+        data["files"] = [_result_dict(r) for r in self.files]
         for part in ("saturation", "concurrency", "costs"):
             data[part] = data[part] or {}
         data["rows_per_second"] = round(self.rows_per_second, 1)
         data["seconds"] = round(self.seconds, 3)
         return data
+
+
+_RESULT_FIELDS = tuple(f.name for f in fields(FileResult))
+
+
+def _result_dict(result: FileResult) -> dict[str, Any]:
+    """`asdict(result)`: its fields are all plain values, nothing to copy deep."""
+    return {name: getattr(result, name) for name in _RESULT_FIELDS}

@@ -14,8 +14,9 @@ from __future__ import annotations
 import builtins
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, fields
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Protocol
 
 from chload.formats import FileFormat
 
@@ -84,6 +85,21 @@ class SourceFile:
     @property
     def identity(self) -> str:
         return self.etag or f"{self.size}:{self.mtime_ns}"
+
+
+_FILE_FIELDS = tuple(f.name for f in fields(SourceFile))
+_FILE_VALUES = attrgetter(*_FILE_FIELDS)
+_FILE_INDEX = {name: i for i, name in enumerate(_FILE_FIELDS)}
+
+
+def revised(file: SourceFile, **changes: Any) -> SourceFile:
+    """`dataclasses.replace(file, **changes)` at about half its cost: a first load of
+    many small files makes a copy of each several times (its format, its identity as
+    read)."""
+    values = list(_FILE_VALUES(file))
+    for name, value in changes.items():
+        values[_FILE_INDEX[name]] = value
+    return SourceFile(*values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, asdict, fields
 from typing import Any
 
 import pytest
@@ -24,6 +24,7 @@ from chload.core.report import (
     ServerSaturation,
     StreamChange,
 )
+from chload.core.run import FileResult
 from chload.errors import UsageError
 from chload.runtime.adaptive import Change, Controller
 from chload.runtime.monitor import CallStats, Monitor, unit_costs
@@ -124,6 +125,17 @@ def test_to_dict_keeps_the_json_of_a_report_without_parts() -> None:
     assert (data["saturation"], data["concurrency"], data["costs"], data["shards"]) == (
         {}, {}, {}, [])
     assert list(data)[:3] == ["table", "target", "run_id"] and "rows_per_second" in data
+
+
+def test_to_dict_gives_each_file_result_as_asdict_would() -> None:
+    report = LoadReport("default.t", "x", "r", notes=["n"])
+    report.files = [FileResult("/d/a.csv", "loaded", 10, 144, 0.5, note="kept"),
+                    FileResult("/d/b.csv", "failed", error="bad", changed=True, rejected=2)]
+    data = report.to_dict()
+    assert data["files"] == [asdict(r) for r in report.files]
+    assert list(data) == [*(f.name for f in fields(LoadReport)), "rows_per_second"]
+    data["files"][0]["rows"] = 0
+    assert report.files[0].rows == 10  # a copy, not the results themselves
 
 
 def test_the_returned_types_are_exported() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from chload.errors import SourceError
 from chload.formats import FileFormat
-from chload.sources.base import SourceFile
+from chload.sources.base import SourceFile, revised
 from chload.sources.files.local import list_local, release, spool_stdin, table_function
 from chload.sources.files.patterns import brace_list
 
@@ -148,3 +148,15 @@ def test_a_failed_listing_leaves_no_link(tmp_path: Path,
     with pytest.raises(SourceError, match="not a regular file"):
         list_local(f"{tmp_path}/data/{{a*,b}}.csv", None, None)
     assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_revised_is_dataclasses_replace() -> None:
+    from dataclasses import fields, replace
+
+    file = SourceFile("/d/a.csv", 3, 4, FileFormat("CSV", "none"), etag="e", local_path="/d/a.csv",
+                      kind="local", aliases=("/x/a.csv",), empty=True)
+    changes = {"format": FileFormat("CSVWithNames", "none"), "size": 5, "mtime_ns": 6}
+    assert revised(file, **changes) == replace(file, **changes)
+    for f in fields(SourceFile):  # each field lands in its own place
+        assert getattr(revised(file, **{f.name: "v"}), f.name) == "v"
+

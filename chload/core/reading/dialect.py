@@ -17,7 +17,7 @@ from chload.core.reading import sniff
 from chload.errors import ChloadError
 from chload.formats import HEADER_FORMATS, JSON_LINES, FileFormat
 from chload.schema import decide_header, header_columns
-from chload.sources.base import SourceFile
+from chload.sources.base import SourceFile, revised
 from chload.targets.base import Target
 
 
@@ -48,7 +48,7 @@ def resolve_format(target: Target, files: Sequence[SourceFile],
 def _with_format(file: SourceFile, fmt: FileFormat) -> SourceFile:
     """`file` read as `fmt` (itself when it is already: a copy of each of many small
     files costs)."""
-    return file if fmt == file.format else replace(file, format=fmt)
+    return file if fmt == file.format else revised(file, format=fmt)
 
 
 def _headless(fmt: FileFormat) -> FileFormat:

@@ -30,7 +30,7 @@ from chload.errors import NothingMatched, SourceError
 from chload.formats import FileFormat, compressed_as, detect
 from chload.runtime.engine import LOCK_NAME
 from chload.schema import quote_str
-from chload.sources.base import InPlace, KnownKeys, Skipped, SourceContext, SourceFile
+from chload.sources.base import InPlace, KnownKeys, Skipped, SourceContext, SourceFile, revised
 from chload.sources.files import walk
 from chload.sources.files.made import LINKS_PREFIX, release, remember, spool_stdin
 from chload.sources.files.patterns import brace_list, expand_braces, glob_regex
@@ -492,7 +492,7 @@ class LocalSource(InPlace):
         except OSError as exc:
             raise SourceError(f"{file.uri}: cannot read it ({exc.strerror}); it was there "
                               "when listed") from exc
-        return replace(file, size=st.st_size, mtime_ns=st.st_mtime_ns)
+        return revised(file, size=st.st_size, mtime_ns=st.st_mtime_ns)
 
     def still_there(self, file: SourceFile) -> bool | None:
         if file.is_stream or not file.local_path:
