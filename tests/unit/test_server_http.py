@@ -114,7 +114,8 @@ class Script(http.server.BaseHTTPRequestHandler):
             self.rfile.readline()
         else:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self.seen.append({"path": self.path, "headers": dict(self.headers), "body": body})
+        self.seen.append({"path": self.path, "headers": dict(self.headers), "body": body,
+                          "peer": self.client_address})
         status, answer = self.answers.pop(0) if self.answers else (200, b"ok\n")
         self.send_response(status)
         self.send_header("Content-Length", str(len(answer)))
@@ -152,6 +153,45 @@ def test_statements_go_in_the_body_with_auth_headers(fake: http.server.Threading
     assert "database=" not in request["path"]  # chload's own SQL names tables in full
     client.post("SELECT 2", context="x", in_database=True)
     assert "database=db" in Script.seen[1]["path"]
+    client.close()
+
+
+def test_threads_that_come_and_go_reuse_one_connection(
+        fake: http.server.ThreadingHTTPServer) -> None:
+    """A cluster load asks each shard from threads that end after the unit: a connection
+    per thread would stay open (socket and read buffer) until the run's end."""
+    client = client_for(fake)
+    for i in range(20):  # one short-lived thread after another
+        thread = threading.Thread(target=lambda i=i: client.post(f"SELECT {i}", context="x"))
+        thread.start()
+        thread.join()
+    assert len(Script.seen) == 20
+    assert len({r["peer"] for r in Script.seen}) == 1
+    client.close()
+    assert client.post("SELECT 1", context="x") == b"ok\n"  # (a new one after close)
+    assert len({r["peer"] for r in Script.seen}) == 2
+    client.close()
+
+
+def test_requests_at_once_each_have_a_connection_of_their_own(
+        fake: http.server.ThreadingHTTPServer) -> None:
+    client = client_for(fake)
+    ready = threading.Barrier(3)
+
+    def ask(i: int) -> None:
+        conn = client._connection()  # (held, as during a request)
+        ready.wait()
+        client._give_back(conn)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(client._idle) == 3 and len(client._all) == 3
+    for i in range(6):
+        client.post(f"SELECT {i}", context="x")
+    assert len({r["peer"] for r in Script.seen}) == 1  # (the last given back, reused)
     client.close()
 
 

@@ -2,8 +2,8 @@
 
 Our own small client (docs/target-server.md, "How it works inside", says why not
 clickhouse-connect or http.client): HTTP/1.1 POST on a plain socket, the body streamed
-from a file (os.sendfile where it can), one keep-alive connection per thread, the answer
-read whole; `ssl` imported for https targets only.
+from a file (os.sendfile where it can), keep-alive connections shared by the threads (a
+request takes an idle one), the answer read whole; `ssl` imported for https targets only.
 
 Invariants: every failure becomes a chload error here: socket / TLS / protocol errors ->
 TransientError or UsageError (TLS, DNS); any non-200 answer -> errors.server_error, the
@@ -137,13 +137,17 @@ Body = bytes | BinaryIO | Iterable[bytes] | None
 
 
 class HttpClient:
-    """Thread-safe: each thread keeps its own keep-alive connection."""
+    """Thread-safe: a request takes an idle keep-alive connection (or opens one) and
+    gives it back after the answer, so the connections open are at most the requests
+    at once, whichever threads make them (a thread's own connection would outlive the
+    thread: one per short-lived thread, each with its socket and read buffer, until
+    close)."""
 
     def __init__(self, url: TargetURL) -> None:
         self.url = url
         self.stats = CallStats()  # requests; data: an INSERT with a body
-        self._local = threading.local()
-        self._all: list[_Connection] = []
+        self._all: set[_Connection] = set()  # open: in use or idle
+        self._idle: list[_Connection] = []  # kept alive, the last given back last
         self._guard = threading.Lock()
         self._tls = _tls_context(url.ca_file) if url.secure else None
 
@@ -206,33 +210,48 @@ class HttpClient:
         except BaseException:
             self._drop(conn)
             raise
-        if not keep:
+        if keep:
+            self._give_back(conn)
+        else:
             self._drop(conn)
-        self._local.used = time.monotonic()
         return status, data
 
     # -- connections -----------------------------------------------------------------
     def _connection(self) -> _Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and time.monotonic() - self._local.used > IDLE_REUSE_SECONDS:
-            self._drop(conn)
-            conn = None
+        """The connection last given back, if idle for less than IDLE_REUSE_SECONDS
+        (those given back before it then too long: closed), else a new one."""
+        stale: list[_Connection] = []
+        conn = None
+        with self._guard:
+            if self._idle:
+                conn = self._idle.pop()
+                if time.monotonic() - conn.used > IDLE_REUSE_SECONDS:
+                    stale, self._idle, conn = [*self._idle, conn], [], None
+                    self._all.difference_update(stale)
+        for old in stale:
+            old.close()
         if conn is None:
             conn = _Connection(self.url.host, self.url.port, self._tls)
             with self._guard:
-                self._all.append(conn)
-            self._local.conn = conn
-        self._local.used = time.monotonic()
+                self._all.add(conn)
         return conn
+
+    def _give_back(self, conn: _Connection) -> None:
+        conn.used = time.monotonic()
+        with self._guard:
+            if conn in self._all:  # (not closed meanwhile: close)
+                self._idle.append(conn)
+                return
+        conn.close()
 
     def _drop(self, conn: _Connection) -> None:
         conn.close()
-        if getattr(self._local, "conn", None) is conn:
-            self._local.conn = None
+        with self._guard:
+            self._all.discard(conn)
 
     def close(self) -> None:
         with self._guard:
-            conns, self._all = self._all, []
+            conns, self._all, self._idle = self._all, set(), []
         for conn in conns:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -261,6 +280,7 @@ class _Connection:
         self.sock, self.tls = sock, tls is not None
         self.answers = sock.makefile("rb", buffering=1 << 16)
         self.host = (f"[{host}]" if ":" in host else host) + f":{port}"
+        self.used = time.monotonic()  # when its last answer was read (_give_back)
 
     def post(self, path: str, headers: Mapping[str, str | bytes], body: Body,
              length: int | None) -> tuple[int, bytes, bool]:
