@@ -28,7 +28,7 @@ import zlib
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
-from chload.formats import FileFormat
+from chload.formats import MAGIC, FileFormat
 from chload.sources.base import SourceFile
 
 LIMIT = 1 << 16
@@ -161,8 +161,27 @@ def start(file: SourceFile) -> bytes | None:
     return data
 
 
-def _read_plain(path: str) -> bytes | None:
-    """An uncompressed file's first LIMIT bytes (what `_read_start` gives it a line at
+def stored_start(file: SourceFile) -> bytes | None:
+    """The first bytes of a local file as stored, for its compression's magic
+    (formats.magic), None when it cannot be read. The listing saw a regular file
+    (sources/files/local.py), so it is read without another stat. Within `kept_starts`
+    the first LIMIT bytes are read, and kept for `start` when they show no compression:
+    the header and values checks then read no file again; outside it, six bytes."""
+    assert file.local_path
+    if not _kept[1]:
+        return _read_plain(file.local_path, 6)
+    key = (file.local_path, "none", file.size, file.mtime_ns)
+    with _STARTS_GUARD:
+        if key in _STARTS:
+            return _STARTS[key]
+    data = _read_plain(file.local_path)
+    if data is not None and not any(data.startswith(sign) for sign, _ in MAGIC):
+        _keep(key, data)
+    return data
+
+
+def _read_plain(path: str, limit: int = LIMIT) -> bytes | None:
+    """An uncompressed file's first `limit` bytes (what `_read_start` gives it a line at
     a time), in one read by descriptor: a load of many small files asks it of each."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -171,8 +190,8 @@ def _read_plain(path: str) -> bytes | None:
     try:
         parts: list[bytes] = []
         size = 0
-        while size < LIMIT:
-            part = os.read(fd, LIMIT - size)
+        while size < limit:
+            part = os.read(fd, limit - size)
             if not part:
                 break
             parts.append(part)
