@@ -18,6 +18,7 @@ from __future__ import annotations
 import bz2
 import contextlib
 import csv
+import functools
 import gzip
 import lzma
 import os
@@ -100,14 +101,24 @@ def header_names(file: SourceFile) -> list[str] | None:
 def split_line(text: str, fmt: FileFormat) -> list[str] | None:
     """A CSV/TSV line (as the file has it) as its fields: quotes and escapes undone, a
     byte order mark and the line end dropped. None for an empty line or another format."""
+    fields = (_split if len(text) <= _KEPT_LINE else _split.__wrapped__)(text, fmt)
+    return None if fields is None else list(fields)
+
+
+_KEPT_LINE = 4096  # a longer first line is split anew each time (the cache stays small)
+
+
+@functools.lru_cache(maxsize=256)
+def _split(text: str, fmt: FileFormat) -> tuple[str, ...] | None:
+    """split_line, once per distinct line: the files of one export share a header."""
     sep = delimiter(fmt)
     text = text.removeprefix(BOM).rstrip("\r\n")
     if sep is None or not text:
         return None
     if fmt.name.startswith("CSV"):  # the engine trims a CSV field's spaces
-        return [field.strip(" \t") for field in
-                next(csv.reader([text], delimiter=sep, skipinitialspace=sep != " "))]
-    return [_unescape_tsv(field) for field in text.split(sep)]
+        return tuple(field.strip(" \t") for field in
+                     next(csv.reader([text], delimiter=sep, skipinitialspace=sep != " ")))
+    return tuple(_unescape_tsv(field) for field in text.split(sep))
 
 
 # What a CSV file's first line may be separated by instead of `,`, in the order asked.
@@ -337,8 +348,13 @@ def unreadable(file: SourceFile) -> str | None:
     of values"), or Excel's delimiter hint as the first line (`sep=;`, which no engine
     skips: it became the header, and the real header a row)."""
     line = _first_line(file) if delimiter(file.format) is not None else None
-    if line is None:
-        return None
+    # (longer than 16 bytes, a line is no `sep=;` hint: its first two bytes tell the rest)
+    return None if line is None else _unreadable_line(line if len(line) <= 16 else line[:2])
+
+
+@functools.lru_cache(maxsize=256)
+def _unreadable_line(line: bytes) -> str | None:
+    """unreadable, once per distinct first line."""
     if line[:2] in (b"\xff\xfe", b"\xfe\xff"):
         return ("the file is UTF-16 text (it begins with a UTF-16 byte order mark, as "
                 "Windows tools write 'Unicode' text); convert it to UTF-8, e.g. iconv -f "
