@@ -7,8 +7,7 @@ know it to strip it before looking at the format extension, to tell a server wha
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from chload.errors import UsageError
 
@@ -79,23 +78,6 @@ def detect(name: str, fmt: str | None = None, compression: str | None = None,
     if not strict:
         return FileFormat("", method)
     raise UsageError(untold(name))
-
-
-def compressed_as(path: str, fmt: FileFormat) -> FileFormat:
-    """`fmt`, with the compression the file's first bytes show when the name shows none
-    (a text format only: Parquet, ORC and the like compress inside)."""
-    if fmt.compression != "none" or fmt.name not in LINE_FORMATS:
-        return fmt
-    try:  # (by descriptor: a file object costs a load of many small files dearly)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            head = os.read(fd, 6)
-        finally:
-            os.close(fd)
-    except OSError:
-        return fmt  # the engine says why, when it reads it
-    method = magic(head)
-    return fmt if method == "none" else replace(fmt, compression=method)
 
 
 def magic(head: bytes) -> str:

@@ -183,49 +183,50 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
         sources.against(None)
     del known
     untold = [(f, formats.untold(f.uri)) for f in plan.to_load if not f.format.name]
-    told = sources.described([f for f in plan.to_load if f.format.name])
-    described = sources.columns(told)  # a source that knows its columns: no inference
-    files = planner.resolve_format(target, told, planner.known_names(existing, spec.schema),
-                                   forced=spec.format is not None or described is not None,
-                                   delimiter=dict(spec.settings).get("format_csv_delimiter"))
-    plan = replace(plan, to_load=files)
-    refused = _refuse(target, table, untold, report.run_id, listener)
-    settings = (*_job_settings(spec), *planner.csv_settings(files, spec.settings))
-    upsert = spec.upsert
-    if upsert is not None and existing is not None:
-        upsert.check_table(table.display, target.table_engines(table.sql))
-    if plan.to_load:
-        columns, read_columns, created, existing, evolution = _prepare(
-            spec, target, table, plan.to_load, existing, described, sources, added)
-        new_columns = spec.on_new_column if evolution else "fail"
-        if evolution:
-            settings = evolve.job_settings(new_columns, plan.to_load, settings, spec.settings)
-            report.notes += evolution.notes
-            report.schema_changes = [c.as_dict() for c in evolution.changes]
-        if not state.exists:
-            state = target.ledger.table_state(table.database, table.name)
-        with sniff.kept_starts():  # each file's start read once for all its checks
+    # each file's start read once, from its description (compression) to its checks
+    with sniff.kept_starts():
+        told = sources.described([f for f in plan.to_load if f.format.name])
+        described = sources.columns(told)  # a source that knows its columns: no inference
+        files = planner.resolve_format(target, told, planner.known_names(existing, spec.schema),
+                                       forced=spec.format is not None or described is not None,
+                                       delimiter=dict(spec.settings).get("format_csv_delimiter"))
+        plan = replace(plan, to_load=files)
+        refused = _refuse(target, table, untold, report.run_id, listener)
+        settings = (*_job_settings(spec), *planner.csv_settings(files, spec.settings))
+        upsert = spec.upsert
+        if upsert is not None and existing is not None:
+            upsert.check_table(table.display, target.table_engines(table.sql))
+        if plan.to_load:
+            columns, read_columns, created, existing, evolution = _prepare(
+                spec, target, table, plan.to_load, existing, described, sources, added)
+            new_columns = spec.on_new_column if evolution else "fail"
+            if evolution:
+                settings = evolve.job_settings(new_columns, plan.to_load, settings, spec.settings)
+                report.notes += evolution.notes
+                report.schema_changes = [c.as_dict() for c in evolution.changes]
+            if not state.exists:
+                state = target.ledger.table_state(table.database, table.name)
             checked = planner.check_headers(target, table, plan.to_load,
                                             existing or columns, read_columns, spec.audit,
                                             named=planner.reads_by_name(spec.schema, settings),
                                             settings=spec.settings, new_columns=new_columns,
                                             start=sources.start)
-        to_load, settings = checked.files, (*checked.settings, *settings)
-        refused += _refuse(target, table, checked.refused, report.run_id, listener)
-        if refused and spec.on_error == "abort":
-            refused += [FileResult(f.uri, "not-started") for f in to_load]
-            to_load = []
-        if upsert is not None:
-            upsert.check_data(table.display, read_columns)
-        plan = replace(plan, to_load=to_load, columns=columns, read_columns=read_columns,
-                       created_table=created)
-        try:
-            sources.stored(columns, read_columns, target.engine_name,
-                           spec.budget.allows_errors)
-        except SchemaError as exc:  # a value no column type holds: nothing loaded
-            if not created:
-                raise
-            raise _created_note(exc, table) from None
+            to_load, settings = checked.files, (*checked.settings, *settings)
+            refused += _refuse(target, table, checked.refused, report.run_id, listener)
+            if refused and spec.on_error == "abort":
+                refused += [FileResult(f.uri, "not-started") for f in to_load]
+                to_load = []
+            if upsert is not None:
+                upsert.check_data(table.display, read_columns)
+            plan = replace(plan, to_load=to_load, columns=columns, read_columns=read_columns,
+                           created_table=created)
+            try:
+                sources.stored(columns, read_columns, target.engine_name,
+                               spec.budget.allows_errors)
+            except SchemaError as exc:  # a value no column type holds: nothing loaded
+                if not created:
+                    raise
+                raise _created_note(exc, table) from None
     target.ledger.stamp(table.display, state.uuid)
     listener(Event("plan", files_total=len(plan.to_load),
                    bytes_total=sum(f.size for f in plan.to_load),

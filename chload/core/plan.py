@@ -435,10 +435,13 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     checked = HeaderCheck([], settings=BY_POSITION if by_position else ())
     extra = _extra_columns(target, files, table_columns) if named else {}
     told, engine = dict(settings), target.engine_name
+    problems: dict[tuple[str, ...], str] = {}  # header -> its mismatch: once a header
     for f in files:
         fields = headers.get(f.uri)
-        problem = fields and _mismatch(header_columns(fields), read, table_columns, audit,
-                                       by_position, new_columns)
+        problem = fields and problems.get(key := tuple(fields))
+        if fields and problem is None:
+            problem = problems[key] = _mismatch(header_columns(fields), read, table_columns,
+                                                audit, by_position, new_columns)
         why = sniff.unreadable(f)
         if why:
             checked.refused.append((f, f"{f.uri}: {why}"))

@@ -75,6 +75,45 @@ def test_a_files_start_is_read_once_within_kept_starts_and_anew_after(tmp_path: 
     assert header_names(source(path)) == ["id", "w"]
 
 
+def test_the_compression_sniff_keeps_a_plain_start_for_the_header_check(tmp_path: Path,
+                                                                         ) -> None:
+    from chload.core.reading import sniff
+    from chload.sources.files.local import described
+
+    plain, packed = tmp_path / "a.csv", tmp_path / "b.csv"
+    plain.write_text("id,v\n1,2\n")
+    packed.write_bytes(gzip.compress(b"id,w\n1,2\n"))  # a gzip export named .csv
+    with sniff.kept_starts():
+        a, b = described([source(plain), source(packed)], None)
+        assert (a.format.compression, b.format.compression) == ("none", "gzip")
+        plain.unlink()  # its start, read by the compression sniff, still answers
+        assert header_names(a) == ["id", "v"] and sniff.unreadable(a) is None
+        assert header_names(b) == ["id", "w"]  # not kept as stored: read and inflated
+    assert header_names(a) is None  # outside: read again, and it is gone
+
+
+def test_a_header_split_once_is_a_fresh_list_each_time() -> None:
+    from chload.core.reading.sniff import split_line
+
+    first = split_line("id,v\n", detect("a.csv"))
+    assert first == ["id", "v"]
+    first.append("x")  # a caller's change stays its own
+    assert split_line("id,v\n", detect("a.csv")) == ["id", "v"]
+    assert split_line("sep=;\n", detect("a.csv")) == ["sep=;"]
+
+
+def test_a_delimiter_hint_and_utf16_are_told_apart_per_first_line(tmp_path: Path) -> None:
+    from chload.core.reading.sniff import unreadable
+
+    hint, wide, long = tmp_path / "h.csv", tmp_path / "w.csv", tmp_path / "l.csv"
+    hint.write_text("sep=;\na;b\n")
+    wide.write_bytes("id,v\n".encode("utf-16"))
+    long.write_text("sep=;" + "x" * 40 + "\n1\n")
+    assert "delimiter hint" in (unreadable(source(hint)) or "")
+    assert "UTF-16" in (unreadable(source(wide)) or "")
+    assert unreadable(source(long)) is None
+
+
 def test_a_truncated_gzip_still_gives_the_lines_before_its_cut(tmp_path: Path) -> None:
     from chload.core.reading.sniff import first_text, start
 

@@ -9,6 +9,7 @@ once, by its load. Counting a file's lines (why inference failed) is the engine'
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from itertools import chain
@@ -74,6 +75,7 @@ def _decide_delimiter(target: Target, files: Sequence[SourceFile], given: str | 
     return ""
 
 
+@functools.lru_cache(maxsize=64)  # (once a format, not once a file of many)
 def _with_delimiter(fmt: FileFormat, sep: str) -> FileFormat:
     """A CSV format read with `sep`: a tab makes it TSV (the engine's CSV reader cannot
     infer a tab-separated CSV: "Expected end of line")."""

@@ -113,7 +113,7 @@ def _may_misfit(data: bytes, fmt: FileFormat, kinds: Sequence[str], nulls_ok: bo
     where the full check would find nothing; True sends the start to it. What to look
     for is worked out once for a run's format and columns (_probe)."""
     probe = _probe(fmt, tuple(kinds), nulls_ok, engine)
-    if probe.hints and (any(h in data for h in probe.hints)
+    if probe.hints and (probe.hints.search(data)
                         or probe.first and data[:1] == probe.first):
         return True
     if not probe.needles and not probe.spans:
@@ -136,7 +136,7 @@ class _Probe:
     digit patterns (every digit a 0) too long or too precise for a column; the years
     a date column holds (first, last)."""
 
-    hints: tuple[bytes, ...]
+    hints: re.Pattern[bytes] | None  # any of the bytes (one search: cheaper than each)
     first: bytes
     needles: tuple[bytes, ...]
     spans: tuple[tuple[str, str], ...]
@@ -162,7 +162,8 @@ def _probe(fmt: FileFormat, kinds: tuple[str, ...], nulls_ok: bool, engine: str)
             needles += [*_EXPONENTS, b"0" * 39]
         elif (m := _DECIMAL.match(base)):
             needles.append(b"." + b"0" * (int(m.group(2) or m.group(4)) + 1))
-    return _Probe(hints, b"" if family == "JSON" else sep, tuple(needles), tuple(spans))
+    return _Probe(re.compile(b"|".join(map(re.escape, hints))) if hints else None,
+                  b"" if family == "JSON" else sep, tuple(needles), tuple(spans))
 
 
 def empty_fields(file: SourceFile, head: bytes | None = None) -> bool:

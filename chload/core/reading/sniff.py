@@ -18,6 +18,7 @@ from __future__ import annotations
 import bz2
 import contextlib
 import csv
+import functools
 import gzip
 import lzma
 import os
@@ -28,7 +29,7 @@ import zlib
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
-from chload.formats import FileFormat
+from chload.formats import MAGIC, FileFormat
 from chload.sources.base import SourceFile
 
 LIMIT = 1 << 16
@@ -100,14 +101,24 @@ def header_names(file: SourceFile) -> list[str] | None:
 def split_line(text: str, fmt: FileFormat) -> list[str] | None:
     """A CSV/TSV line (as the file has it) as its fields: quotes and escapes undone, a
     byte order mark and the line end dropped. None for an empty line or another format."""
+    fields = (_split if len(text) <= _KEPT_LINE else _split.__wrapped__)(text, fmt)
+    return None if fields is None else list(fields)
+
+
+_KEPT_LINE = 4096  # a longer first line is split anew each time (the cache stays small)
+
+
+@functools.lru_cache(maxsize=256)
+def _split(text: str, fmt: FileFormat) -> tuple[str, ...] | None:
+    """split_line, once per distinct line: the files of one export share a header."""
     sep = delimiter(fmt)
     text = text.removeprefix(BOM).rstrip("\r\n")
     if sep is None or not text:
         return None
     if fmt.name.startswith("CSV"):  # the engine trims a CSV field's spaces
-        return [field.strip(" \t") for field in
-                next(csv.reader([text], delimiter=sep, skipinitialspace=sep != " "))]
-    return [_unescape_tsv(field) for field in text.split(sep)]
+        return tuple(field.strip(" \t") for field in
+                     next(csv.reader([text], delimiter=sep, skipinitialspace=sep != " ")))
+    return tuple(_unescape_tsv(field) for field in text.split(sep))
 
 
 # What a CSV file's first line may be separated by instead of `,`, in the order asked.
@@ -161,8 +172,27 @@ def start(file: SourceFile) -> bytes | None:
     return data
 
 
-def _read_plain(path: str) -> bytes | None:
-    """An uncompressed file's first LIMIT bytes (what `_read_start` gives it a line at
+def stored_start(file: SourceFile) -> bytes | None:
+    """The first bytes of a local file as stored, for its compression's magic
+    (formats.magic), None when it cannot be read. The listing saw a regular file
+    (sources/files/local.py), so it is read without another stat. Within `kept_starts`
+    the first LIMIT bytes are read, and kept for `start` when they show no compression:
+    the header and values checks then read no file again; outside it, six bytes."""
+    assert file.local_path
+    if not _kept[1]:
+        return _read_plain(file.local_path, 6)
+    key = (file.local_path, "none", file.size, file.mtime_ns)
+    with _STARTS_GUARD:
+        if key in _STARTS:
+            return _STARTS[key]
+    data = _read_plain(file.local_path)
+    if data is not None and not any(data.startswith(sign) for sign, _ in MAGIC):
+        _keep(key, data)
+    return data
+
+
+def _read_plain(path: str, limit: int = LIMIT) -> bytes | None:
+    """An uncompressed file's first `limit` bytes (what `_read_start` gives it a line at
     a time), in one read by descriptor: a load of many small files asks it of each."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -171,8 +201,8 @@ def _read_plain(path: str) -> bytes | None:
     try:
         parts: list[bytes] = []
         size = 0
-        while size < LIMIT:
-            part = os.read(fd, LIMIT - size)
+        while size < limit:
+            part = os.read(fd, limit - size)
             if not part:
                 break
             parts.append(part)
@@ -318,8 +348,13 @@ def unreadable(file: SourceFile) -> str | None:
     of values"), or Excel's delimiter hint as the first line (`sep=;`, which no engine
     skips: it became the header, and the real header a row)."""
     line = _first_line(file) if delimiter(file.format) is not None else None
-    if line is None:
-        return None
+    # (longer than 16 bytes, a line is no `sep=;` hint: its first two bytes tell the rest)
+    return None if line is None else _unreadable_line(line if len(line) <= 16 else line[:2])
+
+
+@functools.lru_cache(maxsize=256)
+def _unreadable_line(line: bytes) -> str | None:
+    """unreadable, once per distinct first line."""
     if line[:2] in (b"\xff\xfe", b"\xfe\xff"):
         return ("the file is UTF-16 text (it begins with a UTF-16 byte order mark, as "
                 "Windows tools write 'Unicode' text); convert it to UTF-8, e.g. iconv -f "

@@ -26,8 +26,9 @@ from fnmatch import fnmatchcase
 from typing import Any
 from urllib.parse import unquote
 
+from chload.core.reading import sniff
 from chload.errors import NothingMatched, SourceError
-from chload.formats import FileFormat, compressed_as, detect
+from chload.formats import LINE_FORMATS, FileFormat, detect, magic
 from chload.runtime.engine import LOCK_NAME
 from chload.schema import quote_str
 from chload.sources.base import InPlace, KnownKeys, Skipped, SourceContext, SourceFile, revised
@@ -115,8 +116,11 @@ def described(files: Sequence[SourceFile], compression: str | None) -> list[Sour
 
 
 def _as_stored(f: SourceFile) -> SourceFile:
-    fmt = compressed_as(f.local_path or f.uri, f.format)
-    return f if fmt == f.format else replace(f, format=fmt)
+    if f.format.compression != "none" or f.format.name not in LINE_FORMATS:
+        return f
+    head = sniff.stored_start(f)  # (its start kept for the header check: one open a file)
+    method = magic(head) if head else "none"
+    return f if method == "none" else replace(f, format=replace(f.format, compression=method))
 
 
 def display(path: str) -> str:
