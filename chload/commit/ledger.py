@@ -65,6 +65,9 @@ from chload.schema import quote_str
 # are appended after reading the mark first. A raw load's groups (a file a stage, at
 # most a stage per stream: 8) stay inline.
 _INLINE_EVENTS = 8
+# One encoder for every row (json.dumps with an option builds an encoder a call: a batch
+# of many small files writes two events a file)
+_encode = json.JSONEncoder(ensure_ascii=False).encode
 _INLINE_BYTES = 128 << 10  # and never a statement near the server's max_query_size (256 KiB)
 
 
@@ -260,7 +263,7 @@ class Ledger:
         self._insert(RUNS, [asdict(run)])
 
     def _insert(self, table: str, rows: Iterable[dict]) -> None:
-        body = "\n".join(json.dumps(r, ensure_ascii=False) for r in rows)
+        body = "\n".join(_encode(r) for r in rows)
         self._sql.command(f"INSERT INTO {table} FORMAT JSONEachRow\n{body}\n")
 
     def latest(self, target_table: str, states: Sequence[str] | None = None) -> list[FileEvent]:

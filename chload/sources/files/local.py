@@ -496,6 +496,8 @@ class LocalSource(InPlace):
         except OSError as exc:
             raise SourceError(f"{file.uri}: cannot read it ({exc.strerror}); it was there "
                               "when listed") from exc
+        if st.st_size == file.size and st.st_mtime_ns == file.mtime_ns:
+            return file  # (unchanged: no copy; a batch of small files asks twice a file)
         return revised(file, size=st.st_size, mtime_ns=st.st_mtime_ns)
 
     def still_there(self, file: SourceFile) -> bool | None:
