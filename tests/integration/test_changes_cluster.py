@@ -6,7 +6,9 @@ changes, a run without --follow that catches up; then the current rows read from
 Distributed table (`FINAL WHERE NOT _is_deleted`) equal the source's, every column of
 every key, and every key's rows (each version, deletes too) are on exactly one shard,
 the one its hash names. A Distributed table whose key is not of the followed key alone
-is refused in one line.
+is refused in one line. A run SIGKILLed between two shards' commits of a unit of changes
+(`CHLOAD_CRASH_AT=cluster-commit-shard-2`: the unit on shard 1 only) is resumed by the
+next run, with --follow or without: the same current rows, no version twice on a shard.
 """
 
 from __future__ import annotations
