@@ -6,7 +6,9 @@ changes, a run without --follow that catches up; then the current rows read from
 Distributed table (`FINAL WHERE NOT _is_deleted`) equal the source's, every column of
 every key, and every key's rows (each version, deletes too) are on exactly one shard,
 the one its hash names. A Distributed table whose key is not of the followed key alone
-is refused in one line.
+is refused in one line. A run SIGKILLed between two shards' commits of a unit of changes
+(`CHLOAD_CRASH_AT=cluster-commit-shard-2`: the unit on shard 1 only) is resumed by the
+next run, with --follow or without: the same current rows, no version twice on a shard.
 """
 
 from __future__ import annotations
@@ -78,27 +80,36 @@ def _wait(ready: Callable[[], bool], proc: subprocess.Popen[str], what: str,
         time.sleep(0.3)
 
 
-def _follow_then_catch_up(source: Source, cluster: services.ClickHouseCluster,
-                          table: str) -> None:
-    """--follow --cluster: the copy, a round of changes applied, SIGTERM; a second round
-    of changes, then a run without --follow that applies it and exits."""
+def _follow_until(source: Source, cluster: services.ClickHouseCluster, table: str,
+                  marker: int, *args: str, first_run: bool = False) -> None:
+    """A --follow run stopped by SIGTERM once the row `marker` is applied (the first
+    run: --cluster makes the table, copies it, then round 1 of changes is made)."""
     first = cluster.servers[0]
     proc = subprocess.Popen(
         [sys.executable, "-m", "chload", "load", source.url(table), "--table", table,
-         "--follow", "--cluster", cluster.name, *_cluster_args(cluster)],
+         "--follow", *args, *_cluster_args(cluster)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(source))
     try:
-        _wait(lambda: _q(first, "SELECT count() FROM system.tables WHERE database = "
-                                f"'default' AND name = '{table}'") == "1", proc, "the table")
-        _wait(lambda: _q(first, f"SELECT count() FROM default.{table}") == str(ROWS), proc,
-              "the copy")
-        _changes(source, table, 10_001, 3, 2)
-        _wait(lambda: _q(first, f"SELECT count() FROM default.{table} WHERE id = 10001")
+        if first_run:
+            _wait(lambda: _q(first, "SELECT count() FROM system.tables WHERE database = "
+                                    f"'default' AND name = '{table}'") == "1", proc,
+                  "the table")
+            _wait(lambda: _q(first, f"SELECT count() FROM default.{table}") == str(ROWS),
+                  proc, "the copy")
+            _changes(source, table, marker, 3, 2)
+        _wait(lambda: _q(first, f"SELECT count() FROM default.{table} WHERE id = {marker}")
               == "1", proc, "the changes")
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out + err
+
+
+def _follow_then_catch_up(source: Source, cluster: services.ClickHouseCluster,
+                          table: str) -> None:
+    """--follow --cluster: the copy, a round of changes applied, SIGTERM; a second round
+    of changes, then a run without --follow that applies it and exits."""
+    _follow_until(source, cluster, table, 10_001, "--cluster", cluster.name, first_run=True)
     _changes(source, table, 10_002, 4, 9)
     done = run_chload("load", source.url(table), "--table", table, *_cluster_args(cluster),
                       env=source.env, timeout=120)
@@ -252,3 +263,66 @@ def test_cluster_into_an_existing_plain_table_is_refused_in_one_line(
     assert _listed(source, weighted_cluster, table) == []  # no follow recorded
     if kind == "postgresql":
         assert source.sql(slots) == before  # refused before a slot was made
+
+
+def _units(server: services.Service, table: str) -> set[str]:
+    """The units of changes a shard's own ledger has committed for its local table."""
+    return set(_q(server, "SELECT DISTINCT uri FROM chload.files WHERE target_table = "
+                          f"'default.{table}_local' AND state IN ('loaded', 'committing') "
+                          "AND uri LIKE '%changes://%'").splitlines())
+
+
+def _lsn(text: str) -> int:
+    high, _, low = text.strip().partition("/")
+    return (int(high, 16) << 32) + int(low, 16)
+
+
+@pytest.mark.parametrize(("kind", "rerun"), [("postgresql", "follow"), ("mysql", "catch-up"),
+                                             ("postgresql", "catch-up"), ("mysql", "follow")])
+def test_a_follow_killed_between_two_shards_commits_of_a_unit_resumes_on_the_others(
+        kind: str, rerun: str, request: pytest.FixtureRequest,
+        weighted_cluster: services.ClickHouseCluster) -> None:
+    """The loader SIGKILLed right after shard 1 committed a unit of changes (before
+    shard 2's commit): the next run (with --follow, or without) reads that unit's range
+    again, commits it on shards 2 and 3 only, then goes on; the slot is not confirmed
+    past the unit meanwhile; the current rows equal the source's, no version twice."""
+    source = Source(kind, request.getfixturevalue("postgres" if kind == "postgresql"
+                                                  else "mariadb"))
+    cluster, table = weighted_cluster, f"t_{uuid.uuid4().hex[:10]}"
+    source.sql((PG_TABLE if kind == "postgresql" else MY_TABLE).format(t=table, rows=ROWS))
+    if kind == "mysql":
+        source.sql(MY_ROWS.format(t=table, rows=ROWS))
+    _follow_until(source, cluster, table, 10_001, "--cluster", cluster.name, first_run=True)
+    before = {n: _units(cluster.server(n), table) for n in SLOTS}
+    assert before[1] and before[1] == before[2] == before[3], before
+    _changes(source, table, 10_002, 4, 9)
+    crashed = run_chload("load", source.url(table), "--table", table, *_cluster_args(cluster),
+                         env={**source.env, "CHLOAD_CRASH_AT": "cluster-commit-shard-2"},
+                         timeout=120)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stdout + crashed.stderr
+    cut = {n: _units(cluster.server(n), table) - before[n] for n in SLOTS}
+    assert len(cut[1]) == 1 and not cut[2] and not cut[3], cut  # on shard 1 only
+    listed = _listed(source, cluster, table)
+    assert len(listed) == 1 and "error" not in listed[0], listed
+    if kind == "postgresql":  # listed at the unit's start; the slot not confirmed past it
+        first, _, last = next(iter(cut[1])).rpartition("/")[2].partition("-")
+        confirmed = source.sql("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE "
+                               f"slot_name = '{listed[0]['slot']}'")
+        assert _lsn(listed[0]["position"]) == int(first), (listed, cut)
+        assert int(first) <= _lsn(confirmed) <= int(last), (confirmed, cut)
+    _changes(source, table, 10_003, 5, 17)  # more changes after the unit cut
+    if rerun == "follow":
+        _follow_until(source, cluster, table, 10_003)
+    else:
+        done = run_chload("load", source.url(table), "--table", table,
+                          *_cluster_args(cluster), env=source.env, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+    after = {n: _units(cluster.server(n), table) for n in SLOTS}
+    assert after[1] == after[2] == after[3] and cut[1] <= after[2], after
+    _assert_current_rows_and_placement(source, cluster, table)
+    assert 10_003 in _source_rows(source, table)
+    for n in SLOTS:  # no version of a key committed twice on any shard
+        twice = _q(cluster.server(n), f"SELECT id, _version, count() AS c FROM "
+                                      f"default.{table}_local GROUP BY id, _version "
+                                      "HAVING c > 1")
+        assert twice == "", (n, twice)

@@ -157,15 +157,26 @@ def test_into_a_cluster_a_stream_ends_where_every_shard_has_its_units() -> None:
     assert table.committed_end(_ClusterLedger({}), "default.t", s) is None  # type: ignore[arg-type]
 
 
-def test_into_a_cluster_a_unit_on_some_shards_only_stops_the_follow_in_one_line() -> None:
+def test_into_a_cluster_a_unit_on_some_shards_only_is_the_one_to_load_next() -> None:
     s = "pgchanges://u@h:5432/db/public.t/slot"
-    cut = _ClusterLedger({f"{s}/0-99": [1, 2, 3], f"{s}/100-199": [1, 3]})
-    with pytest.raises(UsageError) as caught:
-        table.committed_end(cut, "default.t", s)  # type: ignore[arg-type]
-    said = str(caught.value)
-    assert said.startswith("table default.t: changes 100-199 were committed on "
-                           "default.t shard 1, default.t shard 3 only")
-    assert "\n" not in said
+    cut = _ClusterLedger({f"{s}/0-99": [1, 2, 3], f"{s}/100-199": [1]})
+    assert table.resume_point(cut, "default.t", s) == (100, (100, 199))  # type: ignore[arg-type]
+    assert table.committed_end(cut, "default.t", s) == 100  # type: ignore[arg-type]
+    first = _ClusterLedger({f"{s}/0-99": [2]})  # (the first unit: no end yet)
+    assert table.resume_point(first, "default.t", s) == (None, (0, 99))  # type: ignore[arg-type]
+
+
+def test_into_a_cluster_a_unit_on_some_shards_only_past_a_gap_stops_the_follow_in_one_line(
+        ) -> None:
+    s = "pgchanges://u@h:5432/db/public.t/slot"
+    for on in ({f"{s}/0-99": [1, 2, 3], f"{s}/150-199": [1, 3]},
+               {f"{s}/0-99": [1, 2, 3], f"{s}/100-149": [1], f"{s}/150-199": [1]}):
+        with pytest.raises(UsageError) as caught:
+            table.committed_end(_ClusterLedger(on), "default.t", s)  # type: ignore[arg-type]
+        said = str(caught.value)
+        assert said.startswith("table default.t: changes 150-199 were committed on "
+                               "default.t shard 1"), said
+        assert "beyond the changes every shard has (up to 100)" in said and "\n" not in said
 
 
 class _Server:
@@ -194,10 +205,16 @@ def test_a_follow_into_a_cluster_is_listed_from_its_shards_not_as_its_local_tabl
     found = followed.streams(server, [cluster], "pgchanges://")  # type: ignore[arg-type, list-item]
     assert [(f.table, f.stream, f.end, f.where) for f in found] == [
         ("default.o", other, 50, server), ("default.t", s, 200, cluster)]
-    # a unit some shards lack: listed with the line the follow itself would stop with
+    # a unit some shards lack (the next run commits it on the others): listed at the end
+    # every shard has, where that run goes on from
     cut = _ClusterLedger({f"{s}/0-99": [1, 2, 3], f"{s}/100-199": [1]})
     cut.local, cut.table_display = "`default`.`t_local`", "default.t"  # type: ignore[attr-defined]
     [listed] = followed.streams(_Server([]), [cut], "pgchanges://")  # type: ignore[arg-type, list-item]
+    assert listed.end == 100 and not listed.error
+    # one past a gap (no run would go on from it): listed with the line the follow stops with
+    gap = _ClusterLedger({f"{s}/0-99": [1, 2, 3], f"{s}/150-199": [1]})
+    gap.local, gap.table_display = "`default`.`t_local`", "default.t"  # type: ignore[attr-defined]
+    [listed] = followed.streams(_Server([]), [gap], "pgchanges://")  # type: ignore[arg-type, list-item]
     assert listed.end is None and "committed on default.t shard 1 only" in listed.error
 
 

@@ -139,3 +139,11 @@ def test_a_unit_some_shards_of_a_cluster_have_is_the_next_unit_whole() -> None:
     assert (unit.first, unit.last) == (300, 599)
     part.next = 600
     assert (part.unit(100).first, part.unit(100).last) == (600, 699)
+
+
+def test_the_unit_a_cluster_has_on_some_shards_only_is_each_streams_lowest_one_not_complete(
+        ) -> None:
+    other = "kafka://b:9092/t/1"
+    uris = [f"{STREAM}/0-99", f"{STREAM}/200-299", f"{STREAM}/100-199", f"{other}/0-9"]
+    assert P.partial(uris, {f"{STREAM}/0-99", f"{other}/0-9"}) == {STREAM: (100, 199)}
+    assert P.partial(uris, set(uris)) == {}

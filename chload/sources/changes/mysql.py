@@ -131,13 +131,20 @@ def stream_of(url: DbUrl) -> str:
 def committed_end(target: Target, table: Any, stream: str) -> int | None:
     """The stream's committed end in the table's own history (None: no unit yet); into a
     cluster, of the units every shard has (table.py)."""
+    return resume_point(target, table, stream)[0]
+
+
+def resume_point(target: Target, table: Any,
+                 stream: str) -> tuple[int | None, tuple[int, int] | None]:
+    """`committed_end`, and into a cluster the unit `(first, last)` some shards have
+    committed and others lack (table.resume_point), to be read again first."""
     if getattr(target, "dist", None) is not None:
-        return changes_table.committed_end(target, table.display, stream)
+        return changes_table.resume_point(target, table.display, stream)
     live = {e.uri: e for e in target.ledger.latest(table.display)
             if e.uri.startswith(stream + "/") and e.state in (COMMITTING, LOADED)}
     own, _ = own_history(target.ledger.table_state(table.database, table.name), live)
     ends = [int(uri.rpartition("-")[2]) + 1 for uri in own]
-    return max(ends) if ends else None
+    return (max(ends) if ends else None), None
 
 
 def target_columns(target: Target, source: Sequence[tuple[str, str, bool]]) -> list[Column]:
@@ -167,7 +174,7 @@ class MysqlChanges(RemoteSource):
             return True
         url = parse_url(spec.sources[0], None)
         with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
-            return committed_end(t, table, stream_of(url)) is not None
+            return resume_point(t, table, stream_of(url)) != (None, None)
 
     def make_table(self, spec: LoadSpec, target: Target, table: Any) -> None:
         """With --cluster, a missing followed table made on that cluster before the run
@@ -202,7 +209,10 @@ class MysqlChanges(RemoteSource):
             source, key = server.columns()
             changes_table.check_sharding(target, table.display, key)
             stream = stream_of(url)
-            after = committed_end(target, table, stream)
+            after, pending = resume_point(target, table, stream)
+            if pending is not None:  # a unit on some shards only: theirs first
+                after = self._resume(target, server, pending, table, report, load_round,
+                                     stream)
             if after is None:
                 after = self._snapshot(spec, target, server, source, key, table, report,
                                        load_round, stream)
@@ -294,6 +304,40 @@ class MysqlChanges(RemoteSource):
                 with contextlib.suppress(Exception):
                     _remove(ahead.result()[0])
             reader.close()
+
+    def _resume(self, target: Target, server: Server, pending: tuple[int, int], table: Any,
+                report: LoadReport, load_round: LoadRound, stream: str) -> int:
+        """Into a cluster, the unit `(first, last)` some shards have committed and others
+        lack (a run killed between two shards' commits) read again from the binlog, that
+        range exactly (whole transactions from `first` to the one ending at `last` + 1,
+        where the unit was cut), and committed as that unit: the cluster commits it on
+        the shards lacking it only (targets/cluster `_pending`). The unit that ends the
+        copy (`first` 0) is empty: the copy committed before it. Returns its end."""
+        first, last = pending
+        if first == 0:
+            self._commit(load_round, target, table, stream, 0, last, b"", report)
+            return last + 1
+        log_file, log_pos = mysql_table.log_of(first, server.master()[0])
+        reader = BinlogReader(server.settings, log_file, log_pos, server.url.schema,
+                              server.url.table, False)
+        path = os.path.join(target.workdir, "tmp", f"mysql-changes-{os.getpid()}-resume.tsv")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            layout = self._layout(target, table, server)
+            with open(path, "wb") as out:
+                out.write(_header(layout))
+                cut = reader.unit(out, layout, 1 << 62, float("inf"), last + 1, lambda: False)
+            if cut.end != last + 1 or not cut.rows:
+                raise SourceError(
+                    f"{stream}/{first}-{last}: committed on some shards only, and read again "
+                    f"it ends at {cut.end - 1} with {cut.rows} rows (binlog purged or "
+                    "rewritten?); drop the follow (chload sources --drop) and the table, then "
+                    "follow again")
+            self._commit(load_round, target, table, stream, first, last, path, report)
+        finally:
+            reader.close()
+            _remove(path)
+        return last + 1
 
     def _layout(self, target: Target, table: Any, server: Server) -> Layout:
         """The lines' columns (the table's, in its order), kept for the units' commits

@@ -27,6 +27,8 @@ The interface (small on purpose, so that every source of changes shares it):
                                            versions over shards: the one line refusing it
     unit_uri(stream, after, end) / unit_end(uri)
     committed_end(target, table, stream)   the stream's end in the ledger (None: none)
+    resume_point(target, table, stream)    that end, and into a cluster the unit some
+                                           shards have and others lack (None: none)
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING
 from chload.commit.ledger import COMMITTING, FILES, LOADED
 from chload.errors import UsageError
 from chload.schema import Column, quote_ident, quote_str
+from chload.sources.kafka.plan import partial
 
 if TYPE_CHECKING:
     from chload.targets.base import Target
@@ -202,40 +205,55 @@ def unit_end(uri: str) -> int:
 def committed_end(target: Target, table_display: str, stream: str) -> int | None:
     """The stream's committed end: the greatest end of its units whose latest event is
     `committing` (settled by `recover` before this is asked) or `loaded`; None when the
-    ledger has none. Into a cluster, of the units every shard has (`_cluster_end`)."""
+    ledger has none. Into a cluster, of the units every shard has (`resume_point`)."""
+    return resume_point(target, table_display, stream)[0]
+
+
+def resume_point(target: Target, table_display: str,
+                 stream: str) -> tuple[int | None, tuple[int, int] | None]:
+    """Where the stream goes on from: its committed end (`committed_end`), and, into a
+    cluster, the unit `(first, last)` some shards have committed and others lack (a run
+    killed between two shards' commits: `_cluster_point`), which the follow reads again,
+    that range exactly, and commits on the shards lacking it before any other."""
     if getattr(target, "dist", None) is not None:
-        return _cluster_end(target, table_display, stream)
+        return _cluster_point(target, table_display, stream)
     rows = target.rows(
         f"SELECT uri FROM (SELECT uri, argMax(state, seq) AS s FROM {FILES} WHERE "
         f"target_table = {quote_str(table_display)} AND startsWith(uri, "
         f"{quote_str(stream + '/')}) GROUP BY uri) WHERE s IN "
         f"({quote_str(COMMITTING)}, {quote_str(LOADED)})")
     ends = [unit_end(str(r["uri"])) for r in rows]
-    return max(ends) if ends else None
+    return (max(ends) if ends else None), None
 
 
-def _cluster_end(target: Target, table_display: str, stream: str) -> int | None:
-    """The end of the units every shard has committed (the cluster's ledger: each shard's
-    events, as `<table> shard N`; a routed unit is recorded on every shard, with 0 rows
-    where none of its rows went). A unit some shards have and others lack (a run stopped
-    between two shards' commits) beyond that end: one line, nothing applied."""
+def _cluster_point(target: Target, table_display: str,
+                   stream: str) -> tuple[int | None, tuple[int, int] | None]:
+    """The end of the units every shard has committed (the cluster's ledger: each
+    shard's events, as `<table> shard N`; a routed unit is recorded on every shard, with
+    0 rows where none of its rows went), and the unit beyond it that some shards have
+    (kafka/plan.py `partial`, as a Kafka partition's). A follow commits a unit on every
+    shard before it reads the next, so such a unit starts at that end and is the only
+    one: any other (a ledger edited by hand?) stops the follow in one line, nothing
+    applied."""
     on: dict[str, set[str]] = {}
     for event in target.ledger.latest(table_display):
         if event.uri.startswith(stream + "/") and event.state in (COMMITTING, LOADED):
             on.setdefault(event.uri, set()).add(event.target_table)
     every = len(getattr(target, "shards", ())) or 1
-    ends = [unit_end(uri) for uri, where in on.items() if len(where) >= every]
+    complete = {uri for uri, where in on.items() if len(where) >= every}
+    ends = [unit_end(uri) for uri in complete]
     end = max(ends) if ends else None
-    partial = sorted((unit_end(uri), uri) for uri, where in on.items()
-                     if len(where) < every and unit_end(uri) > (end or 0))
-    if partial:
-        uri = partial[0][1]
+    partly = sorted((unit_end(uri), uri) for uri in on
+                    if uri not in complete and unit_end(uri) > (end or 0))
+    pending = partial([uri for _, uri in partly], complete).get(stream)
+    if partly and (len(partly) > 1 or pending is None or pending[0] != (end or 0)):
+        uri = partly[-1][1]
         raise UsageError(
             f"table {table_display}: changes {uri.rpartition('/')[2]} were committed on "
-            f"{', '.join(sorted(on[uri]))} only (a run stopped between two shards' "
-            "commits); the follow cannot go on from there: drop the follow (chload sources "
-            "--drop) and the table, then follow again")
-    return end
+            f"{', '.join(sorted(on[uri]))} only, beyond the changes every shard has (up to "
+            f"{end or 0}); the follow cannot go on from there: drop the follow (chload "
+            "sources --drop) and the table, then follow again")
+    return end, pending
 
 
 def followed_streams(target: Target, prefix: str) -> list[tuple[str, str, int]]:

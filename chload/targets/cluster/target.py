@@ -398,11 +398,11 @@ class ClusterTarget(Ending):
         shards still lacking the unit. A batch's files get their own rows of the shard
         where they were counted (`by_file`), else 0 (the shard's total is right).
 
-        A stream's unit (Kafka: its commit follows its partition, committer.py rule 5) is
-        committed first on the first shard that lacks it, and on the others only if it
-        attached there: of two loaders of one partition, the one that shard takes is the
-        one every shard takes, and a unit a crash leaves on some shards only is the
-        partition's next unit (kafka/plan.py Marks.pending)."""
+        A stream's unit (Kafka, change capture: its commit follows its stream, committer.py
+        rule 5) is committed first on the first shard that lacks it, and on the others only
+        if it attached there: of two loaders of one partition, the one that shard takes is
+        the one every shard takes, and a unit a crash leaves on some shards only is the
+        stream's next unit, its range read again (kafka/plan.py `partial`)."""
         outcomes: list[tuple[set[int], dict[int, BaseException]]] = [(set(), {}) for _ in units]
         held = len(units) > 1
 

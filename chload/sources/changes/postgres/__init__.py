@@ -20,6 +20,11 @@
    change is lost (the slot keeps it) or applied twice (the ledger names it).
 3. Without --follow, rounds go on until the position the run started at is applied.
 
+Into a cluster each unit commits on every shard, each with its own ledger: a kill
+between two shards' commits leaves a unit some shards have. The next run reads that
+range again first, by SQL (peeked.resume: the slot still stands before it), and the
+cluster commits it on the shards lacking it only; the slot moves past it only then.
+
 Each unit first compares the source's columns with the table's: a new column is added
 (--on-new-column add, core/evolve.py), any other change stops the follow in one line,
 with nothing consumed.
@@ -67,7 +72,10 @@ def rounds(spec: LoadSpec, target: Target, listener: Listener, load_round: LoadR
     spool = tempfile.mkdtemp(prefix="changes-", dir=workdir(target))
     try:
         with _stopping(spec.follow, stop):
-            after, until, read = start(spec, follow, report)
+            after, until, read, cut = start(spec, follow, report)
+            if cut is not None:  # a unit on some shards only: theirs first, that range
+                after = read = peeked.resume(spec, follow, load_round, report, after, cut,
+                                             spool)
             stream = _stream(follow, read, spool, report)
             if stream is None:
                 peeked.rounds(spec, follow, listener, load_round, report, stop, after, until,
@@ -139,4 +147,5 @@ def followed(spec: LoadSpec, target: Target) -> bool:
         return True  # a followed table (whose first copy may not be complete)
     url = parse_url(spec.sources[0], None)
     name = slot_name(changes_table.where_followed(target), table.display, url.with_user)
-    return changes_table.committed_end(target, table.display, stream_name(url, name)) is not None
+    return changes_table.resume_point(target, table.display,
+                                      stream_name(url, name)) != (None, None)

@@ -97,7 +97,9 @@ class Follow:
             target, self.table.sql, self.table.display,
             [Column(c.name, given.get(c.name, c.type)) for c in self.described.db_columns],
             self.key, self.spec.cluster, self.spec.shards, os.environ)
-        end = changes_table.committed_end(target, self.table.display, self.stream)
+        end, pending = changes_table.resume_point(target, self.table.display, self.stream)
+        if pending is not None:  # (a unit on some shards only: the copy was done)
+            end = pending[0]
         if end is not None and not self.slot.exists():
             raise SourceError(f"{self.url.display}: the replication slot {self.slot.name} this "
                               "follow reads is gone; drop the follow (chload sources --drop "
@@ -109,17 +111,22 @@ class Follow:
         return end is None
 
 
-def start(spec: LoadSpec, follow: Follow, report: LoadReport) -> tuple[int, int | None, int]:
+def start(spec: LoadSpec, follow: Follow, report: LoadReport
+          ) -> tuple[int, int | None, int, int | None]:
     """Where the rounds start: the ledger's end `after` (0: none yet; the first unit
     spans all before it), to which the slot is moved first (a commit whose slot move a
     kill cut short); `until`, without --follow, the source's position now; `read`, where
-    reading stands (ahead of `after` only over ranges with no change of the table)."""
+    reading stands (ahead of `after` only over ranges with no change of the table); and
+    into a cluster, the end of a unit `(after, upto]` some shards have committed and
+    others lack, to be read again first (peeked.resume), else None."""
     target, table = follow.target, follow.table
     report.recovered += target.recover(table.sql)
-    after = changes_table.committed_end(target, table.display, follow.stream) or 0
+    end, pending = changes_table.resume_point(target, table.display, follow.stream)
+    after = end or 0
     follow.slot.advance(after)
     until = None if spec.follow else follow.slot.current()
-    return after, until, max(after, follow.slot.confirmed())
+    return (after, until, max(after, follow.slot.confirmed()),
+            None if pending is None else pending[1] + 1)
 
 
 def load_unit(follow: Follow, unit: tuple[int, int, str], load_round: LoadRound,

@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 from chload.core.run import Event, Listener
+from chload.errors import SourceError
 from chload.runtime.faults import crash_point
 from chload.sources.changes.postgres.follow import (
     POLL_SECONDS,
@@ -102,6 +103,31 @@ def rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: LoadR
                     read = upto
     finally:
         ahead.shutdown(wait=True)
+
+
+def resume(spec: LoadSpec, follow: Follow, load_round: LoadRound, report: LoadReport,
+           after: int, upto: int, spool: str) -> int:
+    """Into a cluster, the unit `(after, upto]` some shards have committed and others
+    lack (a run killed between two shards' commits) read again, that range exactly: the
+    slot stands at `after` (or past it over none of the table's changes) and a peek up to
+    `upto` gives the transactions whose commit starts before it, those the unit held
+    however it was read (streamed or by SQL). Loaded as that unit (its name and identity
+    the same), the cluster commits it on the shards lacking it only (targets/cluster
+    `_pending`); the slot then moves to `upto`, which is returned."""
+    check_columns(spec, follow, report)
+    path = os.path.join(spool, f"{after}-{upto}.native")
+    try:
+        if not _read(follow, upto, path):
+            raise SourceError(f"{follow.url.display}: changes {after}-{upto - 1}, committed "
+                              "on some shards only, hold no change of the table when read "
+                              "again; drop the follow (chload sources --drop) and the table, "
+                              "then follow again")
+        load_unit(follow, (after, upto, path), load_round, report)
+    finally:
+        remove(path)
+    crash_point("changes-committed")
+    follow.slot.advance(upto)
+    return upto
 
 
 def _read_ahead(follow: Follow, ahead: ThreadPoolExecutor, loading: int, until: int | None,
