@@ -258,7 +258,8 @@ def _import_chdb() -> None:
     """Import chDB without pyarrow: chDB treats it as optional (Arrow results only, which
     chload never asks for), and importing it (and numpy) would slow every run's start.
     Only while chDB imports; a later `import pyarrow` works as usual. One thread
-    at a time: a second waits for the first's import."""
+    at a time: a second waits for the first's import. Once imported, the library's
+    relocation table, read only while it loaded, is unmapped (library.py)."""
     with _import_guard:
         if _released:
             return
