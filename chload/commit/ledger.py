@@ -318,13 +318,16 @@ class Ledger:
         for lo, hi in slices(count):
             # RowBinary: 16 bytes a unit, no text to parse or decode; a slice's pairs
             # split as they come, so the whole answer is never held twice
-            pairs = array("Q", self._sql.binary(
-                known_sql(literal, table.uuid, whole, lo, hi), "RowBinary"))
+            answer = self._sql.binary(known_sql(literal, table.uuid, whole, lo, hi),
+                                      "RowBinary")
+            self.sliced()  # (the engine's memory for the slice given back before the split)
+            pairs = array("Q", answer)
+            del answer
             if sys.byteorder != "little":  # (RowBinary is little-endian)
                 pairs.byteswap()
             uris.extend(pairs[0::2])
             identities.extend(pairs[1::2])
-            self.sliced()
+            del pairs
         known = KnownUnits(uris, identities, lambda uris: self.loaded_of(target_table, uris))
         if not known:
             return known, RECREATED

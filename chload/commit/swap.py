@@ -76,10 +76,14 @@ class TableSwap:
     def settle(self) -> str:
         """Finish or undo a swap an earlier run was cut in (module docstring); return
         what was done ('' nothing, 'finished' or 'abandoned')."""
+        # A swap's events name the new table as their uri, a replaced table's none
+        # (`superseding`): read through the ledger's order (target_table, uri, seq),
+        # not the state of each of a long history's events, every run.
         rows = self.sql.rows(
             f"SELECT state, uri, identity, run_id FROM {FILES} WHERE target_table = "
-            f"{quote_str(self.display)} AND state IN ('{SWAPPING}', '{TABLE_REPLACED}', "
-            f"'{ABANDONED}') ORDER BY seq DESC LIMIT 1")
+            f"{quote_str(self.display)} AND uri IN ('', {quote_str(self.new_display)}) AND "
+            f"state IN ('{SWAPPING}', '{TABLE_REPLACED}', '{ABANDONED}') ORDER BY seq DESC "
+            "LIMIT 1")
         if not rows or rows[0]["state"] != SWAPPING:
             return ""
         intent = rows[0]

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from chload.errors import ChloadError, DataError, TargetInUse, UsageError, from_engine_message
+from chload.runtime.library import release_relocations
 from chload.runtime.monitor import CallStats
 
 LOCK_NAME = ".chload.lock"
@@ -75,6 +76,7 @@ BLOCK_SETTINGS: tuple[tuple[str, str], ...] = (
 _live = [0]
 _live_guard = threading.Lock()
 _import_guard = threading.Lock()
+_released: list[int] = []  # the library's relocation pages given back, once (library.py)
 _RTLD_DEEPBIND = 0x8  # (dlfcn.h) as chdb/__init__.py preloads its library
 
 
@@ -256,16 +258,22 @@ def _import_chdb() -> None:
     """Import chDB without pyarrow: chDB treats it as optional (Arrow results only, which
     chload never asks for), and importing it (and numpy) would slow every run's start.
     Only while chDB imports; a later `import pyarrow` works as usual. One thread
-    at a time: a second waits for the first's import."""
+    at a time: a second waits for the first's import. Once imported, the library's
+    relocation table, read only while it loaded, is unmapped (library.py)."""
     with _import_guard:
-        if "chdb.session" in sys.modules or "pyarrow" in sys.modules:
+        if _released:
             return
-        sys.modules["pyarrow"] = None  # type: ignore[assignment]
-        try:
-            import chdb.session  # noqa: F401
-        finally:
-            if sys.modules.get("pyarrow", 0) is None:
-                del sys.modules["pyarrow"]
+        if "chdb.session" not in sys.modules and "pyarrow" not in sys.modules:
+            sys.modules["pyarrow"] = None  # type: ignore[assignment]
+            try:
+                import chdb.session  # noqa: F401
+            finally:
+                if sys.modules.get("pyarrow", 0) is None:
+                    del sys.modules["pyarrow"]
+        import chdb.session  # noqa: F401  (pyarrow imported already: as it comes)
+
+        _released.append(release_relocations(getattr(sys.modules.get("chdb._chdb"),
+                                                     "__file__", None) or ""))
 
 
 def _convert(exc: Exception, context: str) -> ChloadError:

@@ -249,6 +249,24 @@ def test_replace_table_killed_then_rerun_is_exact(place: Place, tmp_path: Path,
     assert _ok(place.load(str(old / "*.csv"), table_name))["files_loaded"] == PAIRS
 
 
+def test_a_replace_killed_after_its_swap_is_finished_by_the_next_append(
+        place: Place, tmp_path: Path, table_name: str) -> None:
+    """The next run, whatever its mode, finds the swap its ledger logged as begun
+    (TableSwap.settle) and logs it done: the new files are the table's, the old not."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    export(old, 1, range(PAIRS))
+    export(new, 2, range(PAIRS), rows=5000)
+    _ok(place.load(str(old / "*.csv"), table_name))
+    killed = place.load(str(new / "*.csv"), table_name, "--mode", "replace-table",
+                        "--workers", "1", env={"CHLOAD_CRASH_AT": "after-swap"})
+    assert killed.returncode == -9, killed.stderr
+    assert _ok(place.load(str(new / "*.csv"), table_name))["files_loaded"] == 0
+    assert place.days(table_name) == expected(dict.fromkeys(range(PAIRS), 2), rows=5000)
+    assert _ok(place.load(str(old / "*.csv"), table_name))["files_loaded"] == PAIRS
+
+
 def test_a_reader_never_sees_a_partial_table(clickhouse, tmp_path: Path,
                                              table_name: str) -> None:
     place = Place("server", f"{clickhouse.url}/default", clickhouse)

@@ -90,7 +90,7 @@ def _run_files(run: walk.Run, fmt: str | None, compression: str | None, listing:
     """A run of one directory's walked files: those `known` holds unchanged counted,
     the others described one by one (all of them where a file's uri is not its
     directory's resolved path plus its name, in ASCII: walk.c compares only those)."""
-    _, real, absolute, inside = listing.of(run.directory)
+    _, real, absolute, inside = listing.of(run.directory, run.real, run.absolute)
     if inside or not run.names:
         return
     prefix = real if real.endswith("/") else real + "/"
@@ -342,11 +342,14 @@ class _Listing:
         self._at = ("\0", "", "", False)  # a directory as walked (no path holds NUL;
         # "" is the working directory's), its realpath, its abspath, inside a target
 
-    def of(self, head: str) -> tuple[str, str, str, bool]:
-        """A directory as walked: (itself, its realpath, its abspath, inside a target)."""
+    def of(self, head: str, real: str = "", absolute: str = "",
+           ) -> tuple[str, str, str, bool]:
+        """A directory as walked: (itself, its realpath, its abspath, inside a target);
+        `real` and `absolute` where the walk found them already."""
         if self._at[0] != head:
-            real = os.path.realpath(head or ".")
-            self._at = (head, real, os.path.abspath(head or "."), self.targets.holds(real))
+            real = real or os.path.realpath(head or ".")
+            self._at = (head, real, absolute or os.path.abspath(head or "."),
+                        self.targets.holds(real))
         return self._at
 
     def resolve(self, path: str) -> tuple[str, os.stat_result, bool]:

@@ -64,11 +64,14 @@ library = native.Once(_build)  # the compiled walk, or None and why not (one lin
 class Run:
     """Files of one directory, next to each other in the walk's order (no directory
     between them): the directory as walked, an open descriptor of it (valid until the
-    walk goes on), their names."""
+    walk goes on), their names, and the directory's realpath and abspath (resolved by
+    the walk's reader: '' where not)."""
 
     directory: str
     fd: int
     names: list[str]
+    real: str = ""
+    absolute: str = ""
 
 
 class _Buffers:
@@ -91,11 +94,18 @@ def runs(lib: Any, directory: str) -> Iterator[Run]:
 
     The directories are read on a thread of their own, up to _AHEAD runs ahead, so the
     next directory is read while the last one's files are stat'ed (`known`); each
-    directory's descriptor is closed once its last run has been taken."""
+    directory's descriptor is closed once its last run has been taken, by that thread
+    too, as are the directory's realpath and abspath found: the thread that stats the
+    files makes no system call of its own between two runs (each one lets go of the
+    GIL, and taking it back waits for whichever thread holds it, a scheduler's slice
+    on a busy machine)."""
     ahead: queue.Queue[Run | int | BaseException | None] = queue.Queue(_AHEAD)
     stop = threading.Event()
+    spent: list[int] = []  # descriptors whose runs have all been taken, to close
 
     def put(item: Run | int | BaseException | None) -> bool:
+        while spent:
+            os.close(spent.pop())
         while not stop.is_set():
             try:
                 ahead.put(item, timeout=0.05)
@@ -117,12 +127,14 @@ def runs(lib: Any, directory: str) -> Iterator[Run]:
             if isinstance(item, BaseException):
                 raise item
             if isinstance(item, int):
-                os.close(item)  # (a directory whose runs have all been taken)
+                spent.append(item)  # (a directory whose runs have all been taken)
                 continue
             yield item
     finally:
         stop.set()
         reader.join()
+        while spent:
+            os.close(spent.pop())
         while not ahead.empty():
             if isinstance(item := ahead.get_nowait(), int):
                 os.close(item)
@@ -150,11 +162,12 @@ def _read(lib: Any, directory: str, put: Callable[[Run | int], bool]) -> None:
                 return True
             seen.add((st.st_dev, st.st_ino))
             names, types = listed
+            real, absolute = os.path.realpath(root or "."), os.path.abspath(root or ".")
             start = 0
             while start <= len(names):
                 at = types.find(b"d", start)
                 end = len(names) if at < 0 else at
-                if end > start and not put(Run(root, fd, names[start:end])):
+                if end > start and not put(Run(root, fd, names[start:end], real, absolute)):
                     return False
                 if at < 0:
                     break
