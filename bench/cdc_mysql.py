@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -323,6 +324,7 @@ def main() -> None:
     finally:
         server.stop()
         db.stop()
+        shutil.rmtree(base, ignore_errors=True)
     print(json.dumps(result))
 
 
