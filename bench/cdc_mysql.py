@@ -13,7 +13,8 @@ in this run, the same binlog read to /dev/null by each reader at hand, rows deco
                   and after chload's runs, the faster read kept
   pyrep           mysql-replication's reader (a dict per row; slow: only with --pyrep)
   reader          chload's reader alone (mysql_binlog.BinlogReader: each row its TSV line)
-`bare` is the fastest of them (named in `bare_reader`), and against it:
+`bare` is the fastest of them (named in `bare_reader`), and against it (and against
+the C client, `*_vs_mariadb_binlog`):
   embedded    chload load (no --follow: up to the position at its start) into chDB
   server      the same into the 18.16 server
 each a whole `chload load` process of this tree (PYTHONPATH), its start included. The
@@ -313,6 +314,8 @@ def main() -> None:
             for kind in ("embedded", "server"):
                 rate = result[f"{prefix}{kind}_changes_per_s"]
                 result[f"{prefix}{kind}_vs_bare"] = round(rate / bare[fastest], 2)
+                result[f"{prefix}{kind}_vs_mariadb_binlog"] = round(
+                    rate / bare["mariadb_binlog"], 2)
                 past = result[f"{prefix}{kind}_s"] - result[f"{prefix}{kind}_start_s"]
                 result[f"{prefix}{kind}_past_start_vs_bare"] = round(
                     args.changes / past / bare[fastest], 2) if past > 0 else None

@@ -319,6 +319,7 @@ class Image:
     """A table map's columns, as readers, and its rows events read into TSV lines."""
 
     def __init__(self, columns: Sequence[Any], where: str) -> None:
+        self.columns = list(columns)  # (mysql_binlog_native.kinds)
         self.names = [c.name for c in columns]
         self.readers = [reader_of(c, where) for c in columns]
         self.where = where
