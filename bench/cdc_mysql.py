@@ -114,7 +114,7 @@ def chload(*args: str, env: dict[str, str], timeout: float = 3600,
         argv = ["py-spy", "record", "--format", "raw", "--threads", "--rate", "50", "-o", profile,
                 "--", *argv]
     started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True,
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tree,  # (-m: cwd first)
                           env={**os.environ, **env, "PYTHONPATH": str(tree)},
                           timeout=timeout)
     if done.returncode:
@@ -126,7 +126,7 @@ def follow_briefly(url: str, table: str, target: str, env: dict[str, str],
                    tree: Path = ROOT) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "chload", "load", url, "--table", table,
                              "--target", target, "--follow"],
-                            env={**os.environ, **env, "PYTHONPATH": str(tree)},
+                            env={**os.environ, **env, "PYTHONPATH": str(tree)}, cwd=tree,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(8)
     proc.send_signal(signal.SIGTERM)
@@ -197,7 +197,8 @@ def lag(db: services.Service, server: services.Service, url: str, table: str,
     follow_briefly(url, table, target, env)
     proc = subprocess.Popen([sys.executable, "-m", "chload", "load", url, "--table", table,
                              "--target", target, "--follow", "--batch-seconds", "0.2"],
-                            env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     stop = threading.Event()
     made: list[int] = []
