@@ -1,8 +1,10 @@
 """The native binlog reader (mysql_binlog.c) and the Python one (mysql_rows.py) write the
 same lines for the same binlog of a real MariaDB 10.11: every type the C reader reads,
-NULLs, text to escape, values it leaves to Python (29 February, a zero date), an update
-that moves the key, deletes, transactions cut into units; a table with a DOUBLE and an
-ENUM column (its rows read by Python under the native reader) too.
+NULLs, text to escape, latin1 text (the database's default here) turned into UTF-8,
+values it leaves to Python (29 February, a zero date), an update
+that moves the key, deletes, transactions cut into units; a table with a DOUBLE, an ENUM
+and a latin1 column (its rows read by Python under the native reader, its text turned
+into UTF-8) too.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ ROWS = [
     "(1, -128, 65535, -8388608, 16777215, 4294967295, 18446744073709551615, "
     "-12345678901234567890.0123456789, -99999, 0.05, '2024-02-28 23:59:59.999999', "
     "'1000-01-01 00:00:00', '2026-11-29 18:30:01.5', '2038-01-19 03:14:07.99', "
-    "'0999-12-31', 2155, 'tab\\there\\nnew\\\\line 😀', 'c', 'text\\rcr', X'00FF090A5C')",
+    "'0999-12-31', 2155, 'tab\\there\\nnew\\\\line 😀', 'ç', 'text\\rcr €', X'00FF090A5C')",
     "(2, 0, 0, 0, 0, 0, 0, 0, 0, -0.01, '2024-02-29 12:00:00.000001', "
     "'2024-02-29 00:00:00', '2000-01-01 00:00:00', '1970-01-01 00:00:01', "
     "'0000-00-00', 0, '', '', '', '')",
@@ -98,7 +100,8 @@ def test_the_native_reader_writes_the_python_readers_lines(
         pytest.skip(f"no native binlog reader: {library()[1]}")
     other = f"{table_name}_other"
     _sql(mariadb, f"CREATE TABLE {table_name} ({TYPES})",
-         f"CREATE TABLE {other} (id INT PRIMARY KEY, f DOUBLE, e ENUM('a', 'b'))")
+         f"CREATE TABLE {other} (id INT PRIMARY KEY, f DOUBLE, e ENUM('a', 'b'), "
+         "l VARCHAR(20) CHARACTER SET latin1)")
     at = _master(mariadb)
     _sql(mariadb, f"INSERT INTO {table_name} VALUES {', '.join(ROWS)}",
          *[f"INSERT INTO {table_name} (id, v, d2, dt) VALUES ({i}, 'r{i}', {i}.25, "
@@ -106,7 +109,7 @@ def test_the_native_reader_writes_the_python_readers_lines(
          "BEGIN", f"UPDATE {table_name} SET id = id + 100, v = 'moved' WHERE id < 3",
          f"UPDATE {table_name} SET tx = 'kept' WHERE id BETWEEN 10 AND 14",
          f"DELETE FROM {table_name} WHERE id BETWEEN 20 AND 24", "COMMIT",
-         f"INSERT INTO {other} VALUES (1, 0.1, 'b'), (2, -1e300, NULL)",
+         f"INSERT INTO {other} VALUES (1, 0.1, 'b', 'caf\u00e9'), (2, -1e300, NULL, '')",
          f"UPDATE {other} SET id = 3 WHERE id = 1")
     names = [c.split()[0] for c in TYPES.split(", ")]
     native, in_c = _read(mariadb, at, table_name, names, True)
@@ -119,7 +122,9 @@ def test_the_native_reader_writes_the_python_readers_lines(
     assert b"tab\\there\\nnew\\\\line \xf0\x9f\x98\x80" in lines[0], lines[0]
     assert b"2024-02-29 12:00:00.000001" in lines[1] and b"\t\\N\t" in lines[1], lines[1]
     assert lines[2].count(b"\\N") == len(names) - 1, lines[2]
-    native, in_c = _read(mariadb, at, other, ["id", "f", "e"], True)
-    python, _ = _read(mariadb, at, other, ["id", "f", "e"], False)
+    assert b"\t\xc3\xa7\ttext\\rcr \xe2\x82\xac\t" in lines[0], lines[0]  # latin1
+    native, in_c = _read(mariadb, at, other, ["id", "f", "e", "l"], True)
+    python, _ = _read(mariadb, at, other, ["id", "f", "e", "l"], False)
     assert not in_c and native == python, (native, python)
-    assert b"1\t0.1\tb\t" in b"".join(native) and len(b"".join(native).splitlines()) == 4
+    assert b"1\t0.1\tb\tcaf\xc3\xa9\t" in b"".join(native), native
+    assert len(b"".join(native).splitlines()) == 4, native

@@ -182,6 +182,11 @@ const unsigned char *chl_bl_event(chl_bl *h, size_t *len) {
 
 /* ---- values ---- */
 
+/* cp1252's 0x80-0x9F (0: undefined) */
+static const unsigned short CP1252[32] = {
+    0x20AC, 0, 0x201A, 0x0192, 0x201E, 0x2026, 0x2020, 0x2021, 0x02C6, 0x2030, 0x0160,
+    0x2039, 0x0152, 0, 0x017D, 0, 0, 0x2018, 0x2019, 0x201C, 0x201D, 0x2022, 0x2013,
+    0x2014, 0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0, 0x017E, 0x0178};
 static const int DIGITS[10] = {0, 1, 1, 2, 2, 3, 3, 4, 4, 4};
 static const int DAYS[13] = {0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
 
@@ -241,10 +246,22 @@ static int value(chl_bl *h, int i, const unsigned char *d, size_t *p, size_t end
         size_t n = (size_t)le(d + at, a);
         at += a;
         if (at + n > end) return BAIL;
-        if (grow(o, 2 * n)) return -1;
+        if (grow(o, 3 * n)) return -1;
         unsigned char *w = o->p + o->len;
         for (size_t k = 0; k < n; k++) {
             unsigned char c = d[at + k];
+            if (b && c >= 0x80) {  /* latin1 (Python's cp1252) into UTF-8 */
+                unsigned u = c >= 0xA0 ? c : CP1252[c - 0x80];
+                if (!u) return BAIL;  /* (a byte cp1252 leaves undefined: Python's) */
+                if (u < 0x800) {
+                    *w++ = (unsigned char)(0xC0 | u >> 6);
+                } else {
+                    *w++ = (unsigned char)(0xE0 | u >> 12);
+                    *w++ = (unsigned char)(0x80 | (u >> 6 & 63));
+                }
+                *w++ = (unsigned char)(0x80 | (u & 63));
+                continue;
+            }
             switch (c) {
             case '\\': *w++ = '\\'; *w++ = '\\'; break;
             case '\t': *w++ = '\\'; *w++ = 't'; break;

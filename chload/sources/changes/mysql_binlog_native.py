@@ -9,7 +9,7 @@ nothing but libc.
 
 Invariants: no compiler, or CHLOAD_BINLOG_READER=python: `library()` says why and the
 reader stays in Python, with the same lines; a column whose type the C reader does not
-read (FLOAT, DOUBLE, TIME, ENUM, SET, BIT, JSON, a text not UTF-8 or binary) sends the
+read (FLOAT, DOUBLE, TIME, ENUM, SET, BIT, JSON, a text not UTF-8, latin1 or binary) sends the
 table's rows events to mysql_rows.py.
 """
 
@@ -78,7 +78,7 @@ def kinds(image: mr.Image) -> tuple[list[int], list[int], list[int]] | None:
     b: list[int] = []
     for column, read in zip(image.columns, image.readers, strict=True):
         t = column.type
-        fixed, prefix = getattr(read, "fixed", None), getattr(read, "prefix", None)
+        fixed, text = getattr(read, "fixed", None), getattr(read, "text", None)
         if fixed is not None:
             found = (_INT, _SIZES[fixed.lower()], int(fixed.islower()))
         elif t == mr.INT24:
@@ -91,8 +91,8 @@ def kinds(image: mr.Image) -> tuple[list[int], list[int], list[int]] | None:
             found = (_DATE, 0, 0)
         elif t == mr.YEAR:
             found = (_YEAR, 0, 0)
-        elif prefix is not None:
-            found = (_STRING, prefix, 0)
+        elif text is not None and text[1] in (None, "cp1252"):  # (latin1: cp1252)
+            found = (_STRING, text[0], int(text[1] is not None))
         else:
             return None
         kind.append(found[0])
