@@ -1,23 +1,33 @@
-"""MySQL change capture: changes per second applied by chload against the decode rate of
-the same binlog read with nothing else to do, and the lag under a steady write rate.
+"""MySQL change capture: changes per second applied by chload against the read of the same
+binlog by the fastest bare reader, and the lag under a steady write rate.
 
-    python3 bench/cdc_mysql.py [--changes 200000] [--rate 5000] [--lag-seconds 30]
+    python3 bench/cdc_mysql.py [--changes 1000000] [--base TREE] [--profile OUT]
+                               [--pyrep] [--rate 5000] [--lag-seconds 30]
 
 Starts its own MariaDB 10.11 (ROW binlog) and ClickHouse 18.16 server (scripts/services),
 copies a 10,000-row table into each target with --follow (stopped at once), then makes
 `--changes` changes (inserts, updates, deletes in transactions of 100 rows) and measures,
 in this run, the same binlog read to /dev/null by each reader at hand, rows decoded:
   mariadb_binlog  the server's own C client (mariadb-binlog --read-from-remote-server
-                  --base64-output=decode-rows --verbose): each row as text
-  pyrep           mysql-replication's reader (a dict per row)
+                  --base64-output=decode-rows --verbose): each row as text; read before
+                  and after chload's runs, the faster read kept
+  pyrep           mysql-replication's reader (a dict per row; slow: only with --pyrep)
   reader          chload's reader alone (mysql_binlog.BinlogReader: each row its TSV line)
-`bare` is the fastest of them (named in `bare_reader`), and against it:
+`bare` is the fastest of them (named in `bare_reader`), and against it (and against
+the C client, `*_vs_mariadb_binlog`):
   embedded    chload load (no --follow: up to the position at its start) into chDB
   server      the same into the 18.16 server
-(each a whole `chload load` process, its start included). Then the lag: `--rate` changes
-a second for `--lag-seconds`, chload --follow into the 18.16 server, the newest source
-time seen in the table polled every 0.1 s (lag = poll time - that row's write time; p50
-and p99), and the rate the writer reached. Prints one JSON object last.
+each a whole `chload load` process of this tree (PYTHONPATH), its start included. The
+fixed start is measured apart: the same load run again with nothing left to
+apply (the process, imports, the engine, the ledger's questions, the binlog connection):
+`*_start_s`; `*_past_start` is the rate with that subtracted (a derived figure: the whole run's rate
+is the measured one). With --base TREE the same runs of another tree (its own target
+tables), alternated with this tree's: `base_*`. With --profile OUT the server run is
+recorded by py-spy (OUT: collapsed stacks, threads apart). Then the lag (skipped with
+--lag-seconds 0): `--rate` changes a second for `--lag-seconds`, chload --follow into
+the 18.16 server, the newest source time seen in the table polled every 0.1 s (lag =
+poll time - that row's write time; p50 and p99), and the rate the writer reached. Prints
+one JSON object last.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,19 +107,26 @@ def changes(db: services.Service, table: str, count: int, rate: float | None = N
     return made
 
 
-def chload(*args: str, env: dict[str, str], timeout: float = 1800) -> float:
+def chload(*args: str, env: dict[str, str], timeout: float = 3600,
+           tree: Path = ROOT, profile: str | None = None) -> float:
+    argv = [sys.executable, "-m", "chload", "load", *args]
+    if profile:
+        argv = ["py-spy", "record", "--format", "raw", "--threads", "--rate", "50", "-o", profile,
+                "--", *argv]
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "chload", "load", *args],
-                          capture_output=True, text=True, env={**os.environ, **env},
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tree,  # (-m: cwd first)
+                          env={**os.environ, **env, "PYTHONPATH": str(tree)},
                           timeout=timeout)
     if done.returncode:
         raise RuntimeError(done.stdout + done.stderr)
     return time.monotonic() - started
 
 
-def follow_briefly(url: str, table: str, target: str, env: dict[str, str]) -> None:
+def follow_briefly(url: str, table: str, target: str, env: dict[str, str],
+                   tree: Path = ROOT) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "chload", "load", url, "--table", table,
-                             "--target", target, "--follow"], env={**os.environ, **env},
+                             "--target", target, "--follow"],
+                            env={**os.environ, **env, "PYTHONPATH": str(tree)}, cwd=tree,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(8)
     proc.send_signal(signal.SIGTERM)
@@ -179,7 +197,8 @@ def lag(db: services.Service, server: services.Service, url: str, table: str,
     follow_briefly(url, table, target, env)
     proc = subprocess.Popen([sys.executable, "-m", "chload", "load", url, "--table", table,
                              "--target", target, "--follow", "--batch-seconds", "0.2"],
-                            env={**os.environ, **env}, stdout=subprocess.PIPE,
+                            env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, cwd=ROOT,
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     stop = threading.Event()
     made: list[int] = []
@@ -213,55 +232,103 @@ def lag(db: services.Service, server: services.Service, url: str, table: str,
             "lag_rate_written": round(made[0] / wrote) if made else 0}
 
 
+def measure(url: str, targets: dict[str, str], trees: dict[str, Path], changes: int,
+            env: dict[str, str], profile: str | None) -> dict[str, Any]:
+    """Each tree's embedded and server runs, alternated (this tree's first), then each
+    run's fixed start: the same run again with nothing left to apply."""
+    result: dict[str, Any] = {}
+    for kind in ("embedded", "server"):
+        for prefix, tree in trees.items():
+            table = "orders" + ("_base" if prefix else "")
+            seconds = chload(url, "--table", table, "--target", targets[f"{prefix}{kind}"],
+                             env=env, tree=tree,
+                             profile=profile if kind == "server" and not prefix else None)
+            result[f"{prefix}{kind}_s"] = round(seconds, 2)
+            result[f"{prefix}{kind}_changes_per_s"] = round(changes / seconds)
+    for kind in ("embedded", "server"):
+        for prefix, tree in trees.items():
+            table = "orders" + ("_base" if prefix else "")
+            result[f"{prefix}{kind}_start_s"] = round(chload(
+                url, "--table", table, "--target", targets[f"{prefix}{kind}"], env=env,
+                tree=tree), 2)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--changes", type=int, default=200_000)
+    parser.add_argument("--changes", type=int, default=1_000_000)
+    parser.add_argument("--base", type=Path, help="another tree, measured alternately")
+    parser.add_argument("--profile", help="py-spy's collapsed stacks of the server run")
+    parser.add_argument("--pyrep", action="store_true", help="mysql-replication too (slow)")
     parser.add_argument("--rate", type=float, default=5000)
     parser.add_argument("--lag-seconds", type=float, default=30)
     args = parser.parse_args()
+    trees = {"": ROOT, **({"base_": args.base.resolve()} if args.base else {})}
     base = Path(tempfile.mkdtemp(prefix="bench-cdc-"))
     db = services.start_mariadb(base, password=PASSWORD)
     server = services.start_clickhouse_server(base)
     env = {"MYSQL_PWD": PASSWORD, "CLICKHOUSE_PASSWORD": server.credentials["password"]}
     result: dict[str, Any] = {"changes": args.changes, "date": time.strftime(
-        "%Y-%m-%d %H:%M UTC", time.gmtime()), "loadavg_before": [
-        round(x, 2) for x in os.getloadavg()]}
+        "%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+        text=True).stdout.strip(), "loadavg_before": [round(x, 2) for x in os.getloadavg()]}
+    if args.base:
+        result["base"] = subprocess.run(["git", "-C", str(args.base), "rev-parse", "--short",
+                                         "HEAD"], capture_output=True, text=True).stdout.strip()
     try:
         seed(db, "orders")
         url = f"mysql://loader@{db.endpoint}/shop/orders"
-        embedded = str(base / "embedded")
         served = f"http://loader@127.0.0.1:{server.ports['http']}/default"
-        follow_briefly(url, "orders", embedded, env)
-        follow_briefly(url, "orders", served, env)
+        targets = {}
+        for prefix, tree in trees.items():
+            table = "orders" + ("_base" if prefix else "")
+            targets[f"{prefix}embedded"] = str(base / f"{prefix}embedded")
+            targets[f"{prefix}server"] = served
+            for kind in ("embedded", "server"):
+                follow_briefly(url, table, targets[f"{prefix}{kind}"], env, tree)
         conn = connect(db)
         with conn.cursor() as cur:
             cur.execute("SHOW MASTER STATUS")
             log = cur.fetchone()
         conn.close()
+        started = time.monotonic()
         changes(db, "orders", args.changes)
+        result["write_s"] = round(time.monotonic() - started, 1)
         at = (str(log[0]), int(log[1]))
-        for name, fn in (("pyrep", pyrep), ("reader", reader)):
-            started = time.monotonic()
-            rows = fn(db, at, "orders")
-            result[f"{name}_rows_per_s"] = round(rows / (time.monotonic() - started))
         rows, seconds = mariadb_binlog(db, at, "orders")
-        result["mariadb_binlog_rows_per_s"] = round(rows / seconds)
-        fastest = max(("mariadb_binlog", "pyrep", "reader"),
-                      key=lambda n: result[f"{n}_rows_per_s"])
+        result["rows"] = rows
+        bare = {"mariadb_binlog": rows / seconds}
+        for name, fn in (("pyrep", pyrep), ("reader", reader)):
+            if name == "pyrep" and not args.pyrep:
+                continue
+            started = time.monotonic()
+            bare[name] = fn(db, at, "orders") / (time.monotonic() - started)
+        result.update(measure(url, targets, trees, args.changes, env, args.profile))
+        rows, seconds = mariadb_binlog(db, at, "orders")  # again: the faster read kept
+        bare["mariadb_binlog"] = max(bare["mariadb_binlog"], rows / seconds)
+        for name, rate in bare.items():
+            result[f"{name}_rows_per_s"] = round(rate)
+        fastest = max(bare, key=lambda n: bare[n])
         result["bare_reader"] = fastest
-        result["bare_rows_per_s"] = result[f"{fastest}_rows_per_s"]
-        for name, target in (("embedded", embedded), ("server", served)):
-            seconds = chload(url, "--table", "orders", "--target", target, env=env)
-            result[f"{name}_changes_per_s"] = round(args.changes / seconds)
-            result[f"{name}_vs_bare"] = round(result[f"{name}_changes_per_s"]
-                                              / result["bare_rows_per_s"], 2)
-        seed(db, "steady")
-        result.update(lag(db, server, f"mysql://loader@{db.endpoint}/shop/steady", "steady",
-                          env, args.rate, args.lag_seconds))
+        result["bare_rows_per_s"] = round(bare[fastest])
+        for prefix in trees:
+            for kind in ("embedded", "server"):
+                rate = result[f"{prefix}{kind}_changes_per_s"]
+                result[f"{prefix}{kind}_vs_bare"] = round(rate / bare[fastest], 2)
+                result[f"{prefix}{kind}_vs_mariadb_binlog"] = round(
+                    rate / bare["mariadb_binlog"], 2)
+                past = result[f"{prefix}{kind}_s"] - result[f"{prefix}{kind}_start_s"]
+                result[f"{prefix}{kind}_past_start_vs_bare"] = round(
+                    args.changes / past / bare[fastest], 2) if past > 0 else None
+        if args.lag_seconds:
+            seed(db, "steady")
+            result.update(lag(db, server, f"mysql://loader@{db.endpoint}/shop/steady",
+                              "steady", env, args.rate, args.lag_seconds))
         result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         server.stop()
         db.stop()
+        shutil.rmtree(base, ignore_errors=True)
     print(json.dumps(result))
 
 

@@ -28,8 +28,8 @@ def test_positions_grow_along_the_log_and_come_back() -> None:
 
 
 def _col(name: str, typ: int, **meta: Any) -> Any:
-    return SimpleNamespace(name=name, type=typ, unsigned=False, character_set_name=None,
-                           **meta)
+    return SimpleNamespace(**{"name": name, "type": typ, "unsigned": False,
+                              "character_set_name": None, **meta})
 
 
 def _datetime2(y: int, mo: int, d: int, h: int, mi: int, s: int) -> bytes:
@@ -101,6 +101,17 @@ def test_mysqls_binary_json_is_its_text() -> None:
     lines = Image([_col("j", mr.JSON, length_size=4)], "t").lines(
         body, 0, len(body), "write", ["j"], ["j"], 1)
     assert lines == [b'{"a": [1, "x"]}\t1\t0\n']
+
+
+def test_text_of_a_latin1_or_gbk_column_is_turned_into_utf8() -> None:
+    # mysql-replication names a column's codec as Python does (latin1: cp1252)
+    columns = [_col("l", mr.VARCHAR, max_length=20, character_set_name="cp1252"),
+               _col("g", mr.VARCHAR, max_length=20, character_set_name="gbk"),
+               _col("u", mr.VARCHAR, max_length=20, character_set_name="utf8")]
+    values = ["caf\u00e9 \u20ac".encode("cp1252"), "\u4e2d".encode("gbk"), "\u00e9".encode()]
+    body = _rows(b"\x00" + b"".join(bytes([len(v)]) + v for v in values), count=3)
+    assert Image(columns, "t").lines(body, 0, len(body), "write", ["l", "g", "u"], ["l"],
+                                     1) == ["caf\u00e9 \u20ac\t\u4e2d\t\u00e9\t1\t0\n".encode()]
 
 
 def test_a_rows_event_without_every_column_is_refused() -> None:

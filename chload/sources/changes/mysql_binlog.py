@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from chload.errors import SourceError
+from chload.sources.changes import mysql_binlog_native as nat
 from chload.sources.changes.mysql_rows import Image
 from chload.sources.changes.mysql_table import log_of, position
 
@@ -75,6 +76,8 @@ _END: Event = ("end", 0, None)
 class BinlogReader:
     """One binlog connection from a position on, read unit by unit."""
 
+    native: nat.Native | None = None  # the native reader on its socket (None: Python)
+
     def __init__(self, settings: dict[str, Any], log_file: str, log_pos: int,
                  schema: str, table: str, follow: bool) -> None:
         self.schema, self.table = schema, table
@@ -86,9 +89,19 @@ class BinlogReader:
         self.settings, self.follow = settings, follow
         self.conn, self.checksum = _dump(settings, log_file, log_pos, follow, self.where)
         self.dbms = "mariadb" if "mariadb" in self.conn.get_server_info().lower() else "mysql"
+        self.base = position(log_file, 0)
         self._events: Iterator[Event] = self._read()
+        self._layout: Layout | None = None
+        self._in_c = False  # the followed table's rows read by the native reader
+        self._c_image: Image | None = None  # (their columns)
+        lib, self.native_why = nat.library()
+        if lib is not None:  # the socket read by C from here on (mysql_binlog_native)
+            self.native = nat.Native(lib, self.conn._sock.fileno(), self.checksum, self.base,
+                                 schema, table)
 
     def close(self) -> None:
+        if self.native is not None:
+            self.native.close()
         self.conn.close()
 
     def unit(self, out: IO[bytes], layout: Layout, rows: int, seconds: float,
@@ -97,6 +110,8 @@ class BinlogReader:
         """Read whole transactions into `out` (see the module docstring). Past `seconds`
         a unit ends only once `awaited()` (the unit before it committed): while a commit
         takes longer, the unit grows instead of queueing behind it."""
+        if self.native is not None:
+            return self._native_unit(out, layout, rows, seconds, end, stop, awaited)
         cut = Cut(self.at)
         pending: list[bytes] = []
         started = time.monotonic()
@@ -134,12 +149,78 @@ class BinlogReader:
                 cut.exhausted = True
                 return cut
 
+    def _native_unit(self, out: IO[bytes], layout: Layout, rows: int, seconds: float,
+                     end: int | None, stop: Callable[[], bool],
+                     awaited: Callable[[], bool]) -> Cut:
+        """unit() with the native reader: C reads until a unit may end (rows, the end
+        position, a tick between transactions) or an event is Python's."""
+        assert self.native is not None
+        native, cut, pending, lost = self.native, Cut(self.at), False, 0
+        started = time.monotonic()
+        out.flush()
+        fd = out.fileno()
+        if layout is not self._layout:
+            self._layout = layout
+            if self._in_c and self._c_image is not None:
+                native.order(*_order(self._c_image, layout))
+        while True:
+            if not pending:  # between transactions: where a unit may end
+                if end is not None and cut.end >= end:
+                    cut.exhausted = True
+                    return cut
+                if cut.rows and (cut.rows >= rows or (
+                        time.monotonic() - started >= seconds and awaited())):
+                    return cut
+                if stop():
+                    return cut
+            code, made, at, pending, _ = native.next(fd, max(1, rows - cut.rows), end or 0,
+                                                     nat.TICK_SECONDS)
+            cut.rows += made
+            if at:
+                self.at = cut.end = at
+            if code == nat.LOST:
+                if lost >= _RECONNECTS:
+                    raise SourceError(f"{self.where}: {native.error()}")
+                lost += 1  # the connection dropped: again from the last whole transaction
+                time.sleep(lost - 1)
+                self._reconnect()
+                pending = False
+                continue
+            lost = 0
+            if code == nat.END:
+                cut.exhausted = True
+                return cut
+            if code in (nat.WRITE, nat.NOMEM):
+                raise SourceError(f"{self.where}: {native.error() or 'out of memory'}")
+            if code != nat.EVENT:
+                continue
+            event = self._event(native.event())
+            if event is None:
+                continue
+            kind, here, said = event
+            if kind == "rows":
+                image, change, data, first, last = said
+                lines = image.lines(data, first, last, change, layout.names, layout.key,
+                                    here)
+                if lines:
+                    native.append(lines)
+                    pending = True
+            elif kind == "query":
+                query = said[0].strip()
+                if query.upper() in _ENDS_TXN:
+                    cut.rows += native.commit(fd)
+                    pending = False
+                    self.at = cut.end = here
+                elif query.upper() not in _QUIET:
+                    if self._touches(query, said[1]):
+                        cut.ddl, cut.ddl_end = query, here
+                        return cut
+                    self.at = cut.end = here  # DDL of another table: a transaction
+
     def _read(self) -> Iterator[Event]:
         """The binlog's events that matter here, split from the connection's packets."""
         import pymysql
 
-        tail = 4 if self.checksum else 0
-        base = position(self.log_file, 0)
         read = self.conn._read_bytes  # (pymysql's socket reads: its errors, timeouts)
         lost = 0
         while True:
@@ -156,41 +237,53 @@ class BinlogReader:
                                       ) from None
                 lost += 1  # the connection dropped: again from the last whole transaction
                 time.sleep(lost - 1)
-                read, base = self._reconnect(), position(self.log_file, 0)
+                read = self._reconnect()
                 yield "restart", self.at, None
                 continue
             except pymysql.Error as exc:
                 raise SourceError(f"{self.where}: {exc.args[-1] if exc.args else exc}"
                                   ) from None
             lost = 0
-            if not data or data[0] != 0:
-                if data[:1] == b"\xfe" and len(data) < 9:  # the log's end (no --follow)
-                    return
-                if data[:1] == b"\xff":
-                    raise SourceError(f"{self.where}: {_error(data)}")
-                continue
-            kind, size, log_pos = data[5], *struct.unpack_from("<II", data, 10)
-            end = 1 + size - tail
-            here = base | log_pos if log_pos else 0
-            if kind in _ROWS:
-                image = self.mapped.get(int.from_bytes(data[20:26], "little"))
-                if image is not None:
-                    yield "rows", here, (image, _ROWS[kind], data, _rows_at(data, kind), end)
-            elif kind == _TABLE_MAP:
-                self._map(data, end)
-            elif kind == _XID:
-                yield "xid", here, None
-            elif kind == _QUERY:
-                yield "query", here, _query(data, end)
-            elif kind == _ROTATE:
-                self.log_file = data[28:end].decode()
-                base = position(self.log_file, 0)
-            elif kind == _HEARTBEAT:
-                yield "beat", here, None
-            elif kind in _COMPRESSED:
-                raise SourceError(f"{self.where}: the binlog is compressed "
-                                  "(log_bin_compress): change capture reads it "
-                                  "uncompressed; turn log_bin_compress off")
+            event = self._event(data)
+            if event is _END:
+                return
+            if event is not None:
+                yield event
+
+    def _event(self, data: bytes) -> Event | None:
+        """One packet's event that matters here (None: none; _END: the log's end); a
+        table map or a rotate taken in."""
+        if not data or data[0] != 0:
+            if data[:1] == b"\xfe" and len(data) < 9:  # the log's end (no --follow)
+                return _END
+            if data[:1] == b"\xff":
+                raise SourceError(f"{self.where}: {_error(data)}")
+            return None
+        kind, size, log_pos = data[5], *struct.unpack_from("<II", data, 10)
+        end = 1 + size - (4 if self.checksum else 0)
+        here = self.base | log_pos if log_pos else 0
+        if kind in _ROWS:
+            image = self.mapped.get(int.from_bytes(data[20:26], "little"))
+            if image is not None:
+                return "rows", here, (image, _ROWS[kind], data, _rows_at(data, kind), end)
+        elif kind == _TABLE_MAP:
+            self._map(data, end)
+        elif kind == _XID:
+            return "xid", here, None
+        elif kind == _QUERY:
+            return "query", here, _query(data, end)
+        elif kind == _ROTATE:
+            self.log_file = data[28:end].decode()
+            self.base = position(self.log_file, 0)
+            if self.native is not None:
+                self.native.base(self.base)
+        elif kind == _HEARTBEAT:
+            return "beat", here, None
+        elif kind in _COMPRESSED:
+            raise SourceError(f"{self.where}: the binlog is compressed "
+                              "(log_bin_compress): change capture reads it "
+                              "uncompressed; turn log_bin_compress off")
+        return None
 
     def _reconnect(self) -> Callable[[int], bytes]:
         """A new binlog connection from the end of the last whole transaction read."""
@@ -200,6 +293,9 @@ class BinlogReader:
         self.mapped.clear()
         self.conn, self.checksum = _dump(self.settings, self.log_file, pos, self.follow,
                                          self.where)
+        self.base = position(self.log_file, 0)
+        if self.native is not None:
+            self.native.reset(self.conn._sock.fileno(), self.checksum, self.base)
         return self.conn._read_bytes
 
     def _map(self, data: bytes, end: int) -> None:
@@ -224,6 +320,12 @@ class BinlogReader:
             self.mapped.pop(table_id, None)
         else:
             self.mapped[table_id] = image
+        if self.native is not None:
+            self._in_c = self.native.map(table_id, body, image)
+            if self._in_c:
+                self._c_image = image
+                if image is not None and self._layout is not None:
+                    self.native.order(*_order(image, self._layout))
 
     def _touches(self, query: str, schema: bytes | str) -> bool:
         """Whether DDL names the followed table (as `t`, t or `db`.`t`)."""
@@ -307,6 +409,12 @@ def _columns(data: bytes, checksum: bool, dbms: str) -> list[Any]:
         ignore_decode_errors=False, verify_checksum=False, optional_meta_data=True,
         enable_logging=False)
     return list(wrapped.event.columns)
+
+
+def _order(image: Image, layout: Layout) -> tuple[list[int], list[int]]:
+    """Where each of the lines' columns is in the image (-1: none), and the key's."""
+    places, keys = image.order(layout.names, layout.key)
+    return (list(range(len(image.names))) if places is None else places), keys
 
 
 def _flush(out: IO[bytes], pending: list[bytes]) -> int:

@@ -212,6 +212,7 @@ def _string(prefix: int, encoding: str | None) -> Reader:
         return escaped(raw), start + n
     if encoding is None:
         read.prefix = prefix  # type: ignore[attr-defined]  # (Image._compiled)
+    read.text = (prefix, encoding)  # type: ignore[attr-defined]  # (mysql_binlog_native)
     return read
 
 
@@ -304,21 +305,28 @@ def reader_of(column: Any, where: str) -> Reader:
 
 def _encoding(column: Any) -> str | None:
     """The codec to turn a text column's bytes into UTF-8 (None: they are already, or
-    binary)."""
+    binary). mysql-replication names it as Python does (latin1: cp1252); a MySQL name is
+    looked up by pymysql."""
+    import codecs
+
     name = getattr(column, "character_set_name", None)
     if name in _UTF8:
         return None
-    from pymysql.charset import charset_by_name
+    try:
+        codec: str | None = codecs.lookup(str(name)).name
+    except LookupError:
+        from pymysql.charset import charset_by_name
 
-    found = charset_by_name(name)
-    codec = found.encoding if found else None
-    return None if codec in (None, "utf8", "utf-8") else codec
+        found = charset_by_name(name)
+        codec = found.encoding if found else None
+    return None if codec in (None, "utf-8") else codec
 
 
 class Image:
     """A table map's columns, as readers, and its rows events read into TSV lines."""
 
     def __init__(self, columns: Sequence[Any], where: str) -> None:
+        self.columns = list(columns)  # (mysql_binlog_native.kinds)
         self.names = [c.name for c in columns]
         self.readers = [reader_of(c, where) for c in columns]
         self.where = where
