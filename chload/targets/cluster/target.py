@@ -329,11 +329,11 @@ class ClusterTarget(Ending):
         routed()
         # one file's rows are known only from the shards' stages (its Loaded says 0)
         parsed = sum(d.rows for d in done) if job.batch else sum(n for n, _ in sealed)
-        progress(parsed, sum(d.bytes for d in done))
         crash_point("cluster-routed")  # every shard's stage filled, none committed
         self._layout_recorded()
         committed, failed = self._round.commit(
             Unit(job, stage, todo, shares, done, by_file), self._commit)
+        progress(parsed, sum(d.bytes for d in done))  # (after the commit: the bar's work)
         # A commit that may have attached (not a TransientError) keeps its stage: the
         # shard's next run settles it by the mark rule (committer.py rule 4).
         keep = {n for n, exc in failed.items() if not isinstance(exc, TransientError)}
