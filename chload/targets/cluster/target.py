@@ -331,9 +331,16 @@ class ClusterTarget(Ending):
         parsed = sum(d.rows for d in done) if job.batch else sum(n for n, _ in sealed)
         crash_point("cluster-routed")  # every shard's stage filled, none committed
         self._layout_recorded()
+        # The bar counts a unit once committed: routed units queue for the shards' commit
+        # locks, and counting them done made the ETA short. A unit of the last round waits
+        # for every other to route, then all commit at once: it counts once routed.
+        waits = self._round.final
+        if waits:
+            progress(parsed, sum(d.bytes for d in done))
         committed, failed = self._round.commit(
             Unit(job, stage, todo, shares, done, by_file), self._commit)
-        progress(parsed, sum(d.bytes for d in done))  # (after the commit: the bar's work)
+        if not waits:
+            progress(parsed, sum(d.bytes for d in done))
         # A commit that may have attached (not a TransientError) keeps its stage: the
         # shard's next run settles it by the mark rule (committer.py rule 4).
         keep = {n for n, exc in failed.items() if not isinstance(exc, TransientError)}
