@@ -361,3 +361,24 @@ def test_a_table_without_a_primary_key_is_refused_in_one_line(
     assert done.returncode != 0
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert len(lines) == 1 and "no primary key" in lines[0], lines
+
+
+def test_a_reader_that_cannot_be_built_is_a_note_and_the_changes_arrive(
+        mariadb: services.Service, tmp_path: Path, table_name: str) -> None:
+    target = (str(tmp_path / "t"), {})
+    _sql(mariadb, f"CREATE TABLE {table_name} (id INT PRIMARY KEY, note TEXT)")
+    _sql(mariadb, f"INSERT INTO {table_name} VALUES (1, 'a')")
+    _started(mariadb, table_name, target)  # the copy
+    _sql(mariadb, f"INSERT INTO {table_name} VALUES (2, 'b')")
+    _sql(mariadb, f"UPDATE {table_name} SET note = 'c' WHERE id = 1")
+    blocked = tmp_path / "cache-is-a-file"
+    blocked.write_text("")  # (no compiled reader can be kept, nor found, under it)
+    done = run_chload("load", _url(mariadb, table_name), "--table", table_name,
+                      "--target", target[0], env={**ENV, "CHLOAD_CACHE": str(blocked)},
+                      timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    notes = [line for line in done.stdout.splitlines() if "binlog read by the Python" in line]
+    assert len(notes) == 1 and "native binlog reader" in notes[0], done.stdout
+    rows = _ch(target, f"SELECT id, note FROM {table_name} FINAL WHERE NOT _is_deleted "
+                       "ORDER BY id FORMAT TSV")
+    assert rows == "1\tc\n2\tb\n", rows

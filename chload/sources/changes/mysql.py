@@ -34,7 +34,11 @@ from chload.formats import FileFormat
 from chload.runtime.faults import crash_point
 from chload.schema import Column, structure
 from chload.sources.base import RemoteSource, SourceContext, SourceFile, StreamPosition
-from chload.sources.changes import mysql_table, table as changes_table
+from chload.sources.changes import (
+    mysql_binlog_native as binlog_native,
+    mysql_table,
+    table as changes_table,
+)
 from chload.sources.changes.mysql_binlog import BinlogReader, Cut, Layout, layout_of
 from chload.sources.changes.mysql_rows import escaped
 from chload.sources.databases.base import storable
@@ -261,6 +265,8 @@ class MysqlChanges(RemoteSource):
         log_file, log_pos = mysql_table.log_of(after, basename)
         reader = BinlogReader(server.settings, log_file, log_pos, server.url.schema,
                               server.url.table, spec.follow)
+        if reader.native is None and reader.native_why not in ("", binlog_native.CHOSEN):
+            report.notes.append(f"binlog read by the Python reader, slower: {reader.native_why}")
         halt = threading.Event()
         waiting = threading.Event()  # the commits wait for the unit being read
         spools = iter(range(1 << 62))

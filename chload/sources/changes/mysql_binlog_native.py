@@ -31,9 +31,12 @@ _INT, _DECIMAL, _DATETIME2, _TIMESTAMP2, _DATE, _STRING, _YEAR = range(1, 8)
 _SIZES = {"b": 1, "h": 2, "i": 4, "q": 8}
 
 
+CHOSEN = "CHLOAD_BINLOG_READER=python"  # why, when the Python reader was asked for
+
+
 def _build() -> tuple[Any, str]:
     if os.environ.get("CHLOAD_BINLOG_READER") == "python":
-        return None, "CHLOAD_BINLOG_READER=python"
+        return None, CHOSEN
     return native.load(SOURCE, "", "chload_binlog", "native binlog reader", _bind)
 
 
