@@ -117,15 +117,8 @@ class BinlogReader:
         started = time.monotonic()
         names, key = layout.names, layout.key
         while True:
-            if not pending:  # between transactions: where a unit may end
-                if end is not None and cut.end >= end:
-                    cut.exhausted = True
-                    return cut
-                if cut.rows and (cut.rows >= rows or (
-                        time.monotonic() - started >= seconds and awaited())):
-                    return cut
-                if stop():
-                    return cut
+            if not pending and _ends(cut, end, rows, started, seconds, awaited, stop):
+                return cut
             kind, here, said = next(self._events, _END)
             if kind == "rows":
                 image, change, data, first, last = said
@@ -164,15 +157,8 @@ class BinlogReader:
             if self._in_c and self._c_image is not None:
                 native.order(*_order(self._c_image, layout))
         while True:
-            if not pending:  # between transactions: where a unit may end
-                if end is not None and cut.end >= end:
-                    cut.exhausted = True
-                    return cut
-                if cut.rows and (cut.rows >= rows or (
-                        time.monotonic() - started >= seconds and awaited())):
-                    return cut
-                if stop():
-                    return cut
+            if not pending and _ends(cut, end, rows, started, seconds, awaited, stop):
+                return cut
             code, made, at, pending, _ = native.next(fd, max(1, rows - cut.rows), end or 0,
                                                      nat.TICK_SECONDS)
             cut.rows += made
@@ -429,3 +415,14 @@ def _server_id() -> int:
     """A replica id of its own per reader (two readers of one id cut each other off)."""
     import os
     return 1_000_000 + (os.getpid() * 31 + threading.get_ident()) % 1_000_000_000
+
+
+def _ends(cut: Cut, end: int | None, rows: int, started: float, seconds: float,
+          awaited: Callable[[], bool], stop: Callable[[], bool]) -> bool:
+    """Between transactions, whether the unit ends here: the end position reached (then
+    `cut.exhausted`), its rows, its time once the unit before committed, or a stop."""
+    if end is not None and cut.end >= end:
+        cut.exhausted = True
+        return True
+    return bool(cut.rows and (cut.rows >= rows or (
+        time.monotonic() - started >= seconds and awaited()))) or stop()
