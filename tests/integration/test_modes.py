@@ -227,9 +227,10 @@ def test_replace_table_swaps_in_the_runs_files_and_supersedes_the_ledger(
     assert leftovers == "0"
 
 
-@pytest.mark.parametrize("point", ["attach-partition:1", "before-swap", "after-swap"])
-def test_replace_table_killed_then_rerun_is_exact(place: Place, tmp_path: Path,
-                                                  table_name: str, point: str) -> None:
+def _replace_killed(place: Place, tmp_path: Path, table_name: str,
+                    point: str) -> tuple[Path, Path]:
+    """Day files `old` loaded, then a --mode replace-table load of `new` (other values,
+    more rows) killed (SIGKILL) at crash point `point`."""
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir()
     new.mkdir()
@@ -239,6 +240,13 @@ def test_replace_table_killed_then_rerun_is_exact(place: Place, tmp_path: Path,
     killed = place.load(str(new / "*.csv"), table_name, "--mode", "replace-table",
                         "--workers", "1", env={"CHLOAD_CRASH_AT": point})
     assert killed.returncode == -9, killed.stderr
+    return old, new
+
+
+@pytest.mark.parametrize("point", ["attach-partition:1", "before-swap", "after-swap"])
+def test_replace_table_killed_then_rerun_is_exact(place: Place, tmp_path: Path,
+                                                  table_name: str, point: str) -> None:
+    old, new = _replace_killed(place, tmp_path, table_name, point)
     swapped = point == "after-swap"
     want = expected(dict.fromkeys(range(PAIRS), 2), rows=5000) if swapped else \
         expected(dict.fromkeys(range(PAIRS), 1))
@@ -253,15 +261,7 @@ def test_a_replace_killed_after_its_swap_is_finished_by_the_next_append(
         place: Place, tmp_path: Path, table_name: str) -> None:
     """The next run, whatever its mode, finds the swap its ledger logged as begun
     (TableSwap.settle) and logs it done: the new files are the table's, the old not."""
-    old, new = tmp_path / "old", tmp_path / "new"
-    old.mkdir()
-    new.mkdir()
-    export(old, 1, range(PAIRS))
-    export(new, 2, range(PAIRS), rows=5000)
-    _ok(place.load(str(old / "*.csv"), table_name))
-    killed = place.load(str(new / "*.csv"), table_name, "--mode", "replace-table",
-                        "--workers", "1", env={"CHLOAD_CRASH_AT": "after-swap"})
-    assert killed.returncode == -9, killed.stderr
+    old, new = _replace_killed(place, tmp_path, table_name, "after-swap")
     assert _ok(place.load(str(new / "*.csv"), table_name))["files_loaded"] == 0
     assert place.days(table_name) == expected(dict.fromkeys(range(PAIRS), 2), rows=5000)
     assert _ok(place.load(str(old / "*.csv"), table_name))["files_loaded"] == PAIRS
