@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import builtins
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Protocol
@@ -47,6 +47,25 @@ class StreamPosition:
     after: int
     since_seq: int = 0
     line_base: int = 0
+
+
+def partly_committed(uris: Iterable[str],
+                     complete: Container[str]) -> dict[str, tuple[int, int]]:
+    """Each stream's lowest unit (`<stream>/<first>-<last>`) of `uris` not in `complete`:
+    into a cluster, the unit some shards have committed and others lack (a run killed
+    between two shards' commits), which the stream's next run loads again, that range
+    exactly, and commits on the shards lacking it (targets/cluster `_pending`). Kafka's
+    partitions and change capture's streams (sources/changes/table.py) alike."""
+    pending: dict[str, tuple[int, int]] = {}
+    for uri in sorted((u for u in uris if u not in complete), key=_unit_first):
+        stream, _, span = uri.rpartition("/")
+        first, _, last = span.partition("-")
+        pending.setdefault(stream, (int(first), int(last)))
+    return pending
+
+
+def _unit_first(uri: str) -> int:
+    return int(uri.rpartition("/")[2].partition("-")[0] or 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from chload.commit.ledger import COMMITTING, FAILED, LOADED, FileEvent, TableState
+from chload.sources.base import partly_committed
 from chload.sources.kafka import plan as P
 
 STREAM = "kafka://b:9092/t/0"
@@ -145,5 +146,5 @@ def test_the_unit_a_cluster_has_on_some_shards_only_is_each_streams_lowest_one_n
         ) -> None:
     other = "kafka://b:9092/t/1"
     uris = [f"{STREAM}/0-99", f"{STREAM}/200-299", f"{STREAM}/100-199", f"{other}/0-9"]
-    assert P.partial(uris, {f"{STREAM}/0-99", f"{other}/0-9"}) == {STREAM: (100, 199)}
-    assert P.partial(uris, set(uris)) == {}
+    assert partly_committed(uris, {f"{STREAM}/0-99", f"{other}/0-9"}) == {STREAM: (100, 199)}
+    assert partly_committed(uris, set(uris)) == {}

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 from chload.commit.ledger import COMMITTING, FILES, LOADED
 from chload.errors import UsageError
 from chload.schema import Column, quote_ident, quote_str
-from chload.sources.kafka.plan import partial
+from chload.sources.base import partly_committed
 
 if TYPE_CHECKING:
     from chload.targets.base import Target
@@ -231,7 +231,7 @@ def _cluster_point(target: Target, table_display: str,
     """The end of the units every shard has committed (the cluster's ledger: each
     shard's events, as `<table> shard N`; a routed unit is recorded on every shard, with
     0 rows where none of its rows went), and the unit beyond it that some shards have
-    (kafka/plan.py `partial`, as a Kafka partition's). A follow commits a unit on every
+    (sources/base.py `partly_committed`, as a Kafka partition's). A follow commits a unit on every
     shard before it reads the next, so such a unit starts at that end and is the only
     one: any other (a ledger edited by hand?) stops the follow in one line, nothing
     applied."""
@@ -245,7 +245,7 @@ def _cluster_point(target: Target, table_display: str,
     end = max(ends) if ends else None
     partly = sorted((unit_end(uri), uri) for uri in on
                     if uri not in complete and unit_end(uri) > (end or 0))
-    pending = partial([uri for _, uri in partly], complete).get(stream)
+    pending = partly_committed([uri for _, uri in partly], complete).get(stream)
     if partly and (len(partly) > 1 or pending is None or pending[0] != (end or 0)):
         uri = partly[-1][1]
         raise UsageError(

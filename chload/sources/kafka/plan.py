@@ -6,13 +6,14 @@ the rounds."""
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from chload.commit.ledger import COMMITTING, LOADED, own_history
 from chload.core.run import FileResult
 from chload.errors import UsageError
+from chload.sources.base import partly_committed
 from chload.sources.kafka.read import Broker, Unit
 
 if TYPE_CHECKING:
@@ -115,7 +116,7 @@ def committed(target: Target, database: str, name: str, display: str) -> Marks:
     pending: dict[str, tuple[int, int]] = {}
     if any(e.target_table != display for e in latest):  # a cluster's, shard by shard
         complete = target.ledger.loaded(display)
-        pending = partial(live, complete)
+        pending = partly_committed(live, complete)
         top: dict[str, int] = {}  # each shard writes its own events: the latest counts
         for e in latest:
             top[e.uri] = max(top.get(e.uri, 0), e.seq)
@@ -130,24 +131,6 @@ def committed(target: Target, database: str, name: str, display: str) -> Marks:
                 (event.seq, event.identity.rpartition(":")[0], int(span.rpartition("-")[2]) + 1))
     return Marks({stream: _mark(found, since) for stream, found in units.items()}, since,
                  pending)
-
-
-def partial(uris: Iterable[str], complete: Container[str]) -> dict[str, tuple[int, int]]:
-    """Each stream's lowest unit (`<stream>/<first>-<last>`) of `uris` not in `complete`:
-    into a cluster, the unit some shards have committed and others lack (a run killed
-    between two shards' commits), which the stream's next run loads again, that range
-    exactly, and commits on the shards lacking it (targets/cluster `_pending`). Kafka's
-    partitions and change capture's streams (sources/changes/table.py) alike."""
-    pending: dict[str, tuple[int, int]] = {}
-    for uri in sorted((u for u in uris if u not in complete), key=_first):
-        stream, _, span = uri.rpartition("/")
-        first, _, last = span.partition("-")
-        pending.setdefault(stream, (int(first), int(last)))
-    return pending
-
-
-def _first(uri: str) -> int:
-    return int(uri.rpartition("/")[2].partition("-")[0] or 0)
 
 
 def _mark(units: list[tuple[int, str, int]], since: int) -> Mark:

@@ -409,7 +409,7 @@ class ClusterTarget(Ending):
         rule 5) is committed first on the first shard that lacks it, and on the others only
         if it attached there: of two loaders of one partition, the one that shard takes is
         the one every shard takes, and a unit a crash leaves on some shards only is the
-        stream's next unit, its range read again (kafka/plan.py `partial`)."""
+        stream's next unit, its range read again (sources/base.py `partly_committed`)."""
         outcomes: list[tuple[set[int], dict[int, BaseException]]] = [(set(), {}) for _ in units]
         held = len(units) > 1
 
