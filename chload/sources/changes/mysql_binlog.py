@@ -127,20 +127,32 @@ class BinlogReader:
                 cut.rows += _flush(out, pending)
                 self.at = cut.end = here
             elif kind == "query":
-                query = said[0].strip()
-                if query.upper() in _ENDS_TXN:
+                ends = self._query(cut, said, here)
+                if ends is None:
+                    return cut
+                if ends:
                     cut.rows += _flush(out, pending)
                     self.at = cut.end = here
-                elif query.upper() not in _QUIET:
-                    if self._touches(query, said[1]):
-                        cut.ddl, cut.ddl_end = query, here
-                        return cut
-                    self.at = cut.end = here  # DDL of another table: a transaction
             elif kind == "restart":  # read again from the unit's last whole transaction
                 pending.clear()
             elif kind == "end":
                 cut.exhausted = True
                 return cut
+
+    def _query(self, cut: Cut, said: tuple, here: int) -> bool | None:
+        """A query event at `here`: True when it ends the transaction (the caller writes
+        it, then moves the position to `here`); None when it is DDL of the followed table
+        (`cut` says which: the unit ends before it); else False (BEGIN and the like, or
+        another table's DDL, a transaction of its own: the position moves past it)."""
+        query = said[0].strip()
+        if query.upper() in _ENDS_TXN:
+            return True
+        if query.upper() not in _QUIET:
+            if self._touches(query, said[1]):
+                cut.ddl, cut.ddl_end = query, here
+                return None
+            self.at = cut.end = here
+        return False
 
     def _native_unit(self, out: IO[bytes], layout: Layout, rows: int, seconds: float,
                      end: int | None, stop: Callable[[], bool],
@@ -192,16 +204,13 @@ class BinlogReader:
                     native.append(lines)
                     pending = True
             elif kind == "query":
-                query = said[0].strip()
-                if query.upper() in _ENDS_TXN:
+                ends = self._query(cut, said, here)
+                if ends is None:
+                    return cut
+                if ends:
                     cut.rows += native.commit(fd)
                     pending = False
                     self.at = cut.end = here
-                elif query.upper() not in _QUIET:
-                    if self._touches(query, said[1]):
-                        cut.ddl, cut.ddl_end = query, here
-                        return cut
-                    self.at = cut.end = here  # DDL of another table: a transaction
 
     def _read(self) -> Iterator[Event]:
         """The binlog's events that matter here, split from the connection's packets."""
