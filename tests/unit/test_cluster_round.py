@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+from chload.targets.cluster import round as round_module
 from chload.targets.cluster.round import Round
 
 
@@ -113,3 +114,68 @@ def test_final_is_set_once_every_planned_unit_has_started() -> None:
         assert not r.final
         with r.unit():
             assert r.final
+
+
+def test_an_earlier_round_commits_its_units_in_groups_of_gather() -> None:
+    r = Round(gather=2)
+    r.plan([(u,) for u in "abcdefgh"])  # type: ignore[misc]
+    calls: list[list[str]] = []
+    results: dict[str, str] = {}
+    go = {u: threading.Event() for u in "abc"}
+
+    def commit(units: list[str]) -> list[str]:
+        calls.append(sorted(units))
+        return [f"{u} done" for u in units]
+
+    def unit(name: str) -> None:
+        with r.unit() as routed:
+            go[name].wait(5)
+            routed()
+            results[name] = r.commit(name, commit)
+
+    threads = [threading.Thread(target=unit, args=(u,)) for u in "abc"]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    go["a"].set()  # b and c still routing: a waits for a second unit
+    time.sleep(0.1)
+    assert calls == []
+    go["b"].set()
+    threads[1].join(5)
+    assert calls == [["a", "b"]]
+    go["c"].set()  # alone, and nothing else routing: at once
+    for t in threads:
+        t.join(5)
+    assert calls == [["a", "b"], ["c"]]
+    assert results == {u: f"{u} done" for u in "abc"}
+
+
+def test_a_unit_of_an_earlier_round_waits_for_others_at_most_gather_seconds(
+        monkeypatch) -> None:
+    monkeypatch.setattr(round_module, "GATHER_SECONDS", 0.2)
+    r = Round(gather=4)
+    r.plan([(u,) for u in "abcdefgh"])  # type: ignore[misc]
+    calls: list[list[str]] = []
+    release = threading.Event()
+
+    def commit(units: list[str]) -> list[str]:
+        calls.append(units)
+        return [f"{u} done" for u in units]
+
+    def slow() -> None:
+        with r.unit() as routed:
+            release.wait(5)
+            routed()
+
+    other = threading.Thread(target=slow)
+    with r.unit() as routed:
+        other.start()
+        time.sleep(0.05)
+        routed()
+        started = time.monotonic()
+        assert r.commit("a", commit) == "a done"  # b still routing: a goes after the wait
+        waited = time.monotonic() - started
+    release.set()
+    other.join(5)
+    assert calls == [["a"]]
+    assert 0.1 <= waited < 3

@@ -10,7 +10,7 @@ from typing import Any
 
 from chload.commit.ledger import FileEvent
 from chload.sources.base import StreamPosition
-from chload.targets.cluster.round import Unit
+from chload.targets.cluster.round import Round, Unit
 from chload.targets.cluster.target import ClusterTarget, _Loaded
 
 
@@ -28,7 +28,7 @@ def _cluster(asked: list[tuple[int, list[str], list]], refusing: set[int]) -> An
             target=SimpleNamespace(committer=SimpleNamespace(commit_group=commit_group),
                                    _started_ns=0, loaded=SimpleNamespace(add=list))))
     c._busy_guard, c._busy_since = threading.Lock(), {}
-    c._loaded_at_end, c.known = {}, _Loaded()
+    c._loaded_at_end, c.known, c._round = {}, _Loaded(), Round()
     c._events = lambda unit, shard: [FileEvent("d.t_local", unit.stage, "", 0, 0,
                                                "committing")]
     return c

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -36,6 +37,9 @@ class Unit:
         return sum(rows for rows, _ in self.shares.values()) or 1
 
 
+# An earlier round's units wait at most this long for others to commit with
+GATHER_SECONDS = 2.0
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -45,6 +49,7 @@ class _Parked(Generic[T, R]):
     """A unit of the last round waiting for its group's commit, and how it ended."""
 
     item: T
+    since: float  # when it began to wait
     result: R | None = None
     error: BaseException | None = None
     done: bool = False
@@ -62,14 +67,20 @@ class Round:
       (committer.py: one survey, each stage logged and attached in turn), and the local
       tables get their parts once the servers are done parsing: attaching as units
       came in started the tables' merges while the rest still routed, which cost the
-      servers more CPU. Earlier rounds of a long load commit as they come: no
-      stream waits for a round's slowest unit.
+      servers more CPU.
+    - Earlier rounds commit in groups of `gather` units (or what is waiting once the
+      first has waited GATHER_SECONDS, or once no unit is routing): a group is
+      one `committing` write, one survey and one `loaded` write on each shard for all of
+      its units, where a unit alone paid each (a shard's ledger writes and their merges
+      cost its server more CPU than anything chload asks of it besides the rows). No
+      stream waits for a round's slowest unit: a group waits for no unit still routing.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, gather: int = 1) -> None:
         self.cond = threading.Condition()
         self.planned = self.started = self.in_flight = self.routing = 0
         self.parked: list[_Parked] = []
+        self.gather = gather  # units an earlier round's group waits for (set by the target)
 
     @property
     def final(self) -> bool:
@@ -107,23 +118,22 @@ class Round:
 
     def commit(self, item: T, commit: Callable[[list[T]], list[R]]) -> R:
         """Commit a routed unit (`commit` of a list of units returns their outcomes in
-        order). Before the last round, at once and alone. In the last round, once no unit
-        is routing (a unit retried, or one that fails, stops routing too: nothing waits
-        for ever), the first waiting thread to wake commits every unit waiting, in one
-        call; the others take their outcome from it."""
+        order) with the others waiting: the first waiting thread to find the group due
+        (`_due`) commits every unit waiting, in one call; the others take their outcome
+        from it (a unit retried, or one that fails, stops routing too: nothing waits for
+        ever)."""
         with self.cond:
-            if self.started < self.planned:
-                batch = None
-            else:
-                parked: _Parked[T, R] = _Parked(item)
-                self.parked.append(parked)
-                self.cond.wait_for(lambda: parked.done or (
-                    self.routing == 0 and any(p is parked for p in self.parked)))
+            parked: _Parked[T, R] = _Parked(item, time.monotonic())
+            self.parked.append(parked)
+            self.cond.notify_all()
+            while True:
                 if parked.done:
                     return _outcome(parked)
-                batch, self.parked = self.parked, []
-        if batch is None:
-            return commit([item])[0]
+                wait = self._due()
+                if wait == 0 and any(p is parked for p in self.parked):
+                    break
+                self.cond.wait(wait)
+            batch, self.parked = self.parked, []
         try:
             results: list[R] | None = commit([p.item for p in batch])
         except BaseException as exc:
@@ -137,6 +147,21 @@ class Round:
                     p.result, p.done = (results[i] if results else None), True
                 self.cond.notify_all()
         return _outcome(parked)
+
+    def _due(self) -> float | None:
+        """Seconds until the waiting units are to commit (0: now; None: until told).
+        The last round: once no unit is routing. Before: once `gather` wait, or no
+        unit is routing, or the first has waited GATHER_SECONDS. (Caller holds
+        `cond`.)"""
+        if not self.parked:
+            return None
+        if self.routing == 0:
+            return 0
+        if self.started >= self.planned:
+            return None
+        if len(self.parked) >= self.gather:
+            return 0
+        return max(0.0, self.parked[0].since + GATHER_SECONDS - time.monotonic())
 
 
 def _outcome(parked: _Parked[T, R]) -> R:

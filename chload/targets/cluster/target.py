@@ -55,6 +55,11 @@ if TYPE_CHECKING:
 
 
 
+# A shard's `loaded` events are written this often (a unit's `committing` event already
+# settles a crash): each write is a part of the ledger and its summary on the shard
+LOADED_EVERY_S = 5.0
+
+
 @dataclass(slots=True)
 class _Loaded:
     """What the ledgers of the shards say of the units: shard number -> uri -> event."""
@@ -101,6 +106,7 @@ class ClusterTarget(Ending):
         self._ends: list[shard_load.Counters | BaseException] = []
         for shard in shards:
             shard.target.committer.linger = lambda: self._round.in_flight > 1
+            shard.target.loaded.every = LOADED_EVERY_S
         # The route writes each shard's rows to the replica chload chose: the target
         # server's own, else the first that answers, as in_order picks (open_shards).
         entry.insert_params = {"insert_distributed_sync": "1", "load_balancing": "in_order",
@@ -202,7 +208,9 @@ class ClusterTarget(Ending):
             target=lambda: setattr(self, "_counters", self._read_counters()),
             name="chload_counters", daemon=True)
         self._counting.start()
-        return self.entry.open_streams(streams)
+        opened = self.entry.open_streams(streams)
+        self._round.gather = max(1, opened // 2)
+        return opened
 
     def _record_layout(self) -> None:
         """The layout this run routes by, on each shard whose record of it is missing or
@@ -411,7 +419,7 @@ class ClusterTarget(Ending):
         the one every shard takes, and a unit a crash leaves on some shards only is the
         stream's next unit, its range read again (sources/base.py `partly_committed`)."""
         outcomes: list[tuple[set[int], dict[int, BaseException]]] = [(set(), {}) for _ in units]
-        held = len(units) > 1
+        held = self._round.final
 
         def on(shard: Shard, chosen: Callable[[Unit], bool]) -> None:
             mine = [(i, u) for i, u in enumerate(units)
