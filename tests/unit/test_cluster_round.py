@@ -56,23 +56,7 @@ def test_the_last_round_commits_once_every_unit_is_routed_or_failed() -> None:
 def test_the_last_round_is_one_commit_of_every_unit_waiting() -> None:
     r = Round()
     r.plan([("a",), ("b",), ("c",)])  # type: ignore[list-item]
-    calls: list[list[str]] = []
-    results: dict[str, str] = {}
-    go = {u: threading.Event() for u in "abc"}
-
-    def commit(units: list[str]) -> list[str]:
-        calls.append(sorted(units))
-        return [f"{u} done" for u in units]
-
-    def unit(name: str) -> None:
-        with r.unit() as routed:
-            go[name].wait(5)
-            routed()
-            results[name] = r.commit(name, commit)
-
-    threads = [threading.Thread(target=unit, args=(u,)) for u in "abc"]
-    for t in threads:
-        t.start()
+    threads, go, calls, results = _units(r, "abc")
     for u in "abc":  # routed one after the other: nobody commits before the last
         time.sleep(0.02)
         assert calls == []
@@ -119,23 +103,7 @@ def test_final_is_set_once_every_planned_unit_has_started() -> None:
 def test_an_earlier_round_commits_its_units_in_groups_of_gather() -> None:
     r = Round(gather=2)
     r.plan([(u,) for u in "abcdefgh"])  # type: ignore[misc]
-    calls: list[list[str]] = []
-    results: dict[str, str] = {}
-    go = {u: threading.Event() for u in "abc"}
-
-    def commit(units: list[str]) -> list[str]:
-        calls.append(sorted(units))
-        return [f"{u} done" for u in units]
-
-    def unit(name: str) -> None:
-        with r.unit() as routed:
-            go[name].wait(5)
-            routed()
-            results[name] = r.commit(name, commit)
-
-    threads = [threading.Thread(target=unit, args=(u,)) for u in "abc"]
-    for t in threads:
-        t.start()
+    threads, go, calls, results = _units(r, "abc")
     time.sleep(0.05)
     go["a"].set()  # b and c still routing: a waits for a second unit
     time.sleep(0.1)
@@ -179,3 +147,27 @@ def test_a_unit_of_an_earlier_round_waits_for_others_at_most_gather_seconds(
     other.join(5)
     assert calls == [["a"]]
     assert 0.1 <= waited < 3
+
+
+def _units(r: Round, names: str) -> tuple[list[threading.Thread], dict[str, threading.Event],
+                                          list[list[str]], dict[str, str]]:
+    """A thread per unit of `names`, each routed once its event is set, then committed;
+    the commits' calls (each sorted) and each unit's outcome."""
+    calls: list[list[str]] = []
+    results: dict[str, str] = {}
+    go = {u: threading.Event() for u in names}
+
+    def commit(units: list[str]) -> list[str]:
+        calls.append(sorted(units))
+        return [f"{u} done" for u in units]
+
+    def unit(name: str) -> None:
+        with r.unit() as routed:
+            go[name].wait(5)
+            routed()
+            results[name] = r.commit(name, commit)
+
+    threads = [threading.Thread(target=unit, args=(u,)) for u in names]
+    for t in threads:
+        t.start()
+    return threads, go, calls, results
