@@ -111,7 +111,7 @@ class QueryStats(CallStats):
 
 
 class Engine:
-    """chDB sessions, one per thread, on a directory this process holds exclusively, or
+    """chDB sessions, one per call under way, on a directory this process holds exclusively, or
     in memory (`path=None`: the loader's own engine for a server target, which keeps
     nothing). Sessions open on first use."""
 
@@ -121,13 +121,18 @@ class Engine:
         self.path = os.path.abspath(path) if path else None
         self.settings = settings  # every session's (SET at open)
         self._lock = _acquire(self.path) if self.path else None
-        self._local = threading.local()
-        self._sessions: list[Any] = []
+        self._sessions: list[Any] = []  # every session opened
+        self._idle: list[Any] = []  # those no call is using
         self._guard = threading.Lock()
         self.stats = QueryStats()
 
-    def _session(self) -> Any:
-        session = getattr(self._local, "session", None)
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[Any]:
+        """A session for one call, used by no other call meanwhile: an idle one, else a
+        new one. Sessions are as many as calls ever ran at once, not one per thread
+        that ever called (a run's workers are new threads each poll of a follow)."""
+        with self._guard:
+            session = self._idle.pop() if self._idle else None
         if session is None:
             began = time.monotonic()
             session = self._open()
@@ -136,8 +141,11 @@ class Engine:
                 self._sessions.append(session)
             with _live_guard:
                 _live[0] += 1
-            self._local.session = session
-        return session
+        try:
+            yield session
+        finally:
+            with self._guard:
+                self._idle.append(session)
 
     def _open(self) -> Any:
         _import_chdb()
@@ -194,18 +202,23 @@ class Engine:
     def stream(self, sql: str, context: str) -> Iterator[bytes]:
         """The answer of `sql` in Native, block by block (bounded memory)."""
         try:
-            for chunk in self._session().send_query(sql, "Native"):
-                yield chunk.bytes()
+            with self._session() as session:
+                answer = session.send_query(sql, "Native")
+                try:
+                    for chunk in answer:
+                        yield chunk.bytes()
+                finally:  # (a reader that stopped early: the session is free again)
+                    answer.cancel()
         except Exception as exc:
             raise _convert(exc, context) from exc
 
     def _run(self, sql: str, fmt: str, context: str,
              errors: Callable[[str], ChloadError] | None = None, data: bool = False) -> Any:
-        session = self._session()
         self.stats.begin(data)
         began = time.monotonic()
         try:
-            return session.query(sql, fmt)
+            with self._session() as session:
+                return session.query(sql, fmt)
         except ChloadError:
             raise
         except Exception as exc:  # chdb raises ChdbError / RuntimeError with the engine text
@@ -217,7 +230,7 @@ class Engine:
 
     def close(self) -> None:
         with self._guard:
-            sessions, self._sessions = self._sessions, []
+            sessions, self._sessions, self._idle = self._sessions, [], []
         for session in sessions:
             session.close()
         with _live_guard:
