@@ -112,10 +112,15 @@ class Native:
                                   "PQfreemem")]
         except (OSError, AttributeError) as exc:
             return None, f"psycopg's libpq could not be opened again: {exc}"
+        return cls.over(lib, funcs), ""
+
+    @classmethod
+    def over(cls, lib: Any, funcs: list[int | None]) -> Native:
+        """A reader calling these PQgetCopyData, PQconsumeInput, PQsocket, PQfreemem."""
         handle = lib.chl_pg_open(*funcs)
         if not handle:
             raise MemoryError("the native replication stream reader")
-        return cls(lib, handle), ""
+        return cls(lib, handle)
 
     def close(self) -> None:
         if self.handle:
