@@ -245,15 +245,15 @@ class Stream:
 
     def _loop_native(self) -> None:
         """`_loop`, the messages read and written by the C reader: what it says applied
-        as `_message` would have, message by message."""
+        as `_message` would have, message by message. It waits on the socket itself:
+        `_idle` runs when the wake pipe was written or at least once a second."""
         assert self.native is not None
-        native, state, wait = self.native, self.native.state, 0.0
+        native, state = self.native, self.native.state
         while True:
             size = self.file.tell()
             state.room = SEGMENT_BYTES - size
             state.stop, state.in_txn = int(self.seal_at_commit), int(self.in_txn)
-            code = native.next(self.conn, self.file.fileno(), self.wake_r, wait)
-            wait = 0.0
+            code = native.next(self.conn, self.file.fileno(), self.wake_r, 1.0)
             if state.commit_at:  # (commits passed over: none of them could seal)
                 self.changes += state.commit_changes
                 self.in_txn = False
@@ -268,7 +268,6 @@ class Stream:
             elif code == sn.IDLE:
                 if self._idle():
                     return
-                wait = 1.0
             elif code != sn.COMMIT:
                 self._native_failed(code, state.error)
 

@@ -15,8 +15,9 @@
  *   (a keepalive came amid its transaction), once `room` bytes are written or once
  *   `batch` messages are read;
  * - CHL_PG_KEEPALIVE at a keepalive: its sent position and whether a reply is asked;
- * - CHL_PG_IDLE when no message is ready (after waiting up to `wait` s on the socket
- *   and the wake pipe);
+ * - CHL_PG_IDLE when the wake pipe was written (drained here), or no message came for
+ *   the rest of `wait` s since the call (the socket and the wake pipe polled meanwhile:
+ *   the socket's input consumed and read on without coming back);
  * - CHL_PG_END / CHL_PG_FAILED / CHL_PG_CONSUME when the stream ended or libpq failed
  *   (Python reads the connection's error message); CHL_PG_WRITE when the spool could
  *   not be written (errno in `error`).
@@ -30,6 +31,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { CHL_PG_COMMIT = 0, CHL_PG_KEEPALIVE = 1, CHL_PG_IDLE = 2, CHL_PG_END = 3,
@@ -140,8 +142,14 @@ static int put_line(chl_pg *h, int fd, chl_pg_state *st, const char *s, size_t n
     return 0;
 }
 
-/* Wait up to `wait` s for the socket or the wake pipe; the wake pipe drained, input
- * consumed. 0, or CHL_PG_CONSUME. */
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Wait up to `wait` s for the socket or the wake pipe: 1 input consumed, 0 woken (the
+ * pipe drained) or nothing came, or CHL_PG_CONSUME. */
 static int await_input(chl_pg *h, void *conn, int wake, double wait) {
     struct pollfd fds[2];
     fds[0].fd = h->socket(conn);
@@ -149,14 +157,17 @@ static int await_input(chl_pg *h, void *conn, int wake, double wait) {
     fds[1].fd = wake;
     fds[1].events = POLLIN;
     fds[0].revents = fds[1].revents = 0;
-    int n = poll(fds, 2, (int)(wait * 1000));
-    if (n <= 0) return 0;  /* (EINTR or nothing: the caller asks again) */
+    int n = poll(fds, 2, (int)(wait * 1000) + 1);
+    if (n < 0 && errno == EINTR) return 1;  /* (asked again, within the time) */
+    if (n <= 0) return 0;
     if (fds[1].revents & POLLIN) {
         char drain[4096];
         while (read(wake, drain, sizeof drain) == (ssize_t)sizeof drain) {}
+        return 0;
     }
     if (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) {
-        if (!h->consume_input(conn)) return CHL_PG_CONSUME;
+        if (!h->consume_input(conn)) return -CHL_PG_CONSUME;
+        return 1;
     }
     return 0;
 }
@@ -169,11 +180,20 @@ int chl_pg_next(void *handle, void *conn, int fd, int wake, double wait, chl_pg_
     st->bytes = st->changes = st->sent = 0;
     st->asked = st->error = 0;
     h->len = 0;
-    if (wait > 0 && (code = await_input(h, conn, wake, wait))) return code;
+    double until = now_s() + wait;
     for (;;) {
         char *buf = NULL;
         int n = h->get_copy_data(conn, &buf, 1);
-        if (n == 0) {
+        if (n == 0) {  /* (what is read written out before waiting) */
+            if (flush_out(h, fd, st)) return CHL_PG_WRITE;
+            double left = until - now_s();
+            if (left <= 0) {  /* (Python's turn at least once in `wait` s) */
+                code = CHL_PG_IDLE;
+                break;
+            }
+            int got = await_input(h, conn, wake, left);
+            if (got < 0) return -got;
+            if (got) continue;
             code = CHL_PG_IDLE;
             break;
         }
