@@ -4,9 +4,10 @@ slot of the same changes into spool segments, nothing else in the process.
 
 Each repeat makes two wal2json slots at the same instant, writes --changes changes
 (transactions of 1,000, as bench/cdc.py), then reads one slot with each reader (their
-order alternated between repeats) until a segment reaches the position after the last
-change; prints per reader the wall time, the process's CPU time (this process only: the
-server's decoding is another) and the changes per second, and the medians.
+order alternated between repeats), a segment taken every 0.25 s (as a follow takes one
+per unit), until a segment reaches the position after the last change; prints per
+reader the wall time, the process's CPU time (this process only: the server's decoding
+is another) and the changes per second, and the medians.
 
     python bench/cdc_stream.py [--rows 100000] [--changes 200000] [--repeats 3]
                                [--readers native|python|both] [--json OUT]
@@ -36,6 +37,8 @@ from chload.sources.changes.postgres import replication  # noqa: E402
 from chload.sources.changes.postgres.slot import lsn_int  # noqa: E402
 from chload.sources.databases.table import parse_url  # noqa: E402
 
+TAKE_EVERY = 0.25  # s between takes (a unit's load meanwhile): not a seal per round trip
+
 
 def _drain(url: str, slot: str, start: int, end: int, spool: Path, reader: str
            ) -> tuple[float, float, int, bool]:
@@ -55,6 +58,7 @@ def _drain(url: str, slot: str, start: int, end: int, spool: Path, reader: str
             if segment is not None:
                 upto, changes = segment.upto, changes + segment.changes
                 os.remove(segment.path)
+                time.sleep(TAKE_EVERY)
     finally:
         native = stream.native is not None
         stream.close()

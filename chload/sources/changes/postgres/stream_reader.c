@@ -69,6 +69,10 @@ typedef struct {
 } chl_pg;
 
 #define HEADER 25 /* 'w', start, end, time */
+/* A socket that had to be waited for is read this long after it turns readable: the
+ * server sends each change as it decodes it, so a reader that keeps up would otherwise
+ * wake (poll, recv) per change. (Data already there is read at once.) */
+#define GATHER_NS 1000000L
 #define OUT_FLUSH (1 << 20)
 
 static const char BEGIN[] = "{\"action\":\"B\"";
@@ -157,7 +161,11 @@ static int await_input(chl_pg *h, void *conn, int wake, double wait) {
     fds[1].fd = wake;
     fds[1].events = POLLIN;
     fds[0].revents = fds[1].revents = 0;
-    int n = poll(fds, 2, (int)(wait * 1000) + 1);
+    int waited = 0, n = poll(fds, 2, 0);
+    if (n == 0) {
+        waited = 1;
+        n = poll(fds, 2, (int)(wait * 1000) + 1);
+    }
     if (n < 0 && errno == EINTR) return 1;  /* (asked again, within the time) */
     if (n <= 0) return 0;
     if (fds[1].revents & POLLIN) {
@@ -166,6 +174,8 @@ static int await_input(chl_pg *h, void *conn, int wake, double wait) {
         return 0;
     }
     if (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) {
+        struct timespec gather = {0, GATHER_NS};
+        if (waited && !(fds[0].revents & (POLLERR | POLLHUP))) nanosleep(&gather, NULL);
         if (!h->consume_input(conn)) return -CHL_PG_CONSUME;
         return 1;
     }
