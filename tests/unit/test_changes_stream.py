@@ -159,13 +159,13 @@ def test_a_unit_asked_for_amid_a_transaction_ends_at_its_commit_whatever_follows
     try:
         server.send(_w(20, '{"action":"B"}'), _w(20, INSERT))
         assert stream.take(1.0) is None  # (the server answered amid it)
+        server.position = 300  # (where the next answers say the server stands)
         server.send(_w(180, '{"action":"C"}'), _w(190, '{"action":"B"}'), _w(190, UPDATE),
                     _w(195, '{"action":"C"}'))  # (the next transaction right behind)
         segment = stream.take(5.0)
         assert segment is not None
         assert segment.upto == 180 and segment.changes == 1
         assert Path(segment.path).read_text() == INSERT + "\n"
-        server.position = 300
         segment = stream.take(5.0)
         assert segment is not None
         assert segment.upto == 300 and Path(segment.path).read_text() == UPDATE + "\n"
