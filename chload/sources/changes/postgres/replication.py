@@ -22,7 +22,7 @@ whatever instant a kill comes at (the ledger's end, to which the next run moves 
 first, is a unit's `safe`).
 
 The loop that reads the messages is C (stream_native.py: the GIL released; it comes back
-at a commit whose position matters, a keepalive, or when nothing is ready), or this
+at a commit whose position matters, a keepalive, when woken, once a second), or this
 module's Python when that reader cannot be had: both write the same spool bytes, and
 every position rule above is this module's in both.
 

@@ -4,9 +4,9 @@ ctypes.
 replication.py's `Stream` starts the replication on psycopg's libpq connection, then
 hands the connection (its PGconn pointer) to the C reader, which reads the CopyData
 messages and writes each change's text as one line of the spool segment with the GIL
-released; it comes back at a commit whose position matters, a keepalive, or when no
-message is ready (stream_reader.c's header), and Python keeps every position, seal and
-status rule.
+released; it comes back at a commit whose position matters, a keepalive, when the wake
+pipe is written, and at least once a second (stream_reader.c's header), and Python keeps
+every position, seal and status rule.
 
 The C code calls the libpq that owns the connection: the one psycopg loaded (psycopg's
 binary package bundles its own; the C and Python ones use the system's), found among

@@ -15,9 +15,9 @@
  *   (a keepalive came amid its transaction), once `room` bytes are written or once
  *   `batch` messages are read;
  * - CHL_PG_KEEPALIVE at a keepalive: its sent position and whether a reply is asked;
- * - CHL_PG_IDLE when the wake pipe was written (drained here), or no message came for
- *   the rest of `wait` s since the call (the socket and the wake pipe polled meanwhile:
- *   the socket's input consumed and read on without coming back);
+ * - CHL_PG_IDLE when the wake pipe was written (drained here), or `wait` s after the
+ *   call at a moment no message is ready (until then the socket is waited for and read
+ *   on without coming back);
  * - CHL_PG_END / CHL_PG_FAILED / CHL_PG_CONSUME when the stream ended or libpq failed
  *   (Python reads the connection's error message); CHL_PG_WRITE when the spool could
  *   not be written (errno in `error`).
