@@ -7,6 +7,7 @@ test_changes_postgres.py and test_changes_stream_reader.py."""
 from __future__ import annotations
 
 import ctypes
+import os
 import socket
 import struct
 import threading
@@ -199,3 +200,34 @@ def test_the_start_command_and_connection_string_quote_what_they_carry() -> None
     assert "\"include-transaction\" '1'" in command
     info = conninfo(URL).decode()
     assert "password='p\\'w\\\\d'" in info and "replication='database'" in info
+
+
+def test_the_python_loop_reads_when_asked_for_or_when_the_c_reader_cannot_be_had(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    server = Server(position=100)
+    server.pgconn_ptr = None  # type: ignore[attr-defined]  # (as psycopg's PGconn)
+    monkeypatch.setenv("CHLOAD_PG_STREAM_READER", "python")
+    stream = Stream(URL, "chload_x", ("public", "t"), 10, str(tmp_path), conn=server)
+    stream.close()
+    assert stream.native is None and stream.native_why == stream_native.CHOSEN
+    monkeypatch.delenv("CHLOAD_PG_STREAM_READER")
+    monkeypatch.setattr(stream_native, "library", lambda: (None, "no C compiler (cc)"))
+    stream = Stream(URL, "chload_x", ("public", "t"), 10, str(tmp_path), conn=Server(100))
+    stream.close()
+    assert stream.native is None and stream.native_why == ""  # (a scripted connection)
+    server = Server(position=100)
+    server.pgconn_ptr = None  # type: ignore[attr-defined]
+    stream = Stream(URL, "chload_x", ("public", "t"), 10, str(tmp_path), conn=server)
+    stream.close()
+    assert stream.native is None and stream.native_why == "no C compiler (cc)"
+
+
+def test_the_libpq_found_is_the_one_psycopg_loaded() -> None:
+    pq = pytest.importorskip("psycopg.pq")
+    path, why = stream_native.psycopg_libpq()
+    assert path, why
+    assert os.path.basename(path).startswith("libpq") and os.path.exists(path)
+    if pq.__impl__ == "binary":
+        import psycopg_binary
+        assert os.path.dirname(path).startswith(
+            os.path.dirname(os.path.dirname(psycopg_binary.__file__ or "")))
