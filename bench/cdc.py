@@ -11,10 +11,13 @@ unit), a second slot (the baseline's) is made beside the follow's, then each rou
   whole process, Python start, chDB import and the commit counted.
 The rows changed are counted from the source (every change is one row of the unit).
 
-    python bench/cdc.py [--rows 100000] [--changes 200000] [--repeats 3] [--json OUT]
+    python bench/cdc.py [--rows 100000] [--changes 200000] [--repeats 3]
+                        [--readers native|python|both] [--json OUT]
 
 Prints per round both rates and their ratio (chload / pg_recvlogical: 1.0 is as fast as
-decoding alone), and the medians.
+decoding alone), and the medians. --readers picks the replication stream's reader (the C
+one, or the Python loop: CHLOAD_PG_STREAM_READER=python); `both` makes each repeat two
+rounds, one a reader, their order alternated, and prints a median per reader.
 
 Lag under a steady rate (`--rate N`): --writers connections (1) commit N changes a
 second between them for --seconds (transactions of 10: 7 updates, 2 inserts, 1 delete;
@@ -101,6 +104,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--changes", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--readers", choices=("native", "python", "both"), default="native")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.rate:
@@ -127,20 +131,27 @@ def main() -> None:
         sql("SELECT pg_create_logical_replication_slot('bench_base', 'wal2json')")
         rounds, top = [], args.rows
         batches = max(1, args.changes // 1000)
-        for r in range(args.repeats):
+        pair = ["native", "python"]
+        schedule = [pair[::1 - 2 * (r % 2)] if args.readers == "both" else [args.readers]
+                    for r in range(args.repeats)]
+        for r, reader in enumerate(name for names in schedule for name in names):
             sql(CHANGES.format(base=(r * batches * 800) % max(1, args.rows), batches=batches,
                                rows=args.rows, top=top))
             top += batches * 150
             endpos = sql("SELECT pg_current_wal_lsn()").strip()
             decode = _recvlogical(server, "bench_base", endpos)
-            applied, changes = _chload(url, target, env)
+            applied, changes = _chload(url, target, {**env, "CHLOAD_PG_STREAM_READER": reader})
             rounds.append({"changes": changes, "recvlogical_s": decode, "chload_s": applied,
-                           "ratio": decode / applied, "load_average": os.getloadavg()})
-            print(f"round {r + 1}: {changes:,} changes; pg_recvlogical {changes / decode:,.0f}"
-                  f"/s ({decode:.2f} s), chload {changes / applied:,.0f}/s ({applied:.2f} s),"
-                  f" ratio {decode / applied:.2f}x", flush=True)
+                           "ratio": decode / applied, "reader": reader,
+                           "load_average": os.getloadavg()})
+            print(f"round {r + 1} ({reader} reader): {changes:,} changes; pg_recvlogical "
+                  f"{changes / decode:,.0f}/s ({decode:.2f} s), chload {changes / applied:,.0f}"
+                  f"/s ({applied:.2f} s), ratio {decode / applied:.2f}x, load "
+                  f"{os.getloadavg()[0]:.2f}", flush=True)
+        for reader in sorted({r["reader"] for r in rounds}):
+            median = statistics.median(r["ratio"] for r in rounds if r["reader"] == reader)
+            print(f"median ratio chload ({reader} reader) / pg_recvlogical: {median:.2f}x")
         ratio = statistics.median(r["ratio"] for r in rounds)
-        print(f"median ratio chload / pg_recvlogical: {ratio:.2f}x")
         if args.json:
             Path(args.json).write_text(json.dumps({
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": rounds,
