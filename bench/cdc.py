@@ -12,12 +12,15 @@ unit), a second slot (the baseline's) is made beside the follow's, then each rou
 The rows changed are counted from the source (every change is one row of the unit).
 
     python bench/cdc.py [--rows 100000] [--changes 200000] [--repeats 3]
-                        [--readers native|python|both] [--json OUT]
+                        [--readers native|python|both] [--converts engine|psql|both]
+                        [--json OUT]
 
 Prints per round both rates and their ratio (chload / pg_recvlogical: 1.0 is as fast as
 decoding alone), and the medians. --readers picks the replication stream's reader (the C
 one, or the Python loop: CHLOAD_PG_STREAM_READER=python); `both` makes each repeat two
-rounds, one a reader, their order alternated, and prints a median per reader.
+rounds, one a reader, their order alternated, and prints a median per reader. --converts
+likewise picks how a unit's rows are made: by the engine from the spooled JSON where the
+table's types allow (the default), or through psql (CHLOAD_PG_CONVERT=psql).
 
 Lag under a steady rate (`--rate N`): --writers connections (1) commit N changes a
 second between them for --seconds (transactions of 10: 7 updates, 2 inserts, 1 delete;
@@ -105,6 +108,7 @@ def main() -> None:
     ap.add_argument("--changes", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--readers", choices=("native", "python", "both"), default="native")
+    ap.add_argument("--converts", choices=("engine", "psql", "both"), default="engine")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.rate:
@@ -131,26 +135,31 @@ def main() -> None:
         sql("SELECT pg_create_logical_replication_slot('bench_base', 'wal2json')")
         rounds, top = [], args.rows
         batches = max(1, args.changes // 1000)
-        pair = ["native", "python"]
-        schedule = [pair[::1 - 2 * (r % 2)] if args.readers == "both" else [args.readers]
-                    for r in range(args.repeats)]
-        for r, reader in enumerate(name for names in schedule for name in names):
+        readers = ["native", "python"] if args.readers == "both" else [args.readers]
+        converts = ["engine", "psql"] if args.converts == "both" else [args.converts]
+        pair = [f"{r}/{c}" for r in readers for c in converts]
+        schedule = [pair[::1 - 2 * (r % 2)] for r in range(args.repeats)]
+        for r, variant in enumerate(name for names in schedule for name in names):
+            reader, convert = variant.split("/")
             sql(CHANGES.format(base=(r * batches * 800) % max(1, args.rows), batches=batches,
                                rows=args.rows, top=top))
             top += batches * 150
             endpos = sql("SELECT pg_current_wal_lsn()").strip()
             decode = _recvlogical(server, "bench_base", endpos)
-            applied, changes = _chload(url, target, {**env, "CHLOAD_PG_STREAM_READER": reader})
+            load_before = os.getloadavg()
+            applied, changes = _chload(url, target, {**env, "CHLOAD_PG_STREAM_READER": reader,
+                                                     "CHLOAD_PG_CONVERT": convert})
             rounds.append({"changes": changes, "recvlogical_s": decode, "chload_s": applied,
-                           "ratio": decode / applied, "reader": reader,
+                           "ratio": decode / applied, "reader": variant,
+                           "load_average_before": load_before,
                            "load_average": os.getloadavg()})
-            print(f"round {r + 1} ({reader} reader): {changes:,} changes; pg_recvlogical "
-                  f"{changes / decode:,.0f}/s ({decode:.2f} s), chload {changes / applied:,.0f}"
-                  f"/s ({applied:.2f} s), ratio {decode / applied:.2f}x, load "
-                  f"{os.getloadavg()[0]:.2f}", flush=True)
+            print(f"round {r + 1} ({reader} reader, {convert} rows): {changes:,} changes; "
+                  f"pg_recvlogical {changes / decode:,.0f}/s ({decode:.2f} s), chload "
+                  f"{changes / applied:,.0f}/s ({applied:.2f} s), ratio {decode / applied:.2f}x,"
+                  f" load {load_before[0]:.2f}-{os.getloadavg()[0]:.2f}", flush=True)
         for reader in sorted({r["reader"] for r in rounds}):
             median = statistics.median(r["ratio"] for r in rounds if r["reader"] == reader)
-            print(f"median ratio chload ({reader} reader) / pg_recvlogical: {median:.2f}x")
+            print(f"median ratio chload ({reader}) / pg_recvlogical: {median:.2f}x")
         ratio = statistics.median(r["ratio"] for r in rounds)
         if args.json:
             Path(args.json).write_text(json.dumps({

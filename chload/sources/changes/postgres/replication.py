@@ -48,6 +48,9 @@ from chload.sources.changes.postgres.slot import lsn_text
 from chload.sources.changes.postgres.sql import ident, option_pairs
 from chload.sources.databases.table import DbUrl
 
+# the replication session's settings before it streams: dates printed as ISO, instants in
+# UTC (the decoding prints each value in this session), as the snapshot's COPY reads them
+SESSION = b"SET DateStyle = ISO; SET TimeZone = 'UTC'; SET extra_float_digits = 1"
 STATUS_SECONDS = 10.0  # a status update at least this often (the server's timeout: 60 s)
 SEGMENT_BYTES = 256 << 20  # a segment sealed by itself past this much spool
 _EPOCH_2000_US = 946_684_800 * 1_000_000
@@ -94,7 +97,9 @@ class Stream:
     def __init__(self, url: DbUrl, slot: str, relation: tuple[str, str], start: int,
                  spool: str, conn: Any = None) -> None:
         self.url, self.spool = url, spool
-        self.conn = conn or _connect(url, start_command(slot, start, relation))
+        # session_set: the changes' values printed in ISO dates and UTC (engine_rows.py)
+        self.conn, self.session_set = (conn, False) if conn is not None else _connect(
+            url, start_command(slot, start, relation))
         # (a scripted connection, no PGconn under it: the Python loop)
         self.native, self.native_why = (sn.Native.open() if hasattr(self.conn, "pgconn_ptr")
                                         else (None, ""))
@@ -336,8 +341,9 @@ class Stream:
         self.last_status = time.monotonic()
 
 
-def _connect(url: DbUrl, command: str) -> Any:
-    """The connection, streaming; Unavailable (with the server's reason) if not."""
+def _connect(url: DbUrl, command: str) -> tuple[Any, bool]:
+    """The connection, streaming, and whether its session took SESSION (the values'
+    printed forms); Unavailable (with the server's reason) if not."""
     try:
         from psycopg import pq
     except ImportError:
@@ -346,13 +352,14 @@ def _connect(url: DbUrl, command: str) -> Any:
     try:
         if conn.status != pq.ConnStatus.OK:
             raise Unavailable(_said(url, conn.error_message))
+        set_session = conn.exec_(SESSION)  # (the decoding's output functions run here)
         conn.send_query(command.encode())
         result = conn.get_result()
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
             raise Unavailable(_said(url, result.error_message if result is not None
                                     else conn.error_message))
         conn.nonblocking = 1
-        return conn
+        return conn, set_session.status == pq.ExecStatus.COMMAND_OK
     except BaseException:
         conn.finish()
         raise
