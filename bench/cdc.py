@@ -13,7 +13,7 @@ The rows changed are counted from the source (every change is one row of the uni
 
     python bench/cdc.py [--rows 100000] [--changes 200000] [--repeats 3]
                         [--readers native|python|both] [--converts engine|psql|both]
-                        [--json OUT]
+                        [--json OUT] [--profile OUT]
 
 Prints per round both rates and their ratio (chload / pg_recvlogical: 1.0 is as fast as
 decoding alone), and the medians. --readers picks the replication stream's reader (the C
@@ -72,16 +72,22 @@ FOR i IN 0 .. {batches} - 1 LOOP
 END LOOP; END $$"""
 
 
-def _chload(url: str, target: str, env: dict[str, str], *args: str) -> tuple[float, int]:
-    """Seconds of a whole `chload load` process, and the rows (changes) it applied."""
+def _chload(url: str, target: str, env: dict[str, str], *args: str,
+            profile: str = "") -> tuple[float, int, int]:
+    """Seconds of a whole `chload load` process, the rows (changes) it applied and the
+    units it loaded them in;
+    `profile`: py-spy's record of it (its native frames, every thread) to that file."""
+    spy = ["py-spy", "record", "-r", "100", "--native", "--threads", "-f", "raw", "-o",
+           profile, "--"] if profile else []
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "chload", "load", url, "--table", "orders",
-                           "--target", target, "--json", *args], capture_output=True,
-                          text=True, env=env, timeout=1800)
+    done = subprocess.run([*spy, sys.executable, "-m", "chload", "load", url, "--table",
+                           "orders", "--target", target, "--json", *args],
+                          capture_output=True, text=True, env=env, timeout=1800)
     if done.returncode:
         raise SystemExit(f"chload failed: {done.stderr}")
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    return time.monotonic() - start, int(report.get("rows_loaded", 0))
+    report = json.loads([x for x in done.stdout.splitlines() if x.startswith("{")][-1])
+    return (time.monotonic() - start, int(report.get("rows_loaded", 0)),
+            int(report.get("files_loaded", 0)))
 
 
 def _recvlogical(server: services.Service, slot: str, endpos: str) -> float:
@@ -110,6 +116,7 @@ def main() -> None:
     ap.add_argument("--readers", choices=("native", "python", "both"), default="native")
     ap.add_argument("--converts", choices=("engine", "psql", "both"), default="engine")
     ap.add_argument("--json")
+    ap.add_argument("--profile", help="a py-spy record of each chload round: OUT-<round>.txt")
     args = ap.parse_args()
     if args.rate:
         from cdc_lag import steady
@@ -147,16 +154,18 @@ def main() -> None:
             endpos = sql("SELECT pg_current_wal_lsn()").strip()
             decode = _recvlogical(server, "bench_base", endpos)
             load_before = os.getloadavg()
-            applied, changes = _chload(url, target, {**env, "CHLOAD_PG_STREAM_READER": reader,
-                                                     "CHLOAD_PG_CONVERT": convert})
+            chosen = {**env, "CHLOAD_PG_STREAM_READER": reader, "CHLOAD_PG_CONVERT": convert}
+            spied = f"{args.profile}-{r + 1}.txt" if args.profile else ""
+            applied, changes, units = _chload(url, target, chosen, profile=spied)
             rounds.append({"changes": changes, "recvlogical_s": decode, "chload_s": applied,
-                           "ratio": decode / applied, "reader": variant,
+                           "ratio": decode / applied, "reader": variant, "units": units,
                            "load_average_before": load_before,
                            "load_average": os.getloadavg()})
             print(f"round {r + 1} ({reader} reader, {convert} rows): {changes:,} changes; "
                   f"pg_recvlogical {changes / decode:,.0f}/s ({decode:.2f} s), chload "
-                  f"{changes / applied:,.0f}/s ({applied:.2f} s), ratio {decode / applied:.2f}x,"
-                  f" load {load_before[0]:.2f}-{os.getloadavg()[0]:.2f}", flush=True)
+                  f"{changes / applied:,.0f}/s ({applied:.2f} s, {units} units), ratio "
+                  f"{decode / applied:.2f}x, load {load_before[0]:.2f}-"
+                  f"{os.getloadavg()[0]:.2f}", flush=True)
         for reader in sorted({r["reader"] for r in rounds}):
             median = statistics.median(r["ratio"] for r in rounds if r["reader"] == reader)
             print(f"median ratio chload ({reader}) / pg_recvlogical: {median:.2f}x")

@@ -39,7 +39,8 @@ _SPOOL = ("action String, lsn String, columns Array(Tuple(name String, value Nul
           ")), identity Array(Tuple(name String, value Nullable(String)))")
 _SETTINGS = ("input_format_json_read_numbers_as_strings = 1, "
              "input_format_json_read_bools_as_strings = 1, "
-             "input_format_skip_unknown_fields = 1, input_format_allow_errors_num = 0")
+             "input_format_skip_unknown_fields = 1, input_format_allow_errors_num = 0, "
+             "short_circuit_function_evaluation = 'disable'")  # (every STOP check made)
 
 
 def base_type(pg_type: str) -> str:
@@ -113,12 +114,12 @@ def rows_sql(follow: Follow, spool: str, tsv: str) -> str:
             return f"concat('\\\\x', {value})"
         return value
 
-    truncated = _throw("d = 1 AND a = 'T'",
+    truncated = _throw("a = 'T'",
                        f"{display} was truncated at the source; the follow stopped: "
                        "truncate the ClickHouse table too, then drop the follow "
                        "(chload sources --drop) and load again")
     every = " AND ".join(present(n) for n in names)
-    toast = _throw(f"d = 0 AND a = 'U' AND length(columns) != {len(names)} AND NOT ({every})",
+    toast = _throw(f"a = 'U' AND length(columns) != {len(names)} AND NOT ({every})",
                    f"{display}: an update left a column out (an unchanged TOASTed value, or "
                    "a column added since the change); run ALTER TABLE ... REPLICA IDENTITY "
                    "FULL at the source, drop the follow (chload sources --drop) and follow "
@@ -133,13 +134,17 @@ def rows_sql(follow: Follow, spool: str, tsv: str) -> str:
             f"{quote_str(out + ', v UInt64, d UInt8')}) "
             f"SELECT {texts}, v, d FROM (SELECT action AS a, {version} AS v, columns, "
             f"identity FROM file({quote_str(spool)}, 'JSONEachRow', {quote_str(_SPOOL)})) "
-            f"ARRAY JOIN [0, 1] AS d WHERE {toast} AND {truncated} AND if(d = 0, a IN ('I', "
-            f"'U'), a = 'D' OR (a = 'U' AND ({keys}))) SETTINGS {_SETTINGS}")
+            f"ARRAY JOIN [0, 1] AS d WHERE if(d = 0, a = 'I' OR (a = 'U' AND (length(columns) "
+            f"= {len(names)} OR ({every}) OR {toast})), a = 'D' OR (a = 'U' AND ({keys})) OR "
+            f"{truncated}) SETTINGS {_SETTINGS}")
 
 
 def _throw(condition: str, why: str) -> str:
-    """A condition that fails the query with `why` (a STOP line) where it holds."""
-    return f"throwIf({condition}, {quote_str(STOP + ' ' + why + '|')}) = 0"
+    """False, or the query failed with `why` (a STOP line) where `condition` holds: the
+    last term of an OR, so evaluated on every row the others leave out (the engine may
+    skip an AND's terms after one that is false, in an order of its own), over a row's
+    values (a constant would fail the query as it is planned)."""
+    return f"throwIf({condition}, {quote_str(STOP + ' ' + why + '|')}) != 0"
 
 
 def _stopped(error: str) -> str | None:
