@@ -76,8 +76,8 @@ def _chload(url: str, target: str, env: dict[str, str], *args: str,
             profile: str = "") -> tuple[float, int, int]:
     """Seconds of a whole `chload load` process, the rows (changes) it applied and the
     units it loaded them in;
-    `profile`: py-spy's record of it (its native frames, every thread) to that file."""
-    spy = ["py-spy", "record", "-r", "100", "--native", "--threads", "-f", "raw", "-o",
+    `profile`: py-spy's record of it (native frames, every thread, idle too) to that file."""
+    spy = ["py-spy", "record", "-r", "100", "--native", "--idle", "--threads", "-f", "raw", "-o",
            profile, "--"] if profile else []
     start = time.monotonic()
     done = subprocess.run([*spy, sys.executable, "-m", "chload", "load", url, "--table",
