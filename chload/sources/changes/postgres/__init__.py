@@ -12,7 +12,9 @@
    `_version` 0, below every change: whatever snapshot a range was read at, the table
    ends as the source is.
 2. `rounds`: the slot's changes streamed over a replication connection (replication.py,
-   streamed.py: each change decoded once, the stream going on while a unit loads), or,
+   streamed.py: each change decoded once, the stream going on while a unit loads; a
+   unit's rows made by the engine from the spooled JSON where the types allow,
+   engine_rows.py, else through psql), or,
    where no replication connection can be had, read by SQL (peeked.py); either way
    loaded as units of WAL ranges `(after, upto]` through the committer, and the slot's
    confirmed position moved to `upto` only after the unit's commit: a kill at any

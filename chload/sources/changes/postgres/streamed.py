@@ -5,10 +5,12 @@ next unit (what came meanwhile, each change decoded once) is taken and converted
 another thread. A unit is a
 segment the stream sealed at a safe position `upto` (every transaction whose commit
 starts before it, none after), named `(after, upto]` after the ledger's end `after`.
-Its changes, one JSON text a line, go to PostgreSQL in one `psql` session (COPY FROM
-STDIN into a temporary table) and come back as the table's rows by the same COPY the
-SQL path runs over the slot (sql.py `changes_query`), into the engine's Native spool:
-no row in Python. Only after the unit's commit is the stream told to confirm `upto`.
+Its changes, one JSON text a line, are made the table's rows by the engine where the
+table's types allow (engine_rows.py), else in PostgreSQL: one `psql` session (COPY FROM
+STDIN into a temporary table) gives them back as the table's rows by the same COPY the
+SQL path runs over the slot (sql.py `changes_query`); either way into the engine's
+Native spool, no row in Python. Only after the unit's commit is the stream told to
+confirm `upto`.
 """
 
 from __future__ import annotations
