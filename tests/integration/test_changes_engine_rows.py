@@ -9,6 +9,7 @@ session's zone would show.
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 
 import pytest
 import services
@@ -47,6 +48,17 @@ COMMIT;"""
 @pytest.fixture
 def pg(postgres: services.Service) -> Source:
     return Source("postgresql", postgres)
+
+
+@pytest.fixture(autouse=True)
+def _slots_dropped(pg: Source) -> Iterator[None]:
+    """The replication slots this test's follows made, dropped after it: the server
+    has 20 for every test of the session."""
+    listed = "SELECT slot_name FROM pg_replication_slots"
+    before = set(pg.sql(listed).split())
+    yield
+    for name in sorted(set(pg.sql(listed).split()) - before):
+        pg.sql(f"SELECT pg_drop_replication_slot('{name}')")
 
 
 @pytest.mark.parametrize("way", ["engine", "psql"])
