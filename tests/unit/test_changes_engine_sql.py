@@ -13,6 +13,7 @@ from typing import Any
 import chdb
 import pytest
 
+from chload.errors import SourceError, from_engine_message
 from chload.sources.changes.postgres import engine_rows
 from chload.sources.changes.postgres.sql import SourceColumn
 
@@ -103,3 +104,23 @@ def test_only_tables_whose_values_it_prints_alike_are_taken(
     assert not engine_rows.eligible(_follow(("n", "numeric(12,2)"), key=("n",)), "UTF8", True)
     monkeypatch.setenv(engine_rows.CONVERT, "psql")
     assert not engine_rows.eligible(plain, "UTF8", True)
+
+
+def test_a_line_the_engine_cannot_read_fails_naming_the_psql_way(tmp_path: Path) -> None:
+    def infer_rows(sql: str) -> list[dict[str, Any]]:
+        try:
+            chdb.query(sql, "TSV")
+        except Exception as exc:
+            raise from_engine_message(str(exc), "changes") from exc
+        return []
+
+    follow = _follow(("id", "bigint"), ("note", "text"))
+    follow.target = SimpleNamespace(infer_rows=infer_rows)
+    spool = tmp_path / "stream-1.json"
+    spool.write_text('{"action":"I","lsn":"0/1","columns":[{"name":"id","value":1}\n')
+    with pytest.raises(SourceError) as failed:
+        engine_rows.convert(follow, str(spool), str(tmp_path / "unit.native"))
+    said = str(failed.value)
+    assert said.startswith("pg/shop/public.t: the engine could not make the streamed")
+    assert said.endswith("run again with CHLOAD_PG_CONVERT=psql to make them through psql")
+    assert "\n" not in said and not (tmp_path / "unit.native.tsv").exists()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import re
 
-from chload.errors import ChloadError, SchemaError
+from chload.errors import ChloadError, SchemaError, SourceError, TransientError
 from chload.schema import quote_str
 from chload.sources.changes.postgres.follow import Follow, remove, typed_native
 from chload.sources.changes.postgres.sql import STOP
@@ -68,7 +68,13 @@ def convert(follow: Follow, spool: str, native: str) -> bool:
             line = _stopped(str(exc))
             if line:
                 raise SchemaError(line) from None
-            raise
+            if isinstance(exc, TransientError):
+                raise
+            said = str(exc).strip().splitlines()
+            raise SourceError(f"{follow.url.display}: the engine could not make the streamed "
+                              f"changes' rows ({said[0] if said else type(exc).__name__}); "
+                              f"nothing was applied: run again with {CONVERT}=psql to make "
+                              "them through psql") from exc
         if not os.path.exists(tsv) or os.path.getsize(tsv) == 0:
             return False  # (the engine writes nothing for no rows)
         typed_native(follow, tsv, native)
