@@ -11,10 +11,16 @@ unit), a second slot (the baseline's) is made beside the follow's, then each rou
   whole process, Python start, chDB import and the commit counted.
 The rows changed are counted from the source (every change is one row of the unit).
 
-    python bench/cdc.py [--rows 100000] [--changes 200000] [--repeats 3] [--json OUT]
+    python bench/cdc.py [--rows 100000] [--changes 200000] [--repeats 3]
+                        [--readers native|python|both] [--converts engine|psql|both]
+                        [--json OUT] [--profile OUT]
 
 Prints per round both rates and their ratio (chload / pg_recvlogical: 1.0 is as fast as
-decoding alone), and the medians.
+decoding alone), and the medians. --readers picks the replication stream's reader (the C
+one, or the Python loop: CHLOAD_PG_STREAM_READER=python); `both` makes each repeat two
+rounds, one a reader, their order alternated, and prints a median per reader. --converts
+likewise picks how a unit's rows are made: by the engine from the spooled JSON where the
+table's types allow (the default), or through psql (CHLOAD_PG_CONVERT=psql).
 
 Lag under a steady rate (`--rate N`): --writers connections (1) commit N changes a
 second between them for --seconds (transactions of 10: 7 updates, 2 inserts, 1 delete;
@@ -66,16 +72,22 @@ FOR i IN 0 .. {batches} - 1 LOOP
 END LOOP; END $$"""
 
 
-def _chload(url: str, target: str, env: dict[str, str], *args: str) -> tuple[float, int]:
-    """Seconds of a whole `chload load` process, and the rows (changes) it applied."""
+def _chload(url: str, target: str, env: dict[str, str], *args: str,
+            profile: str = "") -> tuple[float, int, int]:
+    """Seconds of a whole `chload load` process, the rows (changes) it applied and the
+    units it loaded them in;
+    `profile`: py-spy's record of it (native frames, every thread, idle too) to that file."""
+    spy = ["py-spy", "record", "-r", "100", "--native", "--idle", "--threads", "-f", "raw", "-o",
+           profile, "--"] if profile else []
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "chload", "load", url, "--table", "orders",
-                           "--target", target, "--json", *args], capture_output=True,
-                          text=True, env=env, timeout=1800)
+    done = subprocess.run([*spy, sys.executable, "-m", "chload", "load", url, "--table",
+                           "orders", "--target", target, "--json", *args],
+                          capture_output=True, text=True, env=env, timeout=1800)
     if done.returncode:
         raise SystemExit(f"chload failed: {done.stderr}")
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    return time.monotonic() - start, int(report.get("rows_loaded", 0))
+    report = json.loads([x for x in done.stdout.splitlines() if x.startswith("{")][-1])
+    return (time.monotonic() - start, int(report.get("rows_loaded", 0)),
+            int(report.get("files_loaded", 0)))
 
 
 def _recvlogical(server: services.Service, slot: str, endpos: str) -> float:
@@ -101,7 +113,10 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--changes", type=int, default=200_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--readers", choices=("native", "python", "both"), default="native")
+    ap.add_argument("--converts", choices=("engine", "psql", "both"), default="engine")
     ap.add_argument("--json")
+    ap.add_argument("--profile", help="a py-spy record of each chload round: OUT-<round>.txt")
     args = ap.parse_args()
     if args.rate:
         from cdc_lag import steady
@@ -127,20 +142,34 @@ def main() -> None:
         sql("SELECT pg_create_logical_replication_slot('bench_base', 'wal2json')")
         rounds, top = [], args.rows
         batches = max(1, args.changes // 1000)
-        for r in range(args.repeats):
+        readers = ["native", "python"] if args.readers == "both" else [args.readers]
+        converts = ["engine", "psql"] if args.converts == "both" else [args.converts]
+        pair = [f"{r}/{c}" for r in readers for c in converts]
+        schedule = [pair[::1 - 2 * (r % 2)] for r in range(args.repeats)]
+        for r, variant in enumerate(name for names in schedule for name in names):
+            reader, convert = variant.split("/")
             sql(CHANGES.format(base=(r * batches * 800) % max(1, args.rows), batches=batches,
                                rows=args.rows, top=top))
             top += batches * 150
             endpos = sql("SELECT pg_current_wal_lsn()").strip()
             decode = _recvlogical(server, "bench_base", endpos)
-            applied, changes = _chload(url, target, env)
+            load_before = os.getloadavg()
+            chosen = {**env, "CHLOAD_PG_STREAM_READER": reader, "CHLOAD_PG_CONVERT": convert}
+            spied = f"{args.profile}-{r + 1}.txt" if args.profile else ""
+            applied, changes, units = _chload(url, target, chosen, profile=spied)
             rounds.append({"changes": changes, "recvlogical_s": decode, "chload_s": applied,
-                           "ratio": decode / applied, "load_average": os.getloadavg()})
-            print(f"round {r + 1}: {changes:,} changes; pg_recvlogical {changes / decode:,.0f}"
-                  f"/s ({decode:.2f} s), chload {changes / applied:,.0f}/s ({applied:.2f} s),"
-                  f" ratio {decode / applied:.2f}x", flush=True)
+                           "ratio": decode / applied, "reader": variant, "units": units,
+                           "load_average_before": load_before,
+                           "load_average": os.getloadavg()})
+            print(f"round {r + 1} ({reader} reader, {convert} rows): {changes:,} changes; "
+                  f"pg_recvlogical {changes / decode:,.0f}/s ({decode:.2f} s), chload "
+                  f"{changes / applied:,.0f}/s ({applied:.2f} s, {units} units), ratio "
+                  f"{decode / applied:.2f}x, load {load_before[0]:.2f}-"
+                  f"{os.getloadavg()[0]:.2f}", flush=True)
+        for reader in sorted({r["reader"] for r in rounds}):
+            median = statistics.median(r["ratio"] for r in rounds if r["reader"] == reader)
+            print(f"median ratio chload ({reader}) / pg_recvlogical: {median:.2f}x")
         ratio = statistics.median(r["ratio"] for r in rounds)
-        print(f"median ratio chload / pg_recvlogical: {ratio:.2f}x")
         if args.json:
             Path(args.json).write_text(json.dumps({
                 "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rounds": rounds,

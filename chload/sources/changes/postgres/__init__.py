@@ -12,7 +12,9 @@
    `_version` 0, below every change: whatever snapshot a range was read at, the table
    ends as the source is.
 2. `rounds`: the slot's changes streamed over a replication connection (replication.py,
-   streamed.py: each change decoded once, the stream going on while a unit loads), or,
+   streamed.py: each change decoded once, the stream going on while a unit loads; a
+   unit's rows made by the engine from the spooled JSON where the types allow,
+   engine_rows.py, else through psql), or,
    where no replication connection can be had, read by SQL (peeked.py); either way
    loaded as units of WAL ranges `(after, upto]` through the committer, and the slot's
    confirmed position moved to `upto` only after the unit's commit: a kill at any
@@ -45,7 +47,7 @@ from chload.core.run import Listener
 from chload.errors import UsageError
 from chload.runtime import stopping
 from chload.sources.changes import table as changes_table
-from chload.sources.changes.postgres import peeked, streamed
+from chload.sources.changes.postgres import peeked, stream_native, streamed
 from chload.sources.changes.postgres.follow import Follow, start, workdir
 from chload.sources.changes.postgres.replication import Stream, Unavailable
 from chload.sources.changes.postgres.slot import slot_name, stream_name
@@ -97,12 +99,16 @@ def _stream(follow: Follow, read: int, spool: str, report: LoadReport) -> Stream
     if os.environ.get(BY_SQL) == "1":
         return None
     try:
-        return Stream(follow.url, follow.slot.name, (follow.url.schema, follow.url.table),
-                      read, spool)
+        stream = Stream(follow.url, follow.slot.name, (follow.url.schema, follow.url.table),
+                        read, spool)
     except Unavailable as why:
         report.notes.append(f"{follow.url.display}: changes read by SQL, not streamed (slower: "
                             f"each unit decoded by a query): {why}")
         return None
+    if stream.native is None and stream.native_why not in ("", stream_native.CHOSEN):
+        report.notes.append(f"{follow.url.display}: changes streamed by the Python reader, "
+                            f"slower: {stream.native_why}")
+    return stream
 
 
 @contextmanager

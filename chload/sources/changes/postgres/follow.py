@@ -153,7 +153,7 @@ def load_unit(follow: Follow, unit: tuple[int, int, str], load_round: LoadRound,
 def to_native(follow: Follow, feed: Callable[[IO[bytes]], object], native: str) -> bool:
     """The rows a `psql` script prints (`feed` writes it to psql's stdin: the COPY of a
     unit's changes, sql.py) read through a pipe that the engine converts into the table's
-    types as it reads (`_convert`), into the Native spool `native`; whether it holds any."""
+    types as it reads (`typed_native`), into the Native spool `native`; whether it holds any."""
     psql = find_psql()
     read_end, write_end = db_pipes.make()
     with tempfile.TemporaryFile() as errors:
@@ -175,7 +175,7 @@ def to_native(follow: Follow, feed: Callable[[IO[bytes]], object], native: str) 
                 proc.stdin.close()
             except BrokenPipeError:  # psql stopped at an error: its stderr says which
                 pass
-            _convert(follow, f"/dev/fd/{read_end}", native)
+            typed_native(follow, f"/dev/fd/{read_end}", native)
         except ChloadError as exc:
             failed = exc
         finally:
@@ -206,7 +206,7 @@ def _drained(fd: int) -> bool:
     return bool(ready) and not os.read(fd, 1)
 
 
-def _convert(follow: Follow, path: str, native: str) -> None:
+def typed_native(follow: Follow, path: str, native: str) -> None:
     """The TSV at `path` (as the copy's COPY prints it) converted by the engine into the
     table's types, as Native: what both targets read."""
     target, table = follow.target, follow.table

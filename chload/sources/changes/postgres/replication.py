@@ -21,6 +21,11 @@ the last one and it, so a unit named by the range neither loses nor doubles a ch
 whatever instant a kill comes at (the ledger's end, to which the next run moves the slot
 first, is a unit's `safe`).
 
+The loop that reads the messages is C (stream_native.py: the GIL released; it comes back
+at a commit whose position matters, a keepalive, when woken, once a second), or this
+module's Python when that reader cannot be had: both write the same spool bytes, and
+every position rule above is this module's in both.
+
 The wire: CopyData `w` (start, end, time, the plugin's text), `k` (the sent position,
 time, reply asked), and our `r` (written, flushed, applied, time, reply asked); times in
 microseconds since 2000-01-01.
@@ -38,10 +43,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from chload.errors import SourceError, TransientError
+from chload.sources.changes.postgres import stream_native as sn
 from chload.sources.changes.postgres.slot import lsn_text
 from chload.sources.changes.postgres.sql import ident, option_pairs
 from chload.sources.databases.table import DbUrl
 
+# the replication session's settings before it streams: dates printed as ISO, instants in
+# UTC (the decoding prints each value in this session), as the snapshot's COPY reads them
+SESSION = b"SET DateStyle = ISO; SET TimeZone = 'UTC'; SET extra_float_digits = 1"
 STATUS_SECONDS = 10.0  # a status update at least this often (the server's timeout: 60 s)
 SEGMENT_BYTES = 256 << 20  # a segment sealed by itself past this much spool
 _EPOCH_2000_US = 946_684_800 * 1_000_000
@@ -88,7 +97,12 @@ class Stream:
     def __init__(self, url: DbUrl, slot: str, relation: tuple[str, str], start: int,
                  spool: str, conn: Any = None) -> None:
         self.url, self.spool = url, spool
-        self.conn = conn or _connect(url, start_command(slot, start, relation))
+        # session_set: the changes' values printed in ISO dates and UTC (engine_rows.py)
+        self.conn, self.session_set = (conn, False) if conn is not None else _connect(
+            url, start_command(slot, start, relation))
+        # (a scripted connection, no PGconn under it: the Python loop)
+        self.native, self.native_why = (sn.Native.open() if hasattr(self.conn, "pgconn_ptr")
+                                        else (None, ""))
         self.start = self.safe = self.flushed = self.sent_flushed = start
         self.lock = threading.Condition()
         self.sealed: deque[Segment] = deque()
@@ -158,6 +172,8 @@ class Stream:
         except Exception:  # (closing: the next run moves the slot to the ledger's end)
             pass
         self.conn.finish()
+        if self.native is not None:
+            self.native.close()
         self.file.close()
         os.close(self.wake_r)
         os.close(self.wake_w)
@@ -177,7 +193,9 @@ class Stream:
     def _open(self) -> Any:
         self.count += 1
         self.changes = 0
-        return open(os.path.join(self.spool, f"stream-{self.count}.json"), "wb")
+        path = os.path.join(self.spool, f"stream-{self.count}.json")
+        # (the C reader writes to the descriptor: nothing buffered here)
+        return open(path, "wb", buffering=0 if self.native is not None else -1)
 
     def _seal(self) -> None:
         """The current segment closed at `safe` (no transaction open) and queued."""
@@ -189,7 +207,10 @@ class Stream:
 
     def _run(self) -> None:
         try:
-            self._loop()
+            if self.native is None:
+                self._loop()
+            else:
+                self._loop_native()
         except BaseException as exc:  # (handed to the follow's thread by take/confirm)
             with self.lock:
                 self.failed = exc if isinstance(exc, SourceError) else TransientError(
@@ -207,19 +228,63 @@ class Stream:
                 said = conn.error_message.decode(errors="replace").strip()
                 raise TransientError(f"{self.url.with_user}: the replication stream ended: "
                                      f"{said or 'the server closed it'}")
-            with self.lock:
-                if self.closing:
-                    return
-                due = (self.ask_reply or self.flushed > self.sent_flushed
-                       or time.monotonic() - self.last_status > STATUS_SECONDS)
-                reply, self.ask_reply = self.ask_reply, False
-            if due:
-                self._status(reply)
+            if self._idle():
+                return
             ready, _, _ = select.select([sock, self.wake_r], [], [], 1.0)
             if self.wake_r in ready:
                 os.read(self.wake_r, 4096)
             if sock in ready:
                 conn.consume_input()
+
+    def _idle(self) -> bool:
+        """No message ready: a status update if one is due; whether to stop."""
+        with self.lock:
+            if self.closing:
+                return True
+            due = (self.ask_reply or self.flushed > self.sent_flushed
+                   or time.monotonic() - self.last_status > STATUS_SECONDS)
+            reply, self.ask_reply = self.ask_reply, False
+        if due:
+            self._status(reply)
+        return False
+
+    def _loop_native(self) -> None:
+        """`_loop`, the messages read and written by the C reader: what it says applied
+        as `_message` would have, message by message. It waits on the socket itself:
+        `_idle` runs when the wake pipe was written or at least once a second."""
+        assert self.native is not None
+        native, state = self.native, self.native.state
+        while True:
+            size = self.file.tell()
+            state.room = SEGMENT_BYTES - size
+            state.stop, state.in_txn = int(self.seal_at_commit), int(self.in_txn)
+            code = native.next(self.conn, self.file.fileno(), self.wake_r, 1.0)
+            if state.commit_at:  # (commits passed over: none of them could seal)
+                self.changes += state.commit_changes
+                self.in_txn = False
+                self._position(state.commit_at, self.seal_at_commit,
+                               size + state.commit_bytes)
+                self.changes += state.changes - state.commit_changes
+            else:
+                self.changes += state.changes
+            self.in_txn = bool(state.in_txn)
+            if code == sn.KEEPALIVE:
+                self._keepalive(state.sent, bool(state.asked))
+            elif code == sn.IDLE:
+                if self._idle():
+                    return
+            elif code != sn.COMMIT:
+                self._native_failed(code, state.error)
+
+    def _native_failed(self, code: int, error: int) -> None:
+        said = self.conn.error_message.decode(errors="replace").strip()
+        if code == sn.END:
+            raise TransientError(f"{self.url.with_user}: the replication stream ended: "
+                                 f"{said or 'the server closed it'}")
+        if code == sn.WRITE:
+            raise OSError(error, os.strerror(error), self.file.name)
+        what = "consuming input" if code == sn.CONSUME else "receiving copy data"
+        raise ConnectionError(f"{what} failed: {said}")
 
     def _message(self, data: memoryview) -> None:
         kind = data[0]
@@ -236,24 +301,30 @@ class Stream:
                 self.changes += 1
         elif kind == 0x6B:  # 'k': the server's sent position; a reply asked
             end, _, asked = struct.unpack_from(">qqB", data, 1)
-            if not self.in_txn:
-                self._position(end, True)
-            else:  # (amid a transaction's messages: sealed after its commit)
-                self.seal_at_commit = True
-            if asked:
-                self._status(False)
+            self._keepalive(end, bool(asked))
 
-    def _position(self, at: int, told: bool) -> None:
+    def _keepalive(self, end: int, asked: bool) -> None:
+        if not self.in_txn:
+            self._position(end, True)
+        else:  # (amid a transaction's messages: sealed after its commit)
+            self.seal_at_commit = True
+        if asked:
+            self._status(False)
+
+    def _position(self, at: int, told: bool, size: int | None = None) -> None:
         """A safe position: sealed there if a take waits and the server has `told`
         where it stands since (so a unit reaches the position the server had when it
-        was asked, as the SQL path's units do), or the segment is large."""
+        was asked, as the SQL path's units do), or the segment is large (`size`: its
+        bytes up to this position, where more are written already)."""
         with self.lock:
             self.safe = max(self.safe, at)
             self.seal_at_commit = False
             if self.changes and not self.pending:
                 self.pending = True
                 self.lock.notify_all()
-            if (self.want_seal and told) or self.file.tell() >= SEGMENT_BYTES:
+            if size is None:
+                size = self.file.tell()
+            if (self.want_seal and told) or size >= SEGMENT_BYTES:
                 self._seal()
 
     def _status(self, reply: bool) -> None:
@@ -270,8 +341,9 @@ class Stream:
         self.last_status = time.monotonic()
 
 
-def _connect(url: DbUrl, command: str) -> Any:
-    """The connection, streaming; Unavailable (with the server's reason) if not."""
+def _connect(url: DbUrl, command: str) -> tuple[Any, bool]:
+    """The connection, streaming, and whether its session took SESSION (the values'
+    printed forms); Unavailable (with the server's reason) if not."""
     try:
         from psycopg import pq
     except ImportError:
@@ -280,13 +352,14 @@ def _connect(url: DbUrl, command: str) -> Any:
     try:
         if conn.status != pq.ConnStatus.OK:
             raise Unavailable(_said(url, conn.error_message))
+        set_session = conn.exec_(SESSION)  # (the decoding's output functions run here)
         conn.send_query(command.encode())
         result = conn.get_result()
         if result is None or result.status != pq.ExecStatus.COPY_BOTH:
             raise Unavailable(_said(url, result.error_message if result is not None
                                     else conn.error_message))
         conn.nonblocking = 1
-        return conn
+        return conn, set_session.status == pq.ExecStatus.COMMAND_OK
     except BaseException:
         conn.finish()
         raise

@@ -5,10 +5,12 @@ next unit (what came meanwhile, each change decoded once) is taken and converted
 another thread. A unit is a
 segment the stream sealed at a safe position `upto` (every transaction whose commit
 starts before it, none after), named `(after, upto]` after the ledger's end `after`.
-Its changes, one JSON text a line, go to PostgreSQL in one `psql` session (COPY FROM
-STDIN into a temporary table) and come back as the table's rows by the same COPY the
-SQL path runs over the slot (sql.py `changes_query`), into the engine's Native spool:
-no row in Python. Only after the unit's commit is the stream told to confirm `upto`.
+Its changes, one JSON text a line, are made the table's rows by the engine where the
+table's types allow (engine_rows.py), else in PostgreSQL: one `psql` session (COPY FROM
+STDIN into a temporary table) gives them back as the table's rows by the same COPY the
+SQL path runs over the slot (sql.py `changes_query`); either way into the engine's
+Native spool, no row in Python. Only after the unit's commit is the stream told to
+confirm `upto`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import IO, TYPE_CHECKING
 
 from chload.core.run import Event, Listener
 from chload.runtime.faults import crash_point
+from chload.sources.changes.postgres import engine_rows
 from chload.sources.changes.postgres.follow import (
     POLL_SECONDS,
     SESSION,
@@ -71,7 +74,7 @@ def rounds(spec: LoadSpec, follow: Follow, listener: Listener, load_round: LoadR
                     listener(Event("lag", follow.stream,
                                    bytes=max(0, follow.slot.current() - read)))
                     check_columns(spec, follow, report)
-                unit = _converted(follow, segment, encoding)
+                unit = _converted(follow, segment, encoding, stream.session_set)
             nxt = ahead.submit(_next, follow, stream, encoding) if unit.found and (
                 until is None or unit.segment.upto < until) else None
             try:
@@ -106,10 +109,12 @@ class Converted:
     found: bool
 
 
-def _converted(follow: Follow, segment: Segment, encoding: str) -> Converted:
+def _converted(follow: Follow, segment: Segment, encoding: str,
+               session_set: bool) -> Converted:
     native = f"{segment.path}.native"
     try:
-        found = segment.changes > 0 and _convert(follow, segment, native, encoding)
+        found = segment.changes > 0 and _convert(follow, segment, native, encoding,
+                                                   session_set)
     finally:
         remove(segment.path)
     return Converted(segment, native, found)
@@ -128,11 +133,15 @@ def _next(follow: Follow, stream: Stream, encoding: str) -> Converted | None:
                 (c.name, c.pg_type) for c in follow.described.columns]:
             stream.put_back(segment)
             return None
-    return _converted(follow, segment, encoding)
+    return _converted(follow, segment, encoding, stream.session_set)
 
 
-def _convert(follow: Follow, segment: Segment, native: str, encoding: str) -> bool:
-    """The segment's changes as the table's rows, in the Native spool `native`."""
+def _convert(follow: Follow, segment: Segment, native: str, encoding: str,
+             session_set: bool) -> bool:
+    """The segment's changes as the table's rows, in the Native spool `native`: by the
+    engine where it can (engine_rows.py), else through psql."""
+    if engine_rows.eligible(follow, encoding, session_set):
+        return engine_rows.convert(follow, segment.path, native)
     sql = changes_query(follow.slot.name, lsn_text(segment.upto),
                         (follow.url.schema, follow.url.table), follow.url.display,
                         follow.described.columns, follow.key, spooled=SPOOLED)
