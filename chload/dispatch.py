@@ -143,13 +143,20 @@ def _stream_rounds(spec: LoadSpec, target: Target, listener: Listener, stream: S
     goes into `report.errors`, the committed units staying in the report (docs/cli.md
     "Exit codes"); before any commit it is raised."""
     added = stream.audit_columns if spec.audit else None
+    # Rounds after the first settle no crashed commit first (the committer's survey
+    # settles a broken lock before any commit, rule 3) and ask the ledger only for the
+    # keys loaded since the round before (core/follow.py Known): a round costs what it
+    # loads, not the table's history of units.
+    known = following.Known(target.ledger, table.display, report.run_id)
+    rounds = [0]
 
     def load_round(units: list[SourceFile], workers: int | None,
                    schema: str | None) -> LoadReport:
         done = steps.load_units(
             replace(spec, workers=spec.workers or workers, schema=schema or spec.schema),
             target, sources, units, listener, run_id=report.run_id, record=False,
-            added=added)
+            added=added, known_of=known, recover=not rounds[0])
+        rounds[0] += 1
         with contextlib.suppress(ChloadError):  # (they wait for the run's last writes,
             target.flush()  # which report their error: the round's results stand)
         return done

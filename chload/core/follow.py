@@ -19,7 +19,7 @@ side):
 - each poll's `loaded` events are written before the next poll plans, so the next
   plan skips them;
 - a poll costs what is new, not the history: what the table holds by the ledger is
-  kept from poll to poll as compact keys (`_Known`), and a poll asks the ledger only
+  kept from poll to poll as compact keys (`Known`), and a poll asks the ledger only
   for the units committed since the previous poll asked (Ledger.loaded_since: their
   `committing` or `loaded` events, those of other runs from LATE_NS before that ask);
   the whole is asked again, with crashed commits settled first (Target.recover), at
@@ -80,7 +80,7 @@ MERGED_MOST = 4096
 
 
 @dataclass(slots=True)
-class _Known:
+class Known:
     """What the table holds by the ledger, kept from poll to poll as KnownUnits' compact
     keys (16 bytes a unit, sorted): asked whole (Ledger.known) at the first poll and
     whenever the table is not as it was at the previous ask (dropped, re-created under
@@ -184,7 +184,7 @@ class _Run:
 
     report: LoadReport
     looked_ns: int
-    known: _Known
+    known: Known
     recover_at: float = 0.0  # (time.monotonic) from when a poll settles crashed commits
     told: set[str] = field(default_factory=set)
     held: dict[str, tuple[int, int]] = field(default_factory=dict)  # a failed file's uri:
@@ -210,7 +210,7 @@ def follow(spec: LoadSpec, target: Target, sources: RunSources, listener: Listen
     with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t, \
             stopping.registered(stop):  # (a pipelines file's loads: its runner stops them)
         run = _Run(report, started_ns - int(every * 1e9),
-                   _Known(t.ledger, table.display, report.run_id))
+                   Known(t.ledger, table.display, report.run_id))
         if spec.after_last_key:  # (where each prefix's listing starts: kept by the run)
             sources.context = replace(sources.context, last_loaded=run.known.last_loaded)
         try:

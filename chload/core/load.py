@@ -75,8 +75,10 @@ def refuse_unread(spec: LoadSpec, read: Collection[str]) -> None:
 
 def load_units(spec: LoadSpec, target: Target, sources: RunSources,
                listed: Iterable[SourceFile | Skipped], listener: Listener, run_id: str = "",
-               record: bool = True, added: planner.AddColumns | None = None) -> LoadReport:
-    """Into `target`, or into each shard of its Distributed table (targets/cluster/target.py)."""
+               record: bool = True, added: planner.AddColumns | None = None,
+               known_of: KnownOf | None = None, recover: bool = True) -> LoadReport:
+    """Into `target`, or into each shard of its Distributed table (targets/cluster/target.py).
+    `known_of`, `recover`: as load_table's (a stream's rounds after its first)."""
     table = planner.parse_table(spec.table, default_database(target))
     with target.for_table(table.sql, spec.shards, spec.shard_by, os.environ) as t:
         if spec.mode == "replace-table":
@@ -89,7 +91,7 @@ def load_units(spec: LoadSpec, target: Target, sources: RunSources,
         if t is target:  # (a cluster is refused replace-table: nothing to settle)
             _swap_of(t, table).settle()
         report = load_table(spec, t, table, sources, listed, listener, run_id, record,
-                             added)
+                             added, known_of=known_of, recover=recover)
         report.shards = shards_of(t.shard_report())
         return report
 

@@ -1,5 +1,5 @@
 """A poll of `--follow` costs what is new: the keys of the units a table holds are kept
-from poll to poll (core/follow.py `_Known`), asked of the ledger whole once and then only
+from poll to poll (core/follow.py `Known`), asked of the ledger whole once and then only
 since the previous ask, and asked whole again when the table is not as it was. A scripted
 ledger counts what each poll asks and how many keys it answers."""
 
@@ -70,8 +70,8 @@ class ScriptedLedger:
                 if u in self.units}
 
 
-def _known(ledger: ScriptedLedger) -> follow._Known:
-    return follow._Known(ledger, TABLE, "run-1")  # type: ignore[arg-type]
+def _known(ledger: ScriptedLedger) -> follow.Known:
+    return follow.Known(ledger, TABLE, "run-1")  # type: ignore[arg-type]
 
 
 def _holds(known: KnownUnits, uri: str, identity: str) -> bool:
