@@ -46,7 +46,7 @@ R = TypeVar("R")
 
 @dataclass(eq=False, slots=True)
 class _Parked(Generic[T, R]):
-    """A unit of the last round waiting for its group's commit, and how it ended."""
+    """A routed unit waiting for its group's commit, and how it ended."""
 
     item: T
     since: float  # when it began to wait
