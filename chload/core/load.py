@@ -178,15 +178,16 @@ def load_table(spec: LoadSpec, target: Target, table: planner.TableName, sources
     known, report.table_reset = (known_of or (lambda state: target.ledger.known(
         table.display, state)))(state)
     sources.against(None if spec.force else known)  # (--force: every unit listed, loaded)
-    try:
-        plan = planner.decide(listed, known, spec.force, sources.release,
-                              reload_changed=spec.mode == "replace-partitions")
-    finally:
-        sources.against(None)
-    del known
-    untold = [(f, formats.untold(f.uri)) for f in plan.to_load if not f.format.name]
-    # each file's start read once, from its description (compression) to its checks
+    # each file's start read once, from its listing or description (compression) to its
+    # checks
     with sniff.kept_starts():
+        try:
+            plan = planner.decide(listed, known, spec.force, sources.release,
+                                  reload_changed=spec.mode == "replace-partitions")
+        finally:
+            sources.against(None)
+        del known
+        untold = [(f, formats.untold(f.uri)) for f in plan.to_load if not f.format.name]
         told = sources.described([f for f in plan.to_load if f.format.name])
         described = sources.columns(told)  # a source that knows its columns: no inference
         files = planner.resolve_format(target, told, planner.known_names(existing, spec.schema),

@@ -65,7 +65,8 @@ class RunSources:
         never held here."""
         source = self.of(pattern)
         kind = self.kinds.kind_of(pattern)
-        context = replace(self.context, known=self._known) if self._known else self.context
+        context = replace(self.context, known=self._known) if self._known is not None \
+            else self.context
         for f in source.list(pattern, context):
             if isinstance(f, Skipped):
                 yield f

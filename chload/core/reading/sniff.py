@@ -191,6 +191,20 @@ def stored_start(file: SourceFile) -> bytes | None:
     return data
 
 
+def keep_whole(files: Sequence[tuple[SourceFile, bytes]]) -> None:
+    """Local files' bytes, each read whole as listed (walk.c), kept as `stored_start`
+    keeps what it reads (not those that show a compression), within `kept_starts`; a
+    file whose bytes are not its listed size (changed meanwhile) is read again later."""
+    signs = tuple(sign for sign, _ in MAGIC)
+    with _STARTS_GUARD:
+        for file, data in files:
+            if not _kept[1] or _kept[0] + len(data) + _KEPT_EACH > _KEPT_BYTES:
+                return  # (no room left: the rest are read when asked, as ever)
+            if len(data) == file.size and not data.startswith(signs):
+                _STARTS[(file.local_path or "", "none", file.size, file.mtime_ns)] = data
+                _kept[0] += len(data) + _KEPT_EACH
+
+
 def _read_plain(path: str, limit: int = LIMIT) -> bytes | None:
     """An uncompressed file's first `limit` bytes (what `_read_start` gives it a line at
     a time), in one read by descriptor: a load of many small files asks it of each."""

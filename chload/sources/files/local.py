@@ -67,7 +67,7 @@ def stream_local(pattern: str, fmt: str | None, compression: str | None,
     (the units loaded into the run's table), walked files it holds unchanged come
     counted as `Skipped` (walk.py), where the compiled walk can be had."""
     listing = _Listing()
-    lib = walk.library()[0] if known is not None and len(known) else None
+    lib = walk.library()[0] if known is not None else None
     found = 0
     for item in _find(pattern, lib):
         if isinstance(item, walk.Run):
@@ -95,6 +95,10 @@ def _run_files(run: walk.Run, fmt: str | None, compression: str | None, listing:
         return
     prefix = real if real.endswith("/") else real + "/"
     codes = b""
+    if not len(known) and absolute == real and prefix.isascii() and not _ENGINE_GLOB.search(
+            prefix):
+        yield from _first_files(lib, run, prefix, fmt, compression, listing)
+        return
     if absolute == real and prefix.isascii():
         skipped, codes = walk.known(lib, run, run.names, prefix, known)
         if skipped:
@@ -105,6 +109,29 @@ def _run_files(run: walk.Run, fmt: str | None, compression: str | None, listing:
                          compression, listing)
         yield from [file] if file is not None else []
         at = codes.find(walk.ASK, at + 1) if codes else at + 1
+
+
+def _first_files(lib: Any, run: walk.Run, prefix: str, fmt: str | None,
+                 compression: str | None, listing: _Listing) -> Iterator[SourceFile]:
+    """A run of one directory's walked files where no unit is known yet: stat'ed, and
+    the small ones read whole, in C (walk.described), each a SourceFile as `_describe`
+    makes it (its uri and the engine's path are the directory's resolved path plus its
+    name, every name that is not plain ASCII being left to `_describe`), its bytes kept
+    for `described` and the header checks (sniff.keep_whole): no file opened again."""
+    whole: list[tuple[SourceFile, bytes]] = []
+    for name, code, size, mtime_ns, data in walk.described(lib, run, run.names):
+        if code == walk.FOUND:
+            uri = prefix + name
+            file = SourceFile(uri, size, mtime_ns, _format_of(_suffixes(name), fmt,
+                                                                compression), local_path=uri)
+            if data is not None:
+                whole.append((file, data))
+            yield file
+        elif code == walk.ASK:
+            described_ = _describe(os.path.join(run.directory, name), False, fmt,
+                                   compression, listing)
+            yield from [described_] if described_ is not None else []
+    sniff.keep_whole(whole)
 
 
 def described(files: Sequence[SourceFile], compression: str | None) -> list[SourceFile]:

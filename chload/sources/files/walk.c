@@ -256,3 +256,48 @@ long chload_known(int dirfd, const char *names, long count, const char *prefix,
     }
     return skipped;
 }
+
+/* ---- a first listing: each file's stat and start ---- */
+
+enum { FOUND = 3 };
+
+/* `names` ("name\0" each, `count` of them) in the directory `dirfd`: each one's code
+ * into `codes`. FOUND: a regular file, its size and mtime (ns) into `sizes` and `mtimes`
+ * and, when it holds at most `limit` bytes, all of them at `starts + i * limit`, their
+ * count into `lens` (-1: larger, or not read); NONE: gone, or not a regular file; ASK:
+ * a link, a name not ASCII or holding a character the engine's file() expands (`*?{}`),
+ * for Python to describe. Returns how many were FOUND. */
+long chload_described(int dirfd, const char *names, long count, long limit,
+                      int64_t *sizes, int64_t *mtimes, int32_t *lens, uint8_t *codes,
+                      char *starts) {
+    long found = 0;
+    const char *name = names;
+    for (long i = 0; i < count; i++, name += strlen(name) + 1) {
+        int plain = 1;
+        for (const char *c = name; *c; c++)
+            plain &= (unsigned char)*c < 0x80 && *c != '*' && *c != '?' && *c != '{' &&
+                     *c != '}';
+        lens[i] = -1;
+        struct stat st;
+        if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) { codes[i] = NONE; continue; }
+        if (S_ISLNK(st.st_mode) || !plain) { codes[i] = ASK; continue; }
+        if (!S_ISREG(st.st_mode)) { codes[i] = NONE; continue; }
+        codes[i] = FOUND;
+        found++;
+        sizes[i] = (int64_t)st.st_size;
+        mtimes[i] = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+        if (st.st_size > limit) continue;
+        int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) continue;
+        char *at = starts + i * limit;
+        long got = 0;
+        while (got < limit) {  /* (to its end: a file may have grown since the stat) */
+            ssize_t n = read(fd, at + got, (size_t)(limit - got));
+            if (n <= 0) { if (n < 0) got = -1; break; }
+            got += n;
+        }
+        close(fd);
+        lens[i] = (int32_t)got;
+    }
+    return found;
+}

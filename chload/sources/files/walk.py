@@ -34,6 +34,8 @@ from chload.sources.base import KnownKeys
 
 SOURCE = Path(__file__).with_name("walk.c")
 ASK = 1  # walk.c's code for a file it leaves to Python (0: skipped, 2: no source)
+FOUND = 3  # walk.c's code for a regular file it described (chload_described)
+WHOLE = 4096  # bytes a file may hold for chload_described to read all of them
 _LOCK = LOCK_NAME.encode()
 
 
@@ -50,6 +52,9 @@ def _bind(lib: Any) -> Any:
     lib.chload_buckets.restype = None
     lib.chload_md5_key.argtypes = [c.c_char_p, c.c_size_t]
     lib.chload_md5_key.restype = c.c_uint64
+    lib.chload_described.argtypes = [c.c_int, c.c_char_p, c.c_long, c.c_long, c.c_void_p,
+                                     c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p]
+    lib.chload_described.restype = c.c_long
     return lib
 
 
@@ -260,3 +265,36 @@ def _forget(ref: weakref.ref) -> None:
 def _helper() -> ThreadPoolExecutor | None:
     """One thread beside the walk, where the machine has a second core."""
     return ThreadPoolExecutor(1, "chload-walk") if (os.cpu_count() or 1) > 1 else None
+
+
+def described(lib: Any, run: Run, names: list[str],
+              ) -> Iterator[tuple[str, int, int, int, bytes | None]]:
+    """For a listing with no known units: (name, code, size, mtime_ns, bytes) of each of
+    `names` in `run.directory`, in order: FOUND with its stat and, for a file of at most
+    WHOLE bytes, all of them (else None); ASK for Python to describe; else no source.
+    _CHUNK names a call; every other chunk goes to a thread of its own, as in `known`."""
+    def part(chunk: list[str]) -> Iterator[tuple[str, int, int, int, bytes | None]]:
+        n = len(chunk)
+        blob = ("\0".join(chunk) + "\0").encode("utf-8", "surrogateescape")
+        sizes, mtimes, lens = array("q", bytes(8 * n)), array("q", bytes(8 * n)), array(
+            "i", bytes(4 * n))
+        codes, starts = bytearray(n), bytearray(n * WHOLE)
+        address = ctypes.addressof
+        lib.chload_described(run.fd, blob, n, WHOLE, sizes.buffer_info()[0],
+                             mtimes.buffer_info()[0], lens.buffer_info()[0],
+                             address((ctypes.c_char * n).from_buffer(codes)),
+                             address((ctypes.c_char * (n * WHOLE)).from_buffer(starts)))
+        view = memoryview(starts)
+        return iter([(name, code, size, mtime,
+                      view[i * WHOLE:i * WHOLE + length].tobytes() if length >= 0 else None)
+                     for i, (name, code, size, mtime, length) in enumerate(
+                         zip(chunk, codes, sizes, mtimes, lens, strict=True))])
+    helper = _helper()
+    for at in range(0, len(names), 2 * _CHUNK):  # (a chunk's buffer: _CHUNK * WHOLE bytes)
+        first, then = names[at:at + _CHUNK], names[at + _CHUNK:at + 2 * _CHUNK]
+        second = helper.submit(part, then) if helper and len(then) >= _SHARED_RUN // 2 else None
+        yield from part(first)
+        yield from second.result() if second else part(then) if then else ()
+
+
+_CHUNK = 256  # names chload_described is given at once
