@@ -223,3 +223,56 @@ def test_the_lookup_table_of_a_walk_goes_with_its_keys(tmp_path: Path) -> None:
     assert walk._last_table[1] is not None
     del known
     assert walk._last_table[1] is None
+
+
+@needs_cc
+def test_a_first_listing_describes_as_the_python_walk_does(tmp_path: Path) -> None:
+    """No unit known: the compiled walk stats each file and reads the small ones whole;
+    its SourceFiles are the Python walk's, links and names it cannot take described by
+    Python, and the bytes it read are kept for the header checks (no file read again)."""
+    tree(tmp_path)
+    big = tmp_path / "big.csv"
+    big.write_text("id\n" + "1\n" * walk.WHOLE)  # larger than it reads whole
+    (tmp_path / "caf\xe9.csv").write_text("id\n2\n")
+    (tmp_path / "empty.csv").write_text("")
+    (tmp_path / "gz.csv").write_bytes(b"\x1f\x8b\x08\x00rest")  # a gzip saved as .csv
+    pattern = f"{tmp_path}/**/*.csv"
+
+    def shown(files: list) -> list:
+        return [(f.uri, f.size, f.mtime_ns, f.format, f.aliases, f.local_path == f.uri)
+                for f in files]
+    with local.sniff.kept_starts():
+        first = list(local.stream_local(pattern, None, None, known_of([])))
+        assert shown(first) == shown(list(local.stream_local(pattern, None, None)))
+        kept = dict(local.sniff._STARTS)
+        read: list[str] = []
+        real = local.sniff._read_plain
+        local.sniff._read_plain = lambda path, *a: read.append(path) or real(path, *a)
+        try:
+            stored = local.described(first, None)
+        finally:
+            local.sniff._read_plain = real
+    by_uri = {f.uri: f for f in stored}
+    assert by_uri[f"{tmp_path}/gz.csv"].format.compression == "gzip"
+    assert by_uri[f"{tmp_path}/a.csv"].format.compression == "none"
+    assert kept[(f"{tmp_path}/a.csv", "none", 5, by_uri[f"{tmp_path}/a.csv"].mtime_ns)] == \
+        b"id\n1\n"
+    # read again: what the C walk left to Python (a name not ASCII or with a
+    # glob character: read through a link of a plain name), what it does not read
+    # whole, and what shows a compression
+    assert sorted(re.sub(r"^\d+-", "", os.path.basename(p)) for p in read) == sorted(
+        ["big.csv", "caf\xe9.csv", "gz.csv", "star_name.csv"])  # (link.csv: a.csv)
+
+
+@needs_cc
+def test_a_file_changed_between_its_stat_and_read_is_not_kept(tmp_path: Path) -> None:
+    path = tmp_path / "a.csv"
+    path.write_text("id\n1\n")
+    listed = SourceFile(str(path), 5, path.stat().st_mtime_ns, local._format_of(
+        ".csv", None, None), local_path=str(path))
+    with local.sniff.kept_starts():
+        local.sniff.keep_whole([(listed, b"id\n1\n2\n")])  # (grown: 7 bytes read)
+        assert not local.sniff._STARTS
+        local.sniff.keep_whole([(listed, b"id\n1\n")])
+        assert len(local.sniff._STARTS) == 1
+    assert not local.sniff._STARTS

@@ -7,7 +7,9 @@ first use like the Kafka and MySQL readers) a directory's entries come sorted in
 call, and one more call stats a run of its files and compares each one's keys with the
 ledger's (sources.base.KnownKeys): a known, unchanged file costs its readdir entry and
 its stat, and no Python object. Files it cannot decide (new, changed, a link, a name not
-ASCII) are handed back by name, for local.py to describe as it always has. Without a
+ASCII) are handed back by name, for local.py to describe as it always has. Into a
+table with no known units, a third call (`described`) stats a run of files and reads the
+small ones whole, so that a first load of many small files opens each one once. Without a
 compiler, local.py walks as before. Directories are read on a thread of their own, a few
 ahead of the one whose files are stat'ed, so reading the next one overlaps the stats of
 the last (a bounded queue: the listing stays streamed).
