@@ -276,3 +276,17 @@ def test_a_file_changed_between_its_stat_and_read_is_not_kept(tmp_path: Path) ->
         local.sniff.keep_whole([(listed, b"id\n1\n")])
         assert len(local.sniff._STARTS) == 1
     assert not local.sniff._STARTS
+
+
+@needs_cc
+def test_a_first_listing_left_early_waits_for_its_reads_and_closes_directories(
+        tmp_path: Path) -> None:
+    for i in range(3 * walk._CHUNK + 7):  # more chunks than are read ahead
+        (tmp_path / f"{i:05d}.csv").write_text(f"id\n{i}\n")
+    before = open_descriptors()
+    listing = local.stream_local(f"{tmp_path}/*.csv", None, None, known_of([]))
+    assert next(listing).uri == f"{tmp_path}/00000.csv"
+    listing.close()
+    assert open_descriptors() == before
+    files = list(local.stream_local(f"{tmp_path}/*.csv", None, None, known_of([])))
+    assert [f.size for f in files[:3]] == [5, 5, 5] and len(files) == 3 * walk._CHUNK + 7

@@ -25,7 +25,7 @@ import threading
 import weakref
 from array import array
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -274,7 +274,7 @@ def described(lib: Any, run: Run, names: list[str],
     """For a listing with no known units: (name, code, size, mtime_ns, bytes) of each of
     `names` in `run.directory`, in order: FOUND with its stat and, for a file of at most
     WHOLE bytes, all of them (else None); ASK for Python to describe; else no source.
-    _CHUNK names a call; every other chunk goes to a thread of its own, as in `known`."""
+    _CHUNK names a call, made on a thread of its own where the machine has a second core."""
     def part(chunk: list[str]) -> Iterator[tuple[str, int, int, int, bytes | None]]:
         n = len(chunk)
         blob = ("\0".join(chunk) + "\0").encode("utf-8", "surrogateescape")
@@ -291,12 +291,23 @@ def described(lib: Any, run: Run, names: list[str],
                       view[i * WHOLE:i * WHOLE + length].tobytes() if length >= 0 else None)
                      for i, (name, code, size, mtime, length) in enumerate(
                          zip(chunk, codes, sizes, mtimes, lens, strict=True))])
+    chunks = [names[at:at + _CHUNK] for at in range(0, len(names), _CHUNK)]
     helper = _helper()
-    for at in range(0, len(names), 2 * _CHUNK):  # (a chunk's buffer: _CHUNK * WHOLE bytes)
-        first, then = names[at:at + _CHUNK], names[at + _CHUNK:at + 2 * _CHUNK]
-        second = helper.submit(part, then) if helper and len(then) >= _SHARED_RUN // 2 else None
-        yield from part(first)
-        yield from second.result() if second else part(then) if then else ()
+    if helper is None:
+        for chunk in chunks:
+            yield from part(chunk)
+        return
+    # every chunk read on the walk's thread, one ahead of the one the caller takes: its
+    # system calls overlap the caller's Python
+    ahead = [helper.submit(part, chunk) for chunk in chunks[:2]]
+    try:
+        for at in range(len(chunks)):
+            done = ahead.pop(0).result()
+            if at + 2 < len(chunks):
+                ahead.append(helper.submit(part, chunks[at + 2]))
+            yield from done
+    finally:  # (a walk left early: no call may outlive the directory's descriptor)
+        wait(ahead)
 
 
 _CHUNK = 256  # names chload_described is given at once
