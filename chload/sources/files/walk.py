@@ -274,7 +274,7 @@ def described(lib: Any, run: Run, names: list[str],
     """For a listing with no known units: (name, code, size, mtime_ns, bytes) of each of
     `names` in `run.directory`, in order: FOUND with its stat and, for a file of at most
     WHOLE bytes, all of them (else None); ASK for Python to describe; else no source.
-    _CHUNK names a call, made on a thread of its own where the machine has a second core."""
+    _CHUNK names a call, made on threads of their own where the machine has a second core."""
     def part(chunk: list[str]) -> Iterator[tuple[str, int, int, int, bytes | None]]:
         n = len(chunk)
         blob = ("\0".join(chunk) + "\0").encode("utf-8", "surrogateescape")
@@ -292,22 +292,29 @@ def described(lib: Any, run: Run, names: list[str],
                      for i, (name, code, size, mtime, length) in enumerate(
                          zip(chunk, codes, sizes, mtimes, lens, strict=True))])
     chunks = [names[at:at + _CHUNK] for at in range(0, len(names), _CHUNK)]
-    helper = _helper()
-    if helper is None:
+    readers = _readers()
+    if readers is None:
         for chunk in chunks:
             yield from part(chunk)
         return
-    # every chunk read on the walk's thread, one ahead of the one the caller takes: its
-    # system calls overlap the caller's Python
-    ahead = [helper.submit(part, chunk) for chunk in chunks[:2]]
+    # the chunks read on threads of their own, _AHEAD_CHUNKS ahead of the one the caller
+    # takes: their system calls overlap the caller's Python, and each other's
+    ahead = [readers.submit(part, chunk) for chunk in chunks[:_AHEAD_CHUNKS]]
     try:
         for at in range(len(chunks)):
             done = ahead.pop(0).result()
-            if at + 2 < len(chunks):
-                ahead.append(helper.submit(part, chunks[at + 2]))
+            if at + _AHEAD_CHUNKS < len(chunks):
+                ahead.append(readers.submit(part, chunks[at + _AHEAD_CHUNKS]))
             yield from done
     finally:  # (a walk left early: no call may outlive the directory's descriptor)
         wait(ahead)
 
 
 _CHUNK = 256  # names chload_described is given at once
+_AHEAD_CHUNKS = 3
+
+
+@functools.cache
+def _readers() -> ThreadPoolExecutor | None:
+    """Two threads for a first listing's reads, where the machine has a second core."""
+    return ThreadPoolExecutor(2, "chload-walk-reads") if (os.cpu_count() or 1) > 1 else None
