@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from chload.sources.base import KnownKeys, Skipped, Source, SourceContext, SourceFile
+from chload.sources.base import InPlace, KnownKeys, Skipped, Source, SourceContext, SourceFile
 
 if TYPE_CHECKING:
     from chload.schema import Column
@@ -201,10 +201,15 @@ class RunSources:
         a fetch made (a spool) is released by its source after, loaded or not."""
         workdir = self.context.workdir
         made: list[tuple[Source, SourceFile, SourceFile]] = []
+        kinds: dict[str, tuple[Source, bool]] = {}  # kind -> its source, read in place
         try:
             for f in files:
-                source = self.of(f)
-                copy = attempt(functools.partial(source.fetch, f, columns, workdir))
+                if f.kind not in kinds:
+                    source = self.of(f)
+                    kinds[f.kind] = source, type(source).fetch is InPlace.fetch
+                source, in_place = kinds[f.kind]
+                copy = f if in_place else attempt(functools.partial(source.fetch, f, columns,
+                                                                    workdir))
                 made.append((source, f, copy))
             yield tuple(copy for _, _, copy in made)
         finally:
