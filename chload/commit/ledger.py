@@ -22,6 +22,8 @@ import time
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from itertools import chain
+from json.encoder import encode_basestring
 from operator import attrgetter
 from typing import Protocol
 
@@ -113,6 +115,16 @@ class FileEvent:
         return FileEvent(self.target_table, self.uri, self.identity, self.size, self.mtime_ns,
                          state, self.rows, self.bytes, error, self.run_id, self.stage,
                          self.mark, time.time_ns(), self.table_uuid, self.replaced)
+
+
+def moved(events: Iterable[FileEvent], state: str) -> list[FileEvent]:
+    """`FileEvent.moved(state)` of each event, in one pass (a batch's `loaded` events:
+    one a file)."""
+    now = time.time_ns
+    return [FileEvent(table, uri, identity, size, mtime_ns, state, rows, nbytes, "", run_id,
+                      stage, mark, now(), table_uuid, replaced)
+            for (table, uri, identity, size, mtime_ns, _, rows, nbytes, _, run_id, stage, mark,
+                 _, table_uuid, replaced) in map(_event_values, events)]
 
 
 @dataclass(slots=True)
@@ -223,28 +235,25 @@ class Ledger:
         read it in the statement that appends them, more read it first (_INLINE_EVENTS)."""
         if not events:
             return
-        rows = [self._own_row(e) for e in events]
         if mark_of is None:
-            self._insert(FILES, rows)
+            self._insert_events(events)
             return
         database, table = mark_of
         tuples = "" if len(events) > _INLINE_EVENTS else ", ".join(
-            "(" + ", ".join(_literal(v) for v in r.values()) + ")" for r in rows)
+            "(" + ", ".join(_literal(v) for v in self._own_values(e)) + ")" for e in events)
         if len(events) > _INLINE_EVENTS or len(tuples) > _INLINE_BYTES:  # read the mark,
             # then append (the caller holds the commit lock)
             top = int(self._sql.rows(f"SELECT (SELECT toUInt64(max(max_block_number)) FROM "
                                      f"system.parts WHERE active AND database = "
                                      f"{quote_str(database)} AND table = "
                                      f"{quote_str(table)}) AS mark")[0]["mark"])
-            for row in rows:
-                row["mark"] += top
-            self._insert(FILES, rows)
+            self._insert_events(events, top)
             return
         # One scan of system.parts for the whole group, the events ARRAY JOINed to it:
         # a UNION ALL of a SELECT per event, each with its own scalar subquery, costs
         # 18.16 about twice the CPU (a group's log, under the lock)
         values = ", ".join(f"m + e.{i}" if k == "mark" else f"e.{i}"
-                           for i, k in enumerate(rows[0], start=1))
+                           for i, k in enumerate(_EVENT_FIELDS, start=1))
         columns = ", ".join(f.name for f in fields(FileEvent))
         self._sql.command(
             f"INSERT INTO {FILES} ({columns}) SELECT {values} FROM (SELECT toUInt64(max("
@@ -252,12 +261,26 @@ class Ledger:
             f"{quote_str(database)} AND table = {quote_str(table)}) ARRAY JOIN [{tuples}] "
             "AS e")
 
-    def _own_row(self, event: FileEvent) -> dict:
-        """The event as a row, naming its table by the uuid stamped (unless it does)."""
-        row = _row(event)
-        if not row["table_uuid"]:
-            row["table_uuid"] = self._uuids.get(event.target_table, "")
-        return row
+    def _own_values(self, event: FileEvent) -> tuple:
+        """The event's values in column order, naming its table by the uuid stamped
+        (unless it does)."""
+        values = _event_values(event)
+        if values[_UUID]:
+            return values
+        return (*values[:_UUID], self._uuids.get(event.target_table, ""),
+                *values[_UUID + 1:])
+
+    def _insert_events(self, events: Sequence[FileEvent], top: int | None = None) -> None:
+        """Append events as they are (each naming its table: `_own_values`), their marks
+        raised by `top`: rows of JSON as one encoder would write them (_json_rows)."""
+        body = _json_rows(events, self._uuids, top or 0)
+        if body is None:  # (a value of another type than its column's: as json writes it)
+            rows = [dict(zip(_EVENT_FIELDS, self._own_values(e), strict=True))
+                    for e in events]
+            for row in rows if top is not None else ():
+                row["mark"] += top
+            body = "\n".join(_encode(r) for r in rows)
+        self._sql.command(f"INSERT INTO {FILES} FORMAT JSONEachRow\n{body}\n")
 
     def record_run(self, run: RunRecord) -> None:
         self._insert(RUNS, [asdict(run)])
@@ -444,12 +467,39 @@ class LoadedEvents:
 
 _EVENT_FIELDS = tuple(f.name for f in fields(FileEvent))
 _event_values = attrgetter(*_EVENT_FIELDS)
+_UUID = _EVENT_FIELDS.index("table_uuid")
+_INT_FIELDS = ("size", "mtime_ns", "rows", "bytes", "mark", "seq")
+_int_values = attrgetter(*_INT_FIELDS)
+# An event as one row of JSON, byte for byte as `_encode` writes its dict (the same
+# keys in the same order, its separators, strings by the same escaping function, ints
+# as `int` writes them): one format a row, instead of the encoder walking a dict a row,
+# which costs a batch of many small files dearly (two events a file)
+_JSON_ROW = "{" + ", ".join(
+    f'{encode_basestring(name)}: %{"d" if name in _INT_FIELDS else "s"}'
+    for name in _EVENT_FIELDS) + "}"
+assert _EVENT_FIELDS == ("target_table", "uri", "identity", "size", "mtime_ns", "state",
+                         "rows", "bytes", "error", "run_id", "stage", "mark", "seq",
+                         "table_uuid", "replaced")  # (_json_rows spells them in this order)
 
 
-def _row(event: FileEvent) -> dict:
-    """An event as a row (asdict's copying of every value costs a batch of many small
-    files dearly: two events a file)."""
-    return dict(zip(_EVENT_FIELDS, _event_values(event), strict=True))
+def _json_rows(events: Sequence[FileEvent], uuids: Mapping[str, str],
+               top: int) -> str | None:
+    """The events as rows of JSONEachRow, one a line, exactly as `_encode` writes
+    `Ledger._own_values` as a dict, each mark raised by `top`; None when a value is not
+    of its column's type (a str for a String, an int for a UInt64): `_encode` then."""
+    if type(top) is not int or not {*map(type, chain.from_iterable(
+            map(_int_values, events)))} <= {int}:
+        return None
+    q, stamped = encode_basestring, uuids.get
+    try:
+        return "\n".join([
+            _JSON_ROW % (q(tt), q(uri), q(ident), size, mtime, q(state), rows, nbytes,
+                         q(error), q(run), q(stage), mark + top, seq,
+                         q(tu or stamped(tt, "")), q(replaced))
+            for (tt, uri, ident, size, mtime, state, rows, nbytes, error, run, stage, mark,
+                 seq, tu, replaced) in map(_event_values, events)])
+    except TypeError:  # (encode_basestring takes a str only)
+        return None
 
 
 def _literal(value: object) -> str:
