@@ -22,7 +22,7 @@ import time
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from itertools import chain
+from itertools import chain, groupby
 from json.encoder import encode_basestring
 from operator import attrgetter
 from typing import Protocol
@@ -121,10 +121,9 @@ def moved(events: Iterable[FileEvent], state: str) -> list[FileEvent]:
     """`FileEvent.moved(state)` of each event, in one pass (a batch's `loaded` events:
     one a file)."""
     now = time.time_ns
-    return [FileEvent(table, uri, identity, size, mtime_ns, state, rows, nbytes, "", run_id,
-                      stage, mark, now(), table_uuid, replaced)
-            for (table, uri, identity, size, mtime_ns, _, rows, nbytes, _, run_id, stage, mark,
-                 _, table_uuid, replaced) in map(_event_values, events)]
+    return [FileEvent(e.target_table, e.uri, e.identity, e.size, e.mtime_ns, state, e.rows,
+                      e.bytes, "", e.run_id, e.stage, e.mark, now(), e.table_uuid, e.replaced)
+            for e in events]
 
 
 @dataclass(slots=True)
@@ -470,36 +469,48 @@ _event_values = attrgetter(*_EVENT_FIELDS)
 _UUID = _EVENT_FIELDS.index("table_uuid")
 _INT_FIELDS = ("size", "mtime_ns", "rows", "bytes", "mark", "seq")
 _int_values = attrgetter(*_INT_FIELDS)
-# An event as one row of JSON, byte for byte as `_encode` writes its dict (the same
-# keys in the same order, its separators, strings by the same escaping function, ints
-# as `int` writes them): one format a row, instead of the encoder walking a dict a row,
-# which costs a batch of many small files dearly (two events a file)
-_JSON_ROW = "{" + ", ".join(
-    f'{encode_basestring(name)}: %{"d" if name in _INT_FIELDS else "s"}'
-    for name in _EVENT_FIELDS) + "}"
+# The text columns a batch's events share (all but the file's uri and identity)
+_SHARED_FIELDS = ("target_table", "state", "error", "run_id", "stage", "table_uuid",
+                  "replaced")
+_shared_values = attrgetter(*_SHARED_FIELDS)
 assert _EVENT_FIELDS == ("target_table", "uri", "identity", "size", "mtime_ns", "state",
                          "rows", "bytes", "error", "run_id", "stage", "mark", "seq",
-                         "table_uuid", "replaced")  # (_json_rows spells them in this order)
+                         "table_uuid", "replaced")  # (_json_rows fills them in this order)
 
 
 def _json_rows(events: Sequence[FileEvent], uuids: Mapping[str, str],
                top: int) -> str | None:
-    """The events as rows of JSONEachRow, one a line, exactly as `_encode` writes
-    `Ledger._own_values` as a dict, each mark raised by `top`; None when a value is not
-    of its column's type (a str for a String, an int for a UInt64): `_encode` then."""
+    """The events as rows of JSONEachRow, one a line, byte for byte as `_encode` writes
+    `Ledger._own_values` as a dict (the same keys in the same order, its separators,
+    strings by the same escaping function, ints as `int` writes them), each mark raised
+    by `top`; None when a value is not of its column's type (a str for a String, an int
+    for a UInt64): `_encode` then. A format a row, the text the events of a run share
+    written into it once, instead of the encoder walking a dict a row (a batch of many
+    small files logs two events a file)."""
     if type(top) is not int or not {*map(type, chain.from_iterable(
             map(_int_values, events)))} <= {int}:
         return None
-    q, stamped = encode_basestring, uuids.get
+    q, rows = encode_basestring, []
     try:
-        return "\n".join([
-            _JSON_ROW % (q(tt), q(uri), q(ident), size, mtime, q(state), rows, nbytes,
-                         q(error), q(run), q(stage), mark + top, seq,
-                         q(tu or stamped(tt, "")), q(replaced))
-            for (tt, uri, ident, size, mtime, state, rows, nbytes, error, run, stage, mark,
-                 seq, tu, replaced) in map(_event_values, events)])
+        for shared, run in groupby(events, _shared_values):
+            row = _row_format(shared, uuids)
+            rows += [row % (q(e.uri), q(e.identity), e.size, e.mtime_ns, e.rows, e.bytes,
+                            e.mark + top, e.seq) for e in run]
     except TypeError:  # (encode_basestring takes a str only)
         return None
+    return "\n".join(rows)
+
+
+def _row_format(shared: tuple, uuids: Mapping[str, str]) -> str:
+    """A row of JSON with the `shared` values written in, the others left to fill."""
+    values = dict(zip(_SHARED_FIELDS, shared, strict=True))
+    if not values["table_uuid"]:
+        values["table_uuid"] = uuids.get(values["target_table"], "")
+    return "{" + ", ".join(
+        f"{encode_basestring(name)}: " + (encode_basestring(values[name]).replace("%", "%%")
+                                          if name in values else
+                                          "%d" if name in _INT_FIELDS else "%s")
+        for name in _EVENT_FIELDS) + "}"
 
 
 def _literal(value: object) -> str:
