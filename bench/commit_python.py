@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from many_files import dataset  # noqa: E402
 
-from chload.commit import ledger  # noqa: E402
+from chload.commit import ledger, tables  # noqa: E402
 from chload.commit.ledger import COMMITTING, LOADED, FileEvent  # noqa: E402
 from chload.formats import FileFormat  # noqa: E402
 from chload.sources import identity  # noqa: E402
@@ -62,7 +62,7 @@ def _rows_before(events: list[FileEvent]) -> str:
 
 
 def _rows_now(events: list[FileEvent]) -> str:
-    return ledger._json_rows(events, {}, 0) or ""
+    return tables.json_rows(events, {}, 0) or ""
 
 
 def _identities_before(files: list[SourceFile]) -> None:

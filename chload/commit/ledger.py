@@ -22,8 +22,6 @@ import time
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from itertools import chain, groupby
-from json.encoder import encode_basestring
 from operator import attrgetter
 from typing import Protocol
 
@@ -45,6 +43,7 @@ from chload.commit.tables import (
     DUPLICATE_COLUMN,
     FAILED as FAILED,
     FILES as FILES,
+    FILES_COLUMNS,
     LEDGER_TABLES as LEDGER_TABLES,
     LOADED as LOADED,
     LOADING as LOADING,
@@ -54,6 +53,7 @@ from chload.commit.tables import (
     SWAPPING as SWAPPING,
     TABLE_REPLACED as TABLE_REPLACED,
     create_statements as create_statements,
+    json_rows,
     known_sql,
     loaded_where,
     rows_sql,
@@ -271,8 +271,8 @@ class Ledger:
 
     def _insert_events(self, events: Sequence[FileEvent], top: int | None = None) -> None:
         """Append events as they are (each naming its table: `_own_values`), their marks
-        raised by `top`: rows of JSON as one encoder would write them (_json_rows)."""
-        body = _json_rows(events, self._uuids, top or 0)
+        raised by `top`: rows of JSON as one encoder would write them (tables.json_rows)."""
+        body = json_rows(events, self._uuids, top or 0)
         if body is None:  # (a value of another type than its column's: as json writes it)
             rows = [dict(zip(_EVENT_FIELDS, self._own_values(e), strict=True))
                     for e in events]
@@ -467,50 +467,7 @@ class LoadedEvents:
 _EVENT_FIELDS = tuple(f.name for f in fields(FileEvent))
 _event_values = attrgetter(*_EVENT_FIELDS)
 _UUID = _EVENT_FIELDS.index("table_uuid")
-_INT_FIELDS = ("size", "mtime_ns", "rows", "bytes", "mark", "seq")
-_int_values = attrgetter(*_INT_FIELDS)
-# The text columns a batch's events share (all but the file's uri and identity)
-_SHARED_FIELDS = ("target_table", "state", "error", "run_id", "stage", "table_uuid",
-                  "replaced")
-_shared_values = attrgetter(*_SHARED_FIELDS)
-assert _EVENT_FIELDS == ("target_table", "uri", "identity", "size", "mtime_ns", "state",
-                         "rows", "bytes", "error", "run_id", "stage", "mark", "seq",
-                         "table_uuid", "replaced")  # (_json_rows fills them in this order)
-
-
-def _json_rows(events: Sequence[FileEvent], uuids: Mapping[str, str],
-               top: int) -> str | None:
-    """The events as rows of JSONEachRow, one a line, byte for byte as `_encode` writes
-    `Ledger._own_values` as a dict (the same keys in the same order, its separators,
-    strings by the same escaping function, ints as `int` writes them), each mark raised
-    by `top`; None when a value is not of its column's type (a str for a String, an int
-    for a UInt64): `_encode` then. A format a row, the text the events of a run share
-    written into it once, instead of the encoder walking a dict a row (a batch of many
-    small files logs two events a file)."""
-    if type(top) is not int or not {*map(type, chain.from_iterable(
-            map(_int_values, events)))} <= {int}:
-        return None
-    q, rows = encode_basestring, []
-    try:
-        for shared, run in groupby(events, _shared_values):
-            row = _row_format(shared, uuids)
-            rows += [row % (q(e.uri), q(e.identity), e.size, e.mtime_ns, e.rows, e.bytes,
-                            e.mark + top, e.seq) for e in run]
-    except TypeError:  # (encode_basestring takes a str only)
-        return None
-    return "\n".join(rows)
-
-
-def _row_format(shared: tuple, uuids: Mapping[str, str]) -> str:
-    """A row of JSON with the `shared` values written in, the others left to fill."""
-    values = dict(zip(_SHARED_FIELDS, shared, strict=True))
-    if not values["table_uuid"]:
-        values["table_uuid"] = uuids.get(values["target_table"], "")
-    return "{" + ", ".join(
-        f"{encode_basestring(name)}: " + (encode_basestring(values[name]).replace("%", "%%")
-                                          if name in values else
-                                          "%d" if name in _INT_FIELDS else "%s")
-        for name in _EVENT_FIELDS) + "}"
+assert _EVENT_FIELDS == FILES_COLUMNS  # (tables.json_rows writes an event's in this order)
 
 
 def _literal(value: object) -> str:

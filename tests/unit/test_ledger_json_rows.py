@@ -1,4 +1,4 @@
-"""The ledger's rows of JSON (ledger._json_rows, a format a row) are byte for byte what
+"""The ledger's rows of JSON (tables.json_rows, a format a row) are byte for byte what
 json's encoder wrote of each event as a dict, and a value of another type than its
 column's goes through that encoder still."""
 
