@@ -143,19 +143,21 @@ class Attacher:
         exact even right after another attach). In-process a round trip is cheap while
         a statement reading the mark once per file is not, so the mark is read first,
         with the stage's partitions, in one query."""
-        for event in events:
-            event.stage, event.state, event.mark = stage, COMMITTING, 0
         if not self.exclusive:
+            for event in events:
+                event.stage, event.state, event.mark = stage, COMMITTING, 0
             partitions = partitions if partitions is not None else self.partitions(stage)
             replaced = self._log_replaced(table, stage, partitions, events)
             self.ledger.record(list(events), mark_of=split_table(table))
         else:
             tops = block_tops(self.sql, [table, f"{DATABASE}.{stage}"])
-            for event in events:
-                event.mark = max(tops.get(table, {}).values(), default=0)
+            mark = max(tops.get(table, {}).values(), default=0)
             partitions = partitions if partitions is not None else sorted(
                 tops.get(f"{DATABASE}.{stage}", {}))
-            replaced = self._log_replaced(table, stage, partitions, events)
+            replaced = self._to_replace(table, stage, partitions)
+            for event in events:  # (one pass: a batch of many small files, an event a file)
+                event.stage, event.state, event.mark, event.replaced = (stage, COMMITTING,
+                                                                        mark, replaced)
             self.ledger.record(list(events))
         self.replaced(table, replaced)
         return partitions

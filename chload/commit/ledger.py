@@ -43,6 +43,7 @@ from chload.commit.tables import (
     DUPLICATE_COLUMN,
     FAILED as FAILED,
     FILES as FILES,
+    FILES_COLUMNS,
     LEDGER_TABLES as LEDGER_TABLES,
     LOADED as LOADED,
     LOADING as LOADING,
@@ -52,6 +53,7 @@ from chload.commit.tables import (
     SWAPPING as SWAPPING,
     TABLE_REPLACED as TABLE_REPLACED,
     create_statements as create_statements,
+    json_rows,
     known_sql,
     loaded_where,
     rows_sql,
@@ -113,6 +115,15 @@ class FileEvent:
         return FileEvent(self.target_table, self.uri, self.identity, self.size, self.mtime_ns,
                          state, self.rows, self.bytes, error, self.run_id, self.stage,
                          self.mark, time.time_ns(), self.table_uuid, self.replaced)
+
+
+def moved(events: Iterable[FileEvent], state: str) -> list[FileEvent]:
+    """`FileEvent.moved(state)` of each event, in one pass (a batch's `loaded` events:
+    one a file)."""
+    now = time.time_ns
+    return [FileEvent(e.target_table, e.uri, e.identity, e.size, e.mtime_ns, state, e.rows,
+                      e.bytes, "", e.run_id, e.stage, e.mark, now(), e.table_uuid, e.replaced)
+            for e in events]
 
 
 @dataclass(slots=True)
@@ -223,28 +234,25 @@ class Ledger:
         read it in the statement that appends them, more read it first (_INLINE_EVENTS)."""
         if not events:
             return
-        rows = [self._own_row(e) for e in events]
         if mark_of is None:
-            self._insert(FILES, rows)
+            self._insert_events(events)
             return
         database, table = mark_of
         tuples = "" if len(events) > _INLINE_EVENTS else ", ".join(
-            "(" + ", ".join(_literal(v) for v in r.values()) + ")" for r in rows)
+            "(" + ", ".join(_literal(v) for v in self._own_values(e)) + ")" for e in events)
         if len(events) > _INLINE_EVENTS or len(tuples) > _INLINE_BYTES:  # read the mark,
             # then append (the caller holds the commit lock)
             top = int(self._sql.rows(f"SELECT (SELECT toUInt64(max(max_block_number)) FROM "
                                      f"system.parts WHERE active AND database = "
                                      f"{quote_str(database)} AND table = "
                                      f"{quote_str(table)}) AS mark")[0]["mark"])
-            for row in rows:
-                row["mark"] += top
-            self._insert(FILES, rows)
+            self._insert_events(events, top)
             return
         # One scan of system.parts for the whole group, the events ARRAY JOINed to it:
         # a UNION ALL of a SELECT per event, each with its own scalar subquery, costs
         # 18.16 about twice the CPU (a group's log, under the lock)
         values = ", ".join(f"m + e.{i}" if k == "mark" else f"e.{i}"
-                           for i, k in enumerate(rows[0], start=1))
+                           for i, k in enumerate(_EVENT_FIELDS, start=1))
         columns = ", ".join(f.name for f in fields(FileEvent))
         self._sql.command(
             f"INSERT INTO {FILES} ({columns}) SELECT {values} FROM (SELECT toUInt64(max("
@@ -252,12 +260,26 @@ class Ledger:
             f"{quote_str(database)} AND table = {quote_str(table)}) ARRAY JOIN [{tuples}] "
             "AS e")
 
-    def _own_row(self, event: FileEvent) -> dict:
-        """The event as a row, naming its table by the uuid stamped (unless it does)."""
-        row = _row(event)
-        if not row["table_uuid"]:
-            row["table_uuid"] = self._uuids.get(event.target_table, "")
-        return row
+    def _own_values(self, event: FileEvent) -> tuple:
+        """The event's values in column order, naming its table by the uuid stamped
+        (unless it does)."""
+        values = _event_values(event)
+        if values[_UUID]:
+            return values
+        return (*values[:_UUID], self._uuids.get(event.target_table, ""),
+                *values[_UUID + 1:])
+
+    def _insert_events(self, events: Sequence[FileEvent], top: int | None = None) -> None:
+        """Append events as they are (each naming its table: `_own_values`), their marks
+        raised by `top`: rows of JSON as one encoder would write them (tables.json_rows)."""
+        body = json_rows(events, self._uuids, top or 0)
+        if body is None:  # (a value of another type than its column's: as json writes it)
+            rows = [dict(zip(_EVENT_FIELDS, self._own_values(e), strict=True))
+                    for e in events]
+            for row in rows if top is not None else ():
+                row["mark"] += top
+            body = "\n".join(_encode(r) for r in rows)
+        self._sql.command(f"INSERT INTO {FILES} FORMAT JSONEachRow\n{body}\n")
 
     def record_run(self, run: RunRecord) -> None:
         self._insert(RUNS, [asdict(run)])
@@ -444,12 +466,8 @@ class LoadedEvents:
 
 _EVENT_FIELDS = tuple(f.name for f in fields(FileEvent))
 _event_values = attrgetter(*_EVENT_FIELDS)
-
-
-def _row(event: FileEvent) -> dict:
-    """An event as a row (asdict's copying of every value costs a batch of many small
-    files dearly: two events a file)."""
-    return dict(zip(_EVENT_FIELDS, _event_values(event), strict=True))
+_UUID = _EVENT_FIELDS.index("table_uuid")
+assert _EVENT_FIELDS == FILES_COLUMNS  # (tables.json_rows writes an event's in this order)
 
 
 def _literal(value: object) -> str:

@@ -1,9 +1,16 @@
-"""The ledger's tables: their names, the states of an event, their DDL, and the SQL
-that reads which units a table holds (Ledger.known, from the summary of commit/known.py
-or from the events themselves). ledger.py writes and reads through these.
+"""The ledger's tables: their names, the states of an event, their DDL, the rows of JSON
+events are appended as (`json_rows`), and the SQL that reads which units a table holds
+(Ledger.known, from the summary of commit/known.py or from the events themselves).
+ledger.py writes and reads through these.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from itertools import chain, groupby
+from json.encoder import encode_basestring
+from operator import attrgetter
+from typing import Any
 
 from chload.commit.known import FEED, LOADED_CODE, REPLACED_CODE, SUMMARY, key, summary_statements
 from chload.schema import quote_str
@@ -126,3 +133,49 @@ def slices(count: int) -> list[tuple[int, int]]:
     n = -(-count // KNOWN_SLICE)
     step = (1 << 64) // n
     return [(k * step, (k + 1) * step - 1 if k < n - 1 else (1 << 64) - 1) for k in range(n)]
+
+
+# The columns an event fills, in order (ledger.FileEvent's fields), and the ints among them
+FILES_COLUMNS = ("target_table", "uri", "identity", "size", "mtime_ns", "state", "rows",
+                 "bytes", "error", "run_id", "stage", "mark", "seq", "table_uuid", "replaced")
+_INT_FIELDS = ("size", "mtime_ns", "rows", "bytes", "mark", "seq")
+_int_values = attrgetter(*_INT_FIELDS)
+# The text columns a batch's events share (all but the file's uri and identity)
+_SHARED_FIELDS = ("target_table", "state", "error", "run_id", "stage", "table_uuid",
+                  "replaced")
+_shared_values = attrgetter(*_SHARED_FIELDS)
+
+
+def json_rows(events: Sequence[Any], uuids: Mapping[str, str], top: int) -> str | None:
+    """Events (ledger.FileEvent) as rows of JSONEachRow of `chload.files`, one a line,
+    byte for byte as ledger's `_encode` writes `Ledger._own_values` as a dict (the same
+    keys in the same order, its separators, strings by the same escaping function, ints
+    as `int` writes them), each mark raised by `top`, a table named by the uuid stamped
+    for it in `uuids` unless its event names one; None when a value is not of its
+    column's type (a str for a String, an int for a UInt64): `_encode` then. A format a
+    row, the text the events of a run share written into it once, instead of the encoder
+    walking a dict a row (a batch of many small files logs two events a file)."""
+    if type(top) is not int or not {*map(type, chain.from_iterable(
+            map(_int_values, events)))} <= {int}:
+        return None
+    q, rows = encode_basestring, []
+    try:
+        for shared, run in groupby(events, _shared_values):
+            row = _row_format(shared, uuids)
+            rows += [row % (q(e.uri), q(e.identity), e.size, e.mtime_ns, e.rows, e.bytes,
+                            e.mark + top, e.seq) for e in run]
+    except TypeError:  # (encode_basestring takes a str only)
+        return None
+    return "\n".join(rows)
+
+
+def _row_format(shared: tuple, uuids: Mapping[str, str]) -> str:
+    """A row of JSON with the `shared` values written in, the others left to fill."""
+    values = dict(zip(_SHARED_FIELDS, shared, strict=True))
+    if not values["table_uuid"]:
+        values["table_uuid"] = uuids.get(values["target_table"], "")
+    return "{" + ", ".join(
+        f"{encode_basestring(name)}: " + (encode_basestring(values[name]).replace("%", "%%")
+                                          if name in values else
+                                          "%d" if name in _INT_FIELDS else "%s")
+        for name in FILES_COLUMNS) + "}"

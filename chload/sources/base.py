@@ -314,6 +314,11 @@ class Source(Protocol):
         """`file` with its identity as it is now (identity.py); as listed if unknowable."""
         ...
 
+    def current_many(self, files: Sequence[SourceFile]) -> Iterator[SourceFile]:
+        """`current` of each of `files` (a batch's), in order, each asked as it is taken
+        (a caller that stops early asks no more)."""
+        ...
+
     def still_there(self, file: SourceFile) -> bool | None:
         """Whether `file` can still be read, asked cheaply; None: only a read can tell."""
         ...
@@ -397,6 +402,9 @@ class InPlace:
 
     def display(self, pattern: str) -> str:
         return pattern
+
+    def current_many(self, files: Sequence[SourceFile]) -> Iterator[SourceFile]:
+        return map(self.current, files)  # type: ignore[attr-defined]
 
     def begin_early(self, pattern: str, context: SourceContext) -> Callable[[], None] | None:
         return None

@@ -10,7 +10,7 @@ docs/guarantees.md ("What is not checked") says what this cannot see.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -28,9 +28,19 @@ def current(file: SourceFile) -> SourceFile:
     return source_for(file).current(file)
 
 
+def current_all(files: Sequence[SourceFile]) -> Iterator[SourceFile]:
+    """`current` of each file, in order, each asked as it is taken: a batch's files of
+    one kind asked of their source at once (Source.current_many: local files stat'ed
+    in one loop)."""
+    kind = files[0].kind if files else ""
+    if len(files) > 1 and all(f.kind == kind for f in files):
+        return source_for(files[0]).current_many(files)
+    return map(current, files)
+
+
 def as_read(job: LoadJob) -> LoadJob:
     """The job with its files' identities taken now, right before their bytes are read."""
-    files = tuple(current(f) for f in job.files)
+    files = tuple(current_all(job.files))
     return replace(job, file=files[0], batch=files if job.batch else ())
 
 
@@ -48,9 +58,10 @@ def check_read(job: LoadJob) -> None:
 
 
 def _changed(files: Sequence[SourceFile]) -> tuple[SourceFile, SourceFile] | None:
-    for f in files:
-        now = current(f)
-        if now.identity != f.identity:
+    """The first file whose identity is not as read, and what it is now (the files
+    after it not asked)."""
+    for f, now in zip(files, current_all(files), strict=True):
+        if now is not f and now.identity != f.identity:
             return f, now
     return None
 

@@ -42,6 +42,22 @@ _GROWS_WHILE_READ = textwrap.dedent("""
     sys.exit(main(sys.argv[2:]))
 """)
 
+# The same, a line appended at every check of a job holding `path`, each check's count of
+# files told on stderr: a file that keeps changing
+_GROWS_AT_EVERY_CHECK = textwrap.dedent("""
+    import sys
+    from chload.sources import identity
+    from chload.cli.main import main
+    path, check = sys.argv[1], identity.check_read
+    def growing(job):
+        if any(f.uri == path for f in job.files):
+            open(path, "a").write("9,grown\\n")
+            print(f"checked with {len(job.files)} files", file=sys.stderr)
+        check(job)
+    identity.check_read = growing
+    sys.exit(main(sys.argv[2:]))
+""")
+
 
 class Target:
     """One target under test: how to load into it and ask it SQL."""
@@ -51,10 +67,12 @@ class Target:
         self.kind, self.where, self.table, self.server = kind, where, table, server
         self.env = {"CLICKHOUSE_PASSWORD": server.credentials["password"]} if server else {}
 
-    def load(self, *args: str, grows: str = "") -> tuple[int, dict, str]:
+    def load(self, *args: str, grows: str = "", always: bool = False,
+             ) -> tuple[int, dict, str]:
         argv = ["load", *args, "--table", self.table, "--target", self.where, "--json"]
         if grows:
-            out = subprocess.run([sys.executable, "-c", _GROWS_WHILE_READ, grows, *argv],
+            script = _GROWS_AT_EVERY_CHECK if always else _GROWS_WHILE_READ
+            out = subprocess.run([sys.executable, "-c", script, grows, *argv],
                                  capture_output=True, text=True, timeout=180,
                                  env={**os.environ, **self.env})
         else:
@@ -166,6 +184,30 @@ def test_a_file_that_grows_while_its_batch_is_read_is_loaded_once_as_read(
     assert target.count() == 5
     code, report, _ = target.load(str(tmp_path / "*.csv"))
     assert (code, report["files_skipped"]) == (0, 2)
+
+
+def test_a_file_that_keeps_changing_in_a_batch_fails_alone_the_others_load_once(
+        target: Target, tmp_path: Path) -> None:
+    files = [_write(tmp_path / f"f{i}.csv", f"id,v\n{i},a\n{i},b\n") for i in range(6)]
+    pattern = str(tmp_path / "*.csv")
+    code, report, err = target.load(pattern, "--workers", "1", grows=str(files[2]),
+                                    always=True)
+    # every batch holding f2 fails before its commit (halved until f2 is alone), the
+    # files after it in a batch not asked: f2 is the one told, alone, as a file is
+    batches = [int(line.split()[2]) for line in err.splitlines()
+               if line.startswith("checked with ")]
+    assert batches[0] == 6 and batches[-1] == 1 and len(batches) >= 3, err
+    grown = len(batches) - 1  # (lines appended before the read that failed alone)
+    assert (code, report["files_loaded"], report["rows_loaded"]) == (1, 5, 10)
+    assert _errors(report) == [
+        f"{files[2]}: changed while being read ({13 + 8 * grown} bytes, now "
+        f"{13 + 8 * (grown + 1)}); nothing of it was loaded: run again once it is stable"]
+    assert target.count() == 10
+
+    code, report, _ = target.load(pattern)  # stable now: f2 alone, whole, once
+    assert (code, report["files_loaded"], report["files_skipped"], report["rows_loaded"]) == (
+        0, 1, 5, 2 + len(batches))
+    assert target.count() == 12 + len(batches)
 
 
 def _load_two(target: Target, tmp_path: Path) -> str:

@@ -34,6 +34,7 @@ from chload.commit.ledger import (
     LoadedEvents,
     TableState,
     create_statements,
+    moved,
 )
 from chload.commit.locks import ProcessLock, Sql
 from chload.commit.rejects import ErrorBudget
@@ -231,7 +232,7 @@ class EmbeddedTarget:
             self._drop(stage)
             raise
         if done:
-            self.loaded.add(e.moved(LOADED) for e in events)
+            self.loaded.add(moved(events, LOADED))
             with self._units_guard:
                 self._units[0] += 1
                 self._units[1] += len(events)
@@ -357,8 +358,9 @@ class EmbeddedTarget:
         return done
 
     def _commit_group(self, job: LoadJob, stage: str, done: Sequence[Loaded]) -> None:
-        events = [_event(job, "", rows=d.rows, read=d.bytes, file=f)
-                  for f, d in zip(job.files, done, strict=True)]
+        table, run_id = job.table_display, job.run_id  # (`_event` of each file, inline)
+        events = [FileEvent(table, f.uri, f.identity, f.size, f.mtime_ns, "", d.rows, d.bytes,
+                            "", run_id, "") for f, d in zip(job.files, done, strict=True)]
         if not self._commit(job, stage, events):
             raise BatchOverlap(f"{job.file.uri}: another load committed some files of this "
                                "batch meanwhile; loading them one by one")
