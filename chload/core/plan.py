@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from chload.commit.known import KnownUnits
 from chload.commit.ledger import FileEvent
 from chload.commit.rejects import ErrorBudget
-from chload.core.reading import fit, sniff
+from chload.core.reading import fit, heads as firsts, sniff
 from chload.core.reading.dialect import (
     csv_settings as csv_settings,
     first_line,
@@ -238,8 +238,6 @@ def prepare_table(
     return matched, read, created
 
 
-
-
 def infer_file(target: Target, f: SourceFile) -> list[Column]:
     """One file's columns as a new table would get them (core/evolve.py types a new
     column by the file that brought it)."""
@@ -428,41 +426,42 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     and with ignore name columns the table lacks (dropped as read). `start`: a remote
     file's first bytes by its source (RunSources.start), read in place of the engine.
     """
-    headers = _headers(target, [f for f in files if f.format.has_header
-                                and sniff.delimiter(f.format)], start)
-    by_position = any(header_columns(h) != h for h in headers.values())
+    heads, starts = firsts.read(files)  # (their first lines, judged once per distinct one)
+    headers = _headers(target, files, heads, start)
+    by_position = any(header_columns(h) != h for h in {id(h): h for h in headers if h}.values())
     read = [c.name for c in read_columns]
     checked = HeaderCheck([], settings=BY_POSITION if by_position else ())
     extra = _extra_columns(target, files, table_columns) if named else {}
-    told, engine = dict(settings), target.engine_name
-    problems: dict[tuple[str, ...], str] = {}  # header -> its mismatch: once a header
-    for f in files:
-        fields = headers.get(f.uri)
-        problem = fields and problems.get(key := tuple(fields))
+    problems: dict[object, str] = {}  # a header (its Head, or fields) -> its mismatch
+    why: list[str | None] = [None] * len(files)  # a file's refusal, if refused
+    for i, (f, head, fields) in enumerate(zip(files, heads, headers, strict=True)):
+        key = head if head.fields is not None else tuple(fields or ())
+        problem = fields and problems.get(key)
         if fields and problem is None:
             problem = problems[key] = _mismatch(header_columns(fields), read, table_columns,
                                                 audit, by_position, new_columns)
-        why = sniff.unreadable(f)
-        if why:
-            checked.refused.append((f, f"{f.uri}: {why}"))
-        elif f.uri in extra:
-            checked.refused.append((f, f"{f.uri}: its columns do not fit table "
-                                       f"{table.display}: columns in the data but not in the "
-                                       f"table: {', '.join(extra[f.uri])}. {_NEW_HINT}, or "
-                                       "pass --schema naming the columns to read"))
+        if head.unreadable:
+            why[i] = f"{f.uri}: {head.unreadable}"
+        elif extra and f.uri in extra:
+            why[i] = (f"{f.uri}: its columns do not fit table {table.display}: columns in the "
+                      f"data but not in the table: {', '.join(extra[f.uri])}. {_NEW_HINT}, or "
+                      "pass --schema naming the columns to read")
         elif problem:
             base = f.format.name.removesuffix("WithNames")
             new = ("" if "not in the table" not in problem else f" {_NEW_HINT}."
                    if new_columns == "fail" else " Their types could not be inferred from "
                    "the file to add them: add them yourself (ALTER TABLE ... ADD COLUMN).")
-            checked.refused.append((f, f"{f.uri}: its header does not fit table "
-                                       f"{table.display}: {problem}.{new} Fix the header or "
-                                       f"the table; if its first line is data, pass --format "
-                                       f"{base}"))
-        elif (misfit := fit.check(f, table_columns, read, told, table.display, engine)):
-            checked.refused.append((f, f"{f.uri}: {misfit.message()}"))
-        else:
-            checked.files.append(f)
+            why[i] = (f"{f.uri}: its header does not fit table {table.display}: {problem}."
+                      f"{new} Fix the header or the table; if its first line is data, pass "
+                      f"--format {base}")
+    rest = [i for i, w in enumerate(why) if w is None]  # then their first values
+    misfits = fit.check_many([files[i] for i in rest], [starts[i] for i in rest],
+                             table_columns, read, dict(settings), table.display,
+                             target.engine_name)
+    for i, misfit in zip(rest, misfits, strict=True):
+        why[i] = f"{files[i].uri}: {misfit.message()}" if misfit else None
+    checked.files, checked.refused = [f for f, w in zip(files, why, strict=True) if not w], \
+        [(f, w) for f, w in zip(files, why, strict=True) if w]
     if checked.refused and not checked.files:
         raise SchemaError(checked.refused[0][1])
     return checked
@@ -491,15 +490,15 @@ def _extra_columns(target: Target, files: Sequence[SourceFile],
     return {uri: names for uri, names in on_threads(extra, named, 8) if names}
 
 
-def _headers(target: Target, files: Sequence[SourceFile],
+def _headers(target: Target, files: Sequence[SourceFile], heads: Sequence[firsts.Head],
              start: Callable[[SourceFile, int], bytes | None] | None = None,
-             ) -> dict[str, list[str]]:
-    """uri -> the fields of its first line, for those that have one."""
-    found = {f.uri: sniff.header_names(f) for f in files}
-    rest = [f for f in files if found[f.uri] is None]
-    for uri, fields in on_threads(lambda f: (f.uri, first_line(target, f, start)), rest, 8):
-        found[uri] = fields
-    return {uri: fields for uri, fields in found.items() if fields}
+             ) -> list[list[str] | None]:
+    """Each file's header fields: read here (`heads`), else by first_line, 8 at a time."""
+    found = [h.fields for h in heads]
+    rest = [i for i, h in enumerate(heads) if h.named and h.fields is None]
+    for i, fields in on_threads(lambda i: (i, first_line(target, files[i], start)), rest, 8):
+        found[i] = fields
+    return found
 
 
 _NEW_HINT = ("Pass --on-new-column add to add them to the table (or ignore to load the "
