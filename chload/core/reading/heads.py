@@ -34,10 +34,10 @@ _OTHER = Head(False)  # a format with no first line to read here (Parquet, JSON,
 
 def read(files: Sequence[SourceFile]) -> tuple[list[Head], list[bytes | None]]:
     """Each file's Head and start (sniff.start; None for a format not read as text)."""
-    kinds: dict[int, tuple[bool, bool]] = {}  # format -> (CSV/TSV, JSON lines)
-    for fmt in {id(f.format): f.format for f in files}.values():
-        kinds[id(fmt)] = (sniff.delimiter(fmt) is not None, fmt.name in JSON_LINES)
-    text = [i for i, f in enumerate(files) if any(kinds[id(f.format)])]
+    formats = {id(f.format): f.format for f in files}.items()
+    delimited = {k for k, fmt in formats if sniff.delimiter(fmt) is not None}
+    texts = delimited | {k for k, fmt in formats if fmt.name in JSON_LINES}
+    text = [i for i, f in enumerate(files) if id(f.format) in texts]
     starts: list[bytes | None] = [None] * len(files)
     for i, data in zip(text, sniff.starts([files[i] for i in text]), strict=True):
         starts[i] = data
@@ -45,7 +45,7 @@ def read(files: Sequence[SourceFile]) -> tuple[list[Head], list[bytes | None]]:
     known: dict[tuple[int, bytes | None], Head] = {}  # (format, first line) -> its Head
     for i in text:
         fmt = files[i].format
-        if not kinds[id(fmt)][0]:
+        if id(fmt) not in delimited:
             continue
         data = starts[i]  # its first line, as sniff._first_line cuts it
         line = None if data is None else data[:data.find(b"\n") + 1] or data
