@@ -433,27 +433,39 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     checked = HeaderCheck([], settings=BY_POSITION if by_position else ())
     extra = _extra_columns(target, files, table_columns) if named else {}
     problems: dict[object, str] = {}  # a header (its Head, or fields) -> its mismatch
-    why: list[str | None] = [None] * len(files)  # a file's refusal, if refused
-    for i, (f, head, fields) in enumerate(zip(files, heads, headers, strict=True)):
-        key = head if head.fields is not None else tuple(fields or ())
+
+    def after_uri(head: firsts.Head, fields: list[str] | None, fmt: str,
+                  wide: list[str] | None) -> str:
+        """Why a file is refused, said after its uri ('' if it is not); `wide`: its
+        columns the table lacks (_extra_columns)."""
+        key = head if fields is head.fields else tuple(fields or ())
         problem = fields and problems.get(key)
         if fields and problem is None:
-            problem = problems[key] = _mismatch(header_columns(fields), read, table_columns,
+            problem = problems[key] = firsts.mismatch(header_columns(fields), read, table_columns,
                                                 audit, by_position, new_columns)
         if head.unreadable:
-            why[i] = f"{f.uri}: {head.unreadable}"
-        elif extra and f.uri in extra:
-            why[i] = (f"{f.uri}: its columns do not fit table {table.display}: columns in the "
-                      f"data but not in the table: {', '.join(extra[f.uri])}. {_NEW_HINT}, or "
-                      "pass --schema naming the columns to read")
-        elif problem:
-            base = f.format.name.removesuffix("WithNames")
-            new = ("" if "not in the table" not in problem else f" {_NEW_HINT}."
-                   if new_columns == "fail" else " Their types could not be inferred from "
-                   "the file to add them: add them yourself (ALTER TABLE ... ADD COLUMN).")
-            why[i] = (f"{f.uri}: its header does not fit table {table.display}: {problem}."
-                      f"{new} Fix the header or the table; if its first line is data, pass "
-                      f"--format {base}")
+            return f": {head.unreadable}"
+        if wide:
+            return (f": its columns do not fit table {table.display}: columns in the data but "
+                    f"not in the table: {', '.join(wide)}. {firsts.NEW_HINT}, or pass --schema "
+                    "naming the columns to read")
+        if not problem:
+            return ""
+        new = ("" if "not in the table" not in problem else f" {firsts.NEW_HINT}."
+               if new_columns == "fail" else " Their types could not be inferred from the "
+               "file to add them: add them yourself (ALTER TABLE ... ADD COLUMN).")
+        return (f": its header does not fit table {table.display}: {problem}.{new} Fix the "
+                "header or the table; if its first line is data, pass --format "
+                f"{fmt.removesuffix('WithNames')}")
+    said = {h: after_uri(h, h.fields, f.format.name, None)  # once a first line
+            for h, f in dict(zip(heads, files, strict=True)).items()}
+    why = [f.uri + s if (s := said[h]) else None for f, h in zip(files, heads, strict=True)]
+    asked = {h for h in said if h.named and h.fields is None}  # (the engine read these)
+    for i in [i for i, f in enumerate(files) if f.uri in extra] if extra else []:
+        asked.add(heads[i])
+    for i in [i for i, h in enumerate(heads) if h in asked] if asked else []:
+        why[i] = files[i].uri + s if (s := after_uri(heads[i], headers[i], files[i].format.name,
+                                                     extra.get(files[i].uri))) else None
     rest = [i for i, w in enumerate(why) if w is None]  # then their first values
     misfits = fit.check_many([files[i] for i in rest], [starts[i] for i in rest],
                              table_columns, read, dict(settings), table.display,
@@ -499,34 +511,6 @@ def _headers(target: Target, files: Sequence[SourceFile], heads: Sequence[firsts
     for i, fields in on_threads(lambda i: (i, first_line(target, files[i], start)), rest, 8):
         found[i] = fields
     return found
-
-
-_NEW_HINT = ("Pass --on-new-column add to add them to the table (or ignore to load the "
-             "other columns), or add them yourself (ALTER TABLE ... ADD COLUMN)")
-
-
-def _mismatch(names: Sequence[str], read: Sequence[str], table_columns: Sequence[Column],
-              audit: bool, by_position: bool, new_columns: str = "fail") -> str:
-    """Why a file with these header `names` cannot load with the run ('' if it can)."""
-    table = {c.name: c for c in table_columns}
-    optional = {c.name for c in table_columns if c.default_kind}
-    optional |= set(AUDIT_COLUMNS) if audit else set()
-    unknown = [n for n in names if n not in table and new_columns != "ignore"]
-    unread = [n for n in names if n in table and n not in read]
-    missing = [n for n in read if n not in names and n not in optional
-               and new_columns == "fail"]
-    parts = []
-    if unknown:
-        parts.append(f"columns in the data but not in the table: {', '.join(unknown)}")
-    if missing:
-        parts.append(f"columns in the table but not in the data: {', '.join(missing)}")
-    if unread:
-        parts.append(f"columns the run's other files lack: {', '.join(unread)} (load it on "
-                     "its own)")
-    if not parts and by_position and list(names) != list(read):
-        parts.append(f"columns {', '.join(names)} in another order than {', '.join(read)} "
-                     "(a header with an empty or repeated name is read by position)")
-    return "; ".join(parts)
 
 
 def reads_by_name(schema: str | None, settings: Sequence[tuple[str, str]]) -> bool:

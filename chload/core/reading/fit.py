@@ -24,6 +24,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
+from chload.core.reading.heads import by_format
 from chload.core.reading.ranges import CHDB, bounds, wider
 from chload.core.reading.sniff import BOM, _unescape_tsv, delimiter, start
 from chload.formats import JSON_LINES, FileFormat
@@ -126,11 +127,7 @@ def check_many(files: Sequence[SourceFile], heads: Sequence[bytes | None],
     kinds = tuple({c.name: c.type for c in columns}.values())
     nulls_ok = _told(settings, "input_format_null_as_default")  # (check's `nulls_ok and
     found: list[Misfit | None] = [None] * len(files)  # empty_ok`: the same)
-    by_format: dict[int, list[int]] = {}  # (a listing shares its format objects)
-    for i, f in enumerate(files):
-        by_format.setdefault(id(f.format), []).append(i)
-    for at in by_format.values():
-        fmt = files[at[0]].format
+    for fmt, at in by_format(files):
         if delimiter(fmt) is None and fmt.name not in JSON_LINES:
             continue
         cut = [None if (d := heads[i]) is None or (end := d.rfind(b"\n", 0, SAMPLE)) < 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from chload.core.reading import sniff
 from chload.formats import JSON_LINES, FileFormat
+from chload.schema import AUDIT_COLUMNS, Column
 from chload.sources.base import SourceFile
 
 
@@ -34,26 +35,40 @@ _OTHER = Head(False)  # a format with no first line to read here (Parquet, JSON,
 
 def read(files: Sequence[SourceFile]) -> tuple[list[Head], list[bytes | None]]:
     """Each file's Head and start (sniff.start; None for a format not read as text)."""
-    formats = {id(f.format): f.format for f in files}.items()
-    delimited = {k for k, fmt in formats if sniff.delimiter(fmt) is not None}
-    texts = delimited | {k for k, fmt in formats if fmt.name in JSON_LINES}
-    text = [i for i, f in enumerate(files) if id(f.format) in texts]
+    heads: list[Head] = [_OTHER] * len(files)
     starts: list[bytes | None] = [None] * len(files)
-    for i, data in zip(text, sniff.starts([files[i] for i in text]), strict=True):
-        starts[i] = data
-    heads = [_OTHER] * len(files)
-    known: dict[tuple[int, bytes | None], Head] = {}  # (format, first line) -> its Head
-    for i in text:
-        fmt = files[i].format
-        if id(fmt) not in delimited:
+    for fmt, at in by_format(files):
+        delimited = sniff.delimiter(fmt) is not None
+        if not delimited and fmt.name not in JSON_LINES:
             continue
-        data = starts[i]  # its first line, as sniff._first_line cuts it
-        line = None if data is None else data[:data.find(b"\n") + 1] or data
-        head = known.get((id(fmt), line))
-        if head is None:
-            head = known[(id(fmt), line)] = _judged(line, fmt)
-        heads[i] = head
+        whole = len(at) == len(files)  # (one format: the usual run)
+        got = sniff.starts(files if whole else [files[i] for i in at])
+        judged = _judged_all(got, fmt) if delimited else [_OTHER] * len(got)
+        if whole:
+            return judged, got
+        for k, i in enumerate(at):
+            heads[i], starts[i] = judged[k], got[k]
     return heads, starts
+
+
+def _judged_all(starts: list[bytes | None], fmt: FileFormat) -> list[Head]:
+    """The Head of each CSV/TSV file of `fmt` by its start: once a distinct first line."""
+    known: dict[bytes | None, Head] = {}
+    return [known.get(line) or known.setdefault(line, _judged(line, fmt)) for line in (
+        None if d is None else d[:d.find(b"\n") + 1] or d  # (as sniff._first_line)
+        for d in starts)]
+
+
+def by_format(files: Sequence[SourceFile]) -> list[tuple[FileFormat, list[int]]]:
+    """The indexes of `files` by format object (a listing shares one: usually one)."""
+    if not files:
+        return []
+    if all(f.format is files[0].format for f in files):
+        return [(files[0].format, list(range(len(files))))]
+    found: dict[int, list[int]] = {}
+    for i, f in enumerate(files):
+        found.setdefault(id(f.format), []).append(i)
+    return [(files[at[0]].format, at) for at in found.values()]
 
 
 def _judged(line: bytes | None, fmt: FileFormat) -> Head:
@@ -64,3 +79,31 @@ def _judged(line: bytes | None, fmt: FileFormat) -> Head:
     text = sniff.line_text(line) if fmt.has_header else None
     return Head(fmt.has_header, None if text is None else sniff.split_line(text, fmt),
                 sniff.unreadable_line(line))
+
+
+NEW_HINT = ("Pass --on-new-column add to add them to the table (or ignore to load the "
+             "other columns), or add them yourself (ALTER TABLE ... ADD COLUMN)")
+
+
+def mismatch(names: Sequence[str], read: Sequence[str], table_columns: Sequence[Column],
+              audit: bool, by_position: bool, new_columns: str = "fail") -> str:
+    """Why a file with these header `names` cannot load with the run ('' if it can)."""
+    table = {c.name: c for c in table_columns}
+    optional = {c.name for c in table_columns if c.default_kind}
+    optional |= set(AUDIT_COLUMNS) if audit else set()
+    unknown = [n for n in names if n not in table and new_columns != "ignore"]
+    unread = [n for n in names if n in table and n not in read]
+    missing = [n for n in read if n not in names and n not in optional
+               and new_columns == "fail"]
+    parts = []
+    if unknown:
+        parts.append(f"columns in the data but not in the table: {', '.join(unknown)}")
+    if missing:
+        parts.append(f"columns in the table but not in the data: {', '.join(missing)}")
+    if unread:
+        parts.append(f"columns the run's other files lack: {', '.join(unread)} (load it on "
+                     "its own)")
+    if not parts and by_position and list(names) != list(read):
+        parts.append(f"columns {', '.join(names)} in another order than {', '.join(read)} "
+                     "(a header with an empty or repeated name is read by position)")
+    return "; ".join(parts)

@@ -27,6 +27,8 @@ import stat
 import threading
 import zlib
 from collections.abc import Callable, Collection, Iterator, Sequence
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 from chload.formats import MAGIC, FileFormat
@@ -272,12 +274,14 @@ def _keep(key: tuple[str, str, int, int], data: bytes | None) -> None:
 def starts(files: Sequence[SourceFile]) -> list[bytes | None]:
     """`start` of each of `files`, those kept looked up under one lock (a run's checks
     ask it of every file: core/reading/heads.py)."""
-    with _STARTS_GUARD:
-        kept = [_STARTS.get((f.local_path or "", f.format.compression, f.size, f.mtime_ns),
-                            _UNKEPT) for f in files]
-    return [start(f) if data is _UNKEPT else data for f, data in zip(files, kept, strict=True)]
+    with _STARTS_GUARD:  # (the key `start` keeps a start by, made in C)
+        kept = list(map(_STARTS.get, map(_START_KEY, files), repeat(_UNKEPT)))
+    for i in [i for i, data in enumerate(kept) if data is _UNKEPT]:
+        kept[i] = start(files[i])
+    return kept
 
 
+_START_KEY = attrgetter("local_path", "format.compression", "size", "mtime_ns")
 _UNKEPT = b"(not kept)"  # (compared by identity)
 
 
