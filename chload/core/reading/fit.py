@@ -8,9 +8,10 @@ types, and a value that does not fit fails that file alone, naming the line, col
 value and what to change. docs/reading-files.md ("Values a column cannot hold") lists
 the cases and what is checked where.
 
-A clean start costs a few substring searches; only one that may hold a misfit is split
-into values. `--setting input_format_null_as_default=1` (or the CSV empty-as-default
-setting) means defaults for NULL are wanted: then NULLs are not refused.
+A clean start costs a few substring searches (over many files' starts at once:
+check_many); only one that may hold a misfit is split into values. `--setting
+input_format_null_as_default=1` (or the CSV empty-as-default setting) means defaults
+for NULL are wanted: then NULLs are not refused.
 """
 
 from __future__ import annotations

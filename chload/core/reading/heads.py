@@ -82,11 +82,11 @@ def _judged(line: bytes | None, fmt: FileFormat) -> Head:
 
 
 NEW_HINT = ("Pass --on-new-column add to add them to the table (or ignore to load the "
-             "other columns), or add them yourself (ALTER TABLE ... ADD COLUMN)")
+            "other columns), or add them yourself (ALTER TABLE ... ADD COLUMN)")
 
 
 def mismatch(names: Sequence[str], read: Sequence[str], table_columns: Sequence[Column],
-              audit: bool, by_position: bool, new_columns: str = "fail") -> str:
+             audit: bool, by_position: bool, new_columns: str = "fail") -> str:
     """Why a file with these header `names` cannot load with the run ('' if it can)."""
     table = {c.name: c for c in table_columns}
     optional = {c.name for c in table_columns if c.default_kind}
