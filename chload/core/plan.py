@@ -426,7 +426,7 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     and with ignore name columns the table lacks (dropped as read). `start`: a remote
     file's first bytes by its source (RunSources.start), read in place of the engine.
     """
-    heads, starts = firsts.read(files)  # (their first lines, judged once per distinct one)
+    heads = firsts.read(files)  # (their first lines, judged once per distinct one)
     headers = _headers(target, files, heads, start)
     by_position = any(header_columns(h) != h for h in {id(h): h for h in headers if h}.values())
     read = [c.name for c in read_columns]
@@ -467,9 +467,8 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
         why[i] = files[i].uri + s if (s := after_uri(heads[i], headers[i], files[i].format.name,
                                                      extra.get(files[i].uri))) else None
     rest = [i for i, w in enumerate(why) if w is None]  # then their first values
-    misfits = fit.check_many([files[i] for i in rest], [starts[i] for i in rest],
-                             table_columns, read, dict(settings), table.display,
-                             target.engine_name)
+    misfits = fit.check_many([files[i] for i in rest], table_columns, read, dict(settings),
+                             table.display, target.engine_name)
     for i, misfit in zip(rest, misfits, strict=True):
         why[i] = f"{files[i].uri}: {misfit.message()}" if misfit else None
     checked.files, checked.refused = [f for f, w in zip(files, why, strict=True) if not w], \

@@ -28,6 +28,7 @@ def _files(tmp_path: Path, texts: list[bytes | str], fmt: FileFormat = CSV,
     made = []
     for n, text in enumerate(texts):
         path = tmp_path / f"f{n:05d}{suffix}"
+        path.parent.mkdir(exist_ok=True)
         raw = text.encode() if isinstance(text, str) else text
         path.write_bytes(gzip.compress(raw) if fmt.compression == "gzip" else raw)
         made.append(SourceFile(str(path), path.stat().st_size, 0, fmt, local_path=str(path)))
@@ -43,9 +44,9 @@ def _each_alone(files: list[SourceFile], settings: dict[str, str] | None = None,
 def _together(files: list[SourceFile], settings: dict[str, str] | None = None,
               columns: list[Column] = COLUMNS) -> list[str]:
     with sniff.kept_starts():
-        _, starts = heads.read(files)
-        found = fit.check_many(files, starts, columns, [c.name for c in columns],
-                               settings or {}, "db.t")
+        heads.read(files)  # (as check_headers: the starts kept by the header pass)
+        found = fit.check_many(files, columns, [c.name for c in columns], settings or {},
+                               "db.t")
     return [m.message() if m else "" for m in found]
 
 
@@ -127,7 +128,7 @@ def test_together_is_each_alone_over_formats_settings_and_values(tmp_path: Path)
         files = _files(tmp_path, texts)
         assert _together(files, settings) == _each_alone(files, settings)
     tsv = [t.replace(",", "\t") for t in texts]
-    files = _files(tmp_path / "..", tsv, FileFormat("TSVWithNames", "gzip"), ".tsv.gz")
+    files = _files(tmp_path / "b", tsv, FileFormat("TSVWithNames", "gzip"), ".tsv.gz")
     assert _together(files) == _each_alone(files)
     semicolon = _files(tmp_path, [t.replace(",", ";") for t in texts],
                        FileFormat("CSVWithNames", "none", ";"))
@@ -150,22 +151,34 @@ def test_json_lines_together_as_each_alone(tmp_path: Path) -> None:
     "sep=;\nid;name\n", "1,2\n", ",,\n", "a,a\n"])
 def test_a_first_line_judged_once_as_each_file_alone(tmp_path: Path, text: str) -> None:
     files = _files(tmp_path, [text, "x,y\n", text])
-    files += _files(tmp_path / "..", [text.encode("utf-16"), b"\xff\xfe\x00a", b"\xe9t\xe9\n"])
+    files += _files(tmp_path / "b", [text.encode("utf-16"), b"\xff\xfe\x00a", b"\xe9t\xe9\n"])
     files += _files(tmp_path, [text], FileFormat("TSVWithNames", "gzip"), ".tsv.gz")
     files += _files(tmp_path, [text], FileFormat("CSV", "none"))
     files += _files(tmp_path, [text], FileFormat("JSONEachRow", "none"), ".jsonl")
     with sniff.kept_starts():
-        found, starts = heads.read(files)
-        for f, head, start in zip(files, found, starts, strict=True):
+        found = heads.read(files)
+        for f, head in zip(files, found, strict=True):
             named = f.format.has_header and sniff.delimiter(f.format) is not None
             assert (head.named, head.fields, head.unreadable) == (
                 named, sniff.header_names(f) if named else None, sniff.unreadable(f))
-            assert start == (sniff.start(f) if f.format.name != "Parquet" else None)
+        assert sniff.starts(files) == [sniff.start(f) for f in files]
     assert found[0] is found[2]  # (one line, judged once)
 
 
-def test_a_format_not_read_as_text_is_not_opened(tmp_path: Path) -> None:
-    files = _files(tmp_path, ["PAR1"], FileFormat("Parquet", "none"), ".parquet")
+def test_a_format_not_read_as_text_is_not_judged_as_text(tmp_path: Path) -> None:
+    files = _files(tmp_path, ["v\n300\n"], FileFormat("Parquet", "none"), ".parquet")
     with sniff.kept_starts():
-        found, starts = heads.read(files)
-    assert starts == [None] and found[0].fields is None and not found[0].named
+        found = heads.read(files)
+    assert found[0].fields is None and not found[0].named and not found[0].unreadable
+    assert _together(files, columns=[Column("v", "UInt8")]) == [""]
+
+
+def test_the_files_of_several_formats_each_judged_by_their_own(tmp_path: Path) -> None:
+    columns = [Column("id", "Int64"), Column("v", "UInt8")]
+    csv = _files(tmp_path / "csv", [f"id,v\n{n},{300 if n == 550 else 5}\n" for n in range(600)])
+    tsv = _files(tmp_path / "tsv", [f"id\tv\n{n}\t{256 if n == 7 else 5}\n" for n in range(600)],
+                 FileFormat("TSVWithNames", "none"), ".tsv")
+    files = [f for pair in zip(csv, tsv, strict=True) for f in pair]  # (interleaved)
+    found = _together(files, columns=columns)
+    assert found == _each_alone(files, columns=columns)
+    assert [i for i, m in enumerate(found) if m] == [2 * 7 + 1, 2 * 550]

@@ -27,7 +27,7 @@ from itertools import accumulate
 
 from chload.core.reading.heads import by_format
 from chload.core.reading.ranges import CHDB, bounds, wider
-from chload.core.reading.sniff import BOM, _unescape_tsv, delimiter, start
+from chload.core.reading.sniff import BOM, _unescape_tsv, delimiter, start, starts
 from chload.formats import JSON_LINES, FileFormat
 from chload.schema import Column, bare_type, quote_ident, quote_str
 from chload.sources.base import SourceFile
@@ -120,22 +120,26 @@ def _may_misfit(data: bytes, fmt: FileFormat, kinds: Sequence[str], nulls_ok: bo
     return bool(_flagged([data], _probe(fmt, tuple(kinds), nulls_ok, engine)))
 
 
-def check_many(files: Sequence[SourceFile], heads: Sequence[bytes | None],
-               columns: Sequence[Column], read: Sequence[str], settings: Mapping[str, str],
-               table: str, engine: str = CHDB) -> list[Misfit | None]:
-    """`check` of each of `files`, whose starts (sniff.start) are `heads`: those of a
-    format searched together (_flagged), one that may hold a misfit checked alone."""
+def check_many(files: Sequence[SourceFile], columns: Sequence[Column], read: Sequence[str],
+               settings: Mapping[str, str], table: str, engine: str = CHDB,
+               ) -> list[Misfit | None]:
+    """`check` of each of `files`: the starts of a format searched _BATCH at a time
+    (_flagged), one that may hold a misfit checked alone."""
     kinds = tuple({c.name: c.type for c in columns}.values())
     nulls_ok = _told(settings, "input_format_null_as_default")  # (check's `nulls_ok and
     found: list[Misfit | None] = [None] * len(files)  # empty_ok`: the same)
     for fmt, at in by_format(files):
         if delimiter(fmt) is None and fmt.name not in JSON_LINES:
             continue
-        cut = [None if (d := heads[i]) is None or (end := d.rfind(b"\n", 0, SAMPLE)) < 0
-               else d[:end + 1] for i in at]  # (as _start cuts one)
-        for k in sorted(_flagged(cut, _probe(fmt, kinds, nulls_ok, engine))):
-            found[at[k]] = check(files[at[k]], columns, read, settings, table, engine,
-                                 heads[at[k]])
+        probe = _probe(fmt, kinds, nulls_ok, engine)
+        for first in range(0, len(at), _BATCH):  # (so many starts held at once, at most)
+            some = at[first:first + _BATCH]
+            heads = starts([files[i] for i in some])
+            cut = [None if d is None or (end := d.rfind(b"\n", 0, SAMPLE)) < 0
+                   else d[:end + 1] for d in heads]  # (as _start cuts one)
+            for k in sorted(_flagged(cut, probe)):
+                found[some[k]] = check(files[some[k]], columns, read, settings, table,
+                                       engine, heads[k])
     return found
 
 
@@ -144,13 +148,9 @@ _BATCH = 512  # starts searched at once
 
 def _flagged(starts: Sequence[bytes | None], probe: _Probe) -> set[int]:
     """The indexes of `starts` (each cut as _start cuts it; None: not read) that may
-    hold a misfit (_may_misfit), searched _BATCH at a time (_flagged_in)."""
-    flagged: set[int] = set()
-    for first in range(0, len(starts), _BATCH):
-        at = [i for i in range(first, min(first + _BATCH, len(starts))) if starts[i]]
-        if at:
-            flagged.update(at[k] for k in _flagged_in([starts[i] or b"" for i in at], probe))
-    return flagged
+    hold a misfit (_may_misfit), searched over their concatenation (_flagged_in)."""
+    at = [i for i, data in enumerate(starts) if data]
+    return {at[k] for k in _flagged_in([starts[i] or b"" for i in at], probe)} if at else set()
 
 
 def _flagged_in(parts: list[bytes], probe: _Probe) -> set[int]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from chload.core.reading import sniff
-from chload.formats import JSON_LINES, FileFormat
+from chload.formats import FileFormat
 from chload.schema import AUDIT_COLUMNS, Column
 from chload.sources.base import SourceFile
 
@@ -33,30 +33,30 @@ class Head:
 _OTHER = Head(False)  # a format with no first line to read here (Parquet, JSON, ...)
 
 
-def read(files: Sequence[SourceFile]) -> tuple[list[Head], list[bytes | None]]:
-    """Each file's Head and start (sniff.start; None for a format not read as text)."""
+def read(files: Sequence[SourceFile]) -> list[Head]:
+    """Each file's Head, its start (sniff.start) read _CHUNK files at a time and let go:
+    a run of many large files holds a few of their starts at once, not all."""
     heads: list[Head] = [_OTHER] * len(files)
-    starts: list[bytes | None] = [None] * len(files)
     for fmt, at in by_format(files):
-        delimited = sniff.delimiter(fmt) is not None
-        if not delimited and fmt.name not in JSON_LINES:
+        if sniff.delimiter(fmt) is None:
             continue
-        whole = len(at) == len(files)  # (one format: the usual run)
-        got = sniff.starts(files if whole else [files[i] for i in at])
-        judged = _judged_all(got, fmt) if delimited else [_OTHER] * len(got)
-        if whole:
-            return judged, got
-        for k, i in enumerate(at):
-            heads[i], starts[i] = judged[k], got[k]
-    return heads, starts
+        known: dict[bytes | None, Head] = {}  # first line -> its Head
+        judged: list[Head] = []
+        for first in range(0, len(at), _CHUNK):
+            if len(known) > _CHUNK:  # (distinct first lines, as a headerless file has)
+                known.clear()
+            got = sniff.starts([files[i] for i in at[first:first + _CHUNK]])
+            judged += [known.get(line) or known.setdefault(line, _judged(line, fmt))
+                       for line in (None if d is None else d[:d.find(b"\n") + 1] or d
+                                    for d in got)]  # (the first line, as sniff._first_line)
+        if len(at) == len(files):  # (one format: the usual run)
+            return judged
+        for i, head in zip(at, judged, strict=True):
+            heads[i] = head
+    return heads
 
 
-def _judged_all(starts: list[bytes | None], fmt: FileFormat) -> list[Head]:
-    """The Head of each CSV/TSV file of `fmt` by its start: once a distinct first line."""
-    known: dict[bytes | None, Head] = {}
-    return [known.get(line) or known.setdefault(line, _judged(line, fmt)) for line in (
-        None if d is None else d[:d.find(b"\n") + 1] or d  # (as sniff._first_line)
-        for d in starts)]
+_CHUNK = 512
 
 
 def by_format(files: Sequence[SourceFile]) -> list[tuple[FileFormat, list[int]]]:
