@@ -441,8 +441,9 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
         key = head if fields is head.fields else tuple(fields or ())
         problem = fields and problems.get(key)
         if fields and problem is None:
-            problem = problems[key] = firsts.mismatch(header_columns(fields), read, table_columns,
-                                                audit, by_position, new_columns)
+            problem = problems[key] = firsts.mismatch(header_columns(fields), read,
+                                                      table_columns, audit, by_position,
+                                                      new_columns)
         if head.unreadable:
             return f": {head.unreadable}"
         if wide:
