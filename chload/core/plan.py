@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from chload.commit.known import KnownUnits
 from chload.commit.ledger import FileEvent
 from chload.commit.rejects import ErrorBudget
-from chload.core.reading import fit, sniff
+from chload.core.reading import fit, heads as firsts, sniff
 from chload.core.reading.dialect import (
     csv_settings as csv_settings,
     first_line,
@@ -238,8 +238,6 @@ def prepare_table(
     return matched, read, created
 
 
-
-
 def infer_file(target: Target, f: SourceFile) -> list[Column]:
     """One file's columns as a new table would get them (core/evolve.py types a new
     column by the file that brought it)."""
@@ -428,41 +426,54 @@ def check_headers(target: Target, table: TableName, files: Sequence[SourceFile],
     and with ignore name columns the table lacks (dropped as read). `start`: a remote
     file's first bytes by its source (RunSources.start), read in place of the engine.
     """
-    headers = _headers(target, [f for f in files if f.format.has_header
-                                and sniff.delimiter(f.format)], start)
-    by_position = any(header_columns(h) != h for h in headers.values())
+    heads = firsts.read(files)  # (their first lines, judged once per distinct one)
+    headers = _headers(target, files, heads, start)
+    by_position = any(header_columns(h) != h for h in {id(h): h for h in headers if h}.values())
     read = [c.name for c in read_columns]
     checked = HeaderCheck([], settings=BY_POSITION if by_position else ())
     extra = _extra_columns(target, files, table_columns) if named else {}
-    told, engine = dict(settings), target.engine_name
-    problems: dict[tuple[str, ...], str] = {}  # header -> its mismatch: once a header
-    for f in files:
-        fields = headers.get(f.uri)
-        problem = fields and problems.get(key := tuple(fields))
+    problems: dict[object, str] = {}  # a header (its Head, or fields) -> its mismatch
+
+    def after_uri(head: firsts.Head, fields: list[str] | None, fmt: str,
+                  wide: list[str] | None) -> str:
+        """Why a file is refused, said after its uri ('' if it is not); `wide`: its
+        columns the table lacks (_extra_columns)."""
+        key = head if fields is head.fields else tuple(fields or ())
+        problem = fields and problems.get(key)
         if fields and problem is None:
-            problem = problems[key] = _mismatch(header_columns(fields), read, table_columns,
-                                                audit, by_position, new_columns)
-        why = sniff.unreadable(f)
-        if why:
-            checked.refused.append((f, f"{f.uri}: {why}"))
-        elif f.uri in extra:
-            checked.refused.append((f, f"{f.uri}: its columns do not fit table "
-                                       f"{table.display}: columns in the data but not in the "
-                                       f"table: {', '.join(extra[f.uri])}. {_NEW_HINT}, or "
-                                       "pass --schema naming the columns to read"))
-        elif problem:
-            base = f.format.name.removesuffix("WithNames")
-            new = ("" if "not in the table" not in problem else f" {_NEW_HINT}."
-                   if new_columns == "fail" else " Their types could not be inferred from "
-                   "the file to add them: add them yourself (ALTER TABLE ... ADD COLUMN).")
-            checked.refused.append((f, f"{f.uri}: its header does not fit table "
-                                       f"{table.display}: {problem}.{new} Fix the header or "
-                                       f"the table; if its first line is data, pass --format "
-                                       f"{base}"))
-        elif (misfit := fit.check(f, table_columns, read, told, table.display, engine)):
-            checked.refused.append((f, f"{f.uri}: {misfit.message()}"))
-        else:
-            checked.files.append(f)
+            problem = problems[key] = firsts.mismatch(header_columns(fields), read,
+                                                      table_columns, audit, by_position,
+                                                      new_columns)
+        if head.unreadable:
+            return f": {head.unreadable}"
+        if wide:
+            return (f": its columns do not fit table {table.display}: columns in the data but "
+                    f"not in the table: {', '.join(wide)}. {firsts.NEW_HINT}, or pass --schema "
+                    "naming the columns to read")
+        if not problem:
+            return ""
+        new = ("" if "not in the table" not in problem else f" {firsts.NEW_HINT}."
+               if new_columns == "fail" else " Their types could not be inferred from the "
+               "file to add them: add them yourself (ALTER TABLE ... ADD COLUMN).")
+        return (f": its header does not fit table {table.display}: {problem}.{new} Fix the "
+                "header or the table; if its first line is data, pass --format "
+                f"{fmt.removesuffix('WithNames')}")
+    said = {h: after_uri(h, h.fields, f.format.name, None)  # once a first line
+            for h, f in dict(zip(heads, files, strict=True)).items()}
+    why = [f.uri + s if (s := said[h]) else None for f, h in zip(files, heads, strict=True)]
+    asked = {h for h in said if h.named and h.fields is None}  # (the engine read these)
+    for i in [i for i, f in enumerate(files) if f.uri in extra] if extra else []:
+        asked.add(heads[i])
+    for i in [i for i, h in enumerate(heads) if h in asked] if asked else []:
+        why[i] = files[i].uri + s if (s := after_uri(heads[i], headers[i], files[i].format.name,
+                                                     extra.get(files[i].uri))) else None
+    rest = [i for i, w in enumerate(why) if w is None]  # then their first values
+    misfits = fit.check_many([files[i] for i in rest], table_columns, read, dict(settings),
+                             table.display, target.engine_name)
+    for i, misfit in zip(rest, misfits, strict=True):
+        why[i] = f"{files[i].uri}: {misfit.message()}" if misfit else None
+    checked.files, checked.refused = [f for f, w in zip(files, why, strict=True) if not w], \
+        [(f, w) for f, w in zip(files, why, strict=True) if w]
     if checked.refused and not checked.files:
         raise SchemaError(checked.refused[0][1])
     return checked
@@ -491,43 +502,15 @@ def _extra_columns(target: Target, files: Sequence[SourceFile],
     return {uri: names for uri, names in on_threads(extra, named, 8) if names}
 
 
-def _headers(target: Target, files: Sequence[SourceFile],
+def _headers(target: Target, files: Sequence[SourceFile], heads: Sequence[firsts.Head],
              start: Callable[[SourceFile, int], bytes | None] | None = None,
-             ) -> dict[str, list[str]]:
-    """uri -> the fields of its first line, for those that have one."""
-    found = {f.uri: sniff.header_names(f) for f in files}
-    rest = [f for f in files if found[f.uri] is None]
-    for uri, fields in on_threads(lambda f: (f.uri, first_line(target, f, start)), rest, 8):
-        found[uri] = fields
-    return {uri: fields for uri, fields in found.items() if fields}
-
-
-_NEW_HINT = ("Pass --on-new-column add to add them to the table (or ignore to load the "
-             "other columns), or add them yourself (ALTER TABLE ... ADD COLUMN)")
-
-
-def _mismatch(names: Sequence[str], read: Sequence[str], table_columns: Sequence[Column],
-              audit: bool, by_position: bool, new_columns: str = "fail") -> str:
-    """Why a file with these header `names` cannot load with the run ('' if it can)."""
-    table = {c.name: c for c in table_columns}
-    optional = {c.name for c in table_columns if c.default_kind}
-    optional |= set(AUDIT_COLUMNS) if audit else set()
-    unknown = [n for n in names if n not in table and new_columns != "ignore"]
-    unread = [n for n in names if n in table and n not in read]
-    missing = [n for n in read if n not in names and n not in optional
-               and new_columns == "fail"]
-    parts = []
-    if unknown:
-        parts.append(f"columns in the data but not in the table: {', '.join(unknown)}")
-    if missing:
-        parts.append(f"columns in the table but not in the data: {', '.join(missing)}")
-    if unread:
-        parts.append(f"columns the run's other files lack: {', '.join(unread)} (load it on "
-                     "its own)")
-    if not parts and by_position and list(names) != list(read):
-        parts.append(f"columns {', '.join(names)} in another order than {', '.join(read)} "
-                     "(a header with an empty or repeated name is read by position)")
-    return "; ".join(parts)
+             ) -> list[list[str] | None]:
+    """Each file's header fields: read here (`heads`), else by first_line, 8 at a time."""
+    found = [h.fields for h in heads]
+    rest = [i for i, h in enumerate(heads) if h.named and h.fields is None]
+    for i, fields in on_threads(lambda i: (i, first_line(target, files[i], start)), rest, 8):
+        found[i] = fields
+    return found
 
 
 def reads_by_name(schema: str | None, settings: Sequence[tuple[str, str]]) -> bool:

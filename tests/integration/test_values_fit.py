@@ -135,3 +135,32 @@ def test_a_word_in_a_narrow_integer_column_is_named_by_the_columns_type(
                              "id UInt64, v UInt8")
     assert code == 1 and "column v: 'true' is not UInt8" in report["files"][0]["error"], \
         (err, report)
+
+
+def test_among_many_files_each_refused_alone_with_its_own_reason(
+        tmp_path: Path, target: tuple[str, dict]) -> None:  # noqa: F811
+    """The header check judges a first line once for the files that share it and searches
+    the files' starts 512 at a time (fit.check_many): a misfit at either edge of such a
+    batch still fails its file alone, as do a header the table lacks, UTF-16 text and a
+    delimiter hint among files of the same first line."""
+    bad = {0: "7,300\n", 511: "7,\\N\n", 512: "7,256\n", 599: "7,\n"}
+    for n in range(600):
+        (tmp_path / f"f{n:03d}.csv").write_text(f"id,v\n{n},5\n" if n not in bad else
+                                                f"id,v\n{n},5\n" + bad[n])
+    (tmp_path / "f100.csv").write_text("id,w\n100,5\n")  # a header the table lacks
+    (tmp_path / "f200.csv").write_bytes("id,v\n200,5\n".encode("utf-16"))
+    (tmp_path / "f300.csv").write_text("sep=,\nid,v\n300,5\n")
+    code, report, err = load(target, str(tmp_path / "*.csv"), "--table", "fit_many",
+                             "--schema", "id Int64, v UInt8")
+    assert code == 1, err
+    failed = {int(f["uri"][-7:-4]): f["error"] for f in report["files"]
+              if f["status"] == "failed"}
+    assert sorted(failed) == [0, 100, 200, 300, 511, 512, 599], failed
+    assert "line 3, column v: '300' is outside UInt8" in failed[0]
+    assert "line 3, column v: NULL in a column that is not Nullable" in failed[511]
+    assert "line 3, column v: '256' is outside UInt8" in failed[512]
+    assert "line 3, column v: an empty value" in failed[599]
+    assert "its header does not fit table default.fit_many" in failed[100]
+    assert "UTF-16" in failed[200] and "delimiter hint" in failed[300]
+    assert sql(target, "SELECT count(), countIf(id IN (0, 100, 200, 300, 511, 512, 599)) "
+                       "FROM fit_many") == "593\t0"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from itertools import chain
+from itertools import chain, islice
 
 from chload.core.reading import sniff
 from chload.errors import ChloadError
@@ -33,16 +33,22 @@ def resolve_format(target: Target, files: Sequence[SourceFile],
     reads it: `CSV` has no header line, `CSVWithNames` has one.
     `delimiter`: the user's `format_csv_delimiter`, if set (then nothing is guessed).
     """
-    csv = [f for f in files if f.format.name.startswith("CSV")]
-    sep = _decide_delimiter(target, csv, delimiter) if csv else ""
-    files = [_with_format(f, _with_delimiter(f.format, sep))
-             if f.format.name.startswith("CSV") else f for f in files]
+    given = {id(f.format): f.format for f in files}  # (a listing shares its format objects)
+    csv = {k for k, fmt in given.items() if fmt.name.startswith("CSV")}
+    sep = _decide_delimiter(target, (f for f in files if id(f.format) in csv), delimiter) \
+        if csv else ""
+    read = {k: _with_delimiter(fmt, sep) if k in csv else fmt for k, fmt in given.items()}
     decided: dict[FileFormat, FileFormat] = {}
-    for fmt in dict.fromkeys(f.format for f in files):
+    for fmt in dict.fromkeys(read.values()):
         decided[fmt] = fmt
         if not forced and fmt.name in HEADER_FORMATS:
-            decided[fmt] = _decide_header(target, [f for f in files if f.format == fmt], names)
-    return [_with_format(f, _headless(decided[f.format]) if f.empty else decided[f.format])
+            decided[fmt] = _decide_header(target, fmt, (
+                _with_format(f, fmt) for f in files if read[id(f.format)] == fmt), names)
+    final: dict[int, tuple[FileFormat | None, FileFormat | None]] = {}  # format -> what a
+    for k, fmt in given.items():  # file of it, not empty and empty, becomes (None: itself)
+        to = decided[read[k]]
+        final[k] = (None if to == fmt else to, None if _headless(to) == fmt else _headless(to))
+    return [f if (as_ := final[id(f.format)][f.empty]) is None else revised(f, format=as_)
             for f in files]
 
 
@@ -59,7 +65,7 @@ def _headless(fmt: FileFormat) -> FileFormat:
     return replace(fmt, name=fmt.name.removesuffix("WithNames"))
 
 
-def _decide_delimiter(target: Target, files: Sequence[SourceFile], given: str | None) -> str:
+def _decide_delimiter(target: Target, files: Iterable[SourceFile], given: str | None) -> str:
     """The run's CSV delimiter ('' for `,`): the user's, else `,` unless the first line
     of the first CSV file that has one splits only on `;`, a tab or `|`
     (sniff.guess_delimiter): a CSV saved with a European locale must not load as one
@@ -94,7 +100,7 @@ def csv_settings(files: Sequence[SourceFile],
     return (("format_csv_delimiter", sep),) if sep else ()
 
 
-def _decide_header(target: Target, files: Sequence[SourceFile],
+def _decide_header(target: Target, fmt: FileFormat, files: Iterable[SourceFile],
                    names: Sequence[str]) -> FileFormat:
     """Whether these CSV/TSV files start with a header line (README: Tables chload creates):
 
@@ -109,7 +115,6 @@ def _decide_header(target: Target, files: Sequence[SourceFile],
     A file that cannot tell (empty, corrupt) does not stop the run: the next one is
     asked, and if none can, files keep their format and fail or load on their own.
     """
-    fmt = files[0].format
     named = replace(fmt, name=HEADER_FORMATS[fmt.name])
     candidates = samples(files)
     first = first_line(target, candidates[0]) if candidates else None
@@ -168,7 +173,7 @@ def _first_text(target: Target, file: SourceFile, local: bool = True) -> str | N
 def samples(files: Iterable[SourceFile], limit: int = 3) -> list[SourceFile]:
     """The files worth asking about a schema: the first few not known to be empty (a
     remote object of size 0 may just not have said its size: Source.known_empty)."""
-    return [f for f in files if not f.empty][:limit]
+    return list(islice((f for f in files if not f.empty), limit))
 
 
 def rows_before_blank_tail(target: Target, file: SourceFile) -> int | None:

@@ -8,9 +8,10 @@ types, and a value that does not fit fails that file alone, naming the line, col
 value and what to change. docs/reading-files.md ("Values a column cannot hold") lists
 the cases and what is checked where.
 
-A clean start costs a few substring searches; only one that may hold a misfit is split
-into values. `--setting input_format_null_as_default=1` (or the CSV empty-as-default
-setting) means defaults for NULL are wanted: then NULLs are not refused.
+A clean start costs a few substring searches (over many files' starts at once:
+check_many); only one that may hold a misfit is split into values. `--setting
+input_format_null_as_default=1` (or the CSV empty-as-default setting) means defaults
+for NULL are wanted: then NULLs are not refused.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import csv
 import functools
 import json
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
+from chload.core.reading.heads import by_format
 from chload.core.reading.ranges import CHDB, bounds, wider
-from chload.core.reading.sniff import BOM, _unescape_tsv, delimiter, start
+from chload.core.reading.sniff import BOM, _unescape_tsv, delimiter, start, starts
 from chload.formats import JSON_LINES, FileFormat
 from chload.schema import Column, bare_type, quote_ident, quote_str
 from chload.sources.base import SourceFile
@@ -102,6 +106,7 @@ _NULL_HINTS = {
     "JSON": (b"null",),
 }
 _ZEROS = bytes.maketrans(b"123456789", b"000000000")  # every digit a 0
+_ZERO_DATE = re.compile(rb"0000-00-00")  # a date, every digit a 0
 _EXPONENTS = (b"0e0", b"0e+0", b"0e-0", b"0E0", b"0E+0", b"0E-0")
 
 
@@ -112,21 +117,75 @@ def _may_misfit(data: bytes, fmt: FileFormat, kinds: Sequence[str], nulls_ok: bo
     Float64, String, DateTime of these centuries) is never split into values. False only
     where the full check would find nothing; True sends the start to it. What to look
     for is worked out once for a run's format and columns (_probe)."""
-    probe = _probe(fmt, tuple(kinds), nulls_ok, engine)
-    if probe.hints and (probe.hints.search(data)
-                        or probe.first and data[:1] == probe.first):
-        return True
-    if not probe.needles and not probe.spans:
-        return False
-    digits = data.translate(_ZEROS)
-    if any(n in digits for n in probe.needles):
-        return True
+    return bool(_flagged([data], _probe(fmt, tuple(kinds), nulls_ok, engine)))
+
+
+def check_many(files: Sequence[SourceFile], columns: Sequence[Column], read: Sequence[str],
+               settings: Mapping[str, str], table: str, engine: str = CHDB,
+               ) -> list[Misfit | None]:
+    """`check` of each of `files`: the starts of a format searched _BATCH at a time
+    (_flagged), one that may hold a misfit checked alone."""
+    kinds = tuple({c.name: c.type for c in columns}.values())
+    nulls_ok = _told(settings, "input_format_null_as_default")  # (check's `nulls_ok and
+    found: list[Misfit | None] = [None] * len(files)  # empty_ok`: the same)
+    for fmt, at in by_format(files):
+        if delimiter(fmt) is None and fmt.name not in JSON_LINES:
+            continue
+        probe = _probe(fmt, kinds, nulls_ok, engine)
+        for first in range(0, len(at), _BATCH):  # (so many starts held at once, at most)
+            some = at[first:first + _BATCH]
+            heads = starts([files[i] for i in some])
+            cut = [None if d is None or (end := d.rfind(b"\n", 0, SAMPLE)) < 0
+                   else d[:end + 1] for d in heads]  # (as _start cuts one)
+            for k in sorted(_flagged(cut, probe)):
+                found[some[k]] = check(files[some[k]], columns, read, settings, table,
+                                       engine, heads[k])
+    return found
+
+
+_BATCH = 512  # starts searched at once
+
+
+def _flagged(starts: Sequence[bytes | None], probe: _Probe) -> set[int]:
+    """The indexes of `starts` (each cut as _start cuts it; None: not read) that may
+    hold a misfit (_may_misfit), searched over their concatenation (_flagged_in)."""
+    at = [i for i, data in enumerate(starts) if data]
+    return {at[k] for k in _flagged_in([starts[i] or b"" for i in at], probe)} if at else set()
+
+
+def _flagged_in(parts: list[bytes], probe: _Probe) -> set[int]:
+    """_flagged over the concatenation of `parts`: a hit flags the part it begins in, and
+    the search goes on from the next part. A part ends in a line end, which no digit
+    pattern holds, so only a hint can span two parts (a line end, then the second's first
+    byte: a delimiter, tested alone), flagging the first: a false alarm."""
+    joined, ends = b"".join(parts), list(accumulate(map(len, parts)))
+    flagged = {k for k, d in enumerate(parts) if probe.first and d[:1] == probe.first} \
+        if probe.hints else set()
+    for hint in probe.hints:
+        _hits(functools.partial(joined.find, hint), ends, flagged)
+    digits = joined.translate(_ZEROS) if probe.needles or probe.spans else b""
+    for needle in probe.needles:
+        _hits(functools.partial(digits.find, needle), ends, flagged)
+
+    def odd_year(pos: int) -> int:  # where a date of a year out of a column's span begins
+        while (m := _ZERO_DATE.search(digits, pos)):
+            year = joined[m.start():m.start() + 4].decode()
+            if year != "0000" and any(year < lo or year > hi for lo, hi in probe.spans):
+                return m.start()
+            pos = m.end()
+        return -1
     if probe.spans:
-        years = {data[m.start():m.start() + 4].decode()
-                 for m in re.finditer(rb"0000-00-00", digits)} - {"0000"}
-        return bool(years) and any(min(years) < lo or max(years) > hi
-                                   for lo, hi in probe.spans)
-    return False
+        _hits(odd_year, ends, flagged)
+    return flagged
+
+
+def _hits(find: Callable[[int], int], ends: list[int], flagged: set[int]) -> None:
+    """Flag the part each hit of `find` (where the next hit from a position begins, -1:
+    none) is in (`ends`: where each part ends), going on from the next part."""
+    pos = 0
+    while (hit := find(pos)) >= 0:
+        flagged.add(k := bisect_right(ends, hit))
+        pos = ends[k]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +195,7 @@ class _Probe:
     digit patterns (every digit a 0) too long or too precise for a column; the years
     a date column holds (first, last)."""
 
-    hints: re.Pattern[bytes] | None  # any of the bytes (one search: cheaper than each)
+    hints: tuple[bytes, ...]
     first: bytes
     needles: tuple[bytes, ...]
     spans: tuple[tuple[str, str], ...]
@@ -162,7 +221,7 @@ def _probe(fmt: FileFormat, kinds: tuple[str, ...], nulls_ok: bool, engine: str)
             needles += [*_EXPONENTS, b"0" * 39]
         elif (m := _DECIMAL.match(base)):
             needles.append(b"." + b"0" * (int(m.group(2) or m.group(4)) + 1))
-    return _Probe(re.compile(b"|".join(map(re.escape, hints))) if hints else None,
+    return _Probe(hints,
                   b"" if family == "JSON" else sep, tuple(needles), tuple(spans))
 
 

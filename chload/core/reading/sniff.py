@@ -27,6 +27,8 @@ import stat
 import threading
 import zlib
 from collections.abc import Callable, Collection, Iterator, Sequence
+from itertools import repeat
+from operator import attrgetter
 from typing import Any
 
 from chload.formats import MAGIC, FileFormat
@@ -283,6 +285,20 @@ def _keep(key: tuple[str, str, int, int], data: bytes | None) -> None:
             _kept[0] += size
 
 
+def starts(files: Sequence[SourceFile]) -> list[bytes | None]:
+    """`start` of each of `files`, those kept looked up under one lock (a run's checks
+    ask it of every file: core/reading/heads.py)."""
+    with _STARTS_GUARD:  # (the key `start` keeps a start by, made in C)
+        kept = list(map(_STARTS.get, map(_START_KEY, files), repeat(_UNKEPT)))
+    for i in [i for i, data in enumerate(kept) if data is _UNKEPT]:
+        kept[i] = start(files[i])
+    return kept
+
+
+_START_KEY = attrgetter("local_path", "format.compression", "size", "mtime_ns")
+_UNKEPT = b"(not kept)"  # (compared by identity)
+
+
 def _first_line(file: SourceFile) -> bytes | None:
     """A local file's first line as its bytes (with its end), as readline(LIMIT)."""
     data = start(file)
@@ -344,8 +360,12 @@ def inflate_start(raw: bytes, compression: str) -> bytes | None:
 def first_text(file: SourceFile) -> str | None:
     """A local file's first line as text, or None when that cannot be read cheaply."""
     line = _first_line(file)
-    if line is None:
-        return None
+    return None if line is None else line_text(line)
+
+
+def line_text(line: bytes) -> str | None:
+    """A first line (as `_first_line` gives it) as text, or None: not UTF-8, or longer
+    than the limit."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
@@ -362,8 +382,13 @@ def unreadable(file: SourceFile) -> str | None:
     of values"), or Excel's delimiter hint as the first line (`sep=;`, which no engine
     skips: it became the header, and the real header a row)."""
     line = _first_line(file) if delimiter(file.format) is not None else None
+    return None if line is None else unreadable_line(line)
+
+
+def unreadable_line(line: bytes) -> str | None:
+    """unreadable, from a file's first line (as `_first_line` gives it)."""
     # (longer than 16 bytes, a line is no `sep=;` hint: its first two bytes tell the rest)
-    return None if line is None else _unreadable_line(line if len(line) <= 16 else line[:2])
+    return _unreadable_line(line if len(line) <= 16 else line[:2])
 
 
 @functools.lru_cache(maxsize=256)
