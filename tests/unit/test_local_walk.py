@@ -281,7 +281,7 @@ def test_a_file_changed_between_its_stat_and_read_is_not_kept(tmp_path: Path) ->
 @needs_cc
 def test_a_first_listing_left_early_waits_for_its_reads_and_closes_directories(
         tmp_path: Path) -> None:
-    for i in range(3 * walk._CHUNK + 7):  # more chunks than are read ahead
+    for i in range(3 * walk.CHUNK + 7):  # more chunks than are read ahead
         (tmp_path / f"{i:05d}.csv").write_text(f"id\n{i}\n")
     before = open_descriptors()
     listing = local.stream_local(f"{tmp_path}/*.csv", None, None, known_of([]))
@@ -289,4 +289,57 @@ def test_a_first_listing_left_early_waits_for_its_reads_and_closes_directories(
     listing.close()
     assert open_descriptors() == before
     files = list(local.stream_local(f"{tmp_path}/*.csv", None, None, known_of([])))
-    assert [f.size for f in files[:3]] == [5, 5, 5] and len(files) == 3 * walk._CHUNK + 7
+    assert [f.size for f in files[:3]] == [5, 5, 5] and len(files) == 3 * walk.CHUNK + 7
+
+
+@needs_cc
+def test_a_first_listing_keeps_a_long_directory_as_it_goes_and_reads_no_more_than_kept(
+        tmp_path: Path) -> None:
+    count = 2 * walk.CHUNK + 3
+    for i in range(count):
+        (tmp_path / f"{i:05d}.csv").write_text(f"id\n{i}\n")
+    pattern = f"{tmp_path}/*.csv"
+    with local.sniff.kept_starts():
+        listing = local.stream_local(pattern, None, None, known_of([]))
+        for _ in range(walk.CHUNK + 1):  # (kept as they come: not at the directory's end)
+            next(listing)
+        assert len(local.sniff._STARTS) == walk.CHUNK
+        assert len(list(listing)) == count - walk.CHUNK - 1
+        assert len(local.sniff._STARTS) == count
+    walked = walk.runs(LIB, str(tmp_path))
+    lib_run = next(walked)  # (its descriptor open while the walk is)
+    stats = list(walk.described(LIB, lib_run, lib_run.names, lambda: False))
+    walked.close()
+    assert [c for _, c, *_ in stats] == [walk.FOUND] * count
+    assert all(data is None for *_, data in stats)  # (none wanted: none read)
+
+
+@needs_cc
+def test_a_glob_of_one_directory_lists_as_the_python_glob_does(tmp_path: Path) -> None:
+    """`dir/*.csv` (wildcards in the last component only) comes as one run of the
+    directory's matching names: the same files as the Python glob, first or rerun."""
+    tree(tmp_path)
+    (tmp_path / "dir.csv").mkdir()  # a directory the pattern matches: no source
+    (tmp_path / "caf\xe9.csv").write_text("id\n2\n")
+
+    def shown(files: list) -> list:
+        return [(f.uri, f.size, f.mtime_ns, f.format, f.aliases, f.local_path == f.uri)
+                for f in files if isinstance(f, SourceFile)]
+    for pattern in (f"{tmp_path}/*.csv", f"{tmp_path}/a*.csv", f"{tmp_path}/b/*"):
+        python = list(local.stream_local(pattern, None, None))
+        assert shown(list(local.stream_local(pattern, None, None, known_of([])))) == \
+            shown(python)
+        known = known_of([f for f in python if isinstance(f, SourceFile)])
+        again = list(local.stream_local(pattern, None, None, known))
+        assert sum(f.count for f in again if isinstance(f, Skipped)) + len(shown(again)) \
+            == len(shown(python))
+    with local.sniff.kept_starts():  # (read as listed: the compiled path was taken)
+        list(local.stream_local(f"{tmp_path}/*.csv", None, None, known_of([])))
+        assert (f"{tmp_path}/z.csv", "none", 5) in {k[:3] for k in local.sniff._STARTS}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert [f.uri for f in local.stream_local("a*.csv", None, None, known_of([]))] == [
+            f"{tmp_path}/a.csv", f"{tmp_path}/a0.csv"]
+    finally:
+        os.chdir(cwd)

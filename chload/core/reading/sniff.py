@@ -193,6 +193,11 @@ def stored_start(file: SourceFile) -> bytes | None:
     return data
 
 
+def keeping() -> bool:
+    """Whether starts read now would be kept (within `kept_starts`, room left)."""
+    return bool(_kept[1]) and _kept[0] < _KEPT_BYTES
+
+
 def keep_whole(files: Sequence[tuple[SourceFile, bytes]]) -> None:
     """Local files' bytes, each read whole as listed (walk.c), kept as `stored_start`
     keeps what it reads (not those that show a compression), within `kept_starts`; a

@@ -119,13 +119,17 @@ def _first_files(lib: Any, run: walk.Run, prefix: str, fmt: str | None,
     name, every name that is not plain ASCII being left to `_describe`), its bytes kept
     for `described` and the header checks (sniff.keep_whole): no file opened again."""
     whole: list[tuple[SourceFile, bytes]] = []
-    for name, code, size, mtime_ns, data in walk.described(lib, run, run.names):
+    for name, code, size, mtime_ns, data in walk.described(lib, run, run.names,
+                                                           sniff.keeping):
         if code == walk.FOUND:
             uri = prefix + name
             file = SourceFile(uri, size, mtime_ns, _format_of(_suffixes(name), fmt,
                                                                 compression), local_path=uri)
             if data is not None:
                 whole.append((file, data))
+                if len(whole) >= walk.CHUNK:  # (a directory of a million files: kept as
+                    sniff.keep_whole(whole)  # they come, not held to its end)
+                    whole = []
             yield file
         elif code == walk.ASK:
             described_ = _describe(os.path.join(run.directory, name), False, fmt,
@@ -202,6 +206,9 @@ def _glob(pattern: str, lib: Any = None) -> Iterator[tuple[str, bool] | walk.Run
     with the compiled walk (`lib`)."""
     parts = pattern.split("/")
     if "**" not in parts:
+        if lib is not None and _magic_at(parts) == len(parts) - 1:
+            yield from _glob_run(_base(pattern, parts), parts[-1])
+            return
         yield from ((p, False) for p in _expand(_base(pattern, parts), parts[_magic_at(parts):]))
         return
     cut = parts.index("**")
@@ -221,6 +228,21 @@ def _glob(pattern: str, lib: Any = None) -> Iterator[tuple[str, bool] | walk.Run
             run.names = keep(run.names) if keep else [
                 n for n in run.names if matches(rel + n)]
             yield run
+
+
+def _glob_run(directory: str, last: str) -> Iterator[walk.Run]:
+    """What a pattern with wildcards in its last component only names (`dir/*.csv`), as
+    `_expand` finds it, but as one run of the directory's matching names, sorted."""
+    try:
+        fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        names = sorted(n for n in os.listdir(fd) if _component(last, n))
+        if names:
+            yield walk.Run(directory, fd, names)
+    finally:
+        os.close(fd)
 
 
 @functools.lru_cache(maxsize=16)

@@ -269,29 +269,31 @@ def _helper() -> ThreadPoolExecutor | None:
     return ThreadPoolExecutor(1, "chload-walk") if (os.cpu_count() or 1) > 1 else None
 
 
-def described(lib: Any, run: Run, names: list[str],
+def described(lib: Any, run: Run, names: list[str], reads: Callable[[], bool],
               ) -> Iterator[tuple[str, int, int, int, bytes | None]]:
     """For a listing with no known units: (name, code, size, mtime_ns, bytes) of each of
     `names` in `run.directory`, in order: FOUND with its stat and, for a file of at most
-    WHOLE bytes, all of them (else None); ASK for Python to describe; else no source.
-    _CHUNK names a call, made on threads of their own where the machine has a second core."""
+    WHOLE bytes, all of them (else None) while `reads()` says they are wanted (asked a
+    chunk); ASK for Python to describe; else no source. CHUNK names a call, made on
+    threads of their own where the machine has a second core."""
     def part(chunk: list[str]) -> Iterator[tuple[str, int, int, int, bytes | None]]:
-        n = len(chunk)
+        n, limit = len(chunk), WHOLE if reads() else 0
         blob = ("\0".join(chunk) + "\0").encode("utf-8", "surrogateescape")
         sizes, mtimes, lens = array("q", bytes(8 * n)), array("q", bytes(8 * n)), array(
             "i", bytes(4 * n))
-        codes, starts = bytearray(n), bytearray(n * WHOLE)
+        codes, starts = bytearray(n), bytearray(n * limit or 1)
         address = ctypes.addressof
-        lib.chload_described(run.fd, blob, n, WHOLE, sizes.buffer_info()[0],
+        lib.chload_described(run.fd, blob, n, limit, sizes.buffer_info()[0],
                              mtimes.buffer_info()[0], lens.buffer_info()[0],
                              address((ctypes.c_char * n).from_buffer(codes)),
-                             address((ctypes.c_char * (n * WHOLE)).from_buffer(starts)))
+                             address((ctypes.c_char * len(starts)).from_buffer(starts)))
         view = memoryview(starts)
         return iter([(name, code, size, mtime,
-                      view[i * WHOLE:i * WHOLE + length].tobytes() if length >= 0 else None)
+                      view[i * limit:i * limit + length].tobytes() if length > 0 or (
+                          length == 0 and limit) else None)
                      for i, (name, code, size, mtime, length) in enumerate(
                          zip(chunk, codes, sizes, mtimes, lens, strict=True))])
-    chunks = [names[at:at + _CHUNK] for at in range(0, len(names), _CHUNK)]
+    chunks = [names[at:at + CHUNK] for at in range(0, len(names), CHUNK)]
     readers = _readers()
     if readers is None:
         for chunk in chunks:
@@ -310,7 +312,7 @@ def described(lib: Any, run: Run, names: list[str],
         wait(ahead)
 
 
-_CHUNK = 256  # names chload_described is given at once
+CHUNK = 256  # names chload_described is given at once
 _AHEAD_CHUNKS = 3
 
 
