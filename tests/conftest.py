@@ -28,6 +28,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import services  # noqa: E402
 
+from chload.targets.registry import TargetSpec  # noqa: E402
+
 
 def _require(name: str) -> None:
     if not services.is_installed(name):
@@ -132,6 +134,15 @@ def table_name() -> str:
 def target_dir(tmp_path: Path) -> str:
     """An embedded target directory of its own for each test."""
     return str(tmp_path / "target")
+
+
+def target_spec(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> TargetSpec:
+    """The target of `kind`: embedded chDB in tmp_path, or the 18.16 server as loader."""
+    if kind == "embedded":
+        return TargetSpec.resolve(str(tmp_path / "target"), {})
+    server: services.Service = request.getfixturevalue("clickhouse")
+    return TargetSpec.resolve(f"http://loader@127.0.0.1:{server.ports['http']}/default",
+                              {"CLICKHOUSE_PASSWORD": server.credentials["password"]})
 
 
 def run_chload(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None,

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import services
+from conftest import target_spec
 
 from chload.commit import known as known_module, ledger as ledger_module, tables as tables_module
 from chload.commit.known import KnownUnits
@@ -19,24 +19,15 @@ from chload.commit.ledger import COMMITTING, FAILED, LOADED, FileEvent, own_hist
 from chload.commit.locks import dirty_name
 from chload.commit.request import _start_sql
 from chload.targets.base import Target
-from chload.targets.registry import TargetSpec, open_target
+from chload.targets.registry import open_target
 
 pytestmark = pytest.mark.integration
-
-
-def _spec(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> TargetSpec:
-    """The target of `kind`: embedded chDB in tmp_path, or the 18.16 server as loader."""
-    if kind == "embedded":
-        return TargetSpec.resolve(str(tmp_path / "target"), {})
-    server: services.Service = request.getfixturevalue("clickhouse")
-    return TargetSpec.resolve(f"http://loader@127.0.0.1:{server.ports['http']}/default",
-                              {"CLICKHOUSE_PASSWORD": server.credentials["password"]})
 
 
 @pytest.fixture(params=["embedded", "server"])
 def target(request: pytest.FixtureRequest, tmp_path: Path, table_name: str,
            ) -> Iterator[Target]:
-    t = open_target(_spec(request, request.param, tmp_path))
+    t = open_target(target_spec(request, request.param, tmp_path))
     for name in (table_name, f"{table_name}_2"):  # (as the user's SQL: not a fresh target)
         t.text(f"CREATE TABLE default.{name} (x UInt8) ENGINE = MergeTree ORDER BY x", "TSV")
         t.command(f"INSERT INTO default.{name} VALUES (1)")
@@ -98,7 +89,7 @@ def test_known_keys_set_aside_loads_of_a_table_dropped_recreated_or_emptied(
 @pytest.mark.parametrize("kind", ["embedded", "server"])
 def test_a_ledger_made_before_its_keys_gets_them_on_first_use(
         request: pytest.FixtureRequest, kind: str, tmp_path: Path, table_name: str) -> None:
-    spec = _spec(request, kind, tmp_path)
+    spec = target_spec(request, kind, tmp_path)
     table = f"default.{table_name}"
     older = open_target(spec)
     try:  # the ledger as chload made it before the keys: events written without them
@@ -183,7 +174,7 @@ def test_a_file_committing_in_the_summary_asks_for_a_recovery(target: Target,
 @pytest.mark.parametrize("kind", ["embedded", "server"])
 def test_a_ledger_made_before_its_summary_gets_it_with_its_events_on_first_use(
         request: pytest.FixtureRequest, kind: str, tmp_path: Path, table_name: str) -> None:
-    spec = _spec(request, kind, tmp_path)
+    spec = target_spec(request, kind, tmp_path)
     table = f"default.{table_name}"
     older = open_target(spec)
     try:  # the ledger as chload made it before its summary

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import services
+from conftest import target_spec
 
 from chload.commit.ledger import COMMITTING, LOADED, FileEvent
 from chload.targets.base import Target
-from chload.targets.registry import TargetSpec, open_target
+from chload.targets.registry import open_target
 
 pytestmark = pytest.mark.integration
 
@@ -27,17 +27,9 @@ AWKWARD = ['say "hi"', "it's", "back\\slash\\", "caf\\xe9 \\x00.csv", "line\nbre
 BIG = 2**64 - 1  # the largest UInt64
 
 
-def _spec(request: pytest.FixtureRequest, kind: str, tmp_path: Path) -> TargetSpec:
-    if kind == "embedded":
-        return TargetSpec.resolve(str(tmp_path / "target"), {})
-    server: services.Service = request.getfixturevalue("clickhouse")
-    return TargetSpec.resolve(f"http://loader@127.0.0.1:{server.ports['http']}/default",
-                              {"CLICKHOUSE_PASSWORD": server.credentials["password"]})
-
-
 @pytest.fixture(params=["embedded", "server"])
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Target]:
-    t = open_target(_spec(request, request.param, tmp_path))
+    t = open_target(target_spec(request, request.param, tmp_path))
     yield t
     t.close()
 
