@@ -294,14 +294,14 @@ def starts(files: Sequence[SourceFile]) -> list[bytes | None]:
     """`start` of each of `files`, those kept looked up under one lock (a run's checks
     ask it of every file: core/reading/heads.py)."""
     with _STARTS_GUARD:  # (the key `start` keeps a start by, made in C)
-        kept = list(map(_STARTS.get, map(_START_KEY, files), repeat(_UNKEPT)))
+        kept: list[Any] = list(map(_STARTS.get, map(_START_KEY, files), repeat(_UNKEPT)))
     for i in [i for i, data in enumerate(kept) if data is _UNKEPT]:
         kept[i] = start(files[i])
     return kept
 
 
 _START_KEY = attrgetter("local_path", "format.compression", "size", "mtime_ns")
-_UNKEPT = b"(not kept)"  # (compared by identity)
+_UNKEPT = object()  # (a start not kept: `start` reads it)
 
 
 def _first_line(file: SourceFile) -> bytes | None:

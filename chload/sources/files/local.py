@@ -541,31 +541,22 @@ class LocalSource(InPlace):
 
     def current(self, file: SourceFile) -> SourceFile:
         """The file's size and mtime as they are now (stdin's spool: as spooled)."""
-        if file.is_stream or not file.local_path:
-            return file
-        try:
-            st = os.stat(file.local_path)
-        except OSError as exc:
-            raise SourceError(f"{file.uri}: cannot read it ({exc.strerror}); it was there "
-                              "when listed") from exc
-        if st.st_size == file.size and st.st_mtime_ns == file.mtime_ns:
-            return file  # (unchanged: no copy; a batch of small files asks twice a file)
-        return revised(file, size=st.st_size, mtime_ns=st.st_mtime_ns)
+        return next(self.current_many((file,)))
 
     def current_many(self, files: Sequence[SourceFile]) -> Iterator[SourceFile]:
         """`current` of each file, in one loop (a batch of many small files asks twice a
-        file); a file that cannot be stat'ed raises as `current` words it."""
+        file), each asked as it is taken."""
         stat_of = os.stat
         for file in files:
-            path = file.local_path
-            if file.is_stream or not path:
+            if file.is_stream or not file.local_path:
                 yield file
                 continue
             try:
-                st = stat_of(path)
-            except OSError:
-                yield self.current(file)  # (its error, in `current`'s words)
-                continue
+                st = stat_of(file.local_path)
+            except OSError as exc:
+                raise SourceError(f"{file.uri}: cannot read it ({exc.strerror}); it was "
+                                  "there when listed") from exc
+            # (unchanged: the same object, no copy)
             yield (file if st.st_size == file.size and st.st_mtime_ns == file.mtime_ns else
                    revised(file, size=st.st_size, mtime_ns=st.st_mtime_ns))
 
